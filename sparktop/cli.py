@@ -1,0 +1,145 @@
+"""The `sparktop` command: argument parsing and dispatch, nothing else.
+
+Every subcommand imports what it needs when it runs, so `sparktop status`
+does not pay for Textual and `sparktop --help` is instant. Errors a user
+can act on (SparktopError) print as one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sparktop import __version__
+from sparktop.errors import SparktopError
+
+NOT_BUILT = {
+    "monitor": "the live monitor (issue #3)",
+    "launch": "launching recipes (issue #4)",
+    "stop": "stopping launches (issue #4)",
+    "status": "one-shot status (issue #3)",
+    "sweep": "concurrency sweeps (issue #5)",
+    "compare": "comparing sweep runs (issue #5)",
+    "recipes": "listing recipes (issue #4)",
+    "predict": "performance prediction (issue #6)",
+    "replay": "replaying a recording (issue #3)",
+}
+
+
+def _not_built(name: str):
+    def run(args) -> int:
+        print(f"sparktop {name}: not built yet — {NOT_BUILT[name]}", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def cmd_demo(args) -> int:
+    from sparktop.demo import run_demo
+
+    return asyncio.run(run_demo(args))
+
+
+def cmd_twin_serve(args) -> int:
+    from sparktop.twin.server import serve_main
+
+    return serve_main(args.rest, prog="sparktop twin serve")
+
+
+def cmd_twin_node(args) -> int:
+    from pathlib import Path
+
+    from sparktop.twin.host import TwinHost
+    from sparktop.twin.node import install
+
+    host = TwinHost(Path(args.home).resolve())
+    images = [i for i in (args.images or "").split(",") if i]
+    host.setup(args.name, speed=args.speed, images=images or None, address=args.address)
+    bin_dir = install(Path(args.bin).resolve() if args.bin else host.home / "bin")
+    for key, value in host.env(bin_dir).items():
+        print(f"export {key}={value}" if key != "PATH" else f"export PATH={bin_dir}:$PATH")
+    return 0
+
+
+def cmd_twin_cards(args) -> int:
+    from sparktop.twin.cards import CARDS
+    from sparktop.twin.perf import PerfModel
+
+    for card in CARDS.values():
+        m = PerfModel(card)
+        print(f"{card.name:28} {card.hf_id:50} {card.weights_gib:6.1f} GiB  "
+              f"c1 ~{m.decode_tps(1):5.1f} t/s (roofline {m.roofline_decode_tps(1):5.1f})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparktop",
+        description="Watch, launch and benchmark vLLM on NVIDIA DGX Spark nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"sparktop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help_text: str, func):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    add("monitor", "watch nodes and engines live (the default) — not built yet", _not_built("monitor"))
+    demo = add("demo", "start a two-node twin cluster on this machine and show it", cmd_demo)
+    demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
+    demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
+    demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
+    demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
+    add("launch", "launch a recipe in a topology — not built yet", _not_built("launch"))
+    add("stop", "stop what sparktop launched — not built yet", _not_built("stop"))
+    add("status", "print one snapshot of nodes and engines — not built yet", _not_built("status"))
+    add("sweep", "run a concurrency sweep against an endpoint — not built yet", _not_built("sweep"))
+    add("compare", "compare sweep runs side by side — not built yet", _not_built("compare"))
+    add("recipes", "list the recipes sparktop can launch — not built yet", _not_built("recipes"))
+    add("predict", "predict throughput per topology before launching — not built yet", _not_built("predict"))
+    add("replay", "play back a recorded monitor session — not built yet", _not_built("replay"))
+
+    twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
+                          description="the digital twin of a Spark node running vLLM")
+    twin_sub = twin.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND", required=True)
+    serve = twin_sub.add_parser("serve", help="serve a model like `vllm serve` on a simulated GB10",
+                                add_help=False)
+    serve.add_argument("rest", nargs=argparse.REMAINDER)
+    serve.set_defaults(func=cmd_twin_serve)
+    node = twin_sub.add_parser("node", help="set up a simulated host: state dir and stand-in commands")
+    node.add_argument("--home", required=True, help="the host's state directory")
+    node.add_argument("--name", required=True, help="the host's name")
+    node.add_argument("--address", default="127.0.0.1", help="the host's address")
+    node.add_argument("--bin", help="where to write vllm/docker/ray/nvidia-smi (default HOME/bin)")
+    node.add_argument("--images", help="comma-separated images the host already has")
+    node.add_argument("--speed", type=float, default=1.0)
+    node.set_defaults(func=cmd_twin_node)
+    cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
+    cards.set_defaults(func=cmd_twin_cards)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["twin", "serve"]:
+        # Everything after `twin serve` belongs to the vllm-style parser.
+        from sparktop.twin.server import serve_main
+
+        return serve_main(argv[2:], prog="sparktop twin serve")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        args = parser.parse_args(["monitor", *argv])
+    try:
+        return int(args.func(args) or 0)
+    except SparktopError as exc:
+        print(f"sparktop: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

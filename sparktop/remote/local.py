@@ -1,0 +1,87 @@
+"""LocalTransport: commands on the node sparktop runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import AsyncIterator, Mapping
+
+from sparktop.remote.base import Command, CommandResult, CommandTimeout, TransportError, as_shell
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    # Commands run in their own session so a timeout takes their children too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalTransport:
+    """Runs shell commands here with asyncio subprocesses.
+
+    `env` adds or overrides environment variables for every command; the twin
+    uses it to give a simulated host its own PATH and state directory.
+    """
+
+    def __init__(self, name: str = "localhost", env: Mapping[str, str] | None = None):
+        self.name = name
+        self._env = {**os.environ, **env} if env else None
+
+    async def run(self, cmd: Command, timeout: float | None = 30.0) -> CommandResult:
+        line = as_shell(cmd)
+        try:
+            proc = await asyncio.create_subprocess_shell(
+                line,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise TransportError(self.name, f"cannot run {line!r}: {exc.strerror}") from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            _kill_group(proc)
+            await proc.wait()
+            raise CommandTimeout(self.name, line, timeout or 0) from None
+        except asyncio.CancelledError:
+            _kill_group(proc)
+            raise
+        return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    async def stream(self, cmd: Command) -> AsyncIterator[str]:
+        line = as_shell(cmd)
+        proc = await asyncio.create_subprocess_shell(
+            line,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self._env,
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout is not None
+            while True:
+                raw = await proc.stdout.readline()
+                if not raw:
+                    break
+                yield raw.decode(errors="replace").rstrip("\r\n")
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc)
+                await proc.wait()
+
+    async def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
+        # The node is this machine: its ports are already ours.
+        return remote_port
+
+    async def close(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"LocalTransport({self.name!r})"

@@ -1,0 +1,215 @@
+"""Where things live, and the cluster inventory.
+
+Locations follow the XDG base directory spec:
+
+- config:  $XDG_CONFIG_HOME/sparktop   (cluster.yaml, user recipes)
+- results: $XDG_DATA_HOME/sparktop/results  (sweep runs)
+- state:   $XDG_STATE_HOME/sparktop    (what sparktop launched, logs)
+
+The inventory (`cluster.yaml`) names the nodes and how to reach them::
+
+    defaults:
+      image: vllm/vllm-openai:v0.11.0
+      hf_cache: ~/.cache/huggingface
+      port: 8000
+    nodes:
+      - name: spark-a
+        host: spark-a            # ssh host or ~/.ssh/config alias
+        fabric_ip: 192.168.100.10
+        eth_if: enp1s0f1np1
+        ib_if: [rocep1s0f1, roceP2p1s0f1]
+      - name: spark-b
+        host: spark-b
+        ...
+
+With no inventory sparktop watches the node it runs on and vLLM on localhost.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparktop.errors import ConfigError
+from sparktop.yamlfile import check_keys, line_of, load_file
+
+APP = "sparktop"
+LOCAL_HOSTS = {"localhost", "local", ""}
+
+
+def _xdg(var: str, default: str) -> Path:
+    value = os.environ.get(var)
+    return Path(value) if value else Path.home() / default
+
+
+def config_dir() -> Path:
+    return _xdg("XDG_CONFIG_HOME", ".config") / APP
+
+
+def data_dir() -> Path:
+    return _xdg("XDG_DATA_HOME", ".local/share") / APP
+
+
+def state_dir() -> Path:
+    return _xdg("XDG_STATE_HOME", ".local/state") / APP
+
+
+def results_dir() -> Path:
+    return data_dir() / "results"
+
+
+def logs_dir() -> Path:
+    return state_dir() / "logs"
+
+
+def inventory_path() -> Path:
+    return config_dir() / "cluster.yaml"
+
+
+def shipped_recipes_dir() -> Path:
+    """Recipes that ship with sparktop (in the wheel or in a source checkout)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "_recipes"
+    return packaged if packaged.is_dir() else here.parent / "recipes"
+
+
+@dataclass
+class Defaults:
+    image: str = "vllm/vllm-openai:latest"
+    hf_cache: str = "~/.cache/huggingface"
+    port: int = 8000
+    router_port: int = 4000
+    ray_port: int = 6379
+    master_port: int = 29501
+
+
+@dataclass
+class Node:
+    """One host: how to reach it and its fast-link settings."""
+
+    name: str
+    host: str = "localhost"
+    user: str | None = None
+    port: int | None = None
+    fabric_ip: str | None = None
+    eth_if: str | None = None
+    ib_if: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+    @property
+    def address(self) -> str:
+        """Address other nodes and engines use to reach this node."""
+        if self.fabric_ip:
+            return self.fabric_ip
+        return "127.0.0.1" if self.is_local else self.host
+
+
+@dataclass
+class Inventory:
+    nodes: list[Node]
+    defaults: Defaults = field(default_factory=Defaults)
+    path: Path | None = None
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name or node.host == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes)
+        where = str(self.path) if self.path else "inventory"
+        raise ConfigError(where, None, "nodes", f"no node named {name!r} (known: {known})")
+
+
+NODE_KEYS = ("name", "host", "user", "port", "fabric_ip", "eth_if", "ib_if", "env")
+DEFAULT_KEYS = tuple(Defaults.__dataclass_fields__)
+
+
+def local_inventory() -> Inventory:
+    """No inventory: this node only."""
+    return Inventory(nodes=[Node(name=os.uname().nodename or "localhost", host="localhost")])
+
+
+def inventory_from_hosts(hosts: list[str]) -> Inventory:
+    """A one-off inventory from `--nodes a,b`: the first host is the head."""
+    return Inventory(nodes=[Node(name=h, host=h) for h in hosts])
+
+
+def _typed(value, kind, path, line, key):
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, line, key, f"must be an integer, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(path, line, key, f"must be a string, got {value!r}")
+    return value
+
+
+def load_inventory(path: str | Path | None = None) -> Inventory:
+    """Read cluster.yaml; with no file, this node only."""
+    explicit = path is not None
+    path = Path(path) if path else inventory_path()
+    if not path.exists():
+        if explicit:
+            raise ConfigError(str(path), None, None, "no such file")
+        return local_inventory()
+    doc = load_file(path)
+    if doc is None:
+        return local_inventory()
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), line_of(doc, 0), None, "must be a mapping with 'nodes:'")
+    check_keys(doc, ("nodes", "defaults"), path)
+
+    defaults = Defaults()
+    raw_defaults = doc.get("defaults") or {}
+    if not isinstance(raw_defaults, dict):
+        raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
+    check_keys(raw_defaults, DEFAULT_KEYS, path, "defaults")
+    for key, value in raw_defaults.items():
+        kind = int if key.endswith("port") else str
+        setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))
+
+    raw_nodes = doc.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ConfigError(str(path), line_of(doc, "nodes"), "nodes", "must be a non-empty list of nodes")
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_nodes):
+        where = f"nodes[{index}]"
+        if isinstance(raw, str):
+            raw = {"name": raw, "host": raw}
+        if not isinstance(raw, dict):
+            raise ConfigError(str(path), line_of(raw_nodes, index), where, "must be a mapping or a host name")
+        check_keys(raw, NODE_KEYS, path, where)
+        name = raw.get("name") or raw.get("host")
+        if not name:
+            raise ConfigError(str(path), line_of(raw_nodes, index), f"{where}.name", "a node needs a name or a host")
+        if name in seen:
+            raise ConfigError(str(path), line_of(raw, "name"), f"{where}.name", f"duplicate node name {name!r}")
+        seen.add(name)
+        node = Node(name=str(name), host=str(raw.get("host", name)))
+        for key in ("user", "fabric_ip", "eth_if"):
+            if key in raw and raw[key] is not None:
+                setattr(node, key, _typed(raw[key], str, str(path), line_of(raw, key), f"{where}.{key}"))
+        if "port" in raw:
+            node.port = _typed(raw["port"], int, str(path), line_of(raw, "port"), f"{where}.port")
+        ib = raw.get("ib_if")
+        if isinstance(ib, str):
+            node.ib_if = [part.strip() for part in ib.split(",") if part.strip()]
+        elif isinstance(ib, list):
+            node.ib_if = [str(part) for part in ib]
+        elif ib is not None:
+            raise ConfigError(str(path), line_of(raw, "ib_if"), f"{where}.ib_if", "must be a name or a list of names")
+        env = raw.get("env") or {}
+        if not isinstance(env, dict):
+            raise ConfigError(str(path), line_of(raw, "env"), f"{where}.env", "must be a mapping")
+        node.env = {str(k): str(v) for k, v in env.items()}
+        nodes.append(node)
+    return Inventory(nodes=nodes, defaults=defaults, path=path)

@@ -1,0 +1,146 @@
+"""`vllm serve` arguments as the twin understands them.
+
+The twin accepts the flags sparktop's recipes pass to vLLM. Flags it has no
+use for (attention backends, parsers, compilation settings) are accepted and
+listed in the log's "non-default args", as vLLM would, so a real launch
+command runs unchanged against the twin. Three flags are the twin's own:
+`--speed`, `--startup-speed` and `--twin-home`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServeArgs:
+    model: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    load_format: str = "auto"
+    distributed_executor_backend: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
+    api_key: str | None = None
+    tokenizer: str | None = None
+    reasoning_parser: str | None = None
+    speed: float = 1.0
+    startup_speed: float | None = None
+    twin_home: str | None = None
+    extra: list[str] = field(default_factory=list)
+    given: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def ray(self) -> bool:
+        return self.distributed_executor_backend == "ray"
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> None:
+    parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=default)
+    parser.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false")
+
+
+def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=True)
+    p.add_argument("model_tag", nargs="?", help="model name or HF id")
+    p.add_argument("--model", dest="model_opt")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=str)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    _bool_flag(p, "enable-prefix-caching", True)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--api-key")
+    p.add_argument("--tokenizer")
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
+    p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
+    p.add_argument("--twin-home", help="(twin) the simulated host's state directory")
+    return p
+
+
+def _max_len(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    scale = 1
+    if text.endswith("k"):
+        scale, text = 1024, text[:-1]
+    elif text.endswith("m"):
+        scale, text = 1024 * 1024, text[:-1]
+    return int(float(text) * scale)
+
+
+def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
+    parser = build_parser(prog)
+    ns, extra = parser.parse_known_args(argv)
+    model = ns.model_opt or ns.model_tag
+    if not model:
+        parser.error("a model is required: vllm serve MODEL")
+    given = {}
+    defaults = vars(parser.parse_args([model]))
+    for key, value in vars(ns).items():
+        if key in ("model_tag", "model_opt"):
+            continue
+        if value != defaults.get(key):
+            given[key] = value
+    speed = ns.speed if ns.speed is not None else float(os.environ.get("SPARKTOP_TWIN_SPEED", "0") or 0) or 1.0
+    return ServeArgs(
+        model=model,
+        host=ns.host,
+        port=ns.port,
+        served_model_name=ns.served_model_name[0] if ns.served_model_name else None,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        max_model_len=_max_len(ns.max_model_len),
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        enable_prefix_caching=ns.enable_prefix_caching,
+        enforce_eager=ns.enforce_eager,
+        load_format=ns.load_format,
+        distributed_executor_backend=ns.distributed_executor_backend,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        headless=ns.headless,
+        api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
+        tokenizer=ns.tokenizer,
+        reasoning_parser=ns.reasoning_parser,
+        speed=speed,
+        startup_speed=ns.startup_speed,
+        twin_home=ns.twin_home,
+        extra=extra,
+        given=given,
+    )

@@ -1,0 +1,126 @@
+"""A cluster of simulated Spark nodes on this machine (the demo and tests).
+
+Each node is a `TwinHost` directory plus a `bin/` with the stand-in
+commands; a `LocalTransport` with that node's environment is a shell "on"
+the node. Nodes listen on their own loopback addresses (127.0.0.2,
+127.0.0.3, ...) when the system allows it, as two Sparks have two
+addresses, or on 127.0.0.1 with distinct ports when it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from sparktop.remote import LocalTransport
+from sparktop.settings import Inventory, Node
+from sparktop.twin.host import TwinHost
+from sparktop.twin.node import install
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"
+DEMO_MODEL = "gpt-oss-120b"
+
+
+def loopback_aliases_work() -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class TwinNode:
+    name: str
+    address: str
+    host: TwinHost
+    bin_dir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.host.env(self.bin_dir)
+
+    def transport(self) -> LocalTransport:
+        return LocalTransport(self.name, env=self.env)
+
+    def inventory_node(self) -> Node:
+        return Node(name=self.name, host="localhost", fabric_ip=self.address, eth_if="enp1s0f1np1",
+                    ib_if=["rocep1s0f1", "roceP2p1s0f1"], env=self.env)
+
+
+@dataclass
+class TwinCluster:
+    root: Path
+    names: tuple[str, ...] = ("spark-a", "spark-b")
+    speed: float = 1.0
+    images: list[str] = field(default_factory=lambda: [DEFAULT_IMAGE])
+    nodes: list[TwinNode] = field(default_factory=list)
+
+    def setup(self, fresh: bool = True) -> "TwinCluster":
+        if fresh and self.root.exists():
+            shutil.rmtree(self.root)
+        aliases = loopback_aliases_work()
+        bin_dir = install(self.root / "bin")
+        self.nodes = []
+        for i, name in enumerate(self.names):
+            address = f"127.0.0.{i + 2}" if aliases else "127.0.0.1"
+            host = TwinHost(self.root / name)
+            host.setup(name, speed=self.speed, images=list(self.images), address=address)
+            self.nodes.append(TwinNode(name, address, host, bin_dir))
+        return self
+
+    def node(self, name: str) -> TwinNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def inventory(self) -> Inventory:
+        return Inventory(nodes=[n.inventory_node() for n in self.nodes])
+
+    def port_for(self, index: int, port: int) -> int:
+        """Same port on every node when each has its own address."""
+        return port if self.nodes[index].address != "127.0.0.1" else port + index
+
+    async def run_solo(self, model: str = DEMO_MODEL, port: int = 8000, startup_speed: float = 30.0,
+                       extra: list[str] | None = None, name: str = "sparktop-vllm") -> list[str]:
+        """Start one solo engine on every node (through the twin's docker)."""
+        urls = []
+        for i, node in enumerate(self.nodes):
+            p = self.port_for(i, port)
+            argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc=host", "--network", "host",
+                    self.images[0], model, "--host", node.address, "--port", str(p),
+                    "--gpu-memory-utilization", "0.7", "--speed", str(self.speed),
+                    "--startup-speed", str(startup_speed), *(extra or [])]
+            result = await node.transport().run(shlex.join(argv), timeout=30)
+            if not result.ok:
+                raise RuntimeError(f"{node.name}: {result.first_error_line()}")
+            urls.append(f"http://{node.address}:{p}")
+        return urls
+
+    async def stop_all(self, name: str = "sparktop-vllm") -> None:
+        for node in self.nodes:
+            await node.transport().run(shlex.join(["docker", "rm", "-f", name]), timeout=30)
+
+
+async def wait_ready(urls: list[str], timeout: float = 120.0) -> None:
+    """Until every endpoint answers /health with 200."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = list(urls)
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while pending:
+            if loop.time() > deadline:
+                raise TimeoutError(f"not ready after {timeout:.0f}s: {', '.join(pending)}")
+            for url in list(pending):
+                try:
+                    if (await client.get(url + "/health")).status_code == 200:
+                        pending.remove(url)
+                except httpx.HTTPError:
+                    pass
+            if pending:
+                await asyncio.sleep(0.3)

@@ -1,0 +1,197 @@
+"""The state of one simulated Spark host, kept in a directory.
+
+Two simulated hosts on one machine stay apart because each has its own
+directory, named by `$SPARKTOP_TWIN_HOME`. Everything the stand-ins need to
+agree on lives there:
+
+    config.json        host name, memory, speed-up factor, images
+    procs/<pid>.json   processes using the GPU (vLLM engines, Ray workers):
+                       name, memory, utilisation, updated periodically
+    containers/<name>.json  what `docker` started
+    proc/meminfo       a GB10-like /proc/meminfo, rewritten when memory changes
+    ray/               the Ray stand-in's head address and members
+
+Files are replaced atomically (write then rename) so readers never see half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_HOME = "SPARKTOP_TWIN_HOME"
+ENV_PROC_ROOT = "SPARKTOP_PROC_ROOT"
+GB10_MEM_TOTAL_KB = 125_441_420  # `free -b` on a Spark: 128452014080 bytes
+GB10_SWAP_KB = 16_777_212
+BASE_USED_KB = 4_300_000  # OS, desktop and services on an idle Spark
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int
+    util: float
+    cache_mib: int = 0  # page cache the process's weights keep warm
+
+
+class TwinHost:
+    def __init__(self, home: str | Path):
+        self.home = Path(home)
+
+    @classmethod
+    def from_env(cls) -> "TwinHost | None":
+        home = os.environ.get(ENV_HOME)
+        return cls(home) if home else None
+
+    # -- config ---------------------------------------------------------------
+
+    def setup(self, name: str, speed: float = 1.0, images: list[str] | None = None,
+              address: str = "127.0.0.1") -> None:
+        for sub in ("procs", "containers", "proc", "ray", "logs", "hf-cache"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        config = self.config
+        config.update({"name": name, "speed": speed, "address": address})
+        if images is not None:
+            config["images"] = images
+        write_json(self.home / "config.json", config)
+        self.write_meminfo()
+
+    @property
+    def config(self) -> dict:
+        return read_json(self.home / "config.json", {}) or {}
+
+    @property
+    def name(self) -> str:
+        return self.config.get("name", "twin")
+
+    @property
+    def speed(self) -> float:
+        return float(self.config.get("speed", 1.0))
+
+    @property
+    def address(self) -> str:
+        return self.config.get("address", "127.0.0.1")
+
+    @property
+    def images(self) -> list[str]:
+        return list(self.config.get("images", []))
+
+    def add_image(self, image: str) -> None:
+        config = self.config
+        images = config.setdefault("images", [])
+        if image not in images:
+            images.append(image)
+        write_json(self.home / "config.json", config)
+
+    # -- GPU processes --------------------------------------------------------
+
+    def register(self, pid: int, name: str, used_mib: int, util: float = 0.0, cache_mib: int = 0) -> None:
+        write_json(self.home / "procs" / f"{pid}.json", {
+            "pid": pid, "name": name, "used_mib": int(used_mib), "util": util,
+            "cache_mib": int(cache_mib), "updated": time.time(),
+        })
+        self.write_meminfo()
+
+    def update_util(self, pid: int, util: float) -> None:
+        path = self.home / "procs" / f"{pid}.json"
+        data = read_json(path)
+        if data is not None:
+            data["util"] = util
+            data["updated"] = time.time()
+            write_json(path, data)
+
+    def unregister(self, pid: int) -> None:
+        try:
+            (self.home / "procs" / f"{pid}.json").unlink()
+        except FileNotFoundError:
+            pass
+        self.write_meminfo()
+
+    def processes(self) -> list[GpuProcess]:
+        out = []
+        for path in sorted((self.home / "procs").glob("*.json")):
+            data = read_json(path)
+            if not data:
+                continue
+            if not pid_alive(int(data["pid"])):
+                path.unlink(missing_ok=True)
+                continue
+            # A process that stopped reporting is idle, not busy forever.
+            util = data.get("util", 0.0) if time.time() - data.get("updated", 0) < 5 else 0.0
+            out.append(GpuProcess(int(data["pid"]), data["name"], int(data["used_mib"]), util,
+                                  int(data.get("cache_mib", 0))))
+        return out
+
+    def used_mib(self, exclude_pid: int | None = None) -> int:
+        return sum(p.used_mib for p in self.processes() if p.pid != exclude_pid)
+
+    def gpu_util(self) -> float:
+        return min(1.0, sum(p.util for p in self.processes()))
+
+    # -- memory ---------------------------------------------------------------
+
+    def meminfo_text(self) -> str:
+        procs = self.processes()
+        used_kb = BASE_USED_KB + sum(p.used_mib for p in procs) * 1024
+        cached_kb = 2_100_000 + sum(p.cache_mib for p in procs) * 1024
+        total = GB10_MEM_TOTAL_KB
+        used_kb = min(used_kb, total - 200_000)
+        cached_kb = min(cached_kb, total - used_kb - 150_000)
+        buffers_kb = 95_000
+        free_kb = max(0, total - used_kb - cached_kb - buffers_kb)
+        available_kb = free_kb + int(cached_kb * 0.95) + buffers_kb
+        fields = [
+            ("MemTotal", total), ("MemFree", free_kb), ("MemAvailable", available_kb),
+            ("Buffers", buffers_kb), ("Cached", cached_kb), ("SwapCached", 0),
+            ("Active", used_kb // 2), ("Inactive", cached_kb), ("Shmem", 60_000),
+            ("SwapTotal", GB10_SWAP_KB), ("SwapFree", GB10_SWAP_KB),
+        ]
+        return "".join(f"{k + ':':<16}{v:>8} kB\n" for k, v in fields)
+
+    def write_meminfo(self) -> None:
+        path = self.home / "proc" / "meminfo"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".meminfo.{os.getpid()}.tmp")
+        tmp.write_text(self.meminfo_text())
+        os.replace(tmp, path)
+
+    def env(self, bin_dir: str | Path) -> dict[str, str]:
+        """Environment that makes a shell on this machine act as this host."""
+        return {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            ENV_HOME: str(self.home),
+            ENV_PROC_ROOT: str(self.home / "proc"),
+        }
