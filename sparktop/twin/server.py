@@ -31,7 +31,7 @@ from sparktop import __version__
 from sparktop.twin.args import ServeArgs, parse_serve_args
 from sparktop.twin.cards import GIB, ModelCard, UnknownModel, find_card
 from sparktop.twin.engine import BLOCK, Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
-from sparktop.twin.host import TwinHost
+from sparktop.twin.host import BASE_USED_KB, TwinHost
 from sparktop.twin.metrics import VllmMetrics
 from sparktop.twin.perf import PerfModel
 from sparktop.twin.rendezvous import HeadRendezvous, join
@@ -70,7 +70,8 @@ def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0) -> S
     max_len = args.max_model_len or card.max_model_len
     batched = args.max_num_batched_tokens or 8192
     want = args.gpu_memory_utilization * hw.memory_gib
-    free = hw.memory_gib - other_used_mib / 1024
+    # The OS and desktop of a Spark hold a few GiB that CUDA cannot have.
+    free = hw.memory_gib - BASE_USED_KB / 1024**2 - other_used_mib / 1024
     if other_used_mib and want > free:
         raise StartupError(
             f"ValueError: Free memory on device cuda:0 ({free:.2f}/{hw.memory_gib:.2f} GiB) on startup is "
@@ -324,6 +325,7 @@ class TwinServer:
             raise StartupError(f"torch.distributed.DistNetworkError: {exc}")
         except RuntimeError as exc:
             raise StartupError(f"RuntimeError: {exc}")
+        self._peer_writer = writer  # keep the connection open while we serve
         used = int(reply.get("used_mib", 0))
         if self.host:
             self.host.register(os.getpid(), f"VLLM::Worker_TP{rank}", used)
@@ -420,6 +422,8 @@ class TwinServer:
             await self._rdv.close()
         if self._ray:
             self._ray.close()
+        if getattr(self, "_peer_writer", None) is not None:
+            self._peer_writer.close()
         if self.host and self._registered:
             self.host.unregister(os.getpid())
             self._registered = False

@@ -1,0 +1,220 @@
+"""The twin's node stand-ins (docker, nvidia-smi, vllm, ray) on two simulated
+hosts on this machine, driven the way sparktop drives a real node: shell
+commands through a LocalTransport with the host's environment."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+
+import httpx
+import pytest
+
+from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    c = TwinCluster(tmp_path / "lab", speed=1.0).setup()
+    yield c
+    for node in c.nodes:
+        t = node.transport()
+        await t.run("docker ps -aq | xargs -r docker rm -f; ray stop --force", timeout=30)
+
+
+async def sh(node, *argv, timeout=30):
+    return await node.transport().run(shlex.join(argv), timeout=timeout)
+
+
+def serve_argv(node, name, port, *extra, model="llama-3.1-8b"):
+    return ["docker", "run", "-d", "--name", name, "--gpus", "all", "--network", "host", DEFAULT_IMAGE, model,
+            "--host", node.address, "--port", str(port), "--startup-speed", "500", *extra]
+
+
+async def test_docker_runs_lists_logs_and_removes_a_vllm_container(cluster):
+    a = cluster.nodes[0]
+    port = free_port(a.address)
+    r = await sh(a, *serve_argv(a, "engine-1", port))
+    assert r.ok, r.stderr
+    assert len(r.stdout.strip()) == 64
+    url = f"http://{a.address}:{port}"
+    await wait_ready([url], timeout=30)
+
+    ps = await sh(a, "docker", "ps", "--format", "{{json .}}")
+    rows = [json.loads(line) for line in ps.stdout.splitlines()]
+    assert [(row["Names"], row["State"], row["Image"]) for row in rows] == [("engine-1", "running", DEFAULT_IMAGE)]
+    assert rows[0]["Status"].startswith("Up ")
+
+    smi = await sh(a, "nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                   "--format=csv,noheader,nounits")
+    pid, name, used = [part.strip() for part in smi.stdout.strip().split(",")]
+    assert name == "VLLM::EngineCore" and int(used) > 90_000  # 0.9 x 119.6 GiB
+    meminfo = (a.host.home / "proc" / "meminfo").read_text()
+    available_kb = int(next(l for l in meminfo.splitlines() if l.startswith("MemAvailable")).split()[1])
+    assert available_kb < 30 * 1024 * 1024
+
+    logs = await sh(a, "docker", "logs", "--tail", "50", "engine-1")
+    assert "Application startup complete." in logs.stdout
+
+    # The other host sees none of it.
+    b = cluster.nodes[1]
+    assert (await sh(b, "docker", "ps", "-q")).stdout == ""
+    assert (await sh(b, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")).stdout == ""
+
+    assert (await sh(a, "docker", "rm", "-f", "engine-1")).ok
+    assert (await sh(a, "docker", "ps", "-aq")).stdout == ""
+    assert (await sh(a, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")).stdout == ""
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url + "/health", timeout=1)
+
+
+async def test_docker_errors_look_like_dockers(cluster):
+    a = cluster.nodes[0]
+    missing = await sh(a, "docker", "run", "-d", "--name", "x", "no/such:image", "true")
+    assert missing.exit_status == 125 and "Unable to find image 'no/such:image' locally" in missing.stderr
+    assert (await sh(a, "docker", "image", "inspect", "no/such:image")).exit_status == 1
+    assert (await sh(a, "docker", "image", "inspect", "--format", "{{.Id}}", DEFAULT_IMAGE)).stdout.startswith(
+        "sha256:")
+    assert (await sh(a, "docker", "run", "-d", "--name", "dup", "--entrypoint", "sleep", DEFAULT_IMAGE, "30")).ok
+    dup = await sh(a, "docker", "run", "-d", "--name", "dup", "--entrypoint", "sleep", DEFAULT_IMAGE, "30")
+    assert dup.exit_status == 125 and "is already in use" in dup.stderr
+    gone = await sh(a, "docker", "logs", "nothing-here")
+    assert gone.exit_status == 1 and "No such container: nothing-here" in gone.stderr
+    assert (await sh(a, "docker", "stop", "-t", "2", "dup")).ok
+    ps = await sh(a, "docker", "ps", "-a", "--format", "{{.Names}} {{.State}}")
+    assert ps.stdout.strip() == "dup exited"
+
+
+async def test_a_failed_start_leaves_an_exited_container_with_the_reason_in_its_log(cluster):
+    a = cluster.nodes[0]
+    port = free_port(a.address)
+    r = await sh(a, *serve_argv(a, "too-big", port, model="qwen3-235b-a22b"))
+    assert r.ok  # docker run -d succeeds; the container then dies
+    for _ in range(100):
+        state = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                          "too-big")).stdout.split()
+        if state and state[0] == "exited":
+            break
+        await asyncio.sleep(0.1)
+    assert state == ["exited", "1"]
+    logs = (await sh(a, "docker", "logs", "too-big")).stdout
+    assert "CUDA out of memory" in logs
+
+
+async def test_hostile_values_reach_the_container_as_literal_arguments(cluster, tmp_path):
+    a = cluster.nodes[0]
+    marker = tmp_path / "pwned"
+    value = f"; touch {marker}; $(touch {marker}) `touch {marker}`"
+    r = await sh(a, "docker", "run", "-d", "--name", "echoer", "-e", f"NOTE={value}", "--entrypoint", "printf",
+                 DEFAULT_IMAGE, "%s|", value)
+    assert r.ok
+    await asyncio.sleep(0.5)
+    assert (await sh(a, "docker", "logs", "echoer")).stdout == value + "|"
+    assert not marker.exists()
+
+
+async def test_tp2_without_ray_across_two_hosts_and_worker_death_takes_the_head_down(cluster):
+    a, b = cluster.nodes
+    port, master = free_port(a.address), free_port(a.address)
+    common = ["-tp", "2", "--nnodes", "2", "--master-addr", a.address, "--master-port", str(master)]
+    worker = await sh(b, "docker", "run", "-d", "--name", "worker", "--network", "host", DEFAULT_IMAGE,
+                      "gemma4-26b-a4b", *common, "--node-rank", "1", "--headless", "--startup-speed", "500")
+    assert worker.ok
+    head = await sh(a, "docker", "run", "-d", "--name", "head", "--network", "host", DEFAULT_IMAGE,
+                    "gemma4-26b-a4b", *common, "--node-rank", "0", "--host", a.address, "--port", str(port),
+                    "--startup-speed", "500")
+    assert head.ok
+    url = f"http://{a.address}:{port}"
+    await wait_ready([url], timeout=30)
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200
+    smi_b = await sh(b, "nvidia-smi", "--query-compute-apps=process_name", "--format=csv,noheader")
+    assert smi_b.stdout.strip() == "VLLM::Worker_TP1"
+    assert "world_size=2" in (await sh(a, "docker", "logs", "head")).stdout
+
+    await sh(b, "docker", "rm", "-f", "worker")
+    for _ in range(100):
+        status = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}}", "head")).stdout.strip()
+        if status == "exited":
+            break
+        await asyncio.sleep(0.1)
+    assert status == "exited"
+    assert "NCCL" in (await sh(a, "docker", "logs", "head")).stdout
+
+
+async def test_tp2_head_without_its_worker_times_out(cluster):
+    a = cluster.nodes[0]
+    port, master = free_port(a.address), free_port(a.address)
+    r = await sh(a, "docker", "run", "-d", "--name", "lonely", "--network", "host", DEFAULT_IMAGE, "gemma4-26b-a4b",
+                 "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", a.address, "--master-port",
+                 str(master), "--host", a.address, "--port", str(port), "--startup-speed", "300")
+    assert r.ok
+    for _ in range(100):
+        if "exited" in (await sh(a, "docker", "ps", "-a", "--format", "{{.State}}")).stdout:
+            break
+        await asyncio.sleep(0.1)
+    logs = (await sh(a, "docker", "logs", "lonely")).stdout
+    assert "Timed out after 600 seconds waiting for clients. 1/2 clients joined." in logs
+
+
+async def test_ray_cluster_forms_and_serves_tp2_and_losing_a_node_fails_the_engine(cluster):
+    a, b = cluster.nodes
+    ray_port, port = free_port(a.address), free_port(a.address)
+    head = await sh(a, "ray", "start", "--head", "--port", str(ray_port), "--node-ip-address", a.address)
+    assert head.ok, head.stderr
+    member = await sh(b, "ray", "start", "--address", f"{a.address}:{ray_port}", "--node-ip-address", b.address)
+    assert member.ok, member.stderr
+    status = await sh(a, "ray", "status")
+    assert status.stdout.count("node_spark-") == 2 and "2.0 GPU" in status.stdout
+
+    r = await sh(a, "docker", "run", "-d", "--name", "vllm-ray", "--network", "host", DEFAULT_IMAGE,
+                 "gpt-oss-120b", "-tp", "2", "--distributed-executor-backend", "ray", "--host", a.address,
+                 "--port", str(port), "--startup-speed", "500")
+    assert r.ok
+    url = f"http://{a.address}:{port}"
+    await wait_ready([url], timeout=30)
+    smi_b = await sh(b, "nvidia-smi", "--query-compute-apps=process_name", "--format=csv,noheader")
+    assert smi_b.stdout.strip() == "ray::RayWorkerWrapper"
+
+    assert (await sh(b, "ray", "stop")).ok
+    for _ in range(100):
+        status = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}}", "vllm-ray")).stdout.strip()
+        if status == "exited":
+            break
+        await asyncio.sleep(0.1)
+    assert status == "exited"
+    assert "ActorDiedError" in (await sh(a, "docker", "logs", "vllm-ray")).stdout
+
+
+async def test_ray_tp2_without_a_cluster_fails_at_startup(cluster):
+    a = cluster.nodes[0]
+    port = free_port(a.address)
+    await sh(a, "docker", "run", "-d", "--name", "no-ray", "--network", "host", DEFAULT_IMAGE, "gpt-oss-120b",
+             "-tp", "2", "--distributed-executor-backend", "ray", "--port", str(port), "--startup-speed", "500")
+    for _ in range(100):
+        if "exited" in (await sh(a, "docker", "ps", "-a", "--format", "{{.State}}")).stdout:
+            break
+        await asyncio.sleep(0.1)
+    assert "required GPUs exceeds" in (await sh(a, "docker", "logs", "no-ray")).stdout
+
+
+async def test_nvidia_smi_speaks_gb10(cluster):
+    a = cluster.nodes[0]
+    q = await sh(a, "nvidia-smi", "--query-gpu=name,memory.used,memory.total,utilization.gpu",
+                 "--format=csv,noheader,nounits")
+    assert q.stdout.strip() == "NVIDIA GB10, [N/A], [N/A], 0"
+    q = await sh(a, "nvidia-smi", "--query-gpu=utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate",
+                 "--format=csv,noheader,nounits")
+    util, temp, power, clock, pstate = [p.strip() for p in q.stdout.split(",")]
+    assert (util, pstate) == ("0", "P8") and float(power) > 0 and int(temp) > 20
+    bad = await sh(a, "nvidia-smi", "--query-gpu=bogus", "--format=csv")
+    assert bad.exit_status == 2 and 'Field "bogus" is not a valid field to query.' in bad.stderr
+    table = await sh(a, "nvidia-smi")
+    assert "NVIDIA GB10" in table.stdout and "Not Supported" in table.stdout
+    assert all(len(line) == 91 for line in table.stdout.splitlines()[1:] if line.startswith(("|", "+")))

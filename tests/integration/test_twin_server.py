@@ -1,0 +1,325 @@
+"""The twin as a client sees it: an OpenAI client, prometheus-client's
+parser, and timing that follows the twin's own performance model."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sparktop.twin.args import parse_serve_args
+from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from sparktop.twin.perf import PerfModel
+from sparktop.twin.server import TwinServer
+
+from tests.conftest import free_port
+
+
+def client(server) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def metric_families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, name: str, suffix: str = "", **labels) -> float:
+    fam = families[name]
+    total = 0.0
+    for s in fam.samples:
+        if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            total += s.value
+    return total
+
+
+async def test_openai_client_streams_a_chat_with_usage(twin):
+    server = await twin("llama-3.1-8b", speed=20)
+    oa = client(server)
+    models = await oa.models.list()
+    assert [m.id for m in models.data] == ["llama-3.1-8b"]
+    stream = await oa.chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "Tell me about the GB10."}],
+        max_tokens=24, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    text, usage, finish, ids = "", None, None, 0
+    async for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            ids += len((choice.model_extra or {}).get("token_ids") or [])
+    assert usage.completion_tokens == 24 == ids
+    assert usage.prompt_tokens > 8
+    assert finish == "length"
+    assert len(text.split()) >= 12
+
+
+async def test_non_streaming_chat_and_completions(twin):
+    server = await twin("llama-3.1-8b", speed=50)
+    oa = client(server)
+    chat = await oa.chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+        extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 10
+    assert chat.choices[0].message.content
+    comp = await oa.completions.create(model="llama-3.1-8b", prompt="The Spark has", max_tokens=7,
+                                       extra_body={"ignore_eos": True})
+    assert comp.usage.completion_tokens == 7 and comp.choices[0].text
+    stream = await oa.completions.create(model="llama-3.1-8b", prompt="Once", max_tokens=5, stream=True,
+                                         extra_body={"ignore_eos": True})
+    pieces = [c.choices[0].text async for c in stream if c.choices]
+    assert len([p for p in pieces if p]) == 5
+
+
+async def test_reasoning_model_streams_reasoning_before_content_and_effort_shortens_it(twin):
+    server = await twin("gpt-oss-120b", speed=200)
+    oa = client(server)
+
+    async def reasoning_share(effort: str) -> tuple[int, int, bool]:
+        stream = await oa.chat.completions.create(
+            model="gpt-oss-120b", messages=[{"role": "user", "content": f"Plan a benchmark ({effort})."}],
+            max_tokens=2000, stream=True, extra_body={"reasoning_effort": effort})
+        reasoning = content = 0
+        order_ok = True
+        async for chunk in stream:
+            for choice in chunk.choices:
+                extra = choice.delta.model_extra or {}
+                if extra.get("reasoning_content"):
+                    reasoning += 1
+                    order_ok = order_ok and content == 0
+                if choice.delta.content:
+                    content += 1
+        return reasoning, content, order_ok
+
+    low = [await reasoning_share("low") for _ in range(3)]
+    high = [await reasoning_share("high") for _ in range(3)]
+    assert all(r > 0 and c > 0 and ok for r, c, ok in low)
+    assert all(ok for _, _, ok in high)
+    assert sum(r for r, _, _ in low) * 2 < sum(r for r, _, _ in high)
+
+
+async def test_metrics_parse_with_vllm_names_types_labels_and_buckets(twin):
+    server = await twin("gemma4-26b-a4b", speed=50)
+    oa = client(server)
+    await asyncio.gather(*(oa.chat.completions.create(
+        model="gemma4-26b-a4b", messages=[{"role": "user", "content": "x " * 300}], max_tokens=20,
+        extra_body={"ignore_eos": True}) for _ in range(3)))
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(server.url + "/metrics")).text
+    fams = metric_families(text)
+    kinds = {
+        "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge", "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter", "vllm:prefix_cache_queries": "counter",
+        "vllm:prefix_cache_hits": "counter", "vllm:num_preemptions": "counter",
+        "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_success": "counter",
+    }
+    for name, kind in kinds.items():
+        assert fams[name].type == kind, name
+    labels = {"model_name": "gemma4-26b-a4b", "engine": "0"}
+    assert sample(fams, "vllm:generation_tokens", "_total", **labels) == 60
+    assert sample(fams, "vllm:request_success", "_total", finished_reason="length") == 3
+    assert sample(fams, "vllm:time_to_first_token_seconds", "_count") == 3
+    assert sample(fams, "vllm:inter_token_latency_seconds", "_count") == 57
+    prompt = sample(fams, "vllm:prompt_tokens", "_total")
+    assert prompt == sample(fams, "vllm:prefix_cache_queries", "_total") > 900
+    ttft_les = sorted({float(s.labels["le"]) for s in fams["vllm:time_to_first_token_seconds"].samples
+                       if s.name.endswith("_bucket")})
+    assert ttft_les[:-1] == TTFT_BUCKETS and ttft_les[-1] == float("inf")
+    itl_les = sorted({float(s.labels["le"]) for s in fams["vllm:inter_token_latency_seconds"].samples
+                      if s.name.endswith("_bucket")})
+    assert itl_les[:-1] == ITL_BUCKETS
+    # As from vLLM, each counter also exposes a `_created` gauge family.
+    assert fams["vllm:prompt_tokens_created"].type == "gauge"
+
+
+async def test_c1_decode_rate_matches_the_model_within_5_percent(twin):
+    speed = 2.0
+    server = await twin("gpt-oss-120b", speed=speed)
+    model = PerfModel(server.card)
+    async with httpx.AsyncClient(timeout=60) as http:
+        body = {"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "word " * 500}],
+                "max_tokens": 160, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        stamps = []
+        prompt_tokens = None
+        async with http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if data.get("usage"):
+                    prompt_tokens = data["usage"]["prompt_tokens"]
+                for choice in data["choices"]:
+                    delta = choice.get("delta", {})
+                    if delta.get("content") or delta.get("reasoning_content"):
+                        stamps.append(time.perf_counter())
+    assert len(stamps) == 160
+    measured = (len(stamps) - 1) / (stamps[-1] - stamps[0]) / speed
+    ctx = prompt_tokens + 80  # mid-generation context
+    predicted = model.decode_tps(1, ctx)
+    assert abs(measured - predicted) / predicted < 0.05, (measured, predicted)
+    # And it is physically plausible: below the bandwidth roofline of a GB10.
+    assert measured < model.roofline_decode_tps(1, ctx)
+
+
+async def test_kv_usage_rises_with_concurrency(twin):
+    server = await twin("llama-3.1-8b", "--gpu-memory-utilization", "0.2", "--max-model-len", "8192", speed=20)
+
+    async def peak_usage(concurrency: int) -> float:
+        engine = server.engine
+        oa = client(server)
+        jobs = [asyncio.create_task(oa.chat.completions.create(
+            model="llama-3.1-8b", messages=[{"role": "user", "content": f"{i} " + "tok " * 800}],
+            max_tokens=64, extra_body={"ignore_eos": True})) for i in range(concurrency)]
+        peak = 0.0
+        while not all(j.done() for j in jobs):
+            peak = max(peak, engine.kv_usage)
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*jobs)
+        return peak
+
+    one, eight, thirty_two = await peak_usage(1), await peak_usage(8), await peak_usage(32)
+    assert 0 < one < eight < thirty_two
+
+
+async def test_preemptions_appear_when_the_cache_is_over_full(twin):
+    # A small cache: ~8k tokens of KV for requests needing 32 x 1.2k.
+    server = await twin("llama-3.1-8b", "--gpu-memory-utilization", "0.108", "--max-model-len", "4096",
+                        speed=50)
+    assert server.engine.kv_capacity_tokens < 12000
+    oa = client(server)
+    results = await asyncio.gather(*(oa.chat.completions.create(
+        model="llama-3.1-8b", messages=[{"role": "user", "content": f"{i} " + "tok " * 1000}],
+        max_tokens=200, extra_body={"ignore_eos": True}) for i in range(32)))
+    assert all(r.usage.completion_tokens == 200 for r in results)
+    async with httpx.AsyncClient() as http:
+        fams = metric_families((await http.get(server.url + "/metrics")).text)
+    assert sample(fams, "vllm:num_preemptions", "_total") > 0
+    assert server.engine.total_preemptions > 0
+
+
+async def test_prefix_cache_hits_on_a_repeated_prompt(twin):
+    server = await twin("llama-3.1-8b", speed=50)
+    oa = client(server)
+    messages = [{"role": "user", "content": "shared context " * 400}]
+    for _ in range(2):
+        r = await oa.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=4,
+                                             extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens_details.cached_tokens > 700
+    async with httpx.AsyncClient() as http:
+        fams = metric_families((await http.get(server.url + "/metrics")).text)
+    assert sample(fams, "vllm:prefix_cache_hits", "_total") > 700
+
+
+async def test_bad_requests_get_vllm_style_errors(twin):
+    server = await twin("llama-3.1-8b", "--max-model-len", "2048", "--api-key", "sekret", speed=50)
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(server.url + "/v1/models")).status_code == 401
+        auth = {"Authorization": "Bearer sekret"}
+        too_long = await http.post(server.url + "/v1/chat/completions", headers=auth, json={
+            "model": "llama-3.1-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000})
+        assert too_long.status_code == 400
+        assert "maximum context length is 2048" in too_long.json()["error"]["message"]
+        wrong = await http.post(server.url + "/v1/chat/completions", headers=auth, json={
+            "model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert wrong.status_code == 404
+        assert (await http.get(server.url + "/health")).status_code == 200
+        assert "version" in (await http.get(server.url + "/version")).json()
+
+
+async def test_health_does_not_answer_until_startup_is_done():
+    args = parse_serve_args(["llama-3.1-8b", "--host", "127.0.0.1", "--port", "0", "--load-format", "dummy",
+                             "--enforce-eager", "--startup-speed", "5"])
+    log = io.StringIO()
+    server = TwinServer(args, log=log)
+    task = asyncio.create_task(server.start())
+    try:
+        while server.port is None:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(timeout=0.3) as http:
+            with pytest.raises(httpx.HTTPError):
+                await http.get(server.url + "/health")
+            assert server.stage != "ready"
+            await asyncio.wait_for(task, 10)
+            assert (await http.get(server.url + "/health")).status_code == 200
+    finally:
+        await server.stop()
+    text = log.getvalue()
+    for words in ("Loading weights took", "Available KV cache memory", "GPU KV cache size",
+                  "Maximum concurrency for", "Application startup complete."):
+        assert words in text
+    assert text.index("Loading weights took") < text.index("GPU KV cache size") < text.index("startup complete")
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparktop", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_model_too_large_for_one_spark_fails_to_start():
+    port = free_port()
+    r = run_cli("twin", "serve", "--model", "qwen3-235b-a22b", "--port", str(port), "--startup-speed", "1000")
+    assert r.returncode != 0
+    assert "CUDA out of memory" in r.stdout
+
+
+def test_a_model_with_no_room_for_kv_cache_fails_like_vllm():
+    port = free_port()
+    r = run_cli("twin", "serve", "--model", "nemotron-3-super-120b-a12b", "--port", str(port),
+                "--gpu-memory-utilization", "0.6", "--startup-speed", "1000")
+    assert r.returncode == 1
+    assert "No available memory for the cache blocks" in r.stdout
+
+
+def test_port_already_in_use_fails():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("twin", "serve", "--model", "llama-3.1-8b", "--host", "127.0.0.1", "--port", str(port))
+    assert r.returncode == 1
+    assert "Address already in use" in r.stdout
+
+
+def test_twin_serve_cli_answers_a_streaming_chat_and_metrics(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "--model", "gpt-oss-120b",
+                             "--host", "127.0.0.1", "--port", str(port), "--startup-speed", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        usage = json.loads(lines[-2][6:])["usage"]
+        assert usage["completion_tokens"] == 8
+        metrics = httpx.get(url + "/metrics").text
+        assert 'vllm:generation_tokens_total{engine="0",model_name="gpt-oss-120b"} 8.0' in metrics
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "Application startup complete." in out
