@@ -123,7 +123,10 @@ async def test_stream_yields_lines_as_they_come(sshd):
 
 async def test_forward_reaches_an_http_server_on_the_node(sshd):
     app = web.Application()
-    app.router.add_get("/health", lambda r: web.json_response({"ok": True}))
+    async def health(request):
+        return web.json_response({"ok": True})
+
+    app.router.add_get("/health", health)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

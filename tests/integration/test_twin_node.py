@@ -218,3 +218,18 @@ async def test_nvidia_smi_speaks_gb10(cluster):
     table = await sh(a, "nvidia-smi")
     assert "NVIDIA GB10" in table.stdout and "Not Supported" in table.stdout
     assert all(len(line) == 91 for line in table.stdout.splitlines()[1:] if line.startswith(("|", "+")))
+
+
+async def test_exec_sees_the_container_env_and_logs_follow_until_exit(cluster):
+    a = cluster.nodes[0]
+    r = await sh(a, "docker", "run", "-d", "--name", "box", "-e", "GREETING=hello there", "--entrypoint", "sh",
+                 DEFAULT_IMAGE, "-c", "echo start; sleep 1; echo done")
+    assert r.ok
+    out = await sh(a, "docker", "exec", "box", "sh", "-c", 'printf %s "$GREETING"')
+    assert out.stdout == "hello there"
+    followed = await sh(a, "docker", "logs", "-f", "box", timeout=20)
+    assert followed.stdout == "start\ndone\n"
+    state = await sh(a, "docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", "box")
+    assert state.stdout.strip() == "false 0"
+    not_running = await sh(a, "docker", "exec", "box", "true")
+    assert not_running.exit_status == 1 and "is not running" in not_running.stderr
