@@ -15,15 +15,12 @@ from sparktop import __version__
 from sparktop.errors import SparktopError
 
 NOT_BUILT = {
-    "monitor": "the live monitor (issue #3)",
     "launch": "launching recipes (issue #4)",
     "stop": "stopping launches (issue #4)",
-    "status": "one-shot status (issue #3)",
     "sweep": "concurrency sweeps (issue #5)",
     "compare": "comparing sweep runs (issue #5)",
     "recipes": "listing recipes (issue #4)",
     "predict": "performance prediction (issue #6)",
-    "replay": "replaying a recording (issue #3)",
 }
 
 
@@ -39,6 +36,30 @@ def cmd_demo(args) -> int:
     from sparktop.demo import run_demo
 
     return asyncio.run(run_demo(args))
+
+
+def _inventory(args):
+    from sparktop.settings import load_inventory
+
+    return load_inventory(args.inventory)
+
+
+def cmd_monitor(args) -> int:
+    from sparktop.ui.run import main_monitor
+
+    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record)
+
+
+def cmd_status(args) -> int:
+    from sparktop.status import main_status
+
+    return main_status(_inventory(args), args.engine or [], as_json=args.json, seconds=args.seconds)
+
+
+def cmd_replay(args) -> int:
+    from sparktop.ui.run import main_replay
+
+    return main_replay(args.file, args.speed)
 
 
 def cmd_twin_serve(args) -> int:
@@ -86,20 +107,38 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    add("monitor", "watch nodes and engines live (the default) — not built yet", _not_built("monitor"))
-    demo = add("demo", "start a two-node twin cluster on this machine and show it", cmd_demo)
+    def watch_options(p, interval=True):
+        p.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: "
+                       "$XDG_CONFIG_HOME/sparktop/cluster.yaml; none: this node only)")
+        p.add_argument("--engine", action="append", metavar="URL",
+                       help="also watch this OpenAI-compatible endpoint (repeatable)")
+        if interval:
+            p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+
+    monitor = add("monitor", "watch nodes and engines live (the default)", cmd_monitor)
+    watch_options(monitor)
+    monitor.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
+    demo = add("demo", "start a two-node twin cluster on this machine and watch it", cmd_demo)
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
+    demo.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    demo.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
     add("launch", "launch a recipe in a topology — not built yet", _not_built("launch"))
     add("stop", "stop what sparktop launched — not built yet", _not_built("stop"))
-    add("status", "print one snapshot of nodes and engines — not built yet", _not_built("status"))
+    status = add("status", "print one snapshot of nodes and engines (table or --json)", cmd_status)
+    watch_options(status, interval=False)
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument("--seconds", type=float, default=2.2,
+                        help="how long to watch before printing (rates need two scrapes; default 2.2)")
     add("sweep", "run a concurrency sweep against an endpoint — not built yet", _not_built("sweep"))
     add("compare", "compare sweep runs side by side — not built yet", _not_built("compare"))
     add("recipes", "list the recipes sparktop can launch — not built yet", _not_built("recipes"))
     add("predict", "predict throughput per topology before launching — not built yet", _not_built("predict"))
-    add("replay", "play back a recorded monitor session — not built yet", _not_built("replay"))
+    replay = add("replay", "play back a recorded monitor session (sparktop --record FILE)", cmd_replay)
+    replay.add_argument("file", help="a recording made with --record")
+    replay.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1)")
 
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
                           description="the digital twin of a Spark node running vLLM")
@@ -129,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(argv[2:], prog="sparktop twin serve")
     parser = build_parser()
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["monitor", *argv]  # `sparktop` alone, or with monitor options, watches
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        args = parser.parse_args(["monitor", *argv])
     try:
         return int(args.func(args) or 0)
     except SparktopError as exc:

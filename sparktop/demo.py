@@ -1,48 +1,80 @@
-"""`sparktop demo`: a two-node twin cluster on this machine, serving a model.
+"""`sparktop demo`: a two-node twin cluster on this machine, serving a model
+under a light background load, watched by the real app.
 
 The nodes live under the state directory (`demo/`), each with its own
 stand-in `docker`, `nvidia-smi`, `vllm` and `ray`; the engines start through
-the twin's docker exactly as on a real node.
+the twin's docker exactly as on a real node, and the monitor reaches them
+the way it reaches real nodes: a shell per node, HTTP per engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 
 from sparktop.settings import state_dir
 from sparktop.twin.cluster import TwinCluster, wait_ready
 
 
-async def start_demo_cluster(model: str, speed: float = 1.0) -> tuple[TwinCluster, list[str]]:
-    cluster = TwinCluster(state_dir() / "demo", speed=speed).setup()
+def demo_root():
+    return state_dir() / "demo"
+
+
+async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: float = 30.0,
+                             wait: bool = True) -> tuple[TwinCluster, list[str]]:
+    cluster = TwinCluster(demo_root(), speed=speed).setup()
     await cluster.stop_all()
-    urls = await cluster.run_solo(model=model)
-    await wait_ready(urls, timeout=180)
+    urls = await cluster.run_solo(model=model, startup_speed=startup_speed)
+    if wait:
+        await wait_ready(urls, timeout=180)
     return cluster, urls
+
+
+def start_load(urls: list[str], low: int = 1, high: int = 6) -> subprocess.Popen:
+    # Same process group as the app, and it exits when its parent does, so a
+    # closed terminal never leaves load running against the next demo.
+    return subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", str(low),
+                             "--max", str(high), "--parent", str(os.getpid())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def run_demo(args) -> int:
     if args.stop:
-        cluster = TwinCluster(state_dir() / "demo").setup(fresh=False)
+        cluster = TwinCluster(demo_root()).setup(fresh=False)
         await cluster.stop_all()
         print("Stopped the demo cluster.")
         return 0
-    print(f"Starting a two-node twin cluster serving {args.model} ...", flush=True)
-    cluster, urls = await start_demo_cluster(args.model, args.speed)
-    for node, url in zip(cluster.nodes, urls):
-        print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
     if args.no_wait:
+        print(f"Starting a two-node twin cluster serving {args.model} ...", flush=True)
+        cluster, urls = await start_demo_cluster(args.model, args.speed)
+        for node, url in zip(cluster.nodes, urls):
+            print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
         print(f"Left running; stop with: sparktop demo --stop  (state in {cluster.root})")
         return 0
-    print("Press Ctrl-C to stop.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    from sparktop.observe.poller import NodeTarget, Poller
+    from sparktop.ui.run import run_monitor
+
+    print(f"Starting a two-node twin cluster serving {args.model} ...", flush=True)
+    cluster, urls = await start_demo_cluster(args.model, args.speed, wait=False)
+    load = start_load(urls)
+    poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes],
+                    interval=args.interval, default_port=None)
     try:
-        await stop.wait()
+        await run_monitor(cluster.inventory(), [], label=f"demo: twin cluster serving {args.model}",
+                          poller=poller, record=args.record)
     finally:
-        print("Stopping the twin cluster ...", flush=True)
+        load.send_signal(signal.SIGTERM)
+        try:
+            load.wait(5)
+        except subprocess.TimeoutExpired:
+            load.kill()
         await cluster.stop_all()
     return 0
+
+
+def main(args) -> int:
+    return asyncio.run(run_demo(args))

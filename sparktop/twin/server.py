@@ -536,7 +536,11 @@ class TwinServer:
                                           bool(opts.get("continuous_usage_stats")),
                                           bool(body.get("return_token_ids")))
             return await self._complete(request, seq, out, chat, bool(body.get("return_token_ids")))
-        except (asyncio.CancelledError, ConnectionResetError):
+        except ConnectionResetError:
+            # The client went away mid-stream: what it asked for is dropped, as in vLLM.
+            self.engine.abort(seq)
+            return web.Response(status=499)
+        except asyncio.CancelledError:
             self.engine.abort(seq)
             raise
         finally:

@@ -1,0 +1,129 @@
+"""Regenerate the pictures in screenshots/ from the real app on a twin cluster.
+
+    python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view
+    python scripts/screenshots.py --record tests/fixtures/recording.jsonl
+
+Starts a two-node twin cluster serving gpt-oss-120b under a light load,
+lets the histories fill, then drives the app headless (Textual's
+run_test) and saves SVGs plus PNGs (cairosvg) that show what a user sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sparktop.observe.poller import NodeTarget, Poller  # noqa: E402
+from sparktop.observe.record import Recorder  # noqa: E402
+from sparktop.twin.cluster import TwinCluster  # noqa: E402
+from sparktop.ui.app import SparktopApp  # noqa: E402
+from sparktop.ui.cards import EngineCard  # noqa: E402
+
+OUT = ROOT / "screenshots"
+
+
+_LEADING = re.compile(r'(<text [^>]*?x=")([\d.]+)("[^>]*?textLength=")([\d.]+)("[^>]*>)((?:&#160;)+)([^<]*)</text>')
+
+
+def _shift_leading_spaces(svg_text: str) -> str:
+    """SVG renderers drop the leading spaces of a text run; move the run right instead."""
+    def fix(m: re.Match) -> str:
+        spaces = m.group(6).count("&#160;")
+        rest = m.group(7)
+        total = spaces + len(rest.replace("&#160;", " ").replace("&amp;", "&").replace("&lt;", "<")
+                             .replace("&gt;", ">"))
+        cell = float(m.group(4)) / max(1, total)
+        x = float(m.group(2)) + cell * spaces
+        return f"{m.group(1)}{x:.1f}{m.group(3)}{cell * (total - spaces):.1f}{m.group(5)}{rest}</text>"
+    return _LEADING.sub(fix, svg_text)
+
+
+def png(svg: Path) -> None:
+    """rsvg-convert with Fira Code installed renders Textual's SVG faithfully;
+    cairosvg is the fallback."""
+    import shutil
+
+    target = svg.with_suffix(".png")
+    fixed = svg.with_suffix(".render.svg")
+    fixed.write_text(_shift_leading_spaces(svg.read_text()))
+    try:
+        if shutil.which("rsvg-convert"):
+            subprocess.run(["rsvg-convert", "-w", "1600", "-o", str(target), str(fixed)], check=True)
+        else:
+            import cairosvg
+
+            cairosvg.svg2png(url=str(fixed), write_to=str(target), output_width=1600)
+    finally:
+        fixed.unlink()
+
+
+async def shoot(app: SparktopApp, size: tuple[int, int], name: str, keys: list[str] = (), wait: float = 1.5) -> None:
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(wait)
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause(0.8)
+        path = OUT / f"{name}.svg"
+        app.save_screenshot(str(path))
+        png(path)
+        print("wrote", path.relative_to(ROOT), "and .png")
+
+
+async def main(args) -> None:
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = TwinCluster(Path(tmp) / "demo").setup()
+        urls = await cluster.run_solo(model=args.model, startup_speed=60)
+        load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "2", "--max", "8",
+                                 "--period", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=1.0,
+                        default_port=None)
+        await poller.start()
+        recorder = Recorder(args.record, 1.0) if args.record else None
+        try:
+            # Let the engines start and the sparklines fill before the first picture.
+            warm = SparktopApp(poller, recorder=recorder, label=f"demo: twin cluster serving {args.model}")
+            async with warm.run_test(size=(160, 48)) as pilot:
+                await pilot.pause(args.warmup)
+            state = warm.state
+
+            def reuse() -> SparktopApp:
+                app = SparktopApp(poller, recorder=recorder, label=f"demo: twin cluster serving {args.model}")
+                app.state = state
+                return app
+
+            await shoot(reuse(), (80, 24), "monitor-80x24")
+            await shoot(reuse(), (160, 48), "monitor-160x48")
+            app = reuse()
+            async with app.run_test(size=(160, 48)) as pilot:
+                await pilot.pause(1.0)
+                engine = next(iter(app.screen.query(EngineCard)))
+                engine.focus()
+                await pilot.press("enter")
+                await pilot.pause(1.2)
+                path = OUT / "detail-engine-160x48.svg"
+                app.save_screenshot(str(path))
+                png(path)
+                print("wrote", path.relative_to(ROOT), "and .png")
+        finally:
+            if recorder:
+                recorder.close()
+            load.terminate()
+            await poller.close()
+            await cluster.stop_all()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt-oss-120b")
+    ap.add_argument("--warmup", type=float, default=40.0, help="seconds of history before the pictures")
+    ap.add_argument("--record", help="also record the session to this JSONL file")
+    asyncio.run(main(ap.parse_args()))

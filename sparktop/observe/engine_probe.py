@@ -1,0 +1,161 @@
+"""One poll of one engine over HTTP: /metrics every time, /v1/models and
+/version when the engine (re)appears and now and then after.
+
+An engine whose port cannot be reached from here is read through an SSH
+local forward from its node (the transport's `forward`), so a vLLM bound to
+127.0.0.1 on a remote Spark is still watched without opening its port.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from sparktop.observe.snapshot import EngineSnapshot
+from sparktop.observe.vllm_metrics import EngineMetrics, MetricsError, Scrape
+from sparktop.remote import Transport, TransportError
+
+MODEL_REFRESH_S = 30.0
+
+
+class EngineUnreachable(Exception):
+    def __init__(self, reason: str, bound: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.bound = bound  # the port accepted the connection but did not answer
+
+
+def _os_errors(exc: BaseException) -> list[OSError]:
+    """The OS errors behind an httpx error (anyio wraps the real one twice)."""
+    found, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def describe(exc: Exception) -> tuple[str, bool]:
+    """A short reason a person understands, and whether the port was bound."""
+    if isinstance(exc, httpx.ConnectError):
+        errors = _os_errors(exc)
+        if any(isinstance(e, ConnectionRefusedError) for e in errors) or "refused" in str(exc).lower():
+            return "connection refused", False
+        specific = next((e for e in errors if e.errno), None)
+        if specific is not None:
+            return f"cannot connect: {(specific.strerror or str(specific)).lower()}", False
+        return f"cannot connect ({str(exc)[:80] or type(exc).__name__})", False
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect timed out", False
+    if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout)):
+        return "no answer (timed out)", True
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "connection closed", True
+    return f"{type(exc).__name__}: {str(exc)[:80]}", False
+
+
+@dataclass
+class EngineProbe:
+    url: str
+    client: httpx.AsyncClient
+    transport: Transport | None = None  # the engine's node, for a forward
+    timeout: float = 2.0
+    api_key: str | None = None
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    _base: str | None = None
+    _model_at: float = 0.0
+    _model: str | None = None
+    _max_len: int | None = None
+    _version: str | None = None
+    _forwarded: bool = False
+
+    @property
+    def base(self) -> str:
+        if self._base is None:
+            self._base = self.url.rstrip("/").removesuffix("/v1")
+        return self._base
+
+    async def _get(self, path: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key and path.startswith("/v1") else None
+        return await self.client.get(self.base + path, timeout=self.timeout, headers=headers)
+
+    async def _forward(self) -> bool:
+        """Switch to an SSH forward to the same port on the node."""
+        if self.transport is None or self._forwarded:
+            return False
+        parts = urlsplit(self.url)
+        try:
+            local = await self.transport.forward(parts.port or 80, "127.0.0.1")
+        except TransportError:
+            return False
+        self._base = f"http://127.0.0.1:{local}"
+        self._forwarded = True
+        return True
+
+    async def poll(self) -> EngineSnapshot:
+        started = time.monotonic()
+        try:
+            response = await self._get("/metrics")
+        except httpx.HTTPError as exc:
+            reason, bound = describe(exc)
+            if self._forwarded and not bound:
+                # The forward died with its SSH connection: try afresh next time.
+                self._forwarded = False
+                self._base = None
+                raise EngineUnreachable(reason, bound) from None
+            if not bound and await self._forward():
+                try:
+                    response = await self._get("/metrics")
+                except httpx.HTTPError as exc2:
+                    reason, bound = describe(exc2)
+                    raise EngineUnreachable(reason, bound) from None
+            else:
+                raise EngineUnreachable(reason, bound) from None
+        if response.status_code != 200:
+            raise EngineUnreachable(f"/metrics answered HTTP {response.status_code}", bound=True)
+        now = time.time()
+        try:
+            scrape = Scrape.parse(response.text, time.monotonic())
+        except MetricsError as exc:
+            raise EngineUnreachable(str(exc), bound=True) from None
+        derived = self.metrics.add(scrape)
+        if self._model is None or now - self._model_at > MODEL_REFRESH_S:
+            await self._refresh_model(now)
+        snap = EngineSnapshot(
+            key=self.url, url=self.url, t=now, state="ready", model=self._model, version=self._version,
+            max_model_len=self._max_len, kind="vllm" if scrape.is_vllm else "router",
+            kv_usage=derived.kv_usage, running=derived.running, waiting=derived.waiting,
+            prompt_tps=derived.prompt_tps, gen_tps=derived.gen_tps, ttft_p50=derived.ttft_p50,
+            ttft_p95=derived.ttft_p95, itl_p50=derived.itl_p50, itl_p95=derived.itl_p95,
+            prefix_hit_rate=derived.prefix_hit_rate, preemptions=derived.preemptions, requests=derived.requests,
+        )
+        snap.poll_ms = (time.monotonic() - started) * 1000
+        return snap
+
+    async def _refresh_model(self, now: float) -> None:
+        self._model_at = now
+        try:
+            r = await self._get("/v1/models")
+            if r.status_code == 200:
+                data = r.json().get("data") or []
+                if data:
+                    self._model = data[0].get("id")
+                    self._max_len = data[0].get("max_model_len")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        if self._version is None:
+            try:
+                r = await self._get("/version")
+                if r.status_code == 200:
+                    self._version = r.json().get("version")
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+
+    def forget(self) -> None:
+        """After an outage: re-read the model and start rates afresh."""
+        self._model = None
+        self.metrics.reset()

@@ -1,0 +1,196 @@
+"""One poll of one node: a single shell round trip through its transport.
+
+The probe script prints sections (`@@name`), each the output of one read:
+meminfo, the first line of /proc/stat, two nvidia-smi queries and
+`docker ps`. A missing tool prints `@@missing` for its section, which the
+monitor shows as a state rather than an error. The meminfo path can be
+redirected with `$SPARKTOP_PROC_ROOT` (the twin's simulated hosts use it);
+on a real node it is /proc.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from sparktop.observe import hostparse
+from sparktop.observe.snapshot import Container, NodeSnapshot
+from sparktop.remote import Transport
+
+GPU_QUERY = "name,utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate"
+APPS_QUERY = "pid,process_name,used_memory"
+
+PROBE_SCRIPT = (
+    'echo @@meminfo; cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo" 2>&1; '
+    "echo @@stat; head -n 1 /proc/stat 2>&1; "
+    "if command -v nvidia-smi >/dev/null 2>&1; then "
+    f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"@@rc $?\"; "
+    f"echo @@apps; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1; "
+    'echo "@@rc $?"; '
+    "else echo @@gpu; echo @@missing; fi; "
+    "if command -v docker >/dev/null 2>&1; then "
+    "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
+    "else echo @@docker; echo @@missing; fi; "
+    "echo @@end"
+)
+
+
+def split_sections(text: str) -> dict[str, tuple[str, int | None, bool]]:
+    """section -> (body, exit status if printed, missing)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("@@") and not line.startswith("@@rc") and line != "@@missing":
+            current = line[2:].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    out = {}
+    for name, lines in sections.items():
+        rc = None
+        missing = "@@missing" in lines
+        body = []
+        for line in lines:
+            if line.startswith("@@rc "):
+                try:
+                    rc = int(line[5:])
+                except ValueError:
+                    rc = None
+            elif line != "@@missing":
+                body.append(line)
+        out[name] = ("\n".join(body), rc, missing)
+    return out
+
+
+@dataclass
+class HostProbe:
+    name: str
+    transport: Transport
+    timeout: float = 5.0
+    _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
+
+    async def poll(self) -> NodeSnapshot:
+        started = time.monotonic()
+        result = await self.transport.run(PROBE_SCRIPT, timeout=self.timeout)
+        snap = parse_probe(self.name, result.stdout, self._prev_cpu)
+        self._prev_cpu = snap._cpu_raw  # type: ignore[attr-defined]
+        snap.poll_ms = (time.monotonic() - started) * 1000
+        if "@@end" not in result.stdout:
+            raise RuntimeError(f"probe did not finish (exit {result.exit_status}): {result.first_error_line()}")
+        return snap
+
+
+def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:
+    sections = split_sections(text)
+    snap = NodeSnapshot(name=name, t=time.time(), state="ok")
+    body, _, _ = sections.get("meminfo", ("", None, False))
+    try:
+        snap.memory = hostparse.parse_meminfo(body)
+    except ValueError:
+        snap.memory = None
+    cpu = hostparse.parse_proc_stat_cpu(sections.get("stat", ("", None, False))[0])
+    snap.cpu_pct = hostparse.cpu_percent(prev_cpu, cpu)
+    snap._cpu_raw = cpu  # type: ignore[attr-defined]
+
+    gpu_body, gpu_rc, gpu_missing = sections.get("gpu", ("", None, True))
+    if gpu_missing:
+        snap.gpu_status = "missing"
+    elif gpu_rc not in (0, None):
+        snap.gpu_status = _first_line(gpu_body) or f"nvidia-smi exited {gpu_rc}"
+    else:
+        try:
+            snap.gpu = hostparse.parse_gpu_query(gpu_body, tuple(GPU_QUERY.split(",")))
+            snap.gpu_status = "ok"
+        except ValueError as exc:
+            snap.gpu_status = f"unreadable nvidia-smi output: {exc}"
+        apps_body, apps_rc, _ = sections.get("apps", ("", None, False))
+        if apps_rc in (0, None):
+            snap.processes = hostparse.parse_compute_apps(apps_body)
+
+    docker_body, docker_rc, docker_missing = sections.get("docker", ("", None, True))
+    if docker_missing:
+        snap.docker_status = "missing"
+    elif docker_rc not in (0, None):
+        line = _first_line(docker_body) or f"docker exited {docker_rc}"
+        snap.docker_status = "permission denied" if "permission denied" in line.lower() else line
+    else:
+        snap.docker_status = "ok"
+        snap.containers = hostparse.parse_docker_ps(docker_body)
+    return snap
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:200]
+    return ""
+
+
+# -- engines inside containers ------------------------------------------------------
+
+
+@dataclass
+class DiscoveredEngine:
+    url: str
+    port: int
+    host: str | None  # the address the engine bound, when it named one
+    container: str
+    kind: str = "vllm"
+    topology: str | None = None
+    model: str | None = None
+
+
+def _flag(args: list[str], *names: str) -> str | None:
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def engines_in(container: Container, node_address: str) -> DiscoveredEngine | None:
+    """The API endpoint a container serves (or served, if it has exited)."""
+    labels = container.labels
+    if labels.get("sparktop.endpoint"):
+        url = labels["sparktop.endpoint"]
+        port = int(url.rsplit(":", 1)[-1].split("/")[0]) if url.count(":") >= 2 else 80
+        return DiscoveredEngine(url=url, port=port, host=None, container=container.name,
+                                kind=labels.get("sparktop.kind", "vllm"), topology=labels.get("sparktop.topology"),
+                                model=labels.get("sparktop.model"))
+    try:
+        args = shlex.split(container.command)
+    except ValueError:
+        args = container.command.split()
+    if not args:
+        return None
+    text = " ".join(args)
+    if "--headless" in args:
+        return None  # a TP worker: no API of its own
+    is_vllm = "serve" in args and ("vllm" in text or "vllm" in container.image)
+    is_router = "litellm" in text
+    if not (is_vllm or is_router):
+        return None
+    port = int(_flag(args, "--port") or (4000 if is_router and not is_vllm else 8000))
+    host = _flag(args, "--host")
+    if host in (None, "0.0.0.0", "::", ""):
+        host = None
+    address = host or node_address
+    topology = None
+    model = None
+    if is_vllm:
+        model = _flag(args, "--served-model-name") or _flag(args, "--model")
+        if model is None:
+            after = args[args.index("serve") + 1:]
+            model = next((a for a in after if not a.startswith("-")), None)
+        tp = _flag(args, "-tp", "--tensor-parallel-size")
+        if tp and tp != "1":
+            backend = _flag(args, "--distributed-executor-backend")
+            topology = "cluster-ray" if backend == "ray" else "cluster-mp"
+        else:
+            topology = "solo"
+    return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
+                            kind="router" if is_router and not is_vllm else "vllm", topology=topology,
+                            model=model)

@@ -1,0 +1,225 @@
+"""Pure parsers for what a node prints: /proc/meminfo, /proc/stat,
+`nvidia-smi` (CSV queries and the default table), `docker ps --format
+'{{json .}}'`, and `free`.
+
+GB10 quirks handled here: memory fields are `[N/A]`, `N/A` or "Not
+Supported"; CSV values may carry units (`96 %`) unless `nounits` was given;
+process names in the table can be truncated with a leading `...`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory
+
+NA = {"[n/a]", "n/a", "not supported", "[not supported]", "", "[unknown error]", "[insufficient permissions]"}
+
+
+def na(value: str | None) -> bool:
+    return value is None or value.strip().lower() in NA
+
+
+def number(value: str | None) -> float | None:
+    """A number from an nvidia-smi field, with or without units; None for N/A."""
+    if na(value):
+        return None
+    match = re.match(r"\s*(-?\d+(?:\.\d+)?)", value)
+    return float(match.group(1)) if match else None
+
+
+# -- /proc ----------------------------------------------------------------------
+
+
+def parse_meminfo(text: str) -> Memory:
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            amount = int(parts[0])
+        except ValueError:
+            continue
+        unit = parts[1].lower() if len(parts) > 1 else ""
+        values[key.strip()] = amount * 1024 if unit == "kb" else amount
+    if "MemTotal" not in values:
+        raise ValueError("no MemTotal in meminfo")
+    total = values["MemTotal"]
+    free = values.get("MemFree", 0)
+    # Kernels before 3.14 have no MemAvailable; estimate it as they did.
+    available = values.get("MemAvailable", free + values.get("Buffers", 0) + values.get("Cached", 0))
+    return Memory(
+        total=total, available=available, free=free, buffers=values.get("Buffers", 0),
+        cached=values.get("Cached", 0), swap_total=values.get("SwapTotal", 0), swap_free=values.get("SwapFree", 0),
+    )
+
+
+def parse_free(text: str) -> Memory:
+    """`free` or `free -b` output (KiB unless every value is large enough to be bytes)."""
+    rows = {}
+    header = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if header is None and "total" in line and ":" not in line:
+            header = line.split()
+            continue
+        label, _, rest = line.partition(":")
+        rows[label.strip()] = [int(v) for v in rest.split()]
+    if "Mem" not in rows:
+        raise ValueError("no Mem: row")
+    header = header or ["total", "used", "free", "shared", "buff/cache", "available"]
+    mem = dict(zip(header, rows["Mem"]))
+    swap = dict(zip(header, rows.get("Swap", [0, 0, 0])))
+    # `free` prints KiB by default, `free -b` bytes: a total above 8 Gi can only
+    # be bytes (8 Gi KiB would be an 8 TiB machine).
+    scale = 1 if mem["total"] > 8 * 1024**3 else 1024
+    return Memory(
+        total=mem["total"] * scale, available=mem.get("available", mem["free"]) * scale, free=mem["free"] * scale,
+        cached=mem.get("buff/cache", 0) * scale, swap_total=swap.get("total", 0) * scale,
+        swap_free=swap.get("free", 0) * scale,
+    )
+
+
+def parse_proc_stat_cpu(text: str) -> tuple[int, int] | None:
+    """(busy, total) jiffies from the first `cpu` line of /proc/stat."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            fields = [int(x) for x in line.split()[1:]]
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+            total = sum(fields[:8])  # guest time is already counted in user
+            return total - idle, total
+    return None
+
+
+def cpu_percent(prev: tuple[int, int] | None, cur: tuple[int, int] | None) -> float | None:
+    if prev is None or cur is None:
+        return None
+    busy, total = cur[0] - prev[0], cur[1] - prev[1]
+    if total <= 0 or busy < 0:
+        return None
+    return 100.0 * busy / total
+
+
+# -- nvidia-smi -------------------------------------------------------------------
+
+GPU_FIELDS = ("utilization.gpu", "temperature.gpu", "power.draw", "clocks.sm", "pstate")
+
+
+def parse_csv_query(text: str, fields: list[str]) -> list[dict[str, str | None]]:
+    """Rows of a `--query-*=... --format=csv[,noheader][,nounits]` answer,
+    keyed by the requested field names; N/A values become None."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if parts and parts[0].lower() in ("name", "pid", *fields) and any(f in line for f in fields):
+            continue  # a header line
+        if len(parts) < len(fields):
+            continue
+        if len(parts) > len(fields):
+            # A process name containing commas: keep the extra parts in the name column.
+            extra = len(parts) - len(fields)
+            idx = fields.index("process_name") if "process_name" in fields else 0
+            parts = parts[:idx] + [", ".join(parts[idx:idx + extra + 1])] + parts[idx + extra + 1:]
+        rows.append({f: (None if na(v) else v) for f, v in zip(fields, parts)})
+    return rows
+
+
+def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_FIELDS) -> Gpu:
+    rows = parse_csv_query(text, list(fields))
+    if not rows:
+        raise ValueError("nvidia-smi printed no GPU row")
+    row = rows[0]
+    return Gpu(
+        name=row.get("name"),
+        util=number(row.get("utilization.gpu")),
+        temp=number(row.get("temperature.gpu")),
+        power=number(row.get("power.draw")),
+        sm_clock=number(row.get("clocks.sm") or row.get("clocks.current.sm")),
+        pstate=row.get("pstate"),
+    )
+
+
+def parse_compute_apps(text: str) -> list[GpuProcess]:
+    out = []
+    for row in parse_csv_query(text, ["pid", "process_name", "used_memory"]):
+        pid = number(row["pid"])
+        if pid is None:
+            continue
+        used = number(row["used_memory"])
+        out.append(GpuProcess(int(pid), row["process_name"] or "?", int(used) if used is not None else None))
+    return out
+
+
+_TABLE_GPU = re.compile(r"^\|\s*(?:N/A|\d+%)\s+(\d+)C\s+(P\d+)\s+(?:(\d+(?:\.\d+)?)W|N/A)\s*/.*?\|\s*(\d+)%")
+_TABLE_PROC = re.compile(r"^\|\s+\d+\s+\S+\s+\S+\s+(\d+)\s+([CGM+]+)\s+(.+?)\s+(\d+)MiB\s*\|$")
+_TABLE_NAME = re.compile(r"^\|\s+\d+\s+(.+?)\s+(On|Off)\s+\|")
+
+
+def parse_smi_table(text: str) -> tuple[Gpu, list[GpuProcess]]:
+    """The default `nvidia-smi` table (what people paste); GPU 0 only."""
+    gpu = Gpu()
+    procs = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if gpu.name is None:
+            m = _TABLE_NAME.match(line)
+            if m and "NVIDIA" in m.group(1):
+                gpu.name = m.group(1).strip()
+                continue
+        m = _TABLE_GPU.match(line)
+        if m and gpu.temp is None:
+            gpu.temp = float(m.group(1))
+            gpu.pstate = m.group(2)
+            gpu.power = float(m.group(3)) if m.group(3) else None
+            gpu.util = float(m.group(4))
+            continue
+        m = _TABLE_PROC.match(line)
+        if m:
+            procs.append(GpuProcess(int(m.group(1)), m.group(3).strip(), int(m.group(4))))
+    if gpu.temp is None and gpu.name is None:
+        raise ValueError("not an nvidia-smi table")
+    return gpu, procs
+
+
+# -- docker -----------------------------------------------------------------------
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            labels[key.strip()] = value
+    return labels
+
+
+def parse_docker_ps(text: str) -> list[Container]:
+    """`docker ps --format '{{json .}}'`: one JSON object per line."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        command = row.get("Command", "")
+        if command.startswith('"') and command.endswith('"'):
+            try:
+                command = json.loads(command)
+            except ValueError:
+                command = command.strip('"')
+        state = row.get("State") or ("running" if str(row.get("Status", "")).startswith("Up") else "exited")
+        out.append(Container(
+            name=row.get("Names", ""), image=row.get("Image", ""), state=state, status=row.get("Status", ""),
+            id=row.get("ID", ""), command=command, running_for=row.get("RunningFor", ""),
+            labels=parse_labels(row.get("Labels", "") or ""),
+        ))
+    return out

@@ -1,0 +1,428 @@
+"""The poller: every node and every engine polled on its own schedule.
+
+Each target has one task that polls, waits for the answer, and only then
+schedules the next poll (`interval` after the previous one started), so a
+slow node never piles up overlapping polls and never delays the others.
+Results come out of `events()` as plain dataclasses: `NodeSnapshot`,
+`EngineSnapshot`, `EngineGone`.
+
+A target that stops answering keeps its last figures and changes state:
+stale after two missed polls (or two intervals without an answer), then
+down / unreachable after `down_after` seconds, or at once when the failure
+is definite (connection refused twice). Retries back off from one interval
+to at most 3 s, so a returning node is seen within a few seconds; recovery
+needs nothing from the user.
+
+Engines are found three ways: given (`--engine URL`), discovered from the
+containers a node runs (`vllm serve` and LiteLLM commands, or sparktop's
+labels), or candidates (the default port on each node), which are shown
+only once they have answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import httpx
+
+from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
+from sparktop.observe.host_probe import HostProbe, engines_in
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
+from sparktop.observe.vllm_log import startup_state
+from sparktop.remote import CommandTimeout, Transport, TransportError
+
+MAX_BACKOFF = 3.0
+
+
+@dataclass
+class EngineGone:
+    key: str
+
+
+Event = NodeSnapshot | EngineSnapshot | EngineGone
+
+
+@dataclass
+class NodeTarget:
+    name: str
+    transport: Transport
+    address: str = "127.0.0.1"
+
+
+@dataclass
+class EngineTarget:
+    url: str
+    node: str | None = None
+    origin: str = "given"  # given | discovered | candidate
+    container: str | None = None
+    topology: str | None = None
+    kind: str | None = None
+    model: str | None = None  # as launched, until the engine says
+
+
+@dataclass
+class Health:
+    """Success/failure bookkeeping that decides ok / stale / down."""
+
+    last_ok: float | None = None
+    failures: int = 0
+    definite: int = 0  # consecutive failures that leave no doubt (refused)
+    reason: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def ok(self) -> None:
+        self.last_ok = time.monotonic()
+        self.failures = self.definite = 0
+        self.reason = None
+
+    def fail(self, reason: str, definite: bool = False) -> None:
+        self.failures += 1
+        self.definite = self.definite + 1 if definite else 0
+        self.reason = reason
+
+    def state(self, interval: float, down_after: float, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        if self.failures == 0 and self.last_ok is not None and now - self.last_ok <= 2.2 * interval + 0.5:
+            return "ok"
+        since = now - (self.last_ok if self.last_ok is not None else self.started)
+        if self.definite >= 2 or since >= down_after:
+            return "down"
+        if self.failures >= 2 or (self.last_ok is not None and since > 2.2 * interval):
+            return "stale"
+        return "ok" if self.last_ok is not None else "connecting"
+
+    def backoff(self, interval: float) -> float:
+        return min(MAX_BACKOFF, interval * (1.5 ** max(0, self.failures - 1)))
+
+
+@dataclass
+class _NodeWorker:
+    target: NodeTarget
+    probe: HostProbe
+    health: Health = field(default_factory=Health)
+    last: NodeSnapshot | None = None
+    shown_state: str = "connecting"
+    task: asyncio.Task | None = None
+
+
+@dataclass
+class _EngineWorker:
+    target: EngineTarget
+    probe: EngineProbe
+    health: Health = field(default_factory=Health)
+    last: EngineSnapshot | None = None
+    shown_state: str = "connecting"
+    ever_ready: bool = False
+    log_at: float = 0.0
+    stage: str | None = None
+    exited: str | None = None  # the container's status once it has exited
+    task: asyncio.Task | None = None
+
+
+class Poller:
+    def __init__(self, nodes: list[NodeTarget], engines: list[EngineTarget] | None = None, *,
+                 interval: float = 1.0, down_after: float = 10.0, discover: bool = True,
+                 default_port: int | None = 8000, api_key: str | None = None):
+        self._interval = interval
+        self.down_after = down_after
+        self.discover = discover
+        self.default_port = default_port
+        self.api_key = api_key
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._client: httpx.AsyncClient | None = None
+        self._nodes: dict[str, _NodeWorker] = {}
+        self._engines: dict[str, _EngineWorker] = {}
+        self._node_targets = nodes
+        self._engine_targets = list(engines or [])
+        self._running = asyncio.Event()
+        self._running.set()
+        self._wake = asyncio.Event()
+        self._watchdog: asyncio.Task | None = None
+        self._closed = False
+
+    # -- control --------------------------------------------------------------
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    @interval.setter
+    def interval(self, value: float) -> None:
+        self._interval = max(0.2, min(60.0, value))
+        self._wake.set()  # let sleeping workers pick the new interval up
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def start(self) -> "Poller":
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=32))
+        for target in self._node_targets:
+            self._add_node(target)
+        for target in self._engine_targets:
+            self._add_engine(target)
+        if self.default_port:
+            for target in self._node_targets:
+                self._add_engine(EngineTarget(f"http://{target.address}:{self.default_port}", node=target.name,
+                                              origin="candidate"))
+        self._watchdog = asyncio.create_task(self._watch(), name="poller-watchdog")
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [w.task for w in list(self._nodes.values()) + list(self._engines.values()) if w.task]
+        if self._watchdog:
+            tasks.append(self._watchdog)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._client:
+            await self._client.aclose()
+        for target in self._node_targets:
+            try:
+                await target.transport.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    async def events(self) -> AsyncIterator[Event]:
+        while not self._closed:
+            yield await self._queue.get()
+
+    def snapshot_now(self) -> tuple[list[NodeSnapshot], list[EngineSnapshot]]:
+        nodes = [w.last for w in self._nodes.values() if w.last]
+        engines = [w.last for w in self._engines.values() if w.last and self._visible(w)]
+        return nodes, engines
+
+    # -- workers --------------------------------------------------------------
+
+    def _add_node(self, target: NodeTarget) -> None:
+        worker = _NodeWorker(target, HostProbe(target.name, target.transport,
+                                               timeout=max(2.0, min(10.0, self._interval * 2))))
+        self._nodes[target.name] = worker
+        worker.task = asyncio.create_task(self._node_loop(worker), name=f"node-{target.name}")
+
+    def _add_engine(self, target: EngineTarget) -> None:
+        key = target.url.rstrip("/")
+        if key in self._engines:
+            existing = self._engines[key]
+            # A candidate that turns out to be a known container gains its details.
+            if target.origin != "candidate":
+                for attr in ("container", "topology", "kind", "model"):
+                    if getattr(target, attr):
+                        setattr(existing.target, attr, getattr(target, attr))
+                if existing.target.origin == "candidate":
+                    existing.target.origin = target.origin
+            return
+        node = self._nodes.get(target.node) if target.node else None
+        probe = EngineProbe(key, self._client, node.target.transport if node else None,
+                            timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=self.api_key)
+        worker = _EngineWorker(target, probe)
+        self._engines[key] = worker
+        worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")
+
+    def _remove_engine(self, key: str) -> None:
+        worker = self._engines.pop(key, None)
+        if worker and worker.task:
+            worker.task.cancel()
+        if worker and self._visible(worker):
+            self._queue.put_nowait(EngineGone(key))
+
+    @staticmethod
+    def _visible(w: _EngineWorker) -> bool:
+        return w.target.origin != "candidate" or w.ever_ready
+
+    async def _sleep_until(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+            # Interval changed: keep the original deadline unless it got shorter.
+            deadline = min(deadline, loop.time() + self._interval)
+
+    async def _node_loop(self, w: _NodeWorker) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._running.wait()
+            started = loop.time()
+            try:
+                snap = await asyncio.wait_for(w.probe.poll(), w.probe.timeout + 1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is shown, none stops the loop
+                reason, definite = self._node_reason(exc)
+                w.health.fail(reason, definite)
+                self._emit_node(w)
+                delay = w.health.backoff(self._interval)
+            else:
+                w.health.ok()
+                w.last = snap
+                self._emit_node(w)
+                if self.discover:
+                    self._discover(w, snap)
+                delay = self._interval
+            await self._sleep_until(started + delay)
+
+    @staticmethod
+    def _node_reason(exc: Exception) -> tuple[str, bool]:
+        if isinstance(exc, (asyncio.TimeoutError, CommandTimeout)):
+            return "no answer (timed out)", False
+        if isinstance(exc, TransportError):
+            text = exc.message
+            return text, "refused" in text.lower() or "host key" in text.lower()
+        return f"{type(exc).__name__}: {exc}", False
+
+    def _emit_node(self, w: _NodeWorker) -> None:
+        state = w.health.state(self._interval, self.down_after)
+        w.shown_state = state
+        if w.last is None:
+            snap = NodeSnapshot(name=w.target.name, t=time.time(), state=state, reason=w.health.reason)
+        else:
+            snap = copy.copy(w.last)
+            snap.state = state
+            snap.reason = w.health.reason if state != "ok" else None
+            if state != "ok":
+                w.last = snap
+        self._queue.put_nowait(snap)
+
+    def _discover(self, w: _NodeWorker, snap: NodeSnapshot) -> None:
+        if snap.docker_status != "ok":
+            return
+        seen = set()
+        # Running containers first, so a restarted engine wins over its exited predecessor.
+        for container in sorted(snap.containers, key=lambda c: c.state != "running"):
+            found = engines_in(container, w.target.address)
+            if not found:
+                continue
+            key = found.url.rstrip("/")
+            if key in seen:
+                continue
+            seen.add(key)
+            if container.state == "running":
+                self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered",
+                                              container=found.container, topology=found.topology, kind=found.kind,
+                                              model=found.model))
+                self._engines[key].exited = None
+            elif key in self._engines and self._engines[key].target.container == container.name:
+                # A crashed engine stays on screen, with why, until its container is removed.
+                self._engines[key].exited = container.status
+        for key, ew in list(self._engines.items()):
+            if ew.target.origin == "discovered" and ew.target.node == w.target.name and key not in seen:
+                self._remove_engine(key)
+
+    async def _engine_loop(self, w: _EngineWorker) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._running.wait()
+            started = loop.time()
+            try:
+                snap = await w.probe.poll()
+            except asyncio.CancelledError:
+                raise
+            except EngineUnreachable as exc:
+                definite = "refused" in exc.reason
+                w.health.fail(exc.reason, definite)
+                if w.ever_ready and w.health.failures == 1:
+                    w.probe.forget()
+                await self._engine_failed(w, exc)
+                delay = w.health.backoff(self._interval)
+            except Exception as exc:  # noqa: BLE001
+                w.health.fail(f"{type(exc).__name__}: {exc}")
+                await self._engine_failed(w, None)
+                delay = w.health.backoff(self._interval)
+            else:
+                w.health.ok()
+                w.ever_ready = True
+                w.stage = None
+                snap.node = w.target.node
+                snap.container = w.target.container
+                snap.topology = w.target.topology
+                if w.target.kind == "router":
+                    snap.kind = "router"
+                w.last = snap
+                w.shown_state = "ready"
+                self._queue.put_nowait(snap)
+                delay = self._interval
+            await self._sleep_until(started + delay)
+
+    async def _engine_failed(self, w: _EngineWorker, exc: EngineUnreachable | None) -> None:
+        if not self._visible(w):
+            return
+        health = w.health.state(self._interval, self.down_after)
+        starting = False
+        if w.exited:
+            await self._read_stage(w)  # the log says why it died
+            w.health.reason = f"container {w.target.container} {w.exited.lower()}" + (
+                f": {w.health.reason}" if w.stage == "failed" and w.health.reason else "")
+            state = "unreachable"
+        else:
+            if w.target.container and (not w.ever_ready or health == "down"):
+                starting = await self._read_stage(w)
+            if starting:
+                state = "starting"
+            else:
+                state = {"ok": "ready", "connecting": "connecting", "stale": "stale", "down": "unreachable"}[health]
+        snap = copy.copy(w.last) if w.last else EngineSnapshot(
+            key=w.probe.url, url=w.probe.url, t=time.time(), node=w.target.node, container=w.target.container,
+            topology=w.target.topology, kind=w.target.kind or "vllm", model=w.target.model)
+        snap.state = state
+        snap.reason = w.health.reason if state not in ("ready",) else None
+        snap.stage = w.stage if state == "starting" else None
+        if state != "ready":
+            w.last = snap
+        w.shown_state = state
+        self._queue.put_nowait(snap)
+
+    async def _read_stage(self, w: _EngineWorker) -> bool:
+        """Whether the engine's container is still starting; reads its log."""
+        node = self._nodes.get(w.target.node or "")
+        if node is None or not w.target.container:
+            return False
+        now = time.monotonic()
+        if now - w.log_at < 2.0 and w.stage is not None:
+            return w.stage not in ("failed",)
+        w.log_at = now
+        try:
+            result = await node.target.transport.run(
+                ["docker", "logs", "--tail", "80", w.target.container], timeout=5)
+        except (TransportError, asyncio.TimeoutError):
+            return False
+        if not result.ok:
+            return False
+        state = startup_state((result.stdout + result.stderr).splitlines())
+        if state.failed:
+            w.stage = "failed"
+            w.health.reason = state.reason or "failed to start"
+            return False
+        if state.stage in (None, "ready"):
+            return False
+        w.stage = state.stage
+        return True
+
+    async def _watch(self) -> None:
+        """Turn silence into state changes even while a poll is stuck."""
+        while True:
+            await asyncio.sleep(max(0.2, self._interval / 2))
+            if self.paused:
+                continue
+            for w in self._nodes.values():
+                state = w.health.state(self._interval, self.down_after)
+                if state != w.shown_state and not (state == "ok" and w.health.failures == 0):
+                    if w.health.reason is None and state != "ok":
+                        w.health.reason = "no answer"
+                    self._emit_node(w)

@@ -1,0 +1,147 @@
+"""What the monitor knows about a node or an engine at one moment.
+
+Plain dataclasses, convertible to and from JSON so a session can be
+recorded and replayed (`--record`, `sparktop replay`) and printed by
+`sparktop status --json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass
+class Memory:
+    """Unified memory, from /proc/meminfo (bytes)."""
+
+    total: int
+    available: int
+    free: int = 0
+    buffers: int = 0
+    cached: int = 0
+    swap_total: int = 0
+    swap_free: int = 0
+
+    @property
+    def used(self) -> int:
+        # GB10 has no separate GPU memory: used is what the kernel cannot give back.
+        return max(0, self.total - self.available)
+
+    @property
+    def page_cache(self) -> int:
+        return self.buffers + self.cached
+
+    @property
+    def swap_used(self) -> int:
+        return max(0, self.swap_total - self.swap_free)
+
+    @property
+    def used_fraction(self) -> float:
+        return self.used / self.total if self.total else 0.0
+
+
+@dataclass
+class Gpu:
+    name: str | None = None
+    util: float | None = None  # percent
+    temp: float | None = None  # C
+    power: float | None = None  # W
+    sm_clock: float | None = None  # MHz
+    pstate: str | None = None
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int | None
+
+
+@dataclass
+class Container:
+    name: str
+    image: str
+    state: str  # running | exited | created | ...
+    status: str  # "Up 3 minutes", "Exited (1) 2 seconds ago"
+    id: str = ""
+    command: str = ""
+    running_for: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class NodeSnapshot:
+    name: str
+    t: float
+    state: str = "connecting"  # connecting | ok | stale | down
+    reason: str | None = None
+    memory: Memory | None = None
+    cpu_pct: float | None = None
+    gpu: Gpu | None = None
+    gpu_status: str = "unknown"  # ok | missing | error text
+    processes: list[GpuProcess] = field(default_factory=list)
+    containers: list[Container] = field(default_factory=list)
+    docker_status: str = "unknown"  # ok | missing | error text
+    poll_ms: float | None = None
+
+    @property
+    def vllm_mib(self) -> int:
+        """Memory held by GPU processes (vLLM engines, Ray workers)."""
+        return sum(p.used_mib or 0 for p in self.processes)
+
+
+@dataclass
+class EngineSnapshot:
+    key: str  # stable identity: the endpoint URL
+    url: str
+    t: float
+    state: str = "connecting"  # connecting | starting | ready | unreachable | stale
+    reason: str | None = None
+    node: str | None = None
+    kind: str = "vllm"  # vllm | router | other
+    topology: str | None = None
+    container: str | None = None
+    stage: str | None = None  # startup stage while starting
+    model: str | None = None
+    version: str | None = None
+    max_model_len: int | None = None
+    kv_usage: float | None = None  # 0..1
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tps: float | None = None
+    gen_tps: float | None = None
+    ttft_p50: float | None = None  # seconds
+    ttft_p95: float | None = None
+    itl_p50: float | None = None
+    itl_p95: float | None = None
+    prefix_hit_rate: float | None = None  # 0..1 over the window
+    preemptions: float | None = None  # since the engine started
+    requests: float | None = None  # finished requests since start
+    poll_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.model or self.url
+
+
+def to_dict(obj: Any) -> Any:
+    return dataclasses.asdict(obj)
+
+
+def node_from_dict(d: dict) -> NodeSnapshot:
+    d = dict(d)
+    if d.get("memory"):
+        d["memory"] = Memory(**d["memory"])
+    if d.get("gpu"):
+        d["gpu"] = Gpu(**d["gpu"])
+    d["processes"] = [GpuProcess(**p) for p in d.get("processes", [])]
+    d["containers"] = [Container(**c) for c in d.get("containers", [])]
+    return NodeSnapshot(**d)
+
+
+def engine_from_dict(d: dict) -> EngineSnapshot:
+    return EngineSnapshot(**d)

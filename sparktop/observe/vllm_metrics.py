@@ -1,0 +1,241 @@
+"""vLLM's Prometheus `/metrics`: parsed with prometheus-client's own text
+parser, then turned into the figures the monitor shows.
+
+- Names: vLLM v1 (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`,
+  `vllm:inter_token_latency_seconds`) and the older ones
+  (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`,
+  `vllm:time_per_output_token_seconds`); the first present wins.
+- Series are matched by sample name, so a scrape with or without
+  `# TYPE` lines parses the same; `_created` series are used only to
+  detect restarts; label order does not matter; NaN is "no value".
+- Rates come from counter deltas between two scrapes; a counter that went
+  down (or whose `_created` changed) was reset by a restart, and the new
+  value is the delta, as Prometheus' rate() does: never negative.
+- Percentiles come from histogram bucket deltas over a window of scrapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
+GEN_TOKENS = ("vllm:generation_tokens_total",)
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate",)  # v0 gauge, -1 when unknown
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+REQUESTS = ("vllm:request_success_total",)
+TTFT = ("vllm:time_to_first_token_seconds",)
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+
+class MetricsError(ValueError):
+    pass
+
+
+def _clean(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+@dataclass
+class Scrape:
+    """One /metrics answer, indexed by sample name."""
+
+    t: float
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str, t: float) -> "Scrape":
+        scrape = cls(t)
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    scrape.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise MetricsError(f"cannot parse /metrics: {exc}") from None
+        return scrape
+
+    @property
+    def is_vllm(self) -> bool:
+        return any(name.startswith("vllm:") for name in self.samples)
+
+    def _first(self, names: tuple[str, ...]) -> tuple[str, list[tuple[dict, float]]] | None:
+        for name in names:
+            series = self.samples.get(name)
+            if series:
+                return name, series
+        return None
+
+    def total(self, names: tuple[str, ...]) -> float | None:
+        """Sum over every series (engines, finish reasons) of the first name present."""
+        found = self._first(names)
+        if not found:
+            return None
+        values = [v for _, v in found[1] if not math.isnan(v)]
+        return sum(values) if values else None
+
+    def mean(self, names: tuple[str, ...]) -> float | None:
+        found = self._first(names)
+        if not found:
+            return None
+        values = [v for _, v in found[1] if not math.isnan(v)]
+        return sum(values) / len(values) if values else None
+
+    def created(self, names: tuple[str, ...]) -> float | None:
+        """The newest `_created` time of a counter (changes when the engine restarts)."""
+        found = self._first(names)
+        if not found:
+            return None
+        base = found[0][: -len("_total")] if found[0].endswith("_total") else found[0]
+        series = self.samples.get(base + "_created")
+        return max(v for _, v in series) if series else None
+
+    def histogram(self, names: tuple[str, ...]) -> dict[float, float] | None:
+        """Cumulative bucket counts by upper bound, summed over series."""
+        for name in names:
+            series = self.samples.get(name + "_bucket")
+            if not series:
+                continue
+            buckets: dict[float, float] = {}
+            for labels, value in series:
+                try:
+                    le = float(labels.get("le", "nan"))
+                except ValueError:
+                    continue
+                if math.isnan(le) or math.isnan(value):
+                    continue
+                buckets[le] = buckets.get(le, 0.0) + value
+            return buckets or None
+        return None
+
+
+def counter_delta(prev: float | None, cur: float | None, reset: bool = False) -> float | None:
+    if cur is None:
+        return None
+    if prev is None:
+        return None
+    if reset or cur < prev:
+        return cur  # restarted: everything counted since the restart is new
+    return cur - prev
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative buckets."""
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound  # above the last finite bucket: report its bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def _sub(a: dict[float, float], b: dict[float, float]) -> dict[float, float] | None:
+    out = {}
+    for le, v in a.items():
+        d = v - b.get(le, 0.0)
+        if d < 0:
+            return None  # reset inside the window
+        out[le] = d
+    return out
+
+
+@dataclass
+class Derived:
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tps: float | None = None
+    gen_tps: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    itl_p50: float | None = None
+    itl_p95: float | None = None
+    prefix_hit_rate: float | None = None
+    preemptions: float | None = None
+    requests: float | None = None
+
+
+class EngineMetrics:
+    """Keeps the last scrapes of one engine and derives rates and percentiles."""
+
+    def __init__(self, window: float = 30.0, rate_window: float = 5.0, max_scrapes: int = 120):
+        self.window = window  # percentiles and prefix hit rate
+        self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
+        self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
+
+    def reset(self) -> None:
+        self.scrapes.clear()
+
+    def add(self, scrape: Scrape) -> Derived:
+        prev = self.scrapes[-1] if self.scrapes else None
+        restarted = prev is not None and self._restarted(prev, scrape)
+        if restarted:
+            self.scrapes.clear()
+            prev_for_rates = prev  # the delta is everything since the restart
+        else:
+            prev_for_rates = next((s for s in self.scrapes if scrape.t - s.t <= self.rate_window), prev)
+        self.scrapes.append(scrape)
+        while len(self.scrapes) > 2 and scrape.t - self.scrapes[0].t > self.window:
+            self.scrapes.popleft()
+        d = Derived(
+            kv_usage=_clean(scrape.mean(KV_USAGE)),
+            running=_clean(scrape.total(RUNNING)),
+            waiting=_clean(scrape.total(WAITING)),
+            preemptions=_clean(scrape.total(PREEMPTIONS)),
+            requests=_clean(scrape.total(REQUESTS)),
+        )
+        if prev_for_rates is not None:
+            dt = scrape.t - prev_for_rates.t
+            if dt > 0:
+                for attr, names in (("prompt_tps", PROMPT_TOKENS), ("gen_tps", GEN_TOKENS)):
+                    delta = counter_delta(prev_for_rates.total(names), scrape.total(names), restarted)
+                    if delta is not None:
+                        setattr(d, attr, delta / dt)
+        oldest = self.scrapes[0]
+        if oldest is not scrape:
+            for names, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
+                new, old = scrape.histogram(names), oldest.histogram(names)
+                if new is not None and old is not None:
+                    window = _sub(new, old)
+                    if window:
+                        setattr(d, lo, quantile(0.5, window))
+                        setattr(d, hi, quantile(0.95, window))
+            queries = counter_delta(oldest.total(PREFIX_QUERIES), scrape.total(PREFIX_QUERIES))
+            hits = counter_delta(oldest.total(PREFIX_HITS), scrape.total(PREFIX_HITS))
+            if queries and hits is not None:
+                d.prefix_hit_rate = min(1.0, hits / queries)
+        if d.prefix_hit_rate is None:
+            legacy = scrape.mean(PREFIX_HIT_RATE)
+            if legacy is not None and legacy >= 0:
+                d.prefix_hit_rate = legacy
+        return d
+
+    @staticmethod
+    def _restarted(prev: Scrape, cur: Scrape) -> bool:
+        for names in (GEN_TOKENS, PROMPT_TOKENS):
+            a, b = prev.created(names), cur.created(names)
+            if a is not None and b is not None and b > a:
+                return True
+            pa, pb = prev.total(names), cur.total(names)
+            if pa is not None and pb is not None and pb < pa:
+                return True
+        return False

@@ -1,0 +1,124 @@
+"""`sparktop status`: one snapshot of every node and engine, for people and scripts.
+
+Rates need two scrapes, so status watches for a couple of seconds (the
+same poller the monitor uses) and prints what it saw: a table, or JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from sparktop.observe.poller import Poller
+from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
+from sparktop.observe.state import ClusterState
+from sparktop.observe.targets import engine_targets, node_targets
+from sparktop.settings import Inventory
+
+
+async def collect(poller: Poller, seconds: float) -> ClusterState:
+    state = ClusterState()
+    await poller.start()
+
+    async def consume():
+        async for event in poller.events():
+            state.apply(event)
+
+    task = asyncio.create_task(consume())
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        task.cancel()
+        await poller.close()
+    return state
+
+
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def node_json(n: NodeSnapshot) -> dict:
+    mem = n.memory
+    return {
+        "name": n.name, "state": n.state, "reason": n.reason,
+        "memory_gib": None if mem is None else {
+            "total": _r(mem.total / GIB), "used": _r(mem.used / GIB), "available": _r(mem.available / GIB),
+            "page_cache": _r(mem.page_cache / GIB), "gpu_processes": _r(n.vllm_mib / 1024),
+            "swap_used": _r(mem.swap_used / GIB)},
+        "cpu_pct": _r(n.cpu_pct, 1),
+        "gpu": None if n.gpu is None else {"name": n.gpu.name, "util_pct": n.gpu.util, "temp_c": n.gpu.temp,
+                                            "power_w": n.gpu.power, "sm_clock_mhz": n.gpu.sm_clock,
+                                            "pstate": n.gpu.pstate},
+        "gpu_status": n.gpu_status, "docker_status": n.docker_status,
+        "containers": [{"name": c.name, "image": c.image, "state": c.state, "status": c.status}
+                       for c in n.containers],
+    }
+
+
+def engine_json(e: EngineSnapshot) -> dict:
+    return {
+        "url": e.url, "state": e.state, "reason": e.reason, "stage": e.stage, "node": e.node, "kind": e.kind,
+        "topology": e.topology, "container": e.container, "model": e.model, "version": e.version,
+        "kv_cache_usage": _r(e.kv_usage, 4), "running": e.running, "waiting": e.waiting,
+        "prompt_tps": _r(e.prompt_tps, 1), "gen_tps": _r(e.gen_tps, 1),
+        "ttft_p50_ms": _r(e.ttft_p50 * 1000 if e.ttft_p50 is not None else None, 1),
+        "ttft_p95_ms": _r(e.ttft_p95 * 1000 if e.ttft_p95 is not None else None, 1),
+        "itl_p50_ms": _r(e.itl_p50 * 1000 if e.itl_p50 is not None else None, 1),
+        "itl_p95_ms": _r(e.itl_p95 * 1000 if e.itl_p95 is not None else None, 1),
+        "prefix_hit_rate": _r(e.prefix_hit_rate, 4), "preemptions": e.preemptions,
+    }
+
+
+def status_json(state: ClusterState) -> dict:
+    return {"nodes": [node_json(n) for n in state.ordered_nodes()],
+            "engines": [engine_json(e) for e in state.ordered_engines()]}
+
+
+def print_tables(state: ClusterState, console: Console) -> None:
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("node", "state", "mem used / total", "avail", "gpu", "temp", "power", "cpu", "containers"):
+        nodes.add_column(col)
+    for n in state.ordered_nodes():
+        mem = n.memory
+        nodes.add_row(
+            n.name, n.state if not n.reason else f"{n.state}: {n.reason}",
+            f"{mem.used / GIB:.1f} / {mem.total / GIB:.1f} GiB" if mem else "—",
+            f"{mem.available / GIB:.1f} GiB" if mem else "—",
+            f"{n.gpu.util:.0f}%" if n.gpu and n.gpu.util is not None else n.gpu_status,
+            f"{n.gpu.temp:.0f}°C" if n.gpu and n.gpu.temp is not None else "—",
+            f"{n.gpu.power:.0f} W" if n.gpu and n.gpu.power is not None else "—",
+            f"{n.cpu_pct:.0f}%" if n.cpu_pct is not None else "—",
+            ", ".join(c.name for c in n.containers if c.state == "running") or "—",
+        )
+    console.print(nodes)
+    engines = Table(title="engines", title_justify="left")
+    for col in ("endpoint", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50", "ITL p50"):
+        engines.add_column(col)
+    for e in state.ordered_engines():
+        engines.add_row(
+            e.url, e.model or "—", e.state if not e.reason else f"{e.state}: {e.reason}",
+            f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—",
+            f"{e.running:.0f}" if e.running is not None else "—",
+            f"{e.waiting:.0f}" if e.waiting is not None else "—",
+            f"{e.prompt_tps:.1f}" if e.prompt_tps is not None else "—",
+            f"{e.gen_tps:.1f}" if e.gen_tps is not None else "—",
+            f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—",
+            f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—",
+        )
+    console.print(engines)
+
+
+def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
+    poller = Poller(node_targets(inventory), engine_targets(engines), interval=1.0,
+                    default_port=inventory.defaults.port)
+    state = asyncio.run(collect(poller, seconds))
+    if as_json:
+        json.dump(status_json(state), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_tables(state, Console())
+    return 0

@@ -1,0 +1,144 @@
+"""The Textual app: turns a stream of observation events into screens.
+
+The app does not poll anything itself. A source (the live Poller or a
+ReplaySource) yields plain events; a worker applies them to a ClusterState
+(and a Recorder, when recording) and the visible screen repaints from that
+state at most a few times a second.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import App
+from textual.binding import Binding
+
+from sparktop.observe.state import ClusterState
+from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen, clock
+
+INTERVALS = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0]
+SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0]
+
+
+class SparktopApp(App):
+    CSS_PATH = "sparktop.tcss"
+    TITLE = "sparktop"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("p,space", "pause", "Pause"),
+        Binding("plus,equals_sign", "faster", "Faster"),
+        Binding("minus", "slower", "Slower"),
+        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
+        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
+        Binding("l", "launch", "Launch"),
+        Binding("s", "sweep", "Sweep"),
+    ]
+
+    def __init__(self, source, *, recorder=None, replay: bool = False, label: str = "",
+                 repaint: float = 0.25):
+        super().__init__()
+        self.source = source
+        self.recorder = recorder
+        self.replay = replay
+        self.label = label
+        self.state = ClusterState()
+        self._repaint = repaint
+        self._painted_version = -1
+        self.first_frame_at: float | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.push_screen(MonitorScreen())
+        self.run_worker(self._consume(), name="events", group="observe", exclusive=True)
+        self.set_interval(self._repaint, self._paint)
+        self.call_after_refresh(self._paint)
+
+    async def _consume(self) -> None:
+        async for event in self.source.events():
+            self.state.apply(event)
+            if self.recorder is not None:
+                self.recorder.write(event)
+
+    def _paint(self, force: bool = False) -> None:
+        screen = self.screen
+        if not hasattr(screen, "refresh_state"):
+            return
+        if not force and self.state.version == self._painted_version and not isinstance(screen, DetailScreen):
+            return
+        self._painted_version = self.state.version
+        screen.refresh_state(self.state, self.status_text())
+        if self.first_frame_at is None:
+            self.first_frame_at = time.monotonic()
+
+    def status_text(self) -> Text:
+        s = self.state
+        text = Text(" sparktop ", style="bold reverse")
+        text.append(f" {len(s.nodes)} node{'s' if len(s.nodes) != 1 else ''} · "
+                    f"{len(s.engines)} engine{'s' if len(s.engines) != 1 else ''}")
+        if self.replay:
+            src = self.source
+            rec = src.recording
+            text.append(f" · replay {Path(rec.path).name} at {src.speed:g}x · ", style="cyan")
+            text.append(f"{clock(src.position)} ({src.position - rec.start:.0f}s of {rec.end - rec.start:.0f}s)")
+            if src.finished:
+                text.append(" · end", style="dim")
+        else:
+            text.append(f" · every {self.source.interval:g}s · {clock()}")
+            if self.recorder is not None:
+                text.append(f" · recording to {self.recorder.path.name}", style="red")
+        if self.source.paused:
+            text.append("  PAUSED ", style="bold black on yellow")
+        if self.label:
+            text.append(f" · {self.label}", style="dim")
+        return text
+
+    # -- actions ----------------------------------------------------------------
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        if self.source.paused:
+            self.source.resume()
+        else:
+            self.source.pause()
+        self._paint(force=True)
+
+    def _step(self, values: list[float], current: float, up: bool) -> float:
+        if up:
+            bigger = [v for v in values if v > current + 1e-9]
+            return bigger[0] if bigger else values[-1]
+        smaller = [v for v in values if v < current - 1e-9]
+        return smaller[-1] if smaller else values[0]
+
+    def action_faster(self) -> None:
+        if self.replay:
+            self.source.speed = self._step(SPEEDS, self.source.speed, up=True)
+        else:
+            self.source.interval = self._step(INTERVALS, self.source.interval, up=False)
+        self._paint(force=True)
+
+    def action_slower(self) -> None:
+        if self.replay:
+            self.source.speed = self._step(SPEEDS, self.source.speed, up=False)
+        else:
+            self.source.interval = self._step(INTERVALS, self.source.interval, up=True)
+        self._paint(force=True)
+
+    def action_seek(self, seconds: float) -> None:
+        if self.replay:
+            self.source.seek(float(seconds))
+
+    def action_launch(self) -> None:
+        self.notify("The launcher comes with the launch issue (#4); use `sparktop launch` when it lands.",
+                    title="Launch", severity="warning")
+
+    def action_sweep(self) -> None:
+        self.notify("The sweep screen comes with the sweep issue (#5).", title="Sweep", severity="warning")
+
+    def on_screen_resume(self) -> None:
+        self._paint(force=True)

@@ -1,0 +1,207 @@
+"""The node and engine cards of the monitor screen.
+
+A card is one focusable Static that renders its snapshot and history into
+Rich text; `Enter` on a focused card opens its detail view.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
+from sparktop.observe.state import History
+from sparktop.ui import render as r
+
+LOW_MEMORY_WARN = 0.20  # MemAvailable below this share of MemTotal: yellow
+LOW_MEMORY_DANGER = 0.10  # ... below this: red (a GB10 freezes when it runs out)
+
+
+def memory_level(snap: NodeSnapshot) -> str:
+    mem = snap.memory
+    if mem is None or mem.total == 0:
+        return "ok"
+    share = mem.available / mem.total
+    if share < LOW_MEMORY_DANGER:
+        return "danger"
+    if share < LOW_MEMORY_WARN:
+        return "warn"
+    return "ok"
+
+
+class Card(Static, can_focus=True):
+    kind = "card"
+
+    def __init__(self, key: str, **kwargs):
+        super().__init__(**kwargs)
+        self.key = key
+        self._drawn: tuple | None = None
+        self.text = ""  # what the card shows, as plain text (tests, screen readers)
+        self.spark_height = 1  # rows per sparkline; the screen raises it when there is room
+
+    def _paint(self, title: str, subtitle: Text, lines: list[Text]) -> None:
+        self.border_title = title
+        self.border_subtitle = subtitle
+        self.text = "\n".join([f"{title} {subtitle.plain}", *(line.plain for line in lines)])
+        self.update(Group(*lines))
+
+    def inner_width(self) -> int:
+        return max(20, self.content_size.width or 36)
+
+    def on_resize(self) -> None:
+        # The first paint can happen before layout; draw again at the real size.
+        if self._last is not None:
+            self.show(*self._last)
+
+    _last: tuple | None = None
+
+
+    def _sparks(self, left: tuple, right: tuple, width: int) -> list[Text]:
+        """Two labelled sparklines side by side, `spark_height` rows tall."""
+        rows = self.spark_height
+        columns = []
+        for label, values, top, style in (left, right):
+            span = (width - 1) // 2 - len(label)
+            chart = r.spark_rows(values, span, rows, top=top, style=style)
+            labelled = [Text(label if i == rows - 1 else " " * len(label), style="dim") + line
+                        for i, line in enumerate(chart)]
+            columns.append(labelled)
+        return r.side_by_side(columns[0], columns[1])
+
+
+class NodeCard(Card):
+    kind = "node"
+
+    def show(self, snap: NodeSnapshot, history: History | None) -> None:
+        self._last = (snap, history)
+        width = self.inner_width()
+        stamp = (snap.t, snap.state, snap.reason, width, self.spark_height)
+        if stamp == self._drawn:
+            return
+        self._drawn = stamp
+        level = memory_level(snap)
+        self.set_class(level == "warn", "-warn")
+        self.set_class(level == "danger", "-danger")
+        self.set_class(snap.state in ("stale", "down"), "-stale")
+        self._paint(snap.name, r.state_badge(snap.state), self._lines(snap, history, width))
+
+    def _lines(self, snap: NodeSnapshot, history: History | None, width: int) -> list[Text]:
+        lines: list[Text] = []
+        mem = snap.memory
+        used_style = {"ok": "blue", "warn": "yellow", "danger": "red"}[memory_level(snap)]
+        if mem:
+            label = f" {r.gib(mem.used)}/{r.gib(mem.total)}G"
+            line = Text("mem ", style="bold")
+            line.append_text(r.memory_bar(mem.total, snap.vllm_mib * 1024**2, mem.used, mem.page_cache,
+                                          max(4, width - 4 - len(label)), used_style))
+            line.append(label)
+            lines.append(line)
+            parts = [Text("   "), Text("avail ", style="dim") + Text(f"{r.gib(mem.available)}G",
+                                                                          style="" if used_style == "blue" else used_style),
+                     Text("vllm ", style="dim") + Text(f"{snap.vllm_mib / 1024:.1f}G", style="magenta"),
+                     Text("cache ", style="dim") + Text(f"{r.gib(mem.page_cache)}G")]
+            if mem.swap_used:
+                parts.append(Text(f"swap {r.gib(mem.swap_used)}G", style="yellow"))
+            flowed = r.flow(parts[1:], width - 4)
+            lines.append(Text("    ") + flowed[0])
+        else:
+            lines.append(Text("mem  —", style="dim"))
+        gpu = snap.gpu
+        line = Text("gpu ", style="bold")
+        if gpu is not None:
+            line.append(f"{r.num(gpu.util, '{:.0f}%'):>4}")
+            line.append(f"  {r.num(gpu.temp, '{:.0f}°C')}  {r.num(gpu.power, '{:.0f}W')}  "
+                        f"{r.num(gpu.sm_clock, '{:.0f}MHz')} {gpu.pstate or ''}")
+        else:
+            line.append(" no nvidia-smi" if snap.gpu_status == "missing" else f" {snap.gpu_status}", style="dim")
+        lines.append(line)
+        line = Text("cpu ", style="bold")
+        line.append(f"{r.num(snap.cpu_pct, '{:.0f}%'):>4}")
+        line.append("  ")
+        running = [c for c in snap.containers if c.state == "running"]
+        if snap.docker_status == "ok":
+            line.append(f"{len(running)} container{'s' if len(running) != 1 else ''}", style="dim")
+        elif snap.docker_status == "missing":
+            line.append("no docker", style="dim")
+        else:
+            line.append(f"docker: {snap.docker_status}", style="yellow")
+        lines.append(line)
+        for c in running[:2]:
+            status = c.status.replace(" seconds", "s").replace(" minutes", "m").replace(" hours", "h")
+            room = max(8, width - 4 - len(status) - 2)
+            name = c.name if len(c.name) <= room else c.name[: room - 1] + "…"
+            row = Text("  ▸ ", style="dim")
+            row.append(name)
+            row.append(" " * max(2, width - 4 - len(name) - len(status)))
+            row.append(status, style="dim")
+            lines.append(row)
+        if history is not None:
+            lines += self._sparks(("mem ", history.values("mem_frac"), 1.0, "blue"),
+                                  ("gpu ", history.values("gpu_util"), 100.0, "green"), width)
+        if snap.state != "ok" and snap.reason:
+            lines.append(Text(snap.reason[: width], style="red" if snap.state == "down" else "yellow"))
+        return lines
+
+
+class EngineCard(Card):
+    kind = "engine"
+
+    def show(self, snap: EngineSnapshot, history: History | None) -> None:
+        self._last = (snap, history)
+        width = self.inner_width()
+        stamp = (snap.t, snap.state, snap.stage, snap.reason, width, self.spark_height)
+        if stamp == self._drawn:
+            return
+        self._drawn = stamp
+        title = snap.model or "engine"
+        if snap.topology:
+            title += f" · {snap.topology}"
+        badge = r.state_badge(snap.state)
+        if snap.state == "starting" and snap.stage:
+            badge = r.state_badge(f"starting: {snap.stage}")
+        self.set_class(snap.state in ("stale", "unreachable"), "-stale")
+        self.set_class(snap.state == "starting", "-starting")
+        self._paint(title, badge, self._lines(snap, history, width))
+
+    def _lines(self, snap: EngineSnapshot, history: History | None, width: int) -> list[Text]:
+        lines = []
+        where = snap.url.removeprefix("http://").removeprefix("https://")
+        head = Text(where, style="dim")
+        if snap.node:
+            head.append(f"  on {snap.node}", style="dim")
+        if snap.kind == "router":
+            head.append("  router", style="cyan")
+        lines.append(head)
+        if snap.state == "starting":
+            lines.append(Text(f"starting: {snap.stage or '…'}", style="yellow"))
+            return lines
+        kv_label = f" {r.pct(snap.kv_usage)}"
+        line = Text("KV  ", style="bold")
+        kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
+        line.append_text(r.bar(snap.kv_usage, max(4, width - 4 - len(kv_label) - 10), style=kv_style))
+        line.append(kv_label)
+        if history is not None:
+            line.append(" ")
+            line.append_text(r.spark(history.values("kv"), 8, top=1.0, style=kv_style))
+        lines.append(line)
+        waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
+        parts = [r.field("run", r.num(snap.running)), r.field("wait", r.num(snap.waiting), waiting_style),
+                 r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else "")]
+        if snap.prefix_hit_rate is not None:
+            parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
+        lines += r.flow(parts, width)
+        lines += r.flow([r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
+                         r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")], width)
+        latency = r.flow([r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
+                          r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")], width)
+        if latency[-1].cell_len + len("  p50/p95") <= width:
+            latency[-1].append("  p50/p95", style="dim")
+        lines += latency
+        if history is not None:
+            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"))]
+            lines += self._sparks(("gen ", history.values("gen_tps"), None, "cyan"),
+                                  ("queue ", queue, None, "yellow"), width)
+        if snap.state != "ready" and snap.reason:
+            lines.append(Text(snap.reason[:width], style="red" if snap.state == "unreachable" else "yellow"))
+        return lines

@@ -1,0 +1,157 @@
+"""Small text renderings shared by the cards: bars, sparklines, numbers.
+
+Rich `Text` only, so cards stay single widgets that repaint cheaply.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+GIB = 1024**3
+
+
+def spark(values: list[float], width: int, top: float | None = None, style: str = "cyan") -> Text:
+    """The last `width` values as a sparkline; `top` fixes the scale (e.g. 100
+    for a percentage), otherwise the largest value is the top. Zero draws the
+    baseline so an idle engine still shows a line."""
+    values = values[-width:] if width > 0 else []
+    if not values:
+        return Text("·" * max(0, width), style="dim")
+    hi = top if top is not None else max(values)
+    cells = []
+    for v in values:
+        if hi <= 0 or v <= 0:
+            cells.append(BLOCKS[1])
+        else:
+            cells.append(BLOCKS[min(8, max(2, round(v / hi * 8)))])
+    text = Text(" " * (width - len(cells)), style="dim")
+    text.append("".join(cells), style=style)
+    return text
+
+
+def spark_rows(values: list[float], width: int, rows: int, top: float | None = None,
+               style: str = "cyan") -> list[Text]:
+    """A sparkline `rows` lines tall (top line first): taller screens get finer history."""
+    if rows <= 1:
+        return [spark(values, width, top, style)]
+    values = values[-width:] if width > 0 else []
+    hi = top if top is not None else (max(values) if values else 0)
+    levels = []
+    for v in values:
+        if hi <= 0 or v <= 0:
+            levels.append(1)  # the baseline
+        else:
+            levels.append(max(2, round(v / hi * 8 * rows)))
+    out = []
+    for row in range(rows - 1, -1, -1):  # top row first
+        cells = []
+        for level in levels:
+            part = level - row * 8
+            cells.append(BLOCKS[max(0, min(8, part))] if part > 0 else " ")
+        text = Text(" " * (width - len(cells)))
+        text.append("".join(cells), style=style)
+        out.append(text)
+    return out
+
+
+def side_by_side(left: list[Text], right: list[Text], gap: int = 1) -> list[Text]:
+    width = max((t.cell_len for t in left), default=0)
+    out = []
+    for i in range(max(len(left), len(right))):
+        line = left[i].copy() if i < len(left) else Text()
+        line.append(" " * (width - line.cell_len + gap))
+        if i < len(right):
+            line.append_text(right[i])
+        out.append(line)
+    return out
+
+
+def bar(fraction: float | None, width: int, style: str = "green", empty: str = "grey35") -> Text:
+    fraction = 0.0 if fraction is None else max(0.0, min(1.0, fraction))
+    full = round(fraction * width)
+    if fraction > 0 and full == 0:
+        full = 1  # anything in use shows
+    text = Text("█" * full, style=style)
+    text.append("░" * (width - full), style=empty)
+    return text
+
+
+def flow(parts: list[Text], width: int, gap: str = "  ") -> list[Text]:
+    """Lay `parts` out left to right, starting a new line when the next one
+    would not fit, so a narrow card wraps between fields, not inside one."""
+    lines: list[Text] = []
+    line = Text()
+    for part in parts:
+        if line.cell_len and line.cell_len + len(gap) + part.cell_len > width:
+            lines.append(line)
+            line = Text()
+        if line.cell_len:
+            line.append(gap)
+        line.append_text(part)
+    if line.cell_len:
+        lines.append(line)
+    return lines
+
+
+def field(label: str, value: str, style: str = "") -> Text:
+    text = Text(label + " ", style="bold")
+    text.append(value, style=style)
+    return text
+
+
+def memory_bar(total: int, vllm: int, used: int, cache: int, width: int, used_style: str) -> Text:
+    """Unified memory: vLLM's share, other used memory, page cache, free."""
+    if total <= 0 or width <= 0:
+        return Text(" " * max(0, width))
+    vllm = min(vllm, used)
+    cells_vllm = round(vllm / total * width)
+    cells_used = max(0, round(used / total * width) - cells_vllm)
+    cells_cache = max(0, min(width - cells_vllm - cells_used, round(cache / total * width)))
+    cells_free = max(0, width - cells_vllm - cells_used - cells_cache)
+    text = Text("█" * cells_vllm, style="magenta")
+    text.append("█" * cells_used, style=used_style)
+    text.append("▒" * cells_cache, style="grey42")
+    text.append("░" * cells_free, style="grey30")
+    return text
+
+
+def gib(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value / GIB:.{digits}f}"
+
+
+def rate(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}k"
+    if value >= 1000:
+        return f"{value / 1000:.2f}k"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    value = seconds * 1000
+    if value >= 1000:
+        return f"{value / 1000:.1f}s"
+    return f"{value:.0f}ms"
+
+
+def pct(fraction: float | None, digits: int = 1) -> str:
+    return "—" if fraction is None else f"{fraction * 100:.{digits}f}%"
+
+
+def num(value: float | None, fmt: str = "{:.0f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+STATE_STYLES = {
+    "ok": "green", "ready": "green", "starting": "yellow", "connecting": "grey62", "stale": "yellow",
+    "down": "bold red", "unreachable": "bold red",
+}
+
+
+def state_badge(state: str) -> Text:
+    return Text(f"● {state}", style=STATE_STYLES.get(state, "white"))

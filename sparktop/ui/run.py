@@ -1,0 +1,56 @@
+"""Running the app: wire a source (live poller or replay) to SparktopApp."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from sparktop.observe.poller import Poller
+from sparktop.observe.record import Recorder, Recording, ReplaySource
+from sparktop.observe.targets import engine_targets, node_targets
+from sparktop.settings import Inventory
+from sparktop.ui.app import SparktopApp
+
+
+async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
+                      record: str | None = None, label: str = "", poller: Poller | None = None) -> int:
+    poller = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
+                              default_port=inventory.defaults.port)
+    await poller.start()
+    recorder = Recorder(record, interval) if record else None
+    app = SparktopApp(poller, recorder=recorder, label=label)
+    _exit_on_signals(app)
+    try:
+        await app.run_async()
+    finally:
+        await poller.close()
+        if recorder:
+            recorder.close()
+    return 0
+
+
+async def run_replay(path: str, speed: float = 1.0) -> int:
+    recording = Recording.load(path)
+    app = SparktopApp(ReplaySource(recording, speed=speed), replay=True)
+    _exit_on_signals(app)
+    await app.run_async()
+    return 0
+
+
+def _exit_on_signals(app: SparktopApp) -> None:
+    """A closed terminal (SIGHUP) or SIGTERM ends the app cleanly, so what it
+    started (the demo's twins, a recording) is stopped and flushed."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, app.exit)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None) -> int:
+    return asyncio.run(run_monitor(inventory, engines, interval, record))
+
+
+def main_replay(path: str, speed: float) -> int:
+    return asyncio.run(run_replay(path, speed))

@@ -1,0 +1,193 @@
+"""The monitor screen, the detail view of one card, and the help overlay."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Grid, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Static
+
+from sparktop.observe.state import ClusterState
+from sparktop.ui import charts
+from sparktop.ui.cards import Card, EngineCard, NodeCard
+
+CARD_WIDTH = 40
+
+
+class StatusLine(Static):
+    pass
+
+
+class MonitorScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "open_detail", "Detail"),
+        Binding("right,tab", "app.focus_next", "Next", show=False),
+        Binding("left,shift+tab", "app.focus_previous", "Prev", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with VerticalScroll(id="body"):
+            yield Grid(id="nodes")
+            yield Grid(id="engines")
+            yield Static("", id="empty")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._layout_columns()
+
+    def on_resize(self) -> None:
+        self._layout_columns()
+
+    def _layout_columns(self) -> None:
+        fit = max(1, self.size.width // CARD_WIDTH)
+        rows = 0
+        for grid in self.query(Grid):
+            count = len(grid.children)
+            # Two cards share a wide screen; many cards wrap at ~40 columns each.
+            columns = max(1, min(fit, count or 1))
+            grid.styles.grid_size_columns = columns
+            rows += -(-count // columns) if count else 0
+        # Spare height goes to taller sparklines (an 80x24 screen keeps one row).
+        spare = (self.size.height - 2) - rows * 10
+        height = max(1, min(12, 1 + spare // max(1, rows)))
+        for card in self.query(Card):
+            card.spark_height = height
+
+    def refresh_state(self, state: ClusterState, status: Text) -> None:
+        self.query_one(StatusLine).update(status)
+        self._sync(self.query_one("#nodes", Grid), NodeCard, {n.name: n for n in state.ordered_nodes()},
+                   state.node_history)
+        self._sync(self.query_one("#engines", Grid), EngineCard, {e.key: e for e in state.ordered_engines()},
+                   state.engine_history)
+        empty = self.query_one("#empty", Static)
+        if not state.engines:
+            empty.update(Text("No engines yet: sparktop looks for vLLM containers on every node and on "
+                              "port 8000; add one with --engine URL.", style="dim"))
+            empty.display = True
+        else:
+            empty.display = False
+
+    def _sync(self, grid: Grid, cls, items: dict, histories: dict) -> None:
+        cards = {card.key: card for card in grid.query(cls)}
+        if list(cards) != list(items):
+            # Membership or order changed: rebuild in order (rare; keeps focus simple).
+            focused = self.focused.key if isinstance(self.focused, Card) else None
+            grid.remove_children()
+            new = [cls(key, classes="card") for key in items]
+            grid.mount_all(new)
+            self.call_after_refresh(self._layout_columns)
+            for card in new:
+                self.call_after_refresh(card.show, items[card.key], histories.get(card.key))
+                if card.key == focused:
+                    self.call_after_refresh(card.focus)
+            return
+        for key, snap in items.items():
+            cards[key].show(snap, histories.get(key))
+
+    def action_open_detail(self) -> None:
+        focused = self.focused
+        if isinstance(focused, Card):
+            self.app.push_screen(DetailScreen(focused.kind, focused.key))
+
+
+class DetailScreen(Screen):
+    """Longer history charts for one node or engine."""
+
+    BINDINGS = [Binding("escape,q,enter", "app.pop_screen", "Back")]
+
+    def __init__(self, kind: str, key: str):
+        super().__init__()
+        self.kind = kind
+        self.key = key
+        self._drawn_version = -1
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        yield Static(id="charts")
+        yield Footer()
+
+    def refresh_state(self, state: ClusterState, status: Text) -> None:
+        self.query_one(StatusLine).update(status)
+        if state.version == self._drawn_version and self._drawn_size == self.size:
+            return
+        self._drawn_version = state.version
+        self._drawn_size = self.size
+        width = max(40, self.size.width - 2)
+        height = max(8, (self.size.height - 3) // 3)
+        parts: list[Text] = []
+        if self.kind == "node":
+            history = state.node_history.get(self.key)
+            snap = state.nodes.get(self.key)
+            title = f"{self.key}"
+            if snap and snap.memory:
+                title += f" · {snap.memory.total / 1024**3:.1f} GiB unified memory"
+            if history:
+                parts.append(charts.line_chart(f"{title}: memory used (GiB)",
+                                               [("used", *history.points("mem_used_gib"))], width, height,
+                                               ymin=0, ymax=(snap.memory.total / 1024**3) if snap and snap.memory else None))
+                parts.append(charts.line_chart("GPU and CPU utilisation (%)",
+                                               [("gpu", *history.points("gpu_util")), ("cpu", *history.points("cpu"))],
+                                               width, height, ymin=0, ymax=100))
+                parts.append(charts.line_chart("GPU power (W)", [("power", *history.points("power"))], width, height,
+                                               ymin=0))
+        else:
+            history = state.engine_history.get(self.key)
+            snap = state.engines.get(self.key)
+            title = f"{snap.model if snap else self.key} at {self.key}"
+            if history:
+                height = max(6, (self.size.height - 3) // 4)
+                parts.append(charts.line_chart(f"{title}: generation tokens/s",
+                                               [("generation", *history.points("gen_tps"))], width, height, ymin=0))
+                parts.append(charts.line_chart("prompt tokens/s", [("prompt", *history.points("prompt_tps"))],
+                                               width, height, ymin=0))
+                kv_t, kv = history.points("kv")
+                parts.append(charts.line_chart("KV cache (%) and requests",
+                                               [("kv %", kv_t, [v * 100 for v in kv]),
+                                                ("running", *history.points("running")),
+                                                ("waiting", *history.points("waiting"))], width, height, ymin=0))
+                ttft_t, ttft = history.points("ttft_p50")
+                itl_t, itl = history.points("itl_p50")
+                parts.append(charts.line_chart("latency p50 (ms)", [("TTFT", ttft_t, [v * 1000 for v in ttft]),
+                                                                    ("ITL", itl_t, [v * 1000 for v in itl])],
+                                               width, height, ymin=0))
+        if not parts:
+            parts.append(Text("No history yet.", style="dim"))
+        text = Text("\n").join(parts)
+        self.query_one("#charts", Static).update(text)
+
+    _drawn_size = None
+
+
+HELP = """\
+[b]sparktop[/b] — keys
+
+  [b]q[/b]        quit
+  [b]?[/b]        this help
+  [b]p[/b]        pause / resume (polling, or playback in a replay)
+  [b]+ / -[/b]    poll faster / slower (in a replay: play faster / slower)
+  [b]← / →[/b]    move between cards (in a replay with [b][ / ][/b]: seek 10 s)
+  [b]Enter[/b]    open the focused card's history charts; Esc to go back
+  [b]l[/b]        launch a recipe
+  [b]s[/b]        run a concurrency sweep
+
+Memory is unified on a GB10: the bar shows vLLM's share (magenta), other used memory, page cache (▒) and free memory (░). A node card turns yellow when MemAvailable falls below 20 % and red below 10 %: a Spark that runs out of memory freezes rather than swapping gracefully.
+
+Engine figures: KV-cache usage, running and waiting requests, preemptions since the engine started, prefix-cache hit rate, generation and prompt tokens/s (5 s average), TTFT and inter-token latency p50/p95 over the last 30 s.
+"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Container(id="help"):
+            yield Static(HELP)
+
+
+def clock(t: float | None = None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t or time.time()))

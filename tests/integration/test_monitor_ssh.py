@@ -1,0 +1,149 @@
+"""The monitor's poller against a real SSH server (asyncssh, in the test)
+that answers like a GB10 node, with outputs built from real captures: what
+it reads, and how it notices a node dying and coming back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sparktop.observe.host_probe import PROBE_SCRIPT
+from sparktop.observe.poller import NodeTarget, Poller
+from sparktop.observe.snapshot import NodeSnapshot
+from sparktop.remote import SSHTransport
+from tests.helpers import gb10
+from tests.helpers.sshd import SSHServerFixture
+
+
+class Spark:
+    """Plays a GB10 node: answers the probe, counts polls, can be slow."""
+
+    def __init__(self, smi=True, docker=gb10.DOCKER_JSON):
+        self.polls = 0
+        self.smi = smi
+        self.docker = docker
+        self.delay = 0.0
+
+    def __call__(self, command: str):
+        if "@@meminfo" not in command:
+            return 127, "", f"sh: not expected here: {command}\n"
+        self.polls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        return 0, gb10.probe_answer(self.polls * 100, docker=self.docker, smi=self.smi), ""
+
+
+@pytest.fixture
+async def spark(tmp_path):
+    player = Spark()
+    server = SSHServerFixture(tmp_path / "ssh", handler=player)
+    await server.start()
+    server.player = player
+    yield server
+    await server.stop()
+
+
+async def collect(poller: Poller, seconds: float) -> list:
+    events = []
+
+    async def run():
+        async for event in poller.events():
+            events.append((time.monotonic(), event))
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    return events
+
+
+def node_events(events, name="spark-a") -> list[tuple[float, NodeSnapshot]]:
+    return [(t, e) for t, e in events if isinstance(e, NodeSnapshot) and e.name == name]
+
+
+def transport(server) -> SSHTransport:
+    return SSHTransport(server.alias, config=[server.config], connect_timeout=2)
+
+
+async def test_reads_a_gb10_node_over_ssh(spark):
+    poller = Poller([NodeTarget("spark-a", transport(spark))], interval=0.3, default_port=None)
+    await poller.start()
+    try:
+        events = node_events(await collect(poller, 1.5))
+    finally:
+        await poller.close()
+    snap = events[-1][1]
+    assert snap.state == "ok"
+    assert snap.memory.total == gb10.TOTAL_B and snap.memory.available == gb10.AVAILABLE_B
+    assert round(snap.memory.used / 1024**3, 1) == 6.0
+    assert (snap.gpu.name, snap.gpu.util, snap.gpu.temp, snap.gpu.power, snap.gpu.sm_clock) == (
+        "NVIDIA GB10", 96, 46, 10.45, 2405)
+    assert [(p.name, p.used_mib) for p in snap.processes] == [("VLLM::EngineCore", 89093)]
+    assert snap.containers[0].name == "boring_keldysh"
+    # Per poll the canned /proc/stat adds 100 user + 100 system and 300 idle jiffies.
+    assert snap.cpu_pct == pytest.approx(40.0)
+    assert spark.connections == 1  # one connection, reused for every poll
+    assert spark.player.polls >= 4
+
+
+async def test_missing_tools_are_a_state_not_an_error(tmp_path):
+    player = Spark(smi=False, docker=None)
+    server = await SSHServerFixture(tmp_path / "ssh", handler=player).start()
+    poller = Poller([NodeTarget("bare", transport(server))], interval=0.3, default_port=None)
+    await poller.start()
+    try:
+        events = node_events(await collect(poller, 1.0), "bare")
+    finally:
+        await poller.close()
+        await server.stop()
+    snap = events[-1][1]
+    assert snap.state == "ok" and snap.gpu is None
+    assert snap.gpu_status == "missing" and snap.docker_status == "missing"
+    assert snap.memory is not None
+
+
+async def test_polls_never_pile_up_on_a_slow_node(spark):
+    spark.player.delay = 0.5  # each poll takes longer than the interval
+    poller = Poller([NodeTarget("spark-a", transport(spark))], interval=0.1, default_port=None)
+    await poller.start()
+    try:
+        await collect(poller, 2.0)
+    finally:
+        await poller.close()
+    # One at a time: never more polls than fit back to back.
+    assert 2 <= spark.player.polls <= 5
+
+
+async def test_a_dead_node_goes_stale_then_down_and_comes_back_by_itself(spark):
+    interval = 0.5
+    poller = Poller([NodeTarget("spark-a", transport(spark))], interval=interval, down_after=3.0,
+                    default_port=None)
+    await poller.start()
+    events = []
+
+    async def run():
+        async for event in poller.events():
+            if isinstance(event, NodeSnapshot):
+                events.append((time.monotonic(), event.state, event.reason))
+
+    task = asyncio.create_task(run())
+    try:
+        await asyncio.sleep(1.2)
+        assert events[-1][1] == "ok"
+        killed = time.monotonic()
+        await spark.stop()
+        await asyncio.sleep(4.0)
+        stale_at = next(t for t, state, _ in events if t > killed and state == "stale")
+        down = [(t, reason) for t, state, reason in events if t > killed and state == "down"]
+        assert stale_at - killed <= 2 * interval + 0.3  # seen within two intervals
+        assert down and down[0][0] - killed <= 3.0 + interval + 0.5
+        assert "connect" in (down[0][1] or "").lower() or "connection" in (down[0][1] or "").lower()
+        back = time.monotonic()
+        await spark.start()
+        await asyncio.sleep(5.0)
+        ok_at = next(t for t, state, _ in events if t > back and state == "ok")
+        assert ok_at - back <= 5.0
+    finally:
+        task.cancel()
+        await poller.close()
