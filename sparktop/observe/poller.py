@@ -27,20 +27,15 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-import httpx
+import aiohttp
 
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
 from sparktop.observe.host_probe import HostProbe, engines_in
-from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
+from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot
 from sparktop.observe.vllm_log import startup_state
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
-
-
-@dataclass
-class EngineGone:
-    key: str
 
 
 Event = NodeSnapshot | EngineSnapshot | EngineGone
@@ -86,12 +81,13 @@ class Health:
 
     def state(self, interval: float, down_after: float, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
-        if self.failures == 0 and self.last_ok is not None and now - self.last_ok <= 2.2 * interval + 0.5:
+        if self.failures == 0 and self.last_ok is not None and now - self.last_ok <= 2 * interval + 0.1:
             return "ok"
         since = now - (self.last_ok if self.last_ok is not None else self.started)
         if self.definite >= 2 or since >= down_after:
             return "down"
-        if self.failures >= 2 or (self.last_ok is not None and since > 2.2 * interval):
+        # A refused connection leaves no doubt: show it at once.
+        if self.definite >= 1 or self.failures >= 2 or (self.last_ok is not None and since > 2 * interval + 0.1):
             return "stale"
         return "ok" if self.last_ok is not None else "connecting"
 
@@ -133,7 +129,7 @@ class Poller:
         self.default_port = default_port
         self.api_key = api_key
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._nodes: dict[str, _NodeWorker] = {}
         self._engines: dict[str, _EngineWorker] = {}
         self._node_targets = nodes
@@ -166,7 +162,7 @@ class Poller:
         self._running.set()
 
     async def start(self) -> "Poller":
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=32))
+        self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30))
         for target in self._node_targets:
             self._add_node(target)
         for target in self._engine_targets:
@@ -187,7 +183,7 @@ class Poller:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._client:
-            await self._client.aclose()
+            await self._client.close()
         for target in self._node_targets:
             try:
                 await target.transport.close()

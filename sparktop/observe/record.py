@@ -18,8 +18,7 @@ from typing import AsyncIterator, TextIO
 
 from sparktop import __version__
 from sparktop.errors import SparktopError
-from sparktop.observe.poller import EngineGone
-from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, engine_from_dict, node_from_dict, to_dict
+from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, engine_from_dict, node_from_dict, to_dict
 from sparktop.observe.state import Reset
 
 

@@ -128,6 +128,13 @@ class EngineSnapshot:
         return self.model or self.url
 
 
+@dataclass
+class EngineGone:
+    """An engine disappeared (its container was removed)."""
+
+    key: str
+
+
 def to_dict(obj: Any) -> Any:
     return dataclasses.asdict(obj)
 

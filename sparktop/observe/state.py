@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
+from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot
 
 HISTORY = 3600  # points per series: an hour at the default interval
 
@@ -68,8 +68,6 @@ class ClusterState:
         self.version = 0  # bumps on every change, so a view can skip redraws
 
     def apply(self, event) -> None:
-        from sparktop.observe.poller import EngineGone
-
         self.version += 1
         if isinstance(event, NodeSnapshot):
             self.nodes[event.name] = event

@@ -36,8 +36,61 @@ TTFT = ("vllm:time_to_first_token_seconds",)
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
 
+WANTED = {
+    name.removesuffix("_total")
+    for group in (KV_USAGE, RUNNING, WAITING, PROMPT_TOKENS, GEN_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
+                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL)
+    for name in group
+}
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
 class MetricsError(ValueError):
     pass
+
+
+def _base(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+# `_created` is read only to notice restarts, on the token counters.
+CREATED_WANTED = {name.removesuffix("_total") + "_created" for name in PROMPT_TOKENS + GEN_TOKENS}
+
+
+HISTOGRAM_BASES = {name for name in TTFT + ITL}
+
+
+def relevant_lines(text: str, histograms: bool = True) -> str:
+    """Only the series the monitor reads (and their TYPE lines).
+
+    A vLLM scrape is mostly histogram buckets and `_created` series nobody
+    here looks at; dropping them before prometheus-client parses the rest
+    keeps a 1 s poll cheap.
+    """
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            if line.startswith("# TYPE "):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and (_base(parts[2]) in WANTED and not parts[2].endswith("_created")):
+                    keep.append(line)
+            continue
+        cut = len(line)
+        for sep in ("{", " "):
+            i = line.find(sep)
+            if 0 <= i < cut:
+                cut = i
+        name = line[:cut]
+        if name.endswith("_created"):
+            if name in CREATED_WANTED:
+                keep.append(line)
+        elif _base(name) in WANTED:
+            if histograms or _base(name) not in HISTOGRAM_BASES:
+                keep.append(line)
+    return "\n".join(keep) + "\n"
 
 
 def _clean(value: float) -> float | None:
@@ -52,8 +105,14 @@ class Scrape:
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str, t: float) -> "Scrape":
+    def parse(cls, text: str, t: float, everything: bool = False, histograms: bool = True) -> "Scrape":
+        """`histograms=False` skips the latency buckets (most of the parse
+        work); percentiles then come from the scrapes that have them."""
         scrape = cls(t)
+        scrape.vllm = "vllm:" in text
+        scrape.has_histograms = histograms or everything
+        if not everything:
+            text = relevant_lines(text, histograms)
         try:
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
@@ -62,9 +121,12 @@ class Scrape:
             raise MetricsError(f"cannot parse /metrics: {exc}") from None
         return scrape
 
+    vllm: bool = False
+    has_histograms: bool = True
+
     @property
     def is_vllm(self) -> bool:
-        return any(name.startswith("vllm:") for name in self.samples)
+        return self.vllm or any(name.startswith("vllm:") for name in self.samples)
 
     def _first(self, names: tuple[str, ...]) -> tuple[str, list[tuple[dict, float]]] | None:
         for name in names:
@@ -181,15 +243,18 @@ class EngineMetrics:
         self.window = window  # percentiles and prefix hit rate
         self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
+        self._percentiles: dict[str, float | None] = {}
 
     def reset(self) -> None:
         self.scrapes.clear()
+        self._percentiles = {}
 
     def add(self, scrape: Scrape) -> Derived:
         prev = self.scrapes[-1] if self.scrapes else None
         restarted = prev is not None and self._restarted(prev, scrape)
         if restarted:
             self.scrapes.clear()
+            self._percentiles = {}
             prev_for_rates = prev  # the delta is everything since the restart
         else:
             prev_for_rates = next((s for s in self.scrapes if scrape.t - s.t <= self.rate_window), prev)
@@ -211,14 +276,20 @@ class EngineMetrics:
                     if delta is not None:
                         setattr(d, attr, delta / dt)
         oldest = self.scrapes[0]
+        if scrape.has_histograms:
+            self._percentiles = {}
+            hist_oldest = next((s for s in self.scrapes if s.has_histograms), None)
+            if hist_oldest is not None and hist_oldest is not scrape:
+                for names, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
+                    new, old = scrape.histogram(names), hist_oldest.histogram(names)
+                    if new is not None and old is not None:
+                        window = _sub(new, old)
+                        if window:
+                            self._percentiles[lo] = quantile(0.5, window)
+                            self._percentiles[hi] = quantile(0.95, window)
+        for name, value in self._percentiles.items():
+            setattr(d, name, value)
         if oldest is not scrape:
-            for names, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
-                new, old = scrape.histogram(names), oldest.histogram(names)
-                if new is not None and old is not None:
-                    window = _sub(new, old)
-                    if window:
-                        setattr(d, lo, quantile(0.5, window))
-                        setattr(d, hi, quantile(0.95, window))
             queries = counter_delta(oldest.total(PREFIX_QUERIES), scrape.total(PREFIX_QUERIES))
             hits = counter_delta(oldest.total(PREFIX_HITS), scrape.total(PREFIX_HITS))
             if queries and hits is not None:

@@ -1,4 +1,8 @@
-"""How a node is reached: one Transport protocol, local and SSH implementations."""
+"""How a node is reached: one Transport protocol, local and SSH implementations.
+
+`SSHTransport` (and asyncssh, a large import) is loaded only when a node
+needs it, so watching just this node starts faster.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from sparktop.remote.base import (
     as_shell,
 )
 from sparktop.remote.local import LocalTransport
-from sparktop.remote.ssh import SSHTransport
 
 __all__ = [
     "Command",
@@ -28,8 +31,18 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str):
+    if name == "SSHTransport":
+        from sparktop.remote.ssh import SSHTransport
+
+        return SSHTransport
+    raise AttributeError(name)
+
+
 def transport_for(node) -> Transport:
     """The transport for an inventory node (settings.Node)."""
     if node.is_local:
         return LocalTransport(node.name, env=node.env or None)
+    from sparktop.remote.ssh import SSHTransport
+
     return SSHTransport(node.host, user=node.user, port=node.port, name=node.name, env=node.env or None)

@@ -135,6 +135,8 @@ class SSHTransport:
                 raise TransportError(self.name, f"ssh disconnected: {exc.reason}") from None
             except asyncio.TimeoutError:
                 raise TransportError(self.name, f"ssh connect timed out after {self._connect_timeout:g}s") from None
+            except ConnectionRefusedError:
+                raise TransportError(self.name, "cannot connect: connection refused (is sshd running?)") from None
             except OSError as exc:
                 reason = exc.strerror or str(exc) or type(exc).__name__
                 raise TransportError(self.name, f"cannot connect: {reason}") from None

@@ -37,10 +37,14 @@ class SparktopApp(App):
         Binding("s", "sweep", "Sweep"),
     ]
 
-    def __init__(self, source, *, recorder=None, replay: bool = False, label: str = "",
-                 repaint: float = 0.25):
+    def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
+                 repaint: float = 1.0):
+        """`source` yields events; or `start_source`, an async callable that
+        makes one, is called once the first frame is on screen (so heavy
+        imports and connections never delay it)."""
         super().__init__()
         self.source = source
+        self._start_source = start_source
         self.recorder = recorder
         self.replay = replay
         self.label = label
@@ -53,11 +57,15 @@ class SparktopApp(App):
 
     def on_mount(self) -> None:
         self.push_screen(MonitorScreen())
-        self.run_worker(self._consume(), name="events", group="observe", exclusive=True)
         self.set_interval(self._repaint, self._paint)
         self.call_after_refresh(self._paint)
+        self.call_after_refresh(lambda: self.run_worker(self._consume(), name="events", group="observe",
+                                                        exclusive=True))
 
     async def _consume(self) -> None:
+        if self.source is None:
+            self.source = await self._start_source()
+            self._paint(force=True)
         async for event in self.source.events():
             self.state.apply(event)
             if self.recorder is not None:
@@ -77,6 +85,9 @@ class SparktopApp(App):
     def status_text(self) -> Text:
         s = self.state
         text = Text(" sparktop ", style="bold reverse")
+        if self.source is None:
+            text.append(" connecting…", style="dim")
+            return text
         text.append(f" {len(s.nodes)} node{'s' if len(s.nodes) != 1 else ''} · "
                     f"{len(s.engines)} engine{'s' if len(s.engines) != 1 else ''}")
         if self.replay:
@@ -102,6 +113,8 @@ class SparktopApp(App):
         self.push_screen(HelpScreen())
 
     def action_pause(self) -> None:
+        if self.source is None:
+            return
         if self.source.paused:
             self.source.resume()
         else:
@@ -116,6 +129,8 @@ class SparktopApp(App):
         return smaller[-1] if smaller else values[0]
 
     def action_faster(self) -> None:
+        if self.source is None:
+            return
         if self.replay:
             self.source.speed = self._step(SPEEDS, self.source.speed, up=True)
         else:
@@ -123,6 +138,8 @@ class SparktopApp(App):
         self._paint(force=True)
 
     def action_slower(self) -> None:
+        if self.source is None:
+            return
         if self.replay:
             self.source.speed = self._step(SPEEDS, self.source.speed, up=False)
         else:

@@ -6,8 +6,8 @@ Rich text; `Enter` on a focused card opens its detail view.
 
 from __future__ import annotations
 
-from rich.console import Group
 from rich.text import Text
+from textual.content import Content
 from textual.widgets import Static
 
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
@@ -44,7 +44,13 @@ class Card(Static, can_focus=True):
         self.border_title = title
         self.border_subtitle = subtitle
         self.text = "\n".join([f"{title} {subtitle.plain}", *(line.plain for line in lines)])
-        self.update(Group(*lines))
+        # Textual's own Content renders much cheaper than a Rich renderable,
+        # and with the same number of lines no relayout is needed.
+        content = Content("\n").join(Content.from_rich_text(line) for line in lines)
+        self.update(content, layout=len(lines) != self._line_count)
+        self._line_count = len(lines)
+
+    _line_count = -1
 
     def inner_width(self) -> int:
         return max(20, self.content_size.width or 36)
@@ -58,14 +64,21 @@ class Card(Static, can_focus=True):
 
 
     def _sparks(self, left: tuple, right: tuple, width: int) -> list[Text]:
-        """Two labelled sparklines side by side, `spark_height` rows tall."""
+        """Two labelled sparklines side by side, `spark_height` rows tall; a
+        tall one shows its scale (the top value) in its top-left corner."""
         rows = self.spark_height
         columns = []
         for label, values, top, style in (left, right):
-            span = (width - 1) // 2 - len(label)
+            pad = max(len(label), 5) if rows > 2 else len(label)
+            span = (width - 1) // 2 - pad
+            shown = values[-span:] if span > 0 else []
             chart = r.spark_rows(values, span, rows, top=top, style=style)
-            labelled = [Text(label if i == rows - 1 else " " * len(label), style="dim") + line
-                        for i, line in enumerate(chart)]
+            peak = top if top is not None else (max(shown) if shown else 0)
+            scale = ("100%" if top in (1.0, 100.0) else r.rate(peak)) if rows > 2 else ""
+            labelled = []
+            for i, line in enumerate(chart):
+                tag = label if i == rows - 1 else scale if i == 0 else ""
+                labelled.append(Text(f"{tag:<{pad}}"[:pad], style="dim") + line)
             columns.append(labelled)
         return r.side_by_side(columns[0], columns[1])
 
@@ -186,7 +199,12 @@ class EngineCard(Card):
             line.append_text(r.spark(history.values("kv"), 8, top=1.0, style=kv_style))
         lines.append(line)
         waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
-        parts = [r.field("run", r.num(snap.running)), r.field("wait", r.num(snap.waiting), waiting_style),
+        wait = r.field("wait", r.num(snap.waiting), waiting_style)
+        if history is not None:
+            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"))]
+            wait.append(" ")
+            wait.append_text(r.spark(queue, 6, style="yellow"))
+        parts = [r.field("run", r.num(snap.running)), wait,
                  r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else "")]
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
@@ -199,9 +217,8 @@ class EngineCard(Card):
             latency[-1].append("  p50/p95", style="dim")
         lines += latency
         if history is not None:
-            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"))]
             lines += self._sparks(("gen ", history.values("gen_tps"), None, "cyan"),
-                                  ("queue ", queue, None, "yellow"), width)
+                                  ("prompt ", history.values("prompt_tps"), None, "blue"), width)
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state == "unreachable" else "yellow"))
         return lines

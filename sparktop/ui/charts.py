@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import plotext as plt
 from rich.text import Text
 
 
@@ -10,6 +9,8 @@ def line_chart(title: str, series: list[tuple[str, list[float], list[float]]], w
                ylabel: str = "", ymin: float | None = None, ymax: float | None = None) -> Text:
     """`series` is (label, t, values); t in epoch seconds, shown as seconds
     before the newest point (not the wall clock, so a replay reads the same)."""
+    import plotext as plt  # only the detail view needs it
+
     plt.clear_figure()
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("pro")

@@ -5,31 +5,45 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from sparktop.observe.poller import Poller
-from sparktop.observe.record import Recorder, Recording, ReplaySource
-from sparktop.observe.targets import engine_targets, node_targets
 from sparktop.settings import Inventory
 from sparktop.ui.app import SparktopApp
 
 
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
-                      record: str | None = None, label: str = "", poller: Poller | None = None) -> int:
-    poller = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
-                              default_port=inventory.defaults.port)
-    await poller.start()
-    recorder = Recorder(record, interval) if record else None
-    app = SparktopApp(poller, recorder=recorder, label=label)
+                      record: str | None = None, label: str = "", poller=None) -> int:
+    started = []
+
+    async def start_source():
+        # Imported here, after the first frame: aiohttp and friends take a while.
+        from sparktop.observe.poller import Poller
+        from sparktop.observe.targets import engine_targets, node_targets
+
+        source = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
+                                  default_port=inventory.defaults.port)
+        await source.start()
+        started.append(source)
+        return source
+
+    recorder = None
+    if record:
+        from sparktop.observe.record import Recorder
+
+        recorder = Recorder(record, interval)
+    app = SparktopApp(start_source=start_source, recorder=recorder, label=label)
     _exit_on_signals(app)
     try:
         await app.run_async()
     finally:
-        await poller.close()
+        for source in started:
+            await source.close()
         if recorder:
             recorder.close()
     return 0
 
 
 async def run_replay(path: str, speed: float = 1.0) -> int:
+    from sparktop.observe.record import Recording, ReplaySource
+
     recording = Recording.load(path)
     app = SparktopApp(ReplaySource(recording, speed=speed), replay=True)
     _exit_on_signals(app)

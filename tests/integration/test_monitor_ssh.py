@@ -147,3 +147,26 @@ async def test_a_dead_node_goes_stale_then_down_and_comes_back_by_itself(spark):
     finally:
         task.cancel()
         await poller.close()
+
+
+async def test_an_engine_not_reachable_from_here_is_read_through_an_ssh_forward(tmp_path, twin):
+    # The engine listens on 127.0.0.1 "on the node"; from here its address
+    # (a TEST-NET-3 address that routes nowhere) cannot be reached, so the
+    # poller forwards the port through the node's SSH connection.
+    server = await twin("llama-3.1-8b", speed=20)
+    shell = await SSHServerFixture(tmp_path / "ssh").start()
+    from sparktop.observe.poller import EngineTarget
+    from sparktop.observe.snapshot import EngineSnapshot
+
+    url = f"http://203.0.113.7:{server.port}"
+    poller = Poller([NodeTarget("spark-a", transport(shell), "203.0.113.7")], [EngineTarget(url, node="spark-a")],
+                    interval=0.5, default_port=None, discover=False)
+    await poller.start()
+    try:
+        events = await collect(poller, 6.0)
+    finally:
+        await poller.close()
+        await shell.stop()
+    engines = [e for _, e in events if isinstance(e, EngineSnapshot)]
+    assert engines and engines[-1].state == "ready" and engines[-1].model == "llama-3.1-8b"
+    assert shell.forwards >= 1

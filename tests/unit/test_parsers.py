@@ -156,17 +156,23 @@ def test_spark_metrics_excerpt_without_type_lines():
     assert s.total(("vllm:num_requests_running",)) == 0
     assert s.total(("vllm:num_requests_waiting",)) == 0  # not mixed with _by_reason
     assert s.mean(("vllm:kv_cache_usage_perc",)) == 0
-    assert s.created(("vllm:num_preemptions_total",)) == pytest.approx(1.781276629357662e9)
+    # `_created` in e+09 notation parses; the monitor keeps it only for the token counters.
+    whole = Scrape.parse(cap("metrics_vllm-v0.22.1rc1_dgx-spark_grep-excerpt_dgx-manager.txt"), t=0, everything=True)
+    assert whole.created(("vllm:num_preemptions_total",)) == pytest.approx(1.781276629357662e9)
 
 
 def test_v0_metrics_legacy_names_and_a_truncated_histogram():
-    s = Scrape.parse((FIX / "metrics" / "vllm-v0_qwen2.5-coder-1.5b_aibrix-docs.txt").read_text(), t=0)
+    text = (FIX / "metrics" / "vllm-v0_qwen2.5-coder-1.5b_aibrix-docs.txt").read_text()
+    s = Scrape.parse(text, t=0)
     d = EngineMetrics().add(s)
     assert d.kv_usage == 0.0  # from vllm:gpu_cache_usage_perc
     assert d.prefix_hit_rate is None  # -1 means "not measured"
     assert d.requests == 4 and d.preemptions == 0
     assert s.total(("vllm:generation_tokens_total",)) == 955
-    assert s.histogram(("vllm:iteration_tokens_total",))[96.0] == 998
+    # The monitor skips series it does not show; parsed whole, the truncated histogram still reads.
+    assert s.histogram(("vllm:iteration_tokens_total",)) is None
+    whole = Scrape.parse(text, t=0, everything=True)
+    assert whole.histogram(("vllm:iteration_tokens_total",))[96.0] == 998
 
 
 def test_v0_10_metrics_prefer_v1_names_over_deprecated_ones():
@@ -184,7 +190,7 @@ def test_sglang_metrics_are_not_mistaken_for_vllm():
 
 def test_garbage_metrics_raise_a_clear_error():
     with pytest.raises(MetricsError):
-        Scrape.parse('vllm:x{model_name="a" 1\n', t=0)
+        Scrape.parse('vllm:num_requests_running{model_name="a" 1\n', t=0)
 
 
 def scrape(t, gen, prompt=0.0, created=1000.0, ttft=None, kv=0.5, nan=False):
@@ -219,6 +225,14 @@ def test_counter_reset_on_restart_never_gives_a_negative_rate():
 
 def test_nan_is_no_value():
     assert EngineMetrics().add(scrape(0, 1, nan=True)).kv_usage is None
+
+
+def test_percentiles_carry_over_scrapes_without_histograms():
+    m = EngineMetrics(window=30)
+    m.add(scrape(0, 0, ttft={"0.1": 100, "0.5": 100, "1.0": 100, "+Inf": 100}))
+    d = m.add(scrape(5, 0, ttft={"0.1": 100, "0.5": 150, "1.0": 200, "+Inf": 200}))
+    light = Scrape.parse('vllm:generation_tokens_total{model_name="m"} 5\n', 6, histograms=False)
+    assert m.add(light).ttft_p50 == d.ttft_p50 == pytest.approx(0.5)
 
 
 def test_percentiles_come_from_bucket_deltas_over_the_window():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparktop.errors import SparktopError
-from sparktop.observe.poller import EngineGone
+from sparktop.observe.snapshot import EngineGone
 from sparktop.observe.record import Recorder, Recording, ReplaySource
 from sparktop.observe.snapshot import EngineSnapshot, Memory, NodeSnapshot
 from sparktop.observe.state import ClusterState, Reset
