@@ -15,11 +15,8 @@ from sparktop import __version__
 from sparktop.errors import SparktopError
 
 NOT_BUILT = {
-    "launch": "launching recipes (issue #4)",
-    "stop": "stopping launches (issue #4)",
     "sweep": "concurrency sweeps (issue #5)",
     "compare": "comparing sweep runs (issue #5)",
-    "recipes": "listing recipes (issue #4)",
     "predict": "performance prediction (issue #6)",
 }
 
@@ -54,6 +51,41 @@ def cmd_status(args) -> int:
     from sparktop.status import main_status
 
     return main_status(_inventory(args), args.engine or [], as_json=args.json, seconds=args.seconds)
+
+
+def _launch_inventory(args):
+    from sparktop.settings import inventory_from_hosts, load_inventory
+
+    if getattr(args, "nodes", None):
+        inv = load_inventory(args.inventory) if args.inventory else None
+        hosts = [h.strip() for h in args.nodes.split(",") if h.strip()]
+        if inv is not None and all(any(n.name == h or n.host == h for n in inv.nodes) for h in hosts):
+            return inv, [inv.node(h).name for h in hosts]
+        return inventory_from_hosts(hosts), hosts
+    return load_inventory(args.inventory), None
+
+
+def cmd_recipes(args) -> int:
+    from sparktop.launch.commands import cmd_recipes as run
+
+    return run(args.recipes, args.json)
+
+
+def cmd_launch(args) -> int:
+    from sparktop.launch.commands import cmd_launch as run
+
+    inventory, nodes = _launch_inventory(args)
+    if args.node:
+        nodes = [inventory.node(args.node).name]
+    return run(args.recipe, args.topology, inventory, nodes, args.set, args.port, args.dry_run, args.yes,
+               args.timeout, args.recipes)
+
+
+def cmd_stop(args) -> int:
+    from sparktop.launch.commands import cmd_stop as run
+
+    inventory, _ = _launch_inventory(args)
+    return run(inventory, args.launch, args.all)
 
 
 def cmd_replay(args) -> int:
@@ -125,8 +157,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
     demo.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
     demo.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
-    add("launch", "launch a recipe in a topology — not built yet", _not_built("launch"))
-    add("stop", "stop what sparktop launched — not built yet", _not_built("stop"))
+    launch = add("launch", "launch a recipe in a topology (prints the plan, runs preflight, starts it)", cmd_launch)
+    launch.add_argument("recipe", help="a recipe's name (see `sparktop recipes`) or a YAML file")
+    launch.add_argument("--topology", "-t", default="solo",
+                        choices=["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"])
+    launch.add_argument("--inventory", metavar="FILE", help="cluster inventory (sparktop cluster.yaml, a sparkrun "
+                        "cluster file, or eugr's .env)")
+    launch.add_argument("--nodes", metavar="A,B", help="ssh hosts for a one-off launch (the first is the head)")
+    launch.add_argument("--node", help="for solo: the node to run on (default: the head)")
+    launch.add_argument("--port", type=int, help="the API port (default: the recipe's, else the inventory's)")
+    launch.add_argument("--set", action="append", metavar="FLAG=VALUE",
+                        help="override a vLLM argument, e.g. --set max_num_seqs=64 (repeatable)")
+    launch.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
+    launch.add_argument("--dry-run", action="store_true", help="print the exact commands and stop")
+    launch.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    launch.add_argument("--timeout", type=float, default=1800, help="seconds to wait for readiness (default 1800)")
+    stop = add("stop", "stop what sparktop launched (containers, Ray, the router) on every node", cmd_stop)
+    stop.add_argument("launch", nargs="?", help="the launch id (default: the one running)")
+    stop.add_argument("--all", action="store_true", help="stop every launch")
+    stop.add_argument("--inventory", metavar="FILE")
+    stop.add_argument("--nodes", metavar="A,B")
     status = add("status", "print one snapshot of nodes and engines (table or --json)", cmd_status)
     watch_options(status, interval=False)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -134,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how long to watch before printing (rates need two scrapes; default 2.2)")
     add("sweep", "run a concurrency sweep against an endpoint — not built yet", _not_built("sweep"))
     add("compare", "compare sweep runs side by side — not built yet", _not_built("compare"))
-    add("recipes", "list the recipes sparktop can launch — not built yet", _not_built("recipes"))
+    recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
+    recipes.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
+    recipes.add_argument("--json", action="store_true")
     add("predict", "predict throughput per topology before launching — not built yet", _not_built("predict"))
     replay = add("replay", "play back a recorded monitor session (sparktop --record FILE)", cmd_replay)
     replay.add_argument("file", help="a recording made with --record")

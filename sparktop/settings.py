@@ -76,7 +76,8 @@ def shipped_recipes_dir() -> Path:
 
 @dataclass
 class Defaults:
-    image: str = "vllm/vllm-openai:latest"
+    image: str = "nvcr.io/nvidia/vllm:25.11-py3"  # NVIDIA's vLLM build for GB10 (arm64, CUDA 13)
+    router_image: str = "docker.litellm.ai/berriai/litellm:main-latest"  # ENTRYPOINT ["litellm"]
     hf_cache: str = "~/.cache/huggingface"
     port: int = 8000
     router_port: int = 4000
@@ -96,6 +97,7 @@ class Node:
     eth_if: str | None = None
     ib_if: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    bind: str = "0.0.0.0"  # where engines on this node listen
 
     @property
     def is_local(self) -> bool:
@@ -128,7 +130,7 @@ class Inventory:
         raise ConfigError(where, None, "nodes", f"no node named {name!r} (known: {known})")
 
 
-NODE_KEYS = ("name", "host", "user", "port", "fabric_ip", "eth_if", "ib_if", "env")
+NODE_KEYS = ("name", "host", "user", "port", "fabric_ip", "eth_if", "ib_if", "env", "bind")
 DEFAULT_KEYS = tuple(Defaults.__dataclass_fields__)
 
 
@@ -195,7 +197,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             raise ConfigError(str(path), line_of(raw, "name"), f"{where}.name", f"duplicate node name {name!r}")
         seen.add(name)
         node = Node(name=str(name), host=str(raw.get("host", name)))
-        for key in ("user", "fabric_ip", "eth_if"):
+        for key in ("user", "fabric_ip", "eth_if", "bind"):
             if key in raw and raw[key] is not None:
                 setattr(node, key, _typed(raw[key], str, str(path), line_of(raw, key), f"{where}.{key}"))
         if "port" in raw:

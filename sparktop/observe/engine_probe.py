@@ -93,6 +93,7 @@ class EngineProbe:
     _version: str | None = None
     _forwarded: bool = False
     _histograms_at: float = 0.0
+    kind: str = "vllm"  # a LiteLLM router has no vLLM metrics: it is read by liveness and model list
 
     @property
     def base(self) -> str:
@@ -121,8 +122,9 @@ class EngineProbe:
 
     async def poll(self) -> EngineSnapshot:
         started = time.monotonic()
+        path = "/health/liveliness" if self.kind == "router" else "/metrics"
         try:
-            response = await self._get("/metrics")
+            response = await self._get(path)
         except CLIENT_ERRORS as exc:
             reason, bound = describe(exc)
             if self._forwarded and not bound:
@@ -132,15 +134,22 @@ class EngineProbe:
                 raise EngineUnreachable(reason, bound) from None
             if not bound and await self._forward():
                 try:
-                    response = await self._get("/metrics")
+                    response = await self._get(path)
                 except CLIENT_ERRORS as exc2:
                     reason, bound = describe(exc2)
                     raise EngineUnreachable(reason, bound) from None
             else:
                 raise EngineUnreachable(reason, bound) from None
         if response.status != 200:
-            raise EngineUnreachable(f"/metrics answered HTTP {response.status}", bound=True)
+            raise EngineUnreachable(f"{path} answered HTTP {response.status}", bound=True)
         now = time.time()
+        if self.kind == "router":
+            if self._model is None or now - self._model_at > MODEL_REFRESH_S:
+                await self._refresh_model(now)
+            snap = EngineSnapshot(key=self.url, url=self.url, t=now, state="ready", model=self._model, kind="router",
+                                  version=self._version)
+            snap.poll_ms = (time.monotonic() - started) * 1000
+            return snap
         mono = time.monotonic()
         with_histograms = mono - self._histograms_at >= HISTOGRAM_EVERY_S
         try:

@@ -220,8 +220,14 @@ class Poller:
                     existing.target.origin = target.origin
             return
         node = self._nodes.get(target.node) if target.node else None
+        api_key = self.api_key
+        if target.kind == "router" and api_key is None:
+            from sparktop.launch.state import api_key_for  # a router sparktop launched keeps its key
+
+            api_key = api_key_for(key)
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
-                            timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=self.api_key)
+                            timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key,
+                            kind=target.kind or "vllm")
         worker = _EngineWorker(target, probe)
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")

@@ -68,8 +68,10 @@ class Transport(Protocol):
 
     name: str
 
-    async def run(self, cmd: Command, timeout: float | None = 30.0) -> CommandResult:
-        """Run to completion; raise CommandTimeout after `timeout` seconds."""
+    async def run(self, cmd: Command, timeout: float | None = 30.0, input: str | None = None) -> CommandResult:
+        """Run to completion; raise CommandTimeout after `timeout` seconds.
+        `input` goes to the command's standard input (how secrets travel:
+        never on a command line)."""
 
     def stream(self, cmd: Command) -> AsyncIterator[str]:
         """Yield the command's output lines (stdout and stderr) as they come."""

@@ -29,12 +29,12 @@ class LocalTransport:
         self.name = name
         self._env = {**os.environ, **env} if env else None
 
-    async def run(self, cmd: Command, timeout: float | None = 30.0) -> CommandResult:
+    async def run(self, cmd: Command, timeout: float | None = 30.0, input: str | None = None) -> CommandResult:
         line = as_shell(cmd)
         try:
             proc = await asyncio.create_subprocess_shell(
                 line,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self._env,
@@ -43,7 +43,8 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(self.name, f"cannot run {line!r}: {exc.strerror}") from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await asyncio.wait_for(proc.communicate(input.encode() if input is not None else None),
+                                              timeout)
         except asyncio.TimeoutError:
             _kill_group(proc)
             await proc.wait()

@@ -183,9 +183,14 @@ class SSHTransport:
                     raise TransportError(self.name, f"connection lost: {exc}") from None
         raise AssertionError("unreachable")
 
-    async def run(self, cmd: Command, timeout: float | None = 30.0) -> CommandResult:
+    async def run(self, cmd: Command, timeout: float | None = 30.0, input: str | None = None) -> CommandResult:
         line = self._prefix + as_shell(cmd)
-        proc = await self._open_process(line, encoding="utf-8", errors="replace", stdin=asyncssh.DEVNULL)
+        if input is None:
+            proc = await self._open_process(line, encoding="utf-8", errors="replace", stdin=asyncssh.DEVNULL)
+        else:
+            proc = await self._open_process(line, encoding="utf-8", errors="replace")
+            proc.stdin.write(input)
+            proc.stdin.write_eof()
         try:
             completed = await asyncio.wait_for(proc.wait(check=False), timeout)
         except asyncio.TimeoutError:

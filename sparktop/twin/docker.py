@@ -178,6 +178,7 @@ def _container_env(host: TwinHost, env: dict[str, str], name: str) -> dict[str, 
         "HOSTNAME": name[:12],
         ENV_HOME: str(host.home),
         ENV_PROC_ROOT: str(host.home / "proc"),
+        "SPARKTOP_TWIN_CONTAINER": name,  # daemons started inside stay in the container's process group
     }
     if "PYTHONPATH" in os.environ:
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]

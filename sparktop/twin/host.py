@@ -78,12 +78,14 @@ class TwinHost:
 
     # -- config ---------------------------------------------------------------
 
-    def setup(self, name: str, speed: float = 1.0, images: list[str] | None = None,
-              address: str = "127.0.0.1") -> None:
+    def setup(self, name: str, speed: float = 1.0, images: list | None = None,
+              address: str = "127.0.0.1", startup_speed: float | None = None) -> None:
         for sub in ("procs", "containers", "proc", "ray", "logs", "hf-cache"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         config = self.config
         config.update({"name": name, "speed": speed, "address": address})
+        if startup_speed:
+            config["startup_speed"] = startup_speed
         if images is not None:
             config["images"] = images
         write_json(self.home / "config.json", config)

@@ -260,9 +260,12 @@ class RayDriver:
 
 def _spawn_daemon(host: TwinHost, args: list[str]) -> subprocess.Popen:
     log = open(host.home / "logs" / "ray.log", "ab")
+    # Inside a (twin) container the daemon stays in the container's process
+    # group, so removing the container stops Ray, as with real containers.
     return subprocess.Popen(
         [sys.executable, "-m", "sparktop.twin.ray", "_daemon", *args],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        start_new_session=not os.environ.get("SPARKTOP_TWIN_CONTAINER"),
     )
 
 

@@ -113,8 +113,11 @@ class TwinServer:
         self.card = find_card(args.model)
         self.log = VllmLog(log)
         self.host = host if host is not None else (TwinHost(args.twin_home) if args.twin_home else TwinHost.from_env())
-        self.speed = args.speed if args.speed > 0 else 1.0
-        self.startup_speed = args.startup_speed or self.speed
+        # A simulated host may set its own pace (the lab speeds startup up);
+        # flags given on the command line win.
+        config = self.host.config if self.host else {}
+        self.speed = args.speed if "speed" in args.given else float(config.get("speed", args.speed) or 1.0)
+        self.startup_speed = args.startup_speed or float(config.get("startup_speed", 0) or 0) or self.speed
         self.engine: Engine | None = None
         self.metrics: VllmMetrics | None = None
         self.plan: StartupPlan | None = None
@@ -144,8 +147,9 @@ class TwinServer:
         await asyncio.sleep(max(0.0, modeled / self.startup_speed))
 
     def _bind(self) -> None:
-        # vLLM binds its port before building the engine, so the port is taken
-        # (and connections wait in the backlog) for the whole startup.
+        # vLLM binds its port before building the engine (so the port is
+        # taken for the whole startup) but listens only once the API server
+        # starts: until then a connection is refused.
         host = self.args.host or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -155,7 +159,6 @@ class TwinServer:
         except OSError:
             sock.close()
             raise
-        sock.listen(512)
         sock.setblocking(False)
         self.sock = sock
         self.port = sock.getsockname()[1]

@@ -125,11 +125,14 @@ class SSHServerFixture:
             process.stderr.write(f"sh: command not found: {command}\n")
             process.exit(127)
             return
+        stdin_data = await process.stdin.read()  # the client sends EOF at once when it has nothing
         proc = await asyncio.create_subprocess_shell(
-            command, stdin=asyncio.subprocess.DEVNULL,
+            command, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
         self.procs.add(proc)
+        proc.stdin.write(stdin_data.encode() if isinstance(stdin_data, str) else stdin_data)
+        proc.stdin.close()
         try:
             while True:
                 line = await proc.stdout.readline()

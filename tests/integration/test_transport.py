@@ -183,3 +183,15 @@ async def test_local_timeout_kills_the_whole_command():
     assert time.monotonic() - started < 3
     check = await t.run("pgrep -f '[s]leep 31' || true")
     assert check.stdout.strip() == ""
+
+
+async def test_input_goes_to_stdin_not_the_command_line(sshd):
+    t = via_alias(sshd)
+    try:
+        result = await t.run("cat", input="S3CRET=value\n")
+    finally:
+        await t.close()
+    assert result.stdout == "S3CRET=value\n"
+    assert all("S3CRET" not in c for c in sshd.commands)
+    local = await LocalTransport().run("cat", input="x=1\n")
+    assert local.stdout == "x=1\n"

@@ -1,0 +1,189 @@
+"""`sparktop recipes`, `sparktop launch` and `sparktop stop` for the terminal.
+
+The same pieces the app uses (recipes, plan, preflight, executor, state),
+printed with rich; a failure prints the lines that say why and exits
+non-zero after everything started has been removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from sparktop.errors import SparktopError
+from sparktop.launch.executor import (
+    DEFAULT_TIMEOUT,
+    Executor,
+    Failed,
+    LaunchFailed,
+    LogLine,
+    Ready,
+    Stage,
+    StepDone,
+    StepStarted,
+    TornDown,
+    teardown,
+)
+from sparktop.launch.preflight import run_preflight
+from sparktop.launch.recipe import Recipe, discover, find_recipe
+from sparktop.launch.state import LaunchState
+from sparktop.launch.topology import make_plan
+from sparktop.remote import transport_for
+from sparktop.settings import Inventory
+
+
+def parse_sets(items: list[str] | None) -> dict:
+    """`--set max_num_seqs=64 --set enforce_eager=true` -> vLLM overrides."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SparktopError(f"--set {item!r}: expected FLAG=VALUE (e.g. --set max_num_seqs=64)")
+        out[key.strip().lstrip("-").replace("-", "_")] = yaml.safe_load(value) if value else True
+    from sparktop.launch.recipe import _vllm_map  # same validation as recipe files
+
+    return _vllm_map(out, "--set", {}, None, "--set")
+
+
+def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | None = None) -> int:
+    console = console or Console()
+    recipes, errors = discover(extra_dirs)
+    if as_json:
+        json.dump([recipe_json(r) for r in recipes.values()], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title="recipes", title_justify="left")
+    for col in ("recipe", "model", "quant", "weights", "topologies (2 nodes)", "from"):
+        table.add_column(col)
+    for r in sorted(recipes.values(), key=lambda r: r.id):
+        weights = r.estimated_weights_gib()
+        table.add_row(r.id, r.model, r.quantization or "—", f"{weights:.1f} GiB" if weights else "—",
+                      ", ".join(r.allowed_topologies(2)), f"{r.format}: {r.path}")
+    console.print(table)
+    for error in errors:
+        console.print(f"[yellow]skipped[/] {error}", highlight=False)
+    return 0
+
+
+def recipe_json(r: Recipe) -> dict:
+    return {"id": r.id, "name": r.name, "model": r.model, "served_model_name": r.served_name, "format": r.format,
+            "path": str(r.path), "quantization": r.quantization, "weights_gib": r.estimated_weights_gib(),
+            "topologies": r.allowed_topologies(2), "description": r.description}
+
+
+def transports_for(inventory: Inventory, names: list[str]):
+    return {name: transport_for(inventory.node(name)) for name in names}
+
+
+async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: list[str] | None,
+                  overrides: dict, port: int | None, dry_run: bool, yes: bool, timeout: float,
+                  console: Console) -> int:
+    plan = make_plan(recipe, topology, inventory, nodes, overrides, port)
+    if dry_run:
+        sys.stdout.write(plan.render())
+        return 0
+    console.print(f"[bold]{recipe.id}[/] as [bold]{topology}[/] on {', '.join(plan.nodes)}  (launch {plan.launch_id})")
+    transports = transports_for(inventory, plan.nodes)
+    try:
+        preflight = await run_preflight(plan, recipe, inventory, transports)
+        console.print(preflight.render(), highlight=False, markup=False)
+        if not preflight.ok:
+            first = preflight.failures[0]
+            raise SparktopError(f"preflight failed on {first.node}: {first.name}: {first.message}")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise SparktopError("not launching without confirmation: add --yes (or run in a terminal)")
+            answer = input("Launch? [y/N] ").strip().lower()
+            if answer not in ("y", "yes"):
+                console.print("Not launched.")
+                return 1
+        executor = Executor(plan, transports, LaunchState(inventory), timeout=timeout)
+        try:
+            async for event in executor.run():
+                print_event(event, plan, console)
+        except LaunchFailed:
+            return 1
+        return 0
+    finally:
+        for t in transports.values():
+            await t.close()
+
+
+def print_event(event, plan, console: Console) -> None:
+    if isinstance(event, StepStarted):
+        console.print(f"[dim]{event.index + 1}/{len(plan.steps)}[/] {event.step.title} …", highlight=False)
+    elif isinstance(event, StepDone):
+        console.print(f"[green]✓[/] {event.step.title} [dim]({event.seconds:.1f}s)[/]", highlight=False)
+    elif isinstance(event, Stage):
+        console.print(f"    [cyan]{event.node}[/] {event.stage}", highlight=False)
+    elif isinstance(event, LogLine):
+        pass  # the stage lines say enough on a terminal; the app shows the log tail
+    elif isinstance(event, Failed):
+        console.print(f"[bold red]launch failed:[/] {event.reason}", highlight=False)
+        for line in event.lines:
+            console.print(f"    [dim]{line}[/]", highlight=False, markup=False)
+    elif isinstance(event, TornDown):
+        console.print(f"removed {event.removed} container(s) of {event.launch_id} on {', '.join(event.nodes)}")
+    elif isinstance(event, Ready):
+        console.print(f"[bold green]ready[/] in {event.seconds:.0f}s:")
+        for e in plan.endpoints:
+            key = f"  (key: {e.api_key_env} in sparktop's state)" if e.api_key_env else ""
+            console.print(f"  {e.url}/v1  {e.kind} {e.model}{key}", highlight=False)
+
+
+def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] | None = None,
+               sets: list[str] | None = None, port: int | None = None, dry_run: bool = False, yes: bool = False,
+               timeout: float = DEFAULT_TIMEOUT, recipe_dirs: list[str] | None = None) -> int:
+    recipe = find_recipe(ref, recipe_dirs)
+    console = Console(stderr=False)
+    return asyncio.run(_launch(recipe, topology, inventory, nodes, parse_sets(sets), port, dry_run, yes, timeout,
+                               console))
+
+
+async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, console: Console) -> int:
+    state = LaunchState(inventory)
+    names = [n.name for n in inventory.nodes]
+    transports = transports_for(inventory, names)
+    try:
+        if launch_id:
+            record = state.get(launch_id)
+            ids = [launch_id]
+            if record is None:
+                console.print(f"{launch_id} is not in sparktop's state; removing containers labelled with it")
+        else:
+            ids = [r.id for r in state.active()]
+            # Containers whose record was lost are found by their label.
+            found = await asyncio.gather(*(t.run(["docker", "ps", "-a", "--filter", "label=sparktop.launch",
+                                                  "--format", '{{.Label "sparktop.launch"}}'], timeout=30)
+                                           for t in transports.values()), return_exceptions=True)
+            for result in found:
+                if not isinstance(result, Exception):
+                    ids += [line.strip() for line in result.stdout.splitlines() if line.strip()]
+            ids = list(dict.fromkeys(ids))
+            if not ids:
+                console.print("Nothing of sparktop's is running.")
+                return 0
+            if len(ids) > 1 and not everything:
+                raise SparktopError(f"{len(ids)} launches are running ({', '.join(ids)}): name one, or use --all")
+        total = 0
+        for lid in ids:
+            record = state.get(lid)
+            removed = await teardown(lid, names, transports, record.state_dir if record else None)
+            total += removed
+            state.update(lid, status="stopped")
+            state.drop_key(lid)
+            console.print(f"stopped {lid}: removed {removed} container(s)")
+        return 0
+    finally:
+        for t in transports.values():
+            await t.close()
+
+
+def cmd_stop(inventory: Inventory, launch_id: str | None, everything: bool) -> int:
+    return asyncio.run(_stop(inventory, launch_id, everything, Console()))

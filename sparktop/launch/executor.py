@@ -1,0 +1,348 @@
+"""Running a plan, watching it start, and tearing it down.
+
+`Executor.run()` is an async iterator of plain events (StepStarted,
+StepDone, LogLine, Stage, Ready, Failed, TornDown) that the CLI prints and
+the app turns into messages. Steps run in order; each waits for what it
+declares (a container running, Ray members, the API answering /health with
+the model listed in /v1/models). While waiting, every container the plan
+started is watched: one that exits fails the launch at once, with the lines
+of its log that say why. On any failure everything the plan started is
+removed on every node (by the `sparktop.launch` label) before the executor
+reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets as pysecrets
+import shlex
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import aiohttp
+
+from sparktop.launch.plan import Home, Plan, Step
+from sparktop.launch.state import LaunchRecord, LaunchState
+from sparktop.launch.topology import ROUTER_KEY_ENV
+from sparktop.observe.vllm_log import startup_state, strip_prefix
+from sparktop.remote import Transport, TransportError
+
+DEFAULT_TIMEOUT = 30 * 60.0  # a 120B model takes ~15 minutes to load on a Spark; leave room
+
+
+@dataclass
+class StepStarted:
+    index: int
+    step: Step
+
+
+@dataclass
+class StepDone:
+    index: int
+    step: Step
+    seconds: float
+
+
+@dataclass
+class LogLine:
+    node: str
+    container: str
+    line: str
+
+
+@dataclass
+class Stage:
+    node: str
+    container: str
+    stage: str
+
+
+@dataclass
+class Ready:
+    plan: Plan
+    seconds: float
+
+
+@dataclass
+class Failed:
+    reason: str
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TornDown:
+    launch_id: str
+    nodes: list[str]
+    removed: int
+
+
+class LaunchFailed(Exception):
+    def __init__(self, reason: str, lines: list[str] | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.lines = lines or []
+
+
+def teardown_command(launch_id: str, state_dir: str | None = None) -> str:
+    """Remove every container of a launch (found by label) and its files."""
+    label = shlex.quote(f"label=sparktop.launch={launch_id}")
+    cmd = f"ids=$(docker ps -aq --filter {label}); [ -z \"$ids\" ] || docker rm -f $ids >/dev/null; echo $ids | wc -w"
+    if state_dir:
+        cmd += f"; rm -rf {Home(state_dir).render()}"
+    return cmd
+
+
+class Executor:
+    def __init__(self, plan: Plan, transports: dict[str, Transport], state: LaunchState | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, poll: float = 1.0):
+        self.plan = plan
+        self.transports = transports
+        self.state = state
+        self.timeout = timeout
+        self.poll = poll
+        self.router_key = pysecrets.token_urlsafe(24) if ROUTER_KEY_ENV in plan.secrets else None
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._logs: dict[str, deque] = {}
+        self._stages: dict[str, str] = {}
+        self._followers: list[asyncio.Task] = []
+        self.started = time.monotonic()
+
+    # -- secrets ---------------------------------------------------------------
+
+    def _secret(self, name: str) -> str:
+        if name == ROUTER_KEY_ENV and self.router_key:
+            return self.router_key
+        value = os.environ.get(name)
+        if value is None:
+            raise LaunchFailed(f"{name} is not set in this environment")
+        return value
+
+    def api_key(self, name: str | None) -> str | None:
+        return self._secret(name) if name else None
+
+    # -- running ---------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[object]:
+        runner = asyncio.create_task(self._run())
+        while True:
+            getter = asyncio.create_task(self._events.get())
+            done, _ = await asyncio.wait({getter, runner}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield getter.result()
+                continue
+            getter.cancel()
+            while not self._events.empty():
+                yield self._events.get_nowait()
+            exc = runner.exception()
+            if exc is not None:
+                raise exc
+            return
+
+    def _emit(self, event) -> None:
+        self._events.put_nowait(event)
+
+    def _record(self) -> LaunchRecord:
+        return LaunchRecord(
+            id=self.plan.launch_id, recipe=self.plan.recipe_id, topology=self.plan.topology, nodes=self.plan.nodes,
+            containers=self.plan.containers, state_dir=self.plan.state_dir,
+            endpoints=[{"url": e.url, "kind": e.kind, "node": e.node, "model": e.model, "topology": e.topology,
+                        "container": e.container, "api_key_env": e.api_key_env} for e in self.plan.endpoints],
+        )
+
+    async def _run(self) -> None:
+        if self.state is not None:
+            self.state.save(self._record())
+            if self.router_key:
+                self.state.save_key(self.plan.launch_id, self.router_key)
+        try:
+            for index, step in enumerate(self.plan.steps):
+                self._emit(StepStarted(index, step))
+                began = time.monotonic()
+                await self._do(step)
+                await self._wait(step)
+                self._emit(StepDone(index, step, time.monotonic() - began))
+        except (LaunchFailed, TransportError, asyncio.TimeoutError) as exc:
+            reason = exc.reason if isinstance(exc, LaunchFailed) else str(exc) or "timed out"
+            lines = exc.lines if isinstance(exc, LaunchFailed) else []
+            self._emit(Failed(reason, lines))
+            await self._stop_followers()
+            removed = await self.teardown()
+            self._emit(TornDown(self.plan.launch_id, self.plan.nodes, removed))
+            if self.state is not None:
+                self.state.update(self.plan.launch_id, status="failed", reason=reason)
+                self.state.drop_key(self.plan.launch_id)
+            raise LaunchFailed(reason, lines) from None
+        except asyncio.CancelledError:
+            await self._stop_followers()
+            await self.teardown()
+            if self.state is not None:
+                self.state.update(self.plan.launch_id, status="failed", reason="cancelled")
+            raise
+        await self._stop_followers()
+        if self.state is not None:
+            self.state.update(self.plan.launch_id, status="ready")
+        self._emit(Ready(self.plan, time.monotonic() - self.started))
+
+    async def _do(self, step: Step) -> None:
+        if not step.argv:
+            return
+        transport = self.transports[step.node]
+        stdin = None
+        if step.stdin_secrets:
+            stdin = "".join(f"{name}={self._secret(name)}\n" for name in step.stdin_secrets)
+        elif step.stdin_text is not None:
+            stdin = step.stdin_text
+        result = await transport.run(step.command, timeout=120, input=stdin)
+        if not result.ok:
+            raise LaunchFailed(f"{step.node}: {step.title} failed: {result.first_error_line()}",
+                               [line for line in (result.stderr + result.stdout).splitlines() if line.strip()][-8:])
+        if step.container:
+            self._follow(step.node, step.container)
+
+    # -- waiting ---------------------------------------------------------------
+
+    async def _wait(self, step: Step) -> None:
+        wait = step.wait
+        if wait.kind == "none":
+            return
+        deadline = time.monotonic() + self.timeout
+        async with aiohttp.ClientSession() as http:
+            while True:
+                await self._check_containers()
+                if await self._satisfied(step, http):
+                    return
+                if time.monotonic() > deadline:
+                    stage = self._stages.get(wait.container or "", "unknown")
+                    raise LaunchFailed(f"not ready after {self.timeout:.0f}s (last stage: {stage})",
+                                       self._tail(wait.container))
+                await asyncio.sleep(self.poll)
+
+    async def _satisfied(self, step: Step, http: aiohttp.ClientSession) -> bool:
+        wait = step.wait
+        if wait.kind == "running":
+            return await self._running(step.node, wait.container)
+        if wait.kind == "ray-nodes":
+            head = next(n for n, cs in self.plan.containers.items() if wait.container in cs)
+            r = await self.transports[head].run(["docker", "exec", wait.container, "ray", "status"], timeout=30)
+            return r.ok and r.stdout.count(" node_") >= wait.count
+        if wait.kind == "http":
+            headers = {}
+            if wait.api_key_env:
+                headers["Authorization"] = f"Bearer {self._secret(wait.api_key_env)}"
+            try:
+                base = wait.url
+                if await self._reachable(http, base + "/health", headers):
+                    async with http.get(base + "/v1/models", headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        if r.status == 200:
+                            data = await r.json()
+                            names = [m.get("id") for m in data.get("data", [])]
+                            return wait.model in names
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                pass
+            return False
+        return True
+
+    async def _reachable(self, http: aiohttp.ClientSession, url: str, headers: dict) -> bool:
+        try:
+            async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=3)) as r:
+                if r.status == 200:
+                    return True
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        if url.endswith("/health"):  # LiteLLM answers readiness here
+            try:
+                async with http.get(url + "/liveliness", headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=3)) as r:
+                    return r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                return False
+        return False
+
+    async def _running(self, node: str, container: str) -> bool:
+        r = await self.transports[node].run(
+            ["docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container], timeout=30)
+        status = r.stdout.split()
+        if not r.ok or not status:
+            raise LaunchFailed(f"{node}: container {container} is gone", self._tail(container))
+        if status[0] == "running":
+            return True
+        if status[0] in ("exited", "dead"):
+            raise await self._died(node, container, status[1] if len(status) > 1 else "?")
+        return False
+
+    async def _check_containers(self) -> None:
+        """Any container of the plan that has died fails the launch now."""
+        for node, names in self.plan.containers.items():
+            started = [n for n in names if n in self._logs]
+            if not started:
+                continue
+            r = await self.transports[node].run(
+                ["docker", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}", *started],
+                timeout=30)
+            for line in r.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[1] in ("exited", "dead"):
+                    raise await self._died(node, parts[0].lstrip("/"), parts[2] if len(parts) > 2 else "?")
+
+    async def _died(self, node: str, container: str, code: str) -> LaunchFailed:
+        r = await self.transports[node].run(["docker", "logs", "--tail", "200", container], timeout=30)
+        lines = (r.stdout + r.stderr).splitlines() or list(self._logs.get(container, []))
+        state = startup_state(lines)
+        why = state.reason or next((strip_prefix(l) for l in reversed(lines) if "error" in l.lower()), None)
+        reason = f"{node}: {container} exited with code {code}" + (f": {why}" if why else "")
+        return LaunchFailed(reason, [strip_prefix(l) for l in lines if l.strip()][-12:])
+
+    # -- logs ------------------------------------------------------------------
+
+    def _follow(self, node: str, container: str) -> None:
+        self._logs[container] = deque(maxlen=400)
+        self._followers.append(asyncio.create_task(self._follow_loop(node, container)))
+
+    async def _follow_loop(self, node: str, container: str) -> None:
+        buf = self._logs[container]
+        try:
+            async for line in self.transports[node].stream(["docker", "logs", "-f", container]):
+                buf.append(line)
+                self._emit(LogLine(node, container, line))
+                stage = startup_state([line]).stage
+                if stage and stage != self._stages.get(container):
+                    self._stages[container] = stage
+                    self._emit(Stage(node, container, stage))
+        except (TransportError, OSError):
+            pass
+
+    def _tail(self, container: str | None, n: int = 12) -> list[str]:
+        if not container or container not in self._logs:
+            return []
+        return [strip_prefix(line) for line in list(self._logs[container])[-n:]]
+
+    async def _stop_followers(self) -> None:
+        for task in self._followers:
+            task.cancel()
+        await asyncio.gather(*self._followers, return_exceptions=True)
+        self._followers.clear()
+
+    # -- teardown --------------------------------------------------------------
+
+    async def teardown(self) -> int:
+        return await teardown(self.plan.launch_id, self.plan.nodes, self.transports, self.plan.state_dir)
+
+
+async def teardown(launch_id: str, nodes: list[str], transports: dict[str, Transport],
+                   state_dir: str | None = None) -> int:
+    """Remove everything of `launch_id` on every node; how many containers went."""
+    removed = 0
+    results = await asyncio.gather(*(transports[n].run(teardown_command(launch_id, state_dir), timeout=120)
+                                     for n in nodes), return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            continue
+        try:
+            removed += int(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            pass
+    return removed

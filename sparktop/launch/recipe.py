@@ -1,0 +1,392 @@
+"""Recipes: what to run (model, image, vLLM arguments, environment, limits).
+
+A recipe is one YAML file. sparktop's own format::
+
+    name: gpt-oss-120b
+    description: OpenAI gpt-oss-120b, MXFP4
+    model: openai/gpt-oss-120b
+    served_model_name: gpt-oss-120b     # optional
+    image: nvcr.io/nvidia/vllm:25.11-py3 # optional, else the inventory default
+    port: 8000                           # optional, else the inventory default
+    vllm:                                # flag -> value; true = bare flag
+      gpu_memory_utilization: 0.70
+      max_model_len: 131072
+    extra_args: ["--enable-auto-tool-choice"]
+    env: {VLLM_USE_FLASHINFER_MOE_FP4: "0"}
+    limits: {solo_only: false, cluster_only: false, min_nodes: 1, max_nodes: 2}
+    topologies:                          # per-topology overrides
+      cluster-mp: {vllm: {max_model_len: 262144}}
+    memory: {weights_gib: 61}            # or params_b + bits
+
+Validation happens on load and every error names the file, the line and
+the key, with a did-you-mean for unknown keys. Flags the topology decides
+(host, port, tensor parallelism, the distributed backend, node ranks) are
+refused in recipes, as are literal secrets: HF_TOKEN and API keys come from
+the environment of the person launching, never from a file.
+
+Community formats are read too (see `community.py`): eugr's
+spark-vllm-docker `recipe_version: "1"` files and sparkrun's version 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparktop.errors import ConfigError
+from sparktop.settings import config_dir, shipped_recipes_dir
+from sparktop.yamlfile import check_keys, line_of, load_file
+
+TOPOLOGIES = ("solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy")
+CLUSTER_TOPOLOGIES = ("cluster-ray", "cluster-mp")
+ROUTER_TOPOLOGIES = ("shuffle", "least-busy")
+
+# Decided by the topology and the inventory, never by a recipe.
+RESERVED_FLAGS = {
+    "host", "port", "tensor-parallel-size", "tp", "distributed-executor-backend", "nnodes", "node-rank",
+    "master-addr", "master-port", "headless", "model", "served-model-name", "data-parallel-size",
+    "pipeline-parallel-size",
+}
+SECRET_NAMES = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD|MASTER_KEY)$", re.I)
+FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+TOP_KEYS = ("name", "description", "model", "served_model_name", "image", "port", "vllm", "extra_args", "env",
+            "limits", "topologies", "memory", "card", "quantization")
+LIMIT_KEYS = ("solo_only", "cluster_only", "min_nodes", "max_nodes")
+OVERRIDE_KEYS = ("vllm", "extra_args", "env", "image", "port")
+MEMORY_KEYS = ("weights_gib", "params_b", "bits")
+
+
+@dataclass
+class Override:
+    vllm: dict[str, Any] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    port: int | None = None
+
+
+@dataclass
+class Recipe:
+    id: str  # how it is named on the command line (the file name without .yaml)
+    name: str
+    model: str
+    path: Path | None = None
+    format: str = "sparktop"
+    description: str = ""
+    served_model_name: str | None = None
+    image: str | None = None
+    port: int | None = None
+    vllm: dict[str, Any] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    solo_only: bool = False
+    cluster_only: bool = False
+    min_nodes: int = 1
+    max_nodes: int = 2
+    topologies: dict[str, Override] = field(default_factory=dict)
+    weights_gib: float | None = None
+    params_b: float | None = None
+    bits: float | None = None
+    card: str | None = None
+    quantization: str | None = None
+    pass_env: list[str] = field(default_factory=list)  # passed by name from the launching environment
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def allowed_topologies(self, node_count: int) -> list[str]:
+        out = []
+        for topology in TOPOLOGIES:
+            nodes_needed = 1 if topology == "solo" else 2
+            if nodes_needed > node_count or nodes_needed > self.max_nodes:
+                continue
+            if topology == "solo" and (self.cluster_only or self.min_nodes > 1):
+                continue
+            if topology in CLUSTER_TOPOLOGIES and self.solo_only:
+                continue
+            # A router topology runs the recipe solo on every node.
+            if topology in ROUTER_TOPOLOGIES and (self.cluster_only or self.min_nodes > 1):
+                continue
+            out.append(topology)
+        return out
+
+    def why_not(self, topology: str, node_count: int) -> str:
+        if topology not in TOPOLOGIES:
+            return f"unknown topology {topology!r} (one of: {', '.join(TOPOLOGIES)})"
+        if topology != "solo" and node_count < 2:
+            return f"{topology} needs two nodes; the inventory has {node_count}"
+        if topology == "solo" and (self.cluster_only or self.min_nodes > 1):
+            return f"{self.id} is cluster only: it does not fit one Spark"
+        if topology in ROUTER_TOPOLOGIES and (self.cluster_only or self.min_nodes > 1):
+            return f"{topology} runs {self.id} solo on each node, but it is cluster only"
+        if topology in CLUSTER_TOPOLOGIES and self.solo_only:
+            return f"{self.id} is solo only"
+        return f"{topology} is not allowed for {self.id}"
+
+    def settings(self, topology: str) -> tuple[dict[str, Any], list[str], dict[str, str], str | None, int | None]:
+        """vLLM flags, extra args, env, image, port for one topology."""
+        vllm = dict(self.vllm)
+        extra = list(self.extra_args)
+        env = dict(self.env)
+        image, port = self.image, self.port
+        override = self.topologies.get(topology)
+        if override:
+            vllm.update(override.vllm)
+            extra += override.extra_args
+            env.update(override.env)
+            image = override.image or image
+            port = override.port or port
+        return vllm, extra, env, image, port
+
+    def estimated_weights_gib(self) -> float | None:
+        if self.weights_gib:
+            return self.weights_gib
+        if self.params_b and self.bits:
+            return self.params_b * 1e9 * self.bits / 8 / 1024**3 * 1.05  # plus embeddings and scales
+        card = self.twin_card()
+        return card.weights_gib if card else None
+
+    def twin_card(self):
+        from sparktop.twin.cards import UnknownModel, find_card
+
+        for name in (self.card, self.model, self.served_model_name, self.id):
+            if not name:
+                continue
+            try:
+                return find_card(name)
+            except UnknownModel:
+                continue
+        return None
+
+
+def flag_args(vllm: dict[str, Any]) -> list[str]:
+    """`{gpu_memory_utilization: 0.7, enforce_eager: true}` -> vLLM argv items."""
+    out: list[str] = []
+    for key, value in vllm.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            out.append(flag)
+            out.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+# -- loading ------------------------------------------------------------------------
+
+
+def _err(path, container, key, where, message):
+    return ConfigError(str(path), line_of(container, key), where, message)
+
+
+def _str_map(raw, path, parent, key, where) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _err(path, parent, key, where, "must be a mapping of NAME: value")
+    out = {}
+    for name, value in raw.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
+            raise _err(path, raw, name, f"{where}.{name}", "is not a valid environment variable name")
+        if isinstance(value, (dict, list)):
+            raise _err(path, raw, name, f"{where}.{name}", "must be a string or a number")
+        if SECRET_NAMES.search(str(name)) and value not in (None, ""):
+            raise _err(path, raw, name, f"{where}.{name}",
+                       "looks like a secret; do not write secrets in recipes — sparktop passes "
+                       f"{name} from your environment by name")
+        out[str(name)] = "" if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+    return out
+
+
+def _vllm_map(raw, path, parent, key, where) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _err(path, parent, key, where, "must be a mapping of flag: value")
+    out = {}
+    for name, value in raw.items():
+        name_s = str(name).lstrip("-")
+        flag = name_s.replace("_", "-")
+        here = f"{where}.{name}"
+        if not FLAG_NAME.match(name_s):
+            raise _err(path, raw, name, here, "is not a vLLM flag name")
+        if flag in RESERVED_FLAGS:
+            raise _err(path, raw, name, here, "is set by sparktop from the topology and inventory; remove it "
+                                              "(use the top-level port / served_model_name keys)")
+        if flag == "gpu-memory-utilization":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise _err(path, raw, name, here, f"gpu_memory_utilization must be between 0 and 1, got {value}")
+        if flag in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "max-cudagraph-capture-size"):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise _err(path, raw, name, here, f"must be a positive integer, got {value!r}")
+        out[name_s.replace("-", "_")] = value
+    return out
+
+
+def _str_list(raw, path, parent, key, where) -> list[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        import shlex
+
+        return shlex.split(raw)
+    if not isinstance(raw, list) or not all(isinstance(x, (str, int, float)) for x in raw):
+        raise _err(path, parent, key, where, "must be a list of strings")
+    return [str(x) for x in raw]
+
+
+def _int(raw, path, parent, key, where, low=None, high=None) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise _err(path, parent, key, where, f"must be an integer, got {raw!r}")
+    if (low is not None and raw < low) or (high is not None and raw > high):
+        raise _err(path, parent, key, where, f"must be between {low} and {high}, got {raw}")
+    return raw
+
+
+def _bool(raw, path, parent, key, where) -> bool:
+    if not isinstance(raw, bool):
+        raise _err(path, parent, key, where, f"must be true or false, got {raw!r}")
+    return raw
+
+
+def _number(raw, path, parent, key, where) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+        raise _err(path, parent, key, where, f"must be a positive number, got {raw!r}")
+    return float(raw)
+
+
+def parse_native(doc: dict, path: Path) -> Recipe:
+    check_keys(doc, TOP_KEYS, path)
+    for required in ("name", "model"):
+        if not doc.get(required):
+            raise ConfigError(str(path), getattr(doc, "line", None), required, "is required")
+    recipe = Recipe(id=path.stem, name=str(doc["name"]), model=str(doc["model"]), path=path)
+    recipe.description = str(doc.get("description") or "")
+    recipe.served_model_name = str(doc["served_model_name"]) if doc.get("served_model_name") else None
+    recipe.image = str(doc["image"]) if doc.get("image") else None
+    recipe.card = str(doc["card"]) if doc.get("card") else None
+    recipe.quantization = str(doc["quantization"]) if doc.get("quantization") else None
+    if "port" in doc:
+        recipe.port = _int(doc["port"], path, doc, "port", "port", 1, 65535)
+    recipe.vllm = _vllm_map(doc.get("vllm"), path, doc, "vllm", "vllm")
+    recipe.extra_args = _str_list(doc.get("extra_args"), path, doc, "extra_args", "extra_args")
+    recipe.env = _str_map(doc.get("env"), path, doc, "env", "env")
+    limits = doc.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise _err(path, doc, "limits", "limits", "must be a mapping")
+    check_keys(limits, LIMIT_KEYS, path, "limits")
+    for key in ("solo_only", "cluster_only"):
+        if key in limits:
+            setattr(recipe, key, _bool(limits[key], path, limits, key, f"limits.{key}"))
+    for key in ("min_nodes", "max_nodes"):
+        if key in limits:
+            setattr(recipe, key, _int(limits[key], path, limits, key, f"limits.{key}", 1, 64))
+    if recipe.solo_only and recipe.cluster_only:
+        raise _err(path, limits, "cluster_only", "limits.cluster_only", "a recipe cannot be both solo only and "
+                                                                         "cluster only")
+    if recipe.min_nodes > recipe.max_nodes:
+        raise _err(path, limits, "min_nodes", "limits.min_nodes", "is larger than max_nodes")
+    if recipe.cluster_only and recipe.min_nodes < 2:
+        recipe.min_nodes = 2
+    overrides = doc.get("topologies") or {}
+    if not isinstance(overrides, dict):
+        raise _err(path, doc, "topologies", "topologies", "must be a mapping of topology: overrides")
+    check_keys(overrides, TOPOLOGIES, path, "topologies")
+    for topology, raw in overrides.items():
+        where = f"topologies.{topology}"
+        if not isinstance(raw, dict):
+            raise _err(path, overrides, topology, where, "must be a mapping")
+        check_keys(raw, OVERRIDE_KEYS, path, where)
+        recipe.topologies[topology] = Override(
+            vllm=_vllm_map(raw.get("vllm"), path, raw, "vllm", f"{where}.vllm"),
+            extra_args=_str_list(raw.get("extra_args"), path, raw, "extra_args", f"{where}.extra_args"),
+            env=_str_map(raw.get("env"), path, raw, "env", f"{where}.env"),
+            image=str(raw["image"]) if raw.get("image") else None,
+            port=_int(raw["port"], path, raw, "port", f"{where}.port", 1, 65535) if "port" in raw else None,
+        )
+    memory = doc.get("memory") or {}
+    if not isinstance(memory, dict):
+        raise _err(path, doc, "memory", "memory", "must be a mapping")
+    check_keys(memory, MEMORY_KEYS, path, "memory")
+    for key in MEMORY_KEYS:
+        if key in memory:
+            setattr(recipe, key, _number(memory[key], path, memory, key, f"memory.{key}"))
+    for arg in recipe.extra_args:
+        if arg.startswith("--") and arg[2:].split("=")[0] in RESERVED_FLAGS:
+            raise _err(path, doc, "extra_args", "extra_args", f"{arg} is set by sparktop from the topology")
+    return recipe
+
+
+def load_recipe_file(path: str | Path) -> Recipe:
+    from sparktop.launch.community import parse_community
+
+    path = Path(path)
+    doc = load_file(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), line_of(doc, 0), None, "a recipe must be a YAML mapping")
+    community = parse_community(doc, path)
+    if community is not None:
+        return community
+    return parse_native(doc, path)
+
+
+def recipe_dirs(extra: list[str | Path] | None = None) -> list[Path]:
+    """Where recipes are looked for, later folders winning on a name clash."""
+    dirs = [shipped_recipes_dir(), config_dir() / "recipes"]
+    dirs += [Path(d).expanduser() for d in (extra or [])]
+    return dirs
+
+
+def discover(extra: list[str | Path] | None = None, strict: bool = False) -> tuple[dict[str, Recipe], list[str]]:
+    """All recipes by id, and the one-line errors of files that failed to load."""
+    found: dict[str, Recipe] = {}
+    errors: list[str] = []
+    for folder in recipe_dirs(extra):
+        if not folder.is_dir():
+            if extra and folder in [Path(d).expanduser() for d in extra]:
+                errors.append(f"{folder}: no such folder")
+            continue
+        for path in sorted(list(folder.glob("*.yaml")) + list(folder.glob("*.yml"))):
+            try:
+                recipe = load_recipe_file(path)
+            except ConfigError as exc:
+                if strict:
+                    raise
+                errors.append(str(exc))
+                continue
+            found[recipe.id] = recipe
+    return found, errors
+
+
+def find_recipe(ref: str, extra: list[str | Path] | None = None) -> Recipe:
+    """A recipe by id, or by the path of a file."""
+    candidate = Path(ref).expanduser()
+    if ref.endswith((".yaml", ".yml")) or candidate.is_file():
+        if not candidate.is_file():
+            raise ConfigError(str(candidate), None, None, "no such recipe file")
+        return load_recipe_file(candidate)
+    recipes, errors = discover(extra)
+    if ref in recipes:
+        return recipes[ref]
+    by_name = [r for r in recipes.values() if r.name == ref]
+    if len(by_name) == 1:
+        return by_name[0]
+    import difflib
+
+    close = difflib.get_close_matches(ref, list(recipes), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(sorted(recipes)) or 'none'}"
+    broken = [e for e in errors if Path(e.split(":")[0]).stem == ref]
+    if broken:
+        raise ConfigError(broken[0].split(":")[0], None, None, broken[0].split(": ", 1)[-1])
+    raise ConfigError("recipes", None, None, f"no recipe named {ref!r}{hint}")

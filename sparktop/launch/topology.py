@@ -1,0 +1,303 @@
+"""Topologies: how a recipe is laid out on the nodes, as a launch plan.
+
+| topology    | what runs                                                            |
+|-------------|----------------------------------------------------------------------|
+| solo        | one vLLM container on one node, TP=1                                 |
+| cluster-ray | head container: `ray start --head`, wait for the worker, then        |
+|             | `vllm serve -tp 2 --distributed-executor-backend ray`;               |
+|             | worker container: `ray start --address HEAD --block`                 |
+| cluster-mp  | worker: `vllm serve -tp 2 --nnodes 2 --node-rank 1 --headless`,      |
+|             | then head: the same with `--node-rank 0` (PyTorch distributed)       |
+| shuffle     | solo on each node + a LiteLLM proxy on the head, simple-shuffle      |
+| least-busy  | the same with routing_strategy least-busy                            |
+
+Every container runs with the flags a Spark needs (`--gpus all --ipc=host
+--network host`, memlock and stack ulimits, the HF cache mounted) and is
+labelled `sparktop.launch=<id>` so `stop` can find it even without the
+state file. Cluster containers get the per-node network environment:
+VLLM_HOST_IP, NCCL/GLOO/TP socket interfaces and the RoCE HCAs. Secrets go
+through `--env-file` (written 0600 from standard input), never `-e K=V`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import time
+
+import yaml
+
+from sparktop.errors import SparktopError
+from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
+from sparktop.launch.recipe import Recipe, flag_args
+from sparktop.settings import Inventory, Node
+
+ROUTER_KEY_ENV = "LITELLM_MASTER_KEY"
+SECRET_ENV = ("HF_TOKEN",)  # passed by name when set in the launching environment
+
+
+class PlanError(SparktopError):
+    pass
+
+
+def launch_id(recipe: Recipe, topology: str, nodes: list[str], port: int) -> str:
+    digest = hashlib.blake2b(f"{recipe.id}|{topology}|{','.join(nodes)}|{port}|{time.time()}".encode(),
+                             digest_size=3).hexdigest()
+    return f"{recipe.id}-{topology}-{digest}"
+
+
+def _network_env(node: Node, head: Node) -> dict[str, str]:
+    """What NCCL, Gloo, UCX and vLLM need to use the fast link on this node
+    (as in NVIDIA's two-Spark playbook)."""
+    env = {"VLLM_HOST_IP": node.address, "MASTER_ADDR": head.address}
+    if node.eth_if:
+        env.update(NCCL_SOCKET_IFNAME=node.eth_if, GLOO_SOCKET_IFNAME=node.eth_if, TP_SOCKET_IFNAME=node.eth_if,
+                   UCX_NET_DEVICES=node.eth_if, OMPI_MCA_btl_tcp_if_include=node.eth_if)
+    if node.ib_if:
+        env.update(NCCL_IB_HCA=",".join(node.ib_if), NCCL_IB_DISABLE="0")
+    return env
+
+
+class Builder:
+    def __init__(self, recipe: Recipe, topology: str, inventory: Inventory, nodes: list[Node],
+                 overrides: dict | None = None, port: int | None = None, lid: str | None = None):
+        self.recipe = recipe
+        self.topology = topology
+        self.inv = inventory
+        self.nodes = nodes
+        vllm, extra, env, image, recipe_port = recipe.settings(topology)
+        vllm.update(overrides or {})
+        self.vllm, self.extra, self.env = vllm, extra, env
+        self.image = image or inventory.defaults.image
+        self.port = port or recipe_port or inventory.defaults.port
+        self.lid = lid or launch_id(recipe, topology, [n.name for n in nodes], self.port)
+        self.state_dir = f"~/.local/state/sparktop/launches/{self.lid}"
+        # Engines get HF_TOKEN and what the recipe passes by name; the router
+        # alone gets its master key (a file of its own on the head).
+        self.secrets = list(dict.fromkeys(n for n in (*SECRET_ENV, *recipe.pass_env) if os.environ.get(n)))
+        self.router_secrets = [ROUTER_KEY_ENV] if topology in ("shuffle", "least-busy") else []
+        self.steps: list[Step] = []
+        self.endpoints: list[Endpoint] = []
+        self.containers: dict[str, list[str]] = {}
+
+    # -- pieces ------------------------------------------------------------------
+
+    @property
+    def secrets_file(self) -> Home:
+        return Home(f"{self.state_dir}/secrets.env")
+
+    @property
+    def router_secrets_file(self) -> Home:
+        return Home(f"{self.state_dir}/router.env")
+
+    def name(self, role: str) -> str:
+        return f"sparktop-{self.lid}-{role}"
+
+    def url(self, node: Node, port: int) -> str:
+        return f"http://{node.address}:{port}"
+
+    def labels(self, role: str, endpoint: str | None = None, kind: str = "vllm") -> list[str]:
+        out = ["--label", f"sparktop.launch={self.lid}", "--label", f"sparktop.recipe={self.recipe.id}",
+               "--label", f"sparktop.topology={self.topology}", "--label", f"sparktop.role={role}",
+               "--label", f"sparktop.model={self.recipe.served_name}"]
+        if endpoint:
+            out += ["--label", f"sparktop.endpoint={endpoint}", "--label", f"sparktop.kind={kind}"]
+        return out
+
+    def docker_run(self, node: Node, role: str, env: dict[str, str], entrypoint: str, args: list,
+                   endpoint: str | None = None, kind: str = "vllm", gpu: bool = True,
+                   volumes: list | None = None, image: str | None = None,
+                   env_file: Home | None = None) -> tuple[str, list]:
+        name = self.name(role)
+        argv: list = ["docker", "run", "-d", "--name", name, *self.labels(role, endpoint, kind), "--network", "host"]
+        if gpu:
+            argv += ["--gpus", "all", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+                     "-v", Home(f"{self.inv.defaults.hf_cache}:/root/.cache/huggingface")
+                     if self.inv.defaults.hf_cache.startswith("~/") else
+                     f"{self.inv.defaults.hf_cache}:/root/.cache/huggingface"]
+        for volume in volumes or []:
+            argv += ["-v", volume]
+        if env_file is not None:
+            argv += ["--env-file", env_file]
+        elif gpu and self.secrets:
+            argv += ["--env-file", self.secrets_file]
+        for key, value in env.items():
+            argv += ["-e", f"{key}={value}"]
+        argv += ["--entrypoint", entrypoint, image or self.image, *args]
+        self.containers.setdefault(node.name, []).append(name)
+        return name, argv
+
+    def write_secrets(self, node: Node, names: list[str], file: str = "secrets.env") -> None:
+        if not names:
+            return
+        argv = ["sh", "-c", f'umask 077 && mkdir -p "$1" && cat > "$1/{file}"', "sh", Home(self.state_dir)]
+        self.steps.append(Step(node.name, argv, f"write {file} ({', '.join(names)}) on {node.name}",
+                               stdin_secrets=list(names), role="setup"))
+
+    def serve_args(self, node: Node, extra: list[str]) -> list[str]:
+        args = ["serve", self.recipe.model, "--served-model-name", self.recipe.served_name,
+                "--host", node.bind, "--port", str(self.port)]
+        return args + extra + flag_args(self.vllm) + self.extra
+
+    # -- topologies --------------------------------------------------------------
+
+    def solo(self, node: Node, role: str = "vllm") -> Endpoint:
+        url = self.url(node, self.port)
+        name, argv = self.docker_run(node, role, self.env, "vllm", self.serve_args(node, []), endpoint=url)
+        self.steps.append(Step(node.name, argv, f"start vLLM ({self.recipe.served_name}, TP=1) on {node.name}",
+                               container=name, wait=Wait("running", container=name), role="engine"))
+        endpoint = Endpoint(url, "vllm", node.name, self.recipe.served_name, "solo" if self.topology == "solo"
+                            else self.topology, name)
+        self.endpoints.append(endpoint)
+        return endpoint
+
+    def wait_ready(self, endpoint: Endpoint, key_env: str | None = None) -> None:
+        """Readiness: /health and the model in /v1/models (the last step waits on it)."""
+        step = next(s for s in reversed(self.steps) if s.container == endpoint.container)
+        step.wait = Wait("http", container=endpoint.container, url=endpoint.url, model=endpoint.model,
+                         api_key_env=key_env)
+
+    def build(self) -> Plan:
+        head = self.nodes[0]
+        for node in self.nodes:
+            self.write_secrets(node, self.secrets)
+        self.write_secrets(head, self.router_secrets, "router.env")
+        if self.topology == "solo":
+            self.wait_ready(self.solo(head))
+        elif self.topology == "cluster-mp":
+            self.cluster_mp()
+        elif self.topology == "cluster-ray":
+            self.cluster_ray()
+        elif self.topology in ("shuffle", "least-busy"):
+            self.router()
+        else:
+            raise PlanError(f"unknown topology {self.topology!r}")
+        notes = [f"{n.name} has no fabric_ip in the inventory: VLLM_HOST_IP and the master address use its ssh "
+                 f"host name {n.host!r}" for n in self.nodes
+                 if self.topology in ("cluster-ray", "cluster-mp") and not n.fabric_ip and not n.is_local]
+        return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
+                    self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
+                    vllm=dict(self.vllm), image=self.image, notes=notes)
+
+    def cluster_mp(self) -> None:
+        head, workers = self.nodes[0], self.nodes[1:]
+        tp = len(self.nodes)
+        dist = ["--tensor-parallel-size", str(tp), "--nnodes", str(tp), "--master-addr", head.address,
+                "--master-port", str(self.inv.defaults.master_port)]
+        # Workers first: the head waits for them at the master address.
+        for rank, node in enumerate(workers, 1):
+            args = ["serve", self.recipe.model, *dist, "--node-rank", str(rank), "--headless",
+                    *flag_args(self.vllm), *self.extra]
+            name, argv = self.docker_run(node, f"worker{rank}", {**self.env, **_network_env(node, head)}, "vllm", args)
+            self.steps.append(Step(node.name, argv, f"start vLLM worker rank {rank} (headless) on {node.name}",
+                                   container=name, wait=Wait("running", container=name), role="worker"))
+        url = self.url(head, self.port)
+        args = self.serve_args(head, [*dist, "--node-rank", "0"])
+        name, argv = self.docker_run(head, "vllm", {**self.env, **_network_env(head, head)}, "vllm", args, endpoint=url)
+        self.steps.append(Step(head.name, argv, f"start vLLM head rank 0 (TP={tp}, no Ray) on {head.name}",
+                               container=name, role="engine"))
+        self.endpoints.append(Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name))
+        self.wait_ready(self.endpoints[-1])
+
+    def cluster_ray(self) -> None:
+        head, workers = self.nodes[0], self.nodes[1:]
+        tp = len(self.nodes)
+        ray_port = str(self.inv.defaults.ray_port)
+        url = self.url(head, self.port)
+        serve = ["vllm", *self.serve_args(head, ["--tensor-parallel-size", str(tp),
+                                                 "--distributed-executor-backend", "ray"])]
+        # One head container: Ray head first, then (once every worker has
+        # joined) vLLM as the Ray driver, in the same container so its log
+        # is the container's log.
+        script = (
+            f"ray start --head --port {shlex.quote(ray_port)} --node-ip-address {shlex.quote(head.address)}"
+            f" --disable-usage-stats && "
+            f"until [ \"$(ray status 2>/dev/null | grep -c ' node_')\" -ge {tp} ]; do "
+            f"echo 'waiting for {tp - 1} Ray worker node(s) to join'; sleep 2; done && "
+            f"exec {render(serve)}"
+        )
+        # Ray's memory monitor kills workers on unified memory that looks full to it.
+        ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
+        name, argv = self.docker_run(head, "vllm", {**self.env, **_network_env(head, head), **ray_env}, "sh",
+                                     ["-c", script], endpoint=url)
+        self.steps.append(Step(head.name, argv, f"start the Ray head and vLLM (TP={tp}, Ray) on {head.name}",
+                               container=name, wait=Wait("running", container=name), role="ray-head"))
+        for rank, node in enumerate(workers, 1):
+            args = ["start", "--address", f"{head.address}:{ray_port}", "--node-ip-address", node.address,
+                    "--disable-usage-stats", "--block"]
+            wname, wargv = self.docker_run(node, f"ray{rank}", {**self.env, **_network_env(node, head), **ray_env},
+                                           "ray", args)
+            self.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
+                                   wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
+        self.endpoints.append(Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name))
+        # vLLM starts once every worker has joined: the last wait is on the head's API.
+        self.steps.append(Step(head.name, [], f"wait for vLLM on {head.name} to serve", container=None,
+                               wait=Wait("http", container=name, url=url, model=self.recipe.served_name),
+                               role="wait"))
+
+    def router(self) -> None:
+        head = self.nodes[0]
+        backends = [self.solo(node, role=f"vllm-{node.name}") for node in self.nodes]
+        for endpoint in backends:
+            self.wait_ready(endpoint)
+        strategy = "simple-shuffle" if self.topology == "shuffle" else "least-busy"
+        config = {
+            "model_list": [
+                {"model_name": self.recipe.served_name,
+                 "litellm_params": {"model": f"hosted_vllm/{self.recipe.served_name}",
+                                    "api_base": f"{e.url}/v1", "api_key": "none"}}
+                for e in backends
+            ],
+            "router_settings": {"routing_strategy": strategy},
+            "litellm_settings": {"drop_params": True},
+            "general_settings": {"master_key": f"os.environ/{ROUTER_KEY_ENV}"},
+        }
+        text = yaml.safe_dump(config, sort_keys=False)
+        config_path = Home(f"{self.state_dir}/litellm.yaml")
+        self.steps.append(Step(head.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/litellm.yaml"', "sh",
+                                           Home(self.state_dir)],
+                               f"write the LiteLLM config ({strategy}) on {head.name}", stdin_text=text,
+                               role="setup"))
+        port = self.inv.defaults.router_port
+        url = self.url(head, port)
+        # Mounted at the same path inside the container, so one path works either way.
+        name, argv = self.docker_run(
+            head, "router", {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "litellm",
+            ["--config", config_path, "--host", head.bind, "--port", str(port)], endpoint=url, kind="router",
+            gpu=False, volumes=[_home_mount(self.state_dir, "litellm.yaml")], image=self.inv.defaults.router_image,
+            env_file=self.router_secrets_file)
+        self.steps.append(Step(head.name, argv, f"start the LiteLLM router ({strategy}) on {head.name}",
+                               container=name, role="router"))
+        self.endpoints.append(Endpoint(url, "router", head.name, self.recipe.served_name, self.topology, name,
+                                       api_key_env=ROUTER_KEY_ENV))
+        self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
+
+
+class _HomeMount(Home):
+    """`~/dir/file:~/dir/file:ro` with both sides under $HOME."""
+
+    def render(self) -> str:
+        path, options = self.rsplit(":", 1) if self.count(":") == 2 else (self, "")
+        inside = path.split(":", 1)[0]
+        side = Home(inside).render()
+        return f"{side}:{side}" + (f":{shlex.quote(options)}" if options else "")
+
+
+def _home_mount(state_dir: str, file: str) -> _HomeMount:
+    path = f"{state_dir}/{file}"
+    return _HomeMount(f"{path}:{path}:ro")
+
+
+def make_plan(recipe: Recipe, topology: str, inventory: Inventory, node_names: list[str] | None = None,
+              overrides: dict | None = None, port: int | None = None, lid: str | None = None) -> Plan:
+    """The plan for `recipe` as `topology` on the inventory's nodes (or `node_names`)."""
+    if node_names:
+        nodes = [inventory.node(n) for n in node_names]
+    else:
+        nodes = list(inventory.nodes)
+    wanted = 1 if topology == "solo" else 2
+    if topology not in recipe.allowed_topologies(len(nodes)):
+        raise PlanError(f"{recipe.id}: {recipe.why_not(topology, len(nodes))}")
+    nodes = nodes[:wanted] if topology == "solo" else nodes[: max(2, min(len(nodes), recipe.max_nodes))]
+    return Builder(recipe, topology, inventory, nodes, overrides, port, lid).build()

@@ -1,0 +1,16 @@
+"""Fixtures for the lab tests (pytest -m lab)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.lab import Lab, sshd_available
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not sshd_available():
+        pytest.fail("the lab needs OpenSSH's sshd (apt-get install openssh-server); .ci/run installs it")
+    lab = Lab(tmp_path_factory.mktemp("lab")).start()
+    yield lab
+    lab.stop()

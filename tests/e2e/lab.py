@@ -1,0 +1,177 @@
+"""The lab: two test hosts on this machine, reached over real OpenSSH.
+
+Each host has its own sshd on its own loopback address (127.0.0.2 and
+127.0.0.3) with its own host keys, and sessions that land in the host's own
+HOME with the twin's `docker`, `vllm`, `ray` and `nvidia-smi` first on PATH
+(sshd's SetEnv). sparktop reaches them with its real SSHTransport through an
+ssh config and known_hosts written here, exactly as it reaches real Sparks.
+The router topologies use the real LiteLLM proxy, installed from PyPI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparktop.settings import Defaults
+from sparktop.twin.host import TwinHost
+from sparktop.twin.node import install
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+ADDRESSES = ("127.0.0.2", "127.0.0.3")
+NAMES = ("spark-a", "spark-b")
+IMAGE = Defaults().image
+ROUTER_IMAGE = Defaults().router_image
+
+
+def sshd_available() -> bool:
+    return Path(SSHD).exists() and shutil.which("ssh-keygen") is not None
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LabHost:
+    name: str
+    address: str
+    port: int
+    root: Path
+    twin: TwinHost
+    proc: subprocess.Popen | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+
+@dataclass
+class Lab:
+    root: Path
+    startup_speed: float = 300.0
+    speed: float = 4.0
+    hosts: list[LabHost] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.client_home = self.root / "client"  # HOME of the sparktop process under test
+        self.ssh_dir = self.client_home / ".ssh"
+        self.key = self.ssh_dir / "id_ed25519"
+        self.bin = self.root / "bin"
+
+    # -- set up ------------------------------------------------------------------
+
+    def start(self) -> "Lab":
+        self.ssh_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
+        install(self.bin)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        venv_bin = str(Path(sys.executable).parent)
+        known, config = [], []
+        for name, address in zip(NAMES, ADDRESSES):
+            root = self.root / name
+            twin = TwinHost(root / "twin")
+            twin.setup(name, speed=self.speed, startup_speed=self.startup_speed, address=address,
+                       images=[IMAGE, ROUTER_IMAGE])
+            host = LabHost(name, address, free_port(address), root, twin)
+            host.home.mkdir(parents=True, exist_ok=True)
+            key = root / "ssh_host_ed25519_key"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            authorized = root / "authorized_keys"
+            authorized.write_text(self.key.with_suffix(".pub").read_text())
+            authorized.chmod(0o600)
+            path = f"{self.bin}:{venv_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+            (root / "sshd_config").write_text(
+                f"ListenAddress {address}:{host.port}\n"
+                f"HostKey {key}\n"
+                f"PidFile {root / 'sshd.pid'}\n"
+                f"AuthorizedKeysFile {authorized}\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+                "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
+                "AllowTcpForwarding yes\nX11Forwarding no\nPrintMotd no\nLogLevel ERROR\n"
+                f"SetEnv HOME={host.home} PATH={path} SPARKTOP_TWIN_HOME={twin.home} "
+                f"SPARKTOP_PROC_ROOT={twin.home / 'proc'}\n"
+            )
+            host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
+                                         stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"))
+            pub = (key.with_suffix(".pub")).read_text().split()
+            known.append(f"[{address}]:{host.port} {pub[0]} {pub[1]}")
+            config.append(f"Host lab-{name}\n  HostName {address}\n  Port {host.port}\n  User {os.environ.get('USER') or 'root'}\n"
+                          f"  IdentityFile {self.key}\n")
+            self.hosts.append(host)
+        (self.ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")
+        (self.ssh_dir / "config").write_text("\n".join(config))
+        for host in self.hosts:
+            self._wait_port(host.address, host.port)
+        return self
+
+    @staticmethod
+    def _wait_port(address: str, port: int, timeout: float = 10.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with socket.create_connection((address, port), 0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"sshd on {address}:{port} did not start")
+
+    def inventory(self, **defaults) -> Path:
+        lines = ["defaults:", f"  image: {IMAGE}", f"  router_image: {ROUTER_IMAGE}"]
+        lines += [f"  {k}: {v}" for k, v in defaults.items()]
+        lines.append("nodes:")
+        for host in self.hosts:
+            lines += [f"  - name: {host.name}", f"    host: lab-{host.name}", f"    fabric_ip: {host.address}",
+                      f"    bind: {host.address}", "    eth_if: lo"]
+        path = self.root / "cluster.yaml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def env(self) -> dict[str, str]:
+        """Environment for running the sparktop CLI against the lab."""
+        return {**os.environ, "HOME": str(self.client_home),
+                "XDG_CONFIG_HOME": str(self.client_home / ".config"),
+                "XDG_STATE_HOME": str(self.client_home / ".local/state"),
+                "XDG_DATA_HOME": str(self.client_home / ".local/share")}
+
+    def put_weights(self, model: str) -> None:
+        """Make the model look downloaded on every host (the twin needs no weights)."""
+        for host in self.hosts:
+            snap = host.home / ".cache/huggingface/hub" / ("models--" + model.replace("/", "--")) / "snapshots/abc"
+            snap.mkdir(parents=True, exist_ok=True)
+
+    # -- inspecting --------------------------------------------------------------
+
+    def sh(self, host: LabHost, command: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, **host.twin.env(self.bin), "HOME": str(host.home)}
+        env["PATH"] = f"{self.bin}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+
+    def containers(self, host: LabHost) -> list[str]:
+        return [line for line in self.sh(host, "docker ps -a --format '{{.Names}}'").stdout.splitlines() if line]
+
+    def gpu_processes(self, host: LabHost) -> list[str]:
+        out = self.sh(host, "nvidia-smi --query-compute-apps=process_name --format=csv,noheader").stdout
+        return [line for line in out.splitlines() if line]
+
+    # -- tear down ---------------------------------------------------------------
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            self.sh(host, "docker ps -aq | xargs -r docker rm -f; ray stop --force")
+        for host in self.hosts:
+            if host.proc and host.proc.poll() is None:
+                host.proc.send_signal(signal.SIGTERM)
+                try:
+                    host.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    host.proc.kill()

@@ -1,0 +1,132 @@
+"""Launch every topology in the lab from the CLI, use it, watch it, stop it.
+
+Two test hosts with real OpenSSH servers on 127.0.0.2 and 127.0.0.3, the
+twin's stand-ins on their PATH, a real LiteLLM proxy for the router
+topologies (see lab.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+RECIPE = "llama-3.1-8b"
+MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
+
+
+def sparktop(lab, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sparktop", *args], capture_output=True, text=True,
+                          env=lab.env(), timeout=timeout)
+
+
+def router_key(lab) -> str | None:
+    keys = Path(lab.env()["XDG_STATE_HOME"]) / "sparktop" / "launches" / "keys"
+    found = sorted(keys.glob("*.key"), key=lambda p: p.stat().st_mtime)
+    return found[-1].read_text().strip() if found else None
+
+
+def chat(url: str, key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
+        "model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Say hi from the lab"}],
+        "max_tokens": 8, "ignore_eos": True})
+    r.raise_for_status()
+    return r.json()
+
+
+def assert_nothing_left(lab):
+    for host in lab.hosts:
+        assert lab.containers(host) == [], host.name
+        assert lab.gpu_processes(host) == [], host.name
+        ray = lab.sh(host, "ray status")
+        assert ray.returncode != 0  # no Ray left behind either
+
+
+@pytest.mark.parametrize("topology, api, engines", [
+    ("solo", "http://127.0.0.2:8000", {"http://127.0.0.2:8000": "vllm"}),
+    ("cluster-mp", "http://127.0.0.2:8000", {"http://127.0.0.2:8000": "vllm"}),
+    ("cluster-ray", "http://127.0.0.2:8000", {"http://127.0.0.2:8000": "vllm"}),
+    ("shuffle", "http://127.0.0.2:4000", {"http://127.0.0.2:4000": "router", "http://127.0.0.2:8000": "vllm",
+                                          "http://127.0.0.3:8000": "vllm"}),
+    ("least-busy", "http://127.0.0.2:4000", {"http://127.0.0.2:4000": "router", "http://127.0.0.2:8000": "vllm",
+                                             "http://127.0.0.3:8000": "vllm"}),
+])
+def test_launch_use_watch_and_stop(lab, topology, api, engines):
+    inventory = lab.inventory()
+    lab.put_weights(MODEL)
+    launched = sparktop(lab, "launch", RECIPE, "-t", topology, "--inventory", str(inventory), "--yes",
+                        "--timeout", "120")
+    try:
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        assert "ready in" in launched.stdout
+        key = router_key(lab) if topology in ("shuffle", "least-busy") else None
+        answer = chat(api, key)
+        assert answer["usage"]["completion_tokens"] == 8
+
+        status = sparktop(lab, "status", "--inventory", str(inventory), "--json")
+        seen = {e["url"]: e for e in json.loads(status.stdout)["engines"]}
+        for url, kind in engines.items():
+            assert seen[url]["state"] == "ready", (url, seen[url])
+            assert seen[url]["kind"] == kind and seen[url]["topology"] == topology
+            assert seen[url]["model"] == "llama-3.1-8b"
+        if topology.startswith("cluster"):
+            worker = "VLLM::Worker_TP1" if topology == "cluster-mp" else "ray::RayWorkerWrapper"
+            assert lab.gpu_processes(lab.hosts[1]) == [worker]
+    finally:
+        stopped = sparktop(lab, "stop", "--inventory", str(inventory), "--all")
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(lab)
+
+
+def test_a_recipe_that_does_not_fit_fails_in_preflight(lab):
+    inventory = lab.inventory()
+    r = sparktop(lab, "launch", "llama-3.1-70b", "-t", "solo", "--inventory", str(inventory), "--yes",
+                 "--set", "gpu_memory_utilization=0.5")
+    assert r.returncode != 0
+    assert "preflight failed on spark-a: fit: weights (67.7 GiB on this node) do not fit" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert_nothing_left(lab)
+
+
+def test_a_worker_that_never_comes_up_fails_the_launch_and_tears_down(lab):
+    inventory = lab.inventory()
+    lab.put_weights(MODEL)
+    worker_host = lab.hosts[1]
+    stop_killing = threading.Event()
+
+    def kill_workers():
+        # The worker crashes as soon as it starts, every time.
+        while not stop_killing.is_set():
+            for name in lab.containers(worker_host):
+                if "worker" in name:
+                    lab.sh(worker_host, f"docker rm -f {name}")
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_workers, daemon=True)
+    killer.start()
+    try:
+        r = sparktop(lab, "launch", RECIPE, "-t", "cluster-mp", "--inventory", str(inventory), "--yes",
+                     "--timeout", "60")
+    finally:
+        stop_killing.set()
+        killer.join()
+    assert r.returncode != 0
+    assert "launch failed" in r.stdout
+    assert "removed" in r.stdout  # what was started was torn down
+    assert_nothing_left(lab)
+
+
+def test_dry_run_prints_the_plan_without_touching_the_nodes(lab):
+    inventory = lab.inventory()
+    r = sparktop(lab, "launch", RECIPE, "-t", "shuffle", "--inventory", str(inventory), "--dry-run")
+    assert r.returncode == 0
+    assert "routing_strategy: simple-shuffle" in r.stdout and "LITELLM_LOCAL_MODEL_COST_MAP=True" in r.stdout
+    assert_nothing_left(lab)
