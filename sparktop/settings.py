@@ -83,6 +83,7 @@ class Defaults:
     router_port: int = 4000
     ray_port: int = 6379
     master_port: int = 29501
+    container_env: dict = field(default_factory=dict)  # added to every container sparktop starts
 
 
 @dataclass
@@ -154,15 +155,72 @@ def _typed(value, kind, path, line, key):
     return value
 
 
+def sparkrun_default_cluster() -> Path | None:
+    """sparkrun's default cluster file (~/.config/sparkrun/clusters/<name>.yaml), if set."""
+    folder = Path.home() / ".config" / "sparkrun" / "clusters"
+    try:
+        name = (folder / ".default").read_text().strip()
+    except OSError:
+        return None
+    path = folder / f"{name}.yaml"
+    return path if name and path.exists() else None
+
+
+def load_eugr_env(path: Path) -> Inventory:
+    """eugr/spark-vllm-docker's .env: CLUSTER_NODES (first is the head),
+    LOCAL_IP, ETH_IF, IB_IF, and CONTAINER_* variables for the containers."""
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip().removeprefix("export ").strip()
+        values[key] = value.strip().strip("'\"")
+        lines[key] = number
+    nodes_raw = [n.strip() for n in values.get("CLUSTER_NODES", "").split(",") if n.strip()]
+    if not nodes_raw:
+        raise ConfigError(str(path), lines.get("CLUSTER_NODES"), "CLUSTER_NODES", "names no nodes")
+    ib = [i.strip() for i in values.get("IB_IF", "").split(",") if i.strip()]
+    local = values.get("LOCAL_IP")
+    nodes = [Node(name=ip, host="localhost" if ip == local else ip, fabric_ip=ip, eth_if=values.get("ETH_IF"),
+                  ib_if=list(ib)) for ip in nodes_raw]
+    defaults = Defaults()
+    defaults.container_env = {k.removeprefix("CONTAINER_"): v for k, v in values.items() if k.startswith("CONTAINER_")}
+    return Inventory(nodes=nodes, defaults=defaults, path=path)
+
+
+def load_sparkrun_cluster(doc: dict, path: Path) -> Inventory:
+    """A sparkrun cluster file: name, hosts (first is the head), user, cache_dir."""
+    hosts = doc.get("hosts")
+    if not isinstance(hosts, list) or not hosts:
+        raise ConfigError(str(path), line_of(doc, "hosts"), "hosts", "must be a non-empty list of hosts")
+    user = doc.get("user")
+    nodes = [Node(name=str(h), host=str(h), user=str(user) if user else None) for h in hosts]
+    defaults = Defaults()
+    if doc.get("cache_dir"):
+        defaults.hf_cache = str(doc["cache_dir"])
+    return Inventory(nodes=nodes, defaults=defaults, path=path)
+
+
 def load_inventory(path: str | Path | None = None) -> Inventory:
-    """Read cluster.yaml; with no file, this node only."""
+    """Read cluster.yaml (or a sparkrun cluster file, or eugr's .env); with no
+    file, sparkrun's default cluster if there is one, else this node only."""
     explicit = path is not None
-    path = Path(path) if path else inventory_path()
+    path = Path(path).expanduser() if path else inventory_path()
     if not path.exists():
         if explicit:
             raise ConfigError(str(path), None, None, "no such file")
+        sparkrun = sparkrun_default_cluster()
+        if sparkrun is not None:
+            return load_inventory(sparkrun)
         return local_inventory()
+    if path.name.endswith(".env") or "CLUSTER_NODES=" in path.read_text(errors="replace"):
+        return load_eugr_env(path)
     doc = load_file(path)
+    if isinstance(doc, dict) and "hosts" in doc and "nodes" not in doc:
+        return load_sparkrun_cluster(doc, path)
     if doc is None:
         return local_inventory()
     if not isinstance(doc, dict):
@@ -175,6 +233,11 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
         raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
     check_keys(raw_defaults, DEFAULT_KEYS, path, "defaults")
     for key, value in raw_defaults.items():
+        if key == "container_env":
+            if not isinstance(value, dict):
+                raise ConfigError(str(path), line_of(raw_defaults, key), "defaults.container_env", "must be a mapping")
+            defaults.container_env = {str(k): str(v) for k, v in value.items()}
+            continue
         kind = int if key.endswith("port") else str
         setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))
 

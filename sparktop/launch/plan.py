@@ -102,7 +102,9 @@ class Plan:
         for i, step in enumerate(self.steps, 1):
             lines.append(f"\n# {i}. {step.title}  [on {step.node}]")
             if step.stdin_secrets:
-                lines.append(f"#    standard input: {', '.join(n + '=<from your environment>' for n in step.stdin_secrets)}")
+                values = ", ".join(f"{n}=<generated at launch>" if n == "LITELLM_MASTER_KEY" else
+                                   f"{n}=<from your environment>" for n in step.stdin_secrets)
+                lines.append(f"#    standard input: {values}")
             elif step.stdin_text is not None:
                 lines.append("#    standard input:")
                 lines += [f"#      {line}" for line in step.stdin_text.splitlines()]

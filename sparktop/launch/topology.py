@@ -122,7 +122,7 @@ class Builder:
             argv += ["--env-file", env_file]
         elif gpu and self.secrets:
             argv += ["--env-file", self.secrets_file]
-        for key, value in env.items():
+        for key, value in {**self.inv.defaults.container_env, **env}.items():
             argv += ["-e", f"{key}={value}"]
         argv += ["--entrypoint", entrypoint, image or self.image, *args]
         self.containers.setdefault(node.name, []).append(name)
