@@ -1,7 +1,10 @@
-"""`sparktop status`: one snapshot of every node and engine, for people and scripts.
+"""`sparktop status`: one snapshot of every node and engine, and of what
+sparktop launched there, for people and scripts.
 
 Rates need two scrapes, so status watches for a couple of seconds (the
 same poller the monitor uses) and prints what it saw: a table, or JSON.
+Launches come from sparktop's state file, checked against the containers
+the nodes actually run (a launch whose containers are gone says so).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+import time
+
+from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.observe.poller import Poller
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
@@ -73,12 +79,48 @@ def engine_json(e: EngineSnapshot) -> dict:
     }
 
 
-def status_json(state: ClusterState) -> dict:
+def launch_health(record: LaunchRecord, state: ClusterState) -> str:
+    """running | partial (some containers gone) | gone | unknown (a node did not answer)."""
+    expected = running = 0
+    for node, names in record.containers.items():
+        snap = state.nodes.get(node)
+        if snap is None or snap.state == "down" or snap.docker_status not in (None, "ok"):
+            return "unknown"
+        live = {c.name for c in snap.containers if c.state == "running"}
+        expected += len(names)
+        running += sum(1 for name in names if name in live)
+    if expected and running == expected:
+        return "running"
+    return "partial" if running else "gone"
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
+    return {"id": record.id, "recipe": record.recipe, "topology": record.topology, "nodes": record.nodes,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(record.started)),
+            "uptime_s": round(now - record.started), "status": record.status,
+            "containers": launch_health(record, state),
+            "endpoints": [e["url"] for e in record.endpoints]}
+
+
+def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None) -> dict:
+    now = time.time()
     return {"nodes": [node_json(n) for n in state.ordered_nodes()],
-            "engines": [engine_json(e) for e in state.ordered_engines()]}
+            "engines": [engine_json(e) for e in state.ordered_engines()],
+            "launches": [launch_json(r, state, now) for r in launches or []]}
 
 
-def print_tables(state: ClusterState, console: Console) -> None:
+def print_tables(state: ClusterState, console: Console, launches: list[LaunchRecord] | None = None) -> None:
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "mem used / total", "avail", "gpu", "temp", "power", "cpu", "containers"):
         nodes.add_column(col)
@@ -110,15 +152,30 @@ def print_tables(state: ClusterState, console: Console) -> None:
             f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—",
         )
     console.print(engines)
+    if launches:
+        table = Table(title="launched by sparktop", title_justify="left")
+        for col in ("launch", "recipe", "topology", "nodes", "since", "state", "endpoints"):
+            table.add_column(col)
+        now = time.time()
+        for r in launches:
+            health = launch_health(r, state)
+            shown = r.status if health == "running" else f"{r.status}, containers {health}"
+            table.add_row(r.id, r.recipe, r.topology, ", ".join(r.nodes),
+                          time.strftime("%H:%M", time.localtime(r.started)) + f" ({ago(now - r.started)} ago)",
+                          shown, " ".join(e["url"] for e in r.endpoints))
+        console.print(table)
+        if any(launch_health(r, state) in ("gone", "partial") for r in launches):
+            console.print("[yellow]some launched containers are gone[/]: `sparktop stop ID` clears what is left")
 
 
 def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=1.0,
                     default_port=inventory.defaults.port)
     state = asyncio.run(collect(poller, seconds))
+    launches = LaunchState(inventory).active()
     if as_json:
-        json.dump(status_json(state), sys.stdout, indent=2)
+        json.dump(status_json(state, launches), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_tables(state, Console())
+        print_tables(state, Console(), launches)
     return 0

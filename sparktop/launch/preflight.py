@@ -186,7 +186,8 @@ async def check_node(node: Node, t: Transport, recipe: Recipe, image: str, util:
             checks.append(Check("fabric", name, "warn", "no eth_if in the inventory: NCCL and Gloo will pick an "
                                                         "interface themselves"))
         else:
-            r = await _run(t, ["cat", f"/sys/class/net/{node.eth_if}/operstate"])
+            iface = shlex.quote(node.eth_if)
+            r = await _run(t, f'cat "${{SPARKTOP_SYS_ROOT:-/sys}}"/class/net/{iface}/operstate')
             state = r.stdout.strip()
             if not r.ok:
                 checks.append(Check("fabric", name, "fail", f"interface {node.eth_if} does not exist here (check "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import shutil
+import site
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,15 +45,22 @@ class TwinNode:
     bin_dir: Path
 
     @property
+    def home(self) -> Path:
+        """The node user's HOME (each Spark has its own, with its own HF cache)."""
+        return self.host.home / "home"
+
+    @property
     def env(self) -> dict[str, str]:
-        return self.host.env(self.bin_dir)
+        self.home.mkdir(parents=True, exist_ok=True)
+        # A user-site install of sparktop stays importable under the node's HOME.
+        return {**self.host.env(self.bin_dir), "HOME": str(self.home), "PYTHONUSERBASE": site.getuserbase()}
 
     def transport(self) -> LocalTransport:
         return LocalTransport(self.name, env=self.env)
 
     def inventory_node(self) -> Node:
         return Node(name=self.name, host="localhost", fabric_ip=self.address, eth_if="enp1s0f1np1",
-                    ib_if=["rocep1s0f1", "roceP2p1s0f1"], env=self.env)
+                    ib_if=["rocep1s0f1", "roceP2p1s0f1"], env=self.env, bind=self.address)
 
 
 @dataclass
@@ -60,6 +68,7 @@ class TwinCluster:
     root: Path
     names: tuple[str, ...] = ("spark-a", "spark-b")
     speed: float = 1.0
+    startup_speed: float | None = None  # how much faster than a Spark engines start (None: the twin's default)
     images: list[str] = field(default_factory=lambda: [DEFAULT_IMAGE])
     nodes: list[TwinNode] = field(default_factory=list)
 
@@ -72,7 +81,8 @@ class TwinCluster:
         for i, name in enumerate(self.names):
             address = f"127.0.0.{i + 2}" if aliases else "127.0.0.1"
             host = TwinHost(self.root / name)
-            host.setup(name, speed=self.speed, images=list(self.images), address=address)
+            host.setup(name, speed=self.speed, images=list(self.images), address=address,
+                       startup_speed=self.startup_speed)
             self.nodes.append(TwinNode(name, address, host, bin_dir))
         return self
 

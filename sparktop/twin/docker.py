@@ -309,9 +309,14 @@ def cmd_rm(host: TwinHost, argv: list[str]) -> int:
                 continue
             _kill(c, signal.SIGKILL)
             _wait_gone(c)
+            host.release(_pgids(c))
         containers.path(c["name"]).unlink(missing_ok=True)
         print(ref)
     return code
+
+
+def _pgids(record: dict) -> set[int]:
+    return {int(p) for p in [record.get("pid") or 0, *record.get("execs", [])] if int(p) > 0}
 
 
 def _wait_gone(record: dict, timeout: float = 5.0) -> bool:
@@ -359,6 +364,7 @@ def cmd_stop(host: TwinHost, argv: list[str], sig: int = signal.SIGTERM) -> int:
                     current.update(state="exited", exit_code=137, finished=time.time())
                     containers.save(current)
             _kill({"execs": c.get("execs", [])}, signal.SIGKILL)
+            host.release(_pgids(c))
         print(ref)
     return code
 

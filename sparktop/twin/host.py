@@ -9,6 +9,8 @@ agree on lives there:
                        name, memory, utilisation, updated periodically
     containers/<name>.json  what `docker` started
     proc/meminfo       a GB10-like /proc/meminfo, rewritten when memory changes
+    sys/class/net/<if>/operstate  the network interfaces a Spark has (the
+                       ConnectX-7 fabric ports and lo), for preflight's check
     ray/               the Ray stand-in's head address and members
 
 Files are replaced atomically (write then rename) so readers never see half.
@@ -24,6 +26,10 @@ from pathlib import Path
 
 ENV_HOME = "SPARKTOP_TWIN_HOME"
 ENV_PROC_ROOT = "SPARKTOP_PROC_ROOT"
+ENV_SYS_ROOT = "SPARKTOP_SYS_ROOT"
+# A Spark's QSFP ports as `ip link` names them, plus loopback.
+INTERFACES = {"enp1s0f0np0": "up", "enp1s0f1np1": "up", "enP2p1s0f0np0": "down", "enP2p1s0f1np1": "up",
+              "lo": "unknown"}
 GB10_MEM_TOTAL_KB = 125_441_420  # `free -b` on a Spark: 128452014080 bytes
 GB10_SWAP_KB = 16_777_212
 BASE_USED_KB = 4_300_000  # OS, desktop and services on an idle Spark
@@ -82,6 +88,9 @@ class TwinHost:
               address: str = "127.0.0.1", startup_speed: float | None = None) -> None:
         for sub in ("procs", "containers", "proc", "ray", "logs", "hf-cache"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
+        for interface, state in INTERFACES.items():
+            if not (self.home / "sys/class/net" / interface).exists():
+                self.set_interface(interface, state)
         config = self.config
         config.update({"name": name, "speed": speed, "address": address})
         if startup_speed:
@@ -118,11 +127,21 @@ class TwinHost:
             images.append(image)
         write_json(self.home / "config.json", config)
 
+    def set_interface(self, interface: str, state: str) -> None:
+        """Bring a simulated interface up or down (`operstate`: up, down, unknown)."""
+        path = self.home / "sys/class/net" / interface / "operstate"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(state + "\n")
+
     # -- GPU processes --------------------------------------------------------
 
     def register(self, pid: int, name: str, used_mib: int, util: float = 0.0, cache_mib: int = 0) -> None:
+        try:
+            pgid = os.getpgid(pid)  # the container's process group: `docker rm` waits for it to go
+        except OSError:
+            pgid = None
         write_json(self.home / "procs" / f"{pid}.json", {
-            "pid": pid, "name": name, "used_mib": int(used_mib), "util": util,
+            "pid": pid, "pgid": pgid, "name": name, "used_mib": int(used_mib), "util": util,
             "cache_mib": int(cache_mib), "updated": time.time(),
         })
         self.write_meminfo()
@@ -143,19 +162,35 @@ class TwinHost:
         self.write_meminfo()
 
     def processes(self) -> list[GpuProcess]:
-        out = []
+        out, gone = [], False
         for path in sorted((self.home / "procs").glob("*.json")):
             data = read_json(path)
             if not data:
                 continue
             if not pid_alive(int(data["pid"])):
-                path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # killed without unregistering: its memory is free again
+                gone = True
                 continue
             # A process that stopped reporting is idle, not busy forever.
             util = data.get("util", 0.0) if time.time() - data.get("updated", 0) < 5 else 0.0
             out.append(GpuProcess(int(data["pid"]), data["name"], int(data["used_mib"]), util,
                                   int(data.get("cache_mib", 0))))
+        if gone:
+            self.write_meminfo()
         return out
+
+    def release(self, pgids: set[int], timeout: float = 5.0) -> None:
+        """After a kill: wait until the GPU processes of these process groups are
+        gone, then show their memory as free, as the kernel does at once."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            held = [path for path in (self.home / "procs").glob("*.json")
+                    if (read_json(path) or {}).get("pgid") in pgids and pid_alive(int(path.stem))]
+            if not held:
+                break
+            time.sleep(0.05)
+        self.processes()
+        self.write_meminfo()
 
     def used_mib(self, exclude_pid: int | None = None) -> int:
         return sum(p.used_mib for p in self.processes() if p.pid != exclude_pid)
@@ -196,4 +231,5 @@ class TwinHost:
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             ENV_HOME: str(self.home),
             ENV_PROC_ROOT: str(self.home / "proc"),
+            ENV_SYS_ROOT: str(self.home / "sys"),
         }

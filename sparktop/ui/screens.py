@@ -119,7 +119,8 @@ class DetailScreen(Screen):
         self._drawn_version = state.version
         self._drawn_size = self.size
         width = max(40, self.size.width - 2)
-        height = max(8, (self.size.height - 3) // 3)
+        # Charts are separated by one blank line; the status line and the footer take two rows.
+        height = max(8, (self.size.height - 2 - 2) // 3)
         parts: list[Text] = []
         if self.kind == "node":
             history = state.node_history.get(self.key)
@@ -141,7 +142,7 @@ class DetailScreen(Screen):
             snap = state.engines.get(self.key)
             title = f"{snap.model if snap else self.key} at {self.key}"
             if history:
-                height = max(6, (self.size.height - 3) // 4)
+                height = max(6, (self.size.height - 2 - 3) // 4)
                 parts.append(charts.line_chart(f"{title}: generation tokens/s",
                                                [("generation", *history.points("gen_tps"))], width, height, ymin=0))
                 parts.append(charts.line_chart("prompt tokens/s", [("prompt", *history.points("prompt_tps"))],
@@ -158,7 +159,9 @@ class DetailScreen(Screen):
                                                width, height, ymin=0))
         if not parts:
             parts.append(Text("No history yet.", style="dim"))
-        text = Text("\n").join(parts)
+        for part in parts:
+            part.rstrip()  # plotext ends with a newline; the separator below is the only gap
+        text = Text("\n\n").join(parts)
         self.query_one("#charts", Static).update(text)
 
     _drawn_size = None

@@ -5,7 +5,10 @@ Each host has its own sshd on its own loopback address (127.0.0.2 and
 HOME with the twin's `docker`, `vllm`, `ray` and `nvidia-smi` first on PATH
 (sshd's SetEnv). sparktop reaches them with its real SSHTransport through an
 ssh config and known_hosts written here, exactly as it reaches real Sparks.
-The router topologies use the real LiteLLM proxy, installed from PyPI.
+The router topologies use the real LiteLLM proxy, installed from PyPI into
+a virtual environment of its own (`.lab/`, made on first use): its
+`litellm[proxy]` pins rich<14, which Textual 8 cannot share, and on a Spark
+it runs in its own container anyway.
 """
 
 from __future__ import annotations
@@ -29,6 +32,35 @@ ADDRESSES = ("127.0.0.2", "127.0.0.3")
 NAMES = ("spark-a", "spark-b")
 IMAGE = Defaults().image
 ROUTER_IMAGE = Defaults().router_image
+LITELLM = "litellm[proxy]==1.106.2"
+LITELLM_VENV = Path(__file__).resolve().parents[2] / ".lab" / "litellm-1.106.2"
+
+
+def ensure_litellm() -> Path:
+    """The `litellm` executable of the lab's own LiteLLM install (made once)."""
+    exe, done = LITELLM_VENV / "bin" / "litellm", LITELLM_VENV / ".complete"
+    if done.exists():
+        return exe
+    shutil.rmtree(LITELLM_VENV, ignore_errors=True)  # a half-made one from an interrupted run
+    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    r = subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:]
+        raise RuntimeError(f"pip install {LITELLM} failed: {' '.join(last)}")
+    done.touch()
+    return exe
+    tmp = LITELLM_VENV.with_name(LITELLM_VENV.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
+    r = subprocess.run([str(tmp / "bin" / "pip"), "install", "-q", LITELLM], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pip install {LITELLM} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    # venv scripts carry absolute shebangs: build in place, then move the finished one.
+    shutil.rmtree(tmp)
+    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM], check=True, capture_output=True)
+    return exe
 
 
 def sshd_available() -> bool:
@@ -74,6 +106,7 @@ class Lab:
         self.ssh_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
         install(self.bin)
+        (self.bin / "litellm").symlink_to(ensure_litellm())  # only the proxy, not its Python, on PATH
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         venv_bin = str(Path(sys.executable).parent)
         known, config = [], []
@@ -99,7 +132,7 @@ class Lab:
                 "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
                 "AllowTcpForwarding yes\nX11Forwarding no\nPrintMotd no\nLogLevel ERROR\n"
                 f"SetEnv HOME={host.home} PATH={path} SPARKTOP_TWIN_HOME={twin.home} "
-                f"SPARKTOP_PROC_ROOT={twin.home / 'proc'}\n"
+                f"SPARKTOP_PROC_ROOT={twin.home / 'proc'} SPARKTOP_SYS_ROOT={twin.home / 'sys'}\n"
             )
             host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
                                          stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"))
@@ -131,7 +164,7 @@ class Lab:
         lines.append("nodes:")
         for host in self.hosts:
             lines += [f"  - name: {host.name}", f"    host: lab-{host.name}", f"    fabric_ip: {host.address}",
-                      f"    bind: {host.address}", "    eth_if: lo"]
+                      f"    bind: {host.address}", "    eth_if: enp1s0f1np1"]
         path = self.root / "cluster.yaml"
         path.write_text("\n".join(lines) + "\n")
         return path

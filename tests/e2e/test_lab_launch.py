@@ -71,12 +71,17 @@ def test_launch_use_watch_and_stop(lab, topology, api, engines):
         answer = chat(api, key)
         assert answer["usage"]["completion_tokens"] == 8
 
-        status = sparktop(lab, "status", "--inventory", str(inventory), "--json")
-        seen = {e["url"]: e for e in json.loads(status.stdout)["engines"]}
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        seen = {e["url"]: e for e in status["engines"]}
         for url, kind in engines.items():
             assert seen[url]["state"] == "ready", (url, seen[url])
             assert seen[url]["kind"] == kind and seen[url]["topology"] == topology
             assert seen[url]["model"] == "llama-3.1-8b"
+        [launch] = status["launches"]
+        assert (launch["recipe"], launch["topology"], launch["status"], launch["containers"]) == \
+            (RECIPE, topology, "ready", "running")
+        assert launch["nodes"] == (["spark-a"] if topology == "solo" else ["spark-a", "spark-b"])
+        assert 0 <= launch["uptime_s"] < 120
         if topology.startswith("cluster"):
             worker = "VLLM::Worker_TP1" if topology == "cluster-mp" else "ray::RayWorkerWrapper"
             assert lab.gpu_processes(lab.hosts[1]) == [worker]
@@ -129,4 +134,46 @@ def test_dry_run_prints_the_plan_without_touching_the_nodes(lab):
     r = sparktop(lab, "launch", RECIPE, "-t", "shuffle", "--inventory", str(inventory), "--dry-run")
     assert r.returncode == 0
     assert "routing_strategy: simple-shuffle" in r.stdout and "LITELLM_LOCAL_MODEL_COST_MAP=True" in r.stdout
+    assert_nothing_left(lab)
+
+
+def test_a_small_model_runs_next_to_a_big_one_and_each_stops_alone(lab):
+    """gpt-oss-120b at 0.65 on port 8000 and Nemotron Nano on 8002, on one node."""
+    inventory = lab.inventory()
+    lab.put_weights("openai/gpt-oss-120b")
+    lab.put_weights("nvidia/NVIDIA-Nemotron-Nano-9B-v2-NVFP4")
+    big = sparktop(lab, "launch", "gpt-oss-120b", "-t", "solo", "--inventory", str(inventory), "--yes",
+                   "--set", "gpu_memory_utilization=0.65", "--timeout", "120")
+    try:
+        assert big.returncode == 0, big.stdout + big.stderr
+        small = sparktop(lab, "launch", "nemotron-nano-9b-v2", "-t", "solo", "--inventory", str(inventory), "--yes",
+                         "--timeout", "120")
+        assert small.returncode == 0, small.stdout + small.stderr
+        # Preflight saw the first launch and let the second run beside it.
+        assert "already running: gpt-oss-120b-solo" in small.stdout
+        assert "[ok  ] spark-a    ports     8002 free" in small.stdout
+
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        engines = {e["url"]: e for e in status["engines"]}
+        assert engines["http://127.0.0.2:8000"]["model"] == "gpt-oss-120b"
+        assert engines["http://127.0.0.2:8002"]["model"] == "nemotron-nano-9b"
+        assert all(e["state"] == "ready" for e in engines.values())
+        launches = {l["recipe"]: l["id"] for l in status["launches"]}
+        assert set(launches) == {"gpt-oss-120b", "nemotron-nano-9b-v2"}
+        [node_a] = [n for n in status["nodes"] if n["name"] == "spark-a"]
+        assert node_a["memory_gib"]["available"] > 4  # both shares fit with room left
+
+        # Stopping with two launches running needs a name (or --all).
+        ambiguous = sparktop(lab, "stop", "--inventory", str(inventory))
+        assert ambiguous.returncode != 0 and "2 launches are running" in ambiguous.stderr
+        stopped = sparktop(lab, "stop", launches["nemotron-nano-9b-v2"], "--inventory", str(inventory))
+        assert stopped.returncode == 0, stopped.stderr
+        assert lab.containers(lab.hosts[0]) == [f"sparktop-{launches['gpt-oss-120b']}-vllm"]
+        r = httpx.post("http://127.0.0.2:8000/v1/chat/completions", timeout=60, json={
+            "model": "gpt-oss-120b", "messages": [{"role": "user", "content": "still here?"}], "max_tokens": 4})
+        assert r.status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            httpx.get("http://127.0.0.2:8002/health", timeout=5)
+    finally:
+        sparktop(lab, "stop", "--inventory", str(inventory), "--all")
     assert_nothing_left(lab)

@@ -66,6 +66,10 @@ async def test_docker_runs_lists_logs_and_removes_a_vllm_container(cluster):
     assert (await sh(b, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")).stdout == ""
 
     assert (await sh(a, "docker", "rm", "-f", "engine-1")).ok
+    # The memory is free the moment `docker rm` returns, as on a real node.
+    meminfo = (a.host.home / "proc" / "meminfo").read_text()
+    available_kb = int(next(l for l in meminfo.splitlines() if l.startswith("MemAvailable")).split()[1])
+    assert available_kb > 110 * 1024 * 1024
     assert (await sh(a, "docker", "ps", "-aq")).stdout == ""
     assert (await sh(a, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")).stdout == ""
     with pytest.raises(httpx.HTTPError):
