@@ -44,7 +44,7 @@ def _inventory(args):
 def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
-    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record)
+    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes)
 
 
 def cmd_status(args) -> int:
@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     monitor = add("monitor", "watch nodes and engines live (the default)", cmd_monitor)
     watch_options(monitor)
     monitor.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
+    monitor.add_argument("--recipes", action="append", metavar="DIR", help="also offer recipes from DIR in the "
+                         "launcher (l)")
     demo = add("demo", "start a two-node twin cluster on this machine and watch it", cmd_demo)
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")

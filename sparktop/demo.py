@@ -15,8 +15,8 @@ import signal
 import subprocess
 import sys
 
-from sparktop.settings import state_dir
-from sparktop.twin.cluster import TwinCluster, wait_ready
+from sparktop.settings import Defaults, state_dir
+from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
 
 
 def demo_root():
@@ -25,7 +25,10 @@ def demo_root():
 
 async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: float = 30.0,
                              wait: bool = True) -> tuple[TwinCluster, list[str]]:
-    cluster = TwinCluster(demo_root(), speed=speed).setup()
+    # The images the inventory's recipes use are "pulled" too, so the launcher works in the demo.
+    defaults = Defaults()
+    cluster = TwinCluster(demo_root(), speed=speed, startup_speed=startup_speed,
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image]).setup()
     await cluster.stop_all()
     urls = await cluster.run_solo(model=model, startup_speed=startup_speed)
     if wait:

@@ -26,7 +26,6 @@ from sparktop.launch.executor import (
     StepDone,
     StepStarted,
     TornDown,
-    teardown,
 )
 from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, discover, find_recipe
@@ -147,37 +146,23 @@ def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] |
 
 
 async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, console: Console) -> int:
+    from sparktop.launch.session import running_launch_ids, stop_launches
+
     state = LaunchState(inventory)
-    names = [n.name for n in inventory.nodes]
-    transports = transports_for(inventory, names)
+    transports = transports_for(inventory, [n.name for n in inventory.nodes])
     try:
         if launch_id:
-            record = state.get(launch_id)
             ids = [launch_id]
-            if record is None:
+            if state.get(launch_id) is None:
                 console.print(f"{launch_id} is not in sparktop's state; removing containers labelled with it")
         else:
-            ids = [r.id for r in state.active()]
-            # Containers whose record was lost are found by their label.
-            found = await asyncio.gather(*(t.run(["docker", "ps", "-a", "--filter", "label=sparktop.launch",
-                                                  "--format", '{{.Label "sparktop.launch"}}'], timeout=30)
-                                           for t in transports.values()), return_exceptions=True)
-            for result in found:
-                if not isinstance(result, Exception):
-                    ids += [line.strip() for line in result.stdout.splitlines() if line.strip()]
-            ids = list(dict.fromkeys(ids))
+            ids = await running_launch_ids(state, transports)
             if not ids:
                 console.print("Nothing of sparktop's is running.")
                 return 0
             if len(ids) > 1 and not everything:
                 raise SparktopError(f"{len(ids)} launches are running ({', '.join(ids)}): name one, or use --all")
-        total = 0
-        for lid in ids:
-            record = state.get(lid)
-            removed = await teardown(lid, names, transports, record.state_dir if record else None)
-            total += removed
-            state.update(lid, status="stopped")
-            state.drop_key(lid)
+        for lid, removed in (await stop_launches(state, ids, transports)).items():
             console.print(f"stopped {lid}: removed {removed} container(s)")
         return 0
     finally:

@@ -107,18 +107,27 @@ class EngineProbe:
         async with self.client.get(self.base + path, timeout=timeout, headers=headers) as r:
             return Response(r.status, await r.text())
 
-    async def _forward(self) -> bool:
-        """Switch to an SSH forward to the same port on the node."""
+    async def _forward(self, path: str) -> Response | None:
+        """Read `path` through an SSH forward to the engine's port on its node:
+        first to the address in its URL (what the node itself uses when vLLM
+        binds one address), then to the node's 127.0.0.1 (vLLM bound to all)."""
         if self.transport is None or self._forwarded:
-            return False
+            return None
         parts = urlsplit(self.url)
-        try:
-            local = await self.transport.forward(parts.port or 80, "127.0.0.1")
-        except TransportError:
-            return False
-        self._base = f"http://127.0.0.1:{local}"
-        self._forwarded = True
-        return True
+        for host in dict.fromkeys([parts.hostname or "127.0.0.1", "127.0.0.1"]):
+            try:
+                local = await self.transport.forward(parts.port or 80, host)
+            except TransportError:
+                return None
+            self._base = f"http://127.0.0.1:{local}"
+            try:
+                response = await self._get(path)
+            except CLIENT_ERRORS:
+                continue
+            self._forwarded = True
+            return response
+        self._base = None
+        return None
 
     async def poll(self) -> EngineSnapshot:
         started = time.monotonic()
@@ -127,19 +136,17 @@ class EngineProbe:
             response = await self._get(path)
         except CLIENT_ERRORS as exc:
             reason, bound = describe(exc)
-            if self._forwarded and not bound:
-                # The forward died with its SSH connection: try afresh next time.
+            if self._forwarded:
+                # Through a forward the local end always accepts, so any error
+                # means the engine (or the SSH connection) is gone: start afresh
+                # next time, directly first.
                 self._forwarded = False
                 self._base = None
                 raise EngineUnreachable(reason, bound) from None
-            if not bound and await self._forward():
-                try:
-                    response = await self._get(path)
-                except CLIENT_ERRORS as exc2:
-                    reason, bound = describe(exc2)
-                    raise EngineUnreachable(reason, bound) from None
-            else:
+            forwarded = None if bound else await self._forward(path)
+            if forwarded is None:
                 raise EngineUnreachable(reason, bound) from None
+            response = forwarded
         if response.status != 200:
             raise EngineUnreachable(f"{path} answered HTTP {response.status}", bound=True)
         now = time.time()

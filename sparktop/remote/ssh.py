@@ -21,7 +21,7 @@ import asyncssh
 
 from sparktop.remote.base import Command, CommandResult, CommandTimeout, HostKeyError, TransportError, as_shell
 
-DEFAULT_CONFIG = Path("~/.ssh/config").expanduser()
+DEFAULT_CONFIG = "~/.ssh/config"  # expanded when a transport is made, so HOME is read then
 
 # Errors that mean the connection itself is gone (not that a command failed).
 _CONNECTION_ERRORS = (
@@ -70,7 +70,8 @@ class SSHTransport:
         self._user = user
         self._port = port
         if config is None:
-            config = [DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []
+            default = Path(DEFAULT_CONFIG).expanduser()
+            config = [default] if default.exists() else []
         self._config = [str(Path(p).expanduser()) for p in config]
         self._known_hosts = known_hosts
         self._client_keys = [str(Path(k).expanduser()) for k in client_keys] if client_keys else None

@@ -273,6 +273,10 @@ def _supervise(home: str, name: str) -> int:
             containers.path(name).unlink(missing_ok=True)
         else:
             containers.save(current)
+    # When a container's main process ends, everything else in it dies with
+    # it (Ray daemons, engine cores), as in a real container's PID namespace.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
     return code
 
 
@@ -319,11 +323,23 @@ def _pgids(record: dict) -> set[int]:
     return {int(p) for p in [record.get("pid") or 0, *record.get("execs", [])] if int(p) > 0}
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _wait_gone(record: dict, timeout: float = 5.0) -> bool:
+    """Until the container's main process and, like Docker, every process it
+    started (its process group: Ray daemons, engine cores) are gone."""
     deadline = time.time() + timeout
     pid = int(record.get("pid") or 0)
     while time.time() < deadline:
-        if pid <= 0 or not pid_alive(pid):
+        if pid <= 0 or (not pid_alive(pid) and not _group_alive(pid)):
             return True
         time.sleep(0.05)
     return False

@@ -34,15 +34,24 @@ class SparktopApp(App):
         Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
         Binding("right_square_bracket", "seek(10)", "+10s", show=False),
         Binding("l", "launch", "Launch"),
+        Binding("x", "stop", "Stop"),
         Binding("s", "sweep", "Sweep"),
     ]
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
-                 repaint: float = 1.0):
+                 repaint: float = 1.0, inventory=None, recipe_dirs: list[str] | None = None,
+                 launch_timeout: float | None = None):
         """`source` yields events; or `start_source`, an async callable that
         makes one, is called once the first frame is on screen (so heavy
-        imports and connections never delay it)."""
+        imports and connections never delay it). With an `inventory` the
+        app can launch and stop recipes on its nodes."""
         super().__init__()
+        self.inventory = inventory
+        self.recipe_dirs = recipe_dirs
+        self.launch_timeout = launch_timeout
+        self._launcher = None
+        self._notified: set[int] = set()  # runs whose end was announced
+        self._looked_at: set[int] = set()  # runs whose end the user saw on their progress screen
         self.source = source
         self._start_source = start_source
         self.recorder = recorder
@@ -78,6 +87,7 @@ class SparktopApp(App):
         if not force and self.state.version == self._painted_version and not isinstance(screen, DetailScreen):
             return
         self._painted_version = self.state.version
+        self._notice_launch()
         screen.refresh_state(self.state, self.status_text())
         if self.first_frame_at is None:
             self.first_frame_at = time.monotonic()
@@ -103,6 +113,12 @@ class SparktopApp(App):
                 text.append(f" · recording to {self.recorder.path.name}", style="red")
         if self.source.paused:
             text.append("  PAUSED ", style="bold black on yellow")
+        run = self._launcher.run if self._launcher else None
+        if run is not None and run.status == "running":
+            text.append(f" · launching {run.plan.recipe_id} ({run.current_stage or 'starting'}, "
+                        f"{run.elapsed:.0f}s)", style="bold yellow")
+        elif run is not None and run.status in ("failed", "cancelled") and id(run) not in self._looked_at:
+            text.append(f" · launch {run.status} (l shows why)", style="bold red")
         if self.label:
             text.append(f" · {self.label}", style="dim")
         return text
@@ -150,9 +166,76 @@ class SparktopApp(App):
         if self.replay:
             self.source.seek(float(seconds))
 
+    # -- launching and stopping ----------------------------------------------------
+
+    @property
+    def launcher(self):
+        if self._launcher is None and self.inventory is not None:
+            from sparktop.launch.executor import DEFAULT_TIMEOUT
+            from sparktop.launch.session import Launcher
+
+            self._launcher = Launcher(self.inventory, self.recipe_dirs, self.launch_timeout or DEFAULT_TIMEOUT)
+        return self._launcher
+
     def action_launch(self) -> None:
-        self.notify("The launcher comes with the launch issue (#4); use `sparktop launch` when it lands.",
-                    title="Launch", severity="warning")
+        if self.replay or self.launcher is None:
+            self.notify("Launching needs live nodes: not in a replay.", title="Launch", severity="warning")
+            return
+        from sparktop.ui.launcher import LaunchScreen, ProgressScreen
+
+        run = self.launcher.run
+        if run is not None and (run.status == "running" or id(run) not in self._looked_at):
+            # A launch under way, or one whose end was not looked at yet, shows its progress first.
+            self.push_screen(ProgressScreen(self.launcher, run))
+            return
+        self.push_screen(LaunchScreen(self.launcher))
+
+    def action_stop(self) -> None:
+        if self.replay or self.launcher is None:
+            self.notify("Stopping needs live nodes: not in a replay.", title="Stop", severity="warning")
+            return
+        from sparktop.ui.launcher import StopScreen
+
+        self.push_screen(StopScreen(self.launcher))
+
+    def stop_launches(self, launch_ids: list[str]) -> None:
+        self.notify(f"stopping {', '.join(launch_ids)}…", title="Stop")
+        self.run_worker(self._stop(launch_ids), group="stop", name="stop")
+
+    async def _stop(self, launch_ids: list[str]) -> None:
+        try:
+            removed = await self.launcher.stop(launch_ids)
+        except Exception as exc:  # a node that cannot be reached is reported, not raised
+            self.notify(f"{type(exc).__name__}: {exc}", title="stop failed", severity="error", timeout=10)
+            return
+        for lid, count in removed.items():
+            self.notify(f"stopped {lid}: removed {count} container(s)", title="Stop")
+
+    def _notice_launch(self) -> None:
+        """Say so once when a launch becomes ready or fails, wherever the user is."""
+        run = self._launcher.run if self._launcher else None
+        if run is None or run.status == "running" or id(run) in self._notified:
+            return
+        from sparktop.ui.launcher import ProgressScreen
+
+        self._notified.add(id(run))
+        if isinstance(self.screen, ProgressScreen):
+            return  # the user is watching it
+        if run.status == "ready":
+            self.notify(f"{run.plan.recipe_id} is ready ({run.plan.topology}, {run.seconds:.0f}s)",
+                        title="Launch")
+            self._looked_at.add(id(run))  # nothing more to see
+        else:
+            self.notify(f"{run.plan.recipe_id}: {run.reason}", title=f"launch {run.status}", severity="error",
+                        timeout=15)
+
+    def looked_at(self, run) -> None:
+        if run.status != "running":
+            self._looked_at.add(id(run))
+
+    async def on_unmount(self) -> None:
+        if self._launcher is not None:
+            await self._launcher.close()
 
     def action_sweep(self) -> None:
         self.notify("The sweep screen comes with the sweep issue (#5).", title="Sweep", severity="warning")

@@ -10,7 +10,8 @@ from sparktop.ui.app import SparktopApp
 
 
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
-                      record: str | None = None, label: str = "", poller=None) -> int:
+                      record: str | None = None, label: str = "", poller=None,
+                      recipe_dirs: list[str] | None = None) -> int:
     started = []
 
     async def start_source():
@@ -29,7 +30,8 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
         from sparktop.observe.record import Recorder
 
         recorder = Recorder(record, interval)
-    app = SparktopApp(start_source=start_source, recorder=recorder, label=label)
+    app = SparktopApp(start_source=start_source, recorder=recorder, label=label, inventory=inventory,
+                      recipe_dirs=recipe_dirs)
     _exit_on_signals(app)
     try:
         await app.run_async()
@@ -62,8 +64,9 @@ def _exit_on_signals(app: SparktopApp) -> None:
             pass
 
 
-def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None) -> int:
-    return asyncio.run(run_monitor(inventory, engines, interval, record))
+def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
+                 recipe_dirs: list[str] | None = None) -> int:
+    return asyncio.run(run_monitor(inventory, engines, interval, record, recipe_dirs=recipe_dirs))
 
 
 def main_replay(path: str, speed: float) -> int:

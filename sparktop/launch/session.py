@@ -1,0 +1,289 @@
+"""What the app's launcher drives: recipes, plans, preflight, one launch
+at a time, and stopping — plain async Python, no UI.
+
+`Launcher` holds the inventory, the recipes and one transport per node
+(opened on first use, closed by `close()`). `LaunchRun` follows one launch:
+it applies the executor's events to a small state (each step's progress,
+each container's startup stage, a log tail) that a screen can draw from at
+any time, and it keeps running when nobody is looking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shlex
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sparktop.errors import SparktopError
+from sparktop.launch.executor import (
+    DEFAULT_TIMEOUT,
+    Executor,
+    Failed,
+    LaunchFailed,
+    LogLine,
+    Ready,
+    Stage,
+    StepDone,
+    StepStarted,
+    TornDown,
+    teardown,
+)
+from sparktop.launch.plan import Plan
+from sparktop.launch.preflight import Preflight, run_preflight
+from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map, discover
+from sparktop.launch.state import LaunchRecord, LaunchState
+from sparktop.launch.topology import launch_id, make_plan
+from sparktop.remote import Transport, TransportError, transport_for
+from sparktop.settings import Inventory
+
+# The overrides the launcher offers, as the form names them.
+OVERRIDE_FLAGS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs")
+
+
+@dataclass
+class LaunchRequest:
+    """What the user chose: a recipe, a topology, where, and what to change."""
+
+    recipe: Recipe
+    topology: str
+    nodes: list[str] | None = None  # None: the inventory's nodes (the first is the head)
+    port: int | None = None
+    overrides: dict = field(default_factory=dict)  # vLLM flag -> value
+    extra_args: list[str] = field(default_factory=list)
+    launch_id: str | None = None
+
+
+def parse_overrides(values: dict[str, str]) -> dict:
+    """Form text -> vLLM overrides, validated like a recipe's `vllm:` mapping.
+    Empty fields keep the recipe's value."""
+    import yaml
+
+    raw = {}
+    for key, text in values.items():
+        text = text.strip()
+        if not text:
+            continue
+        try:
+            raw[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise SparktopError(f"{key}: {text!r} is not a value") from None
+    out = _vllm_map(raw, "override", {}, None, "override")
+    util = out.get("gpu_memory_utilization")
+    if util is not None and (not isinstance(util, (int, float)) or not 0 < float(util) <= 1):
+        raise SparktopError(f"gpu_memory_utilization must be between 0 and 1, got {util!r}")
+    for key in ("max_model_len", "max_num_seqs"):
+        value = out.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SparktopError(f"{key} must be a whole number above 0, got {value!r}")
+    return out
+
+
+def parse_port(text: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise SparktopError(f"port must be a number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def parse_extra_args(text: str) -> list[str]:
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:
+        raise SparktopError(f"extra args: {exc}") from None
+    for arg in args:
+        if arg.startswith("--") and arg[2:].split("=")[0] in RESERVED_FLAGS:
+            raise SparktopError(f"extra args: {arg} is set by sparktop from the topology")
+    return args
+
+
+@dataclass
+class StepProgress:
+    title: str
+    node: str
+    status: str = "pending"  # pending | running | done | failed
+    seconds: float | None = None
+
+
+@dataclass
+class LaunchRun:
+    """One launch as it happens, built from the executor's events."""
+
+    plan: Plan
+    steps: list[StepProgress]
+    started: float = field(default_factory=time.monotonic)
+    status: str = "running"  # running | ready | failed | cancelled
+    reason: str | None = None
+    lines: list[str] = field(default_factory=list)  # the log lines that say why it failed
+    stages: dict[str, str] = field(default_factory=dict)  # container -> startup stage
+    stage_nodes: dict[str, str] = field(default_factory=dict)  # container -> node
+    log: deque = field(default_factory=lambda: deque(maxlen=500))  # (node, container, line)
+    log_total: int = 0  # lines ever logged (a screen appends the ones it has not shown)
+    removed: int | None = None
+    seconds: float | None = None
+    version: int = 0
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> "LaunchRun":
+        return cls(plan, [StepProgress(s.title, s.node) for s in plan.steps])
+
+    @property
+    def elapsed(self) -> float:
+        return self.seconds if self.seconds is not None else time.monotonic() - self.started
+
+    @property
+    def current_stage(self) -> str | None:
+        """The head engine's stage (what a user waits on), else any."""
+        for endpoint in self.plan.endpoints:
+            if endpoint.container in self.stages:
+                return self.stages[endpoint.container]
+        return next(reversed(self.stages.values()), None) if self.stages else None
+
+    def apply(self, event) -> None:
+        self.version += 1
+        if isinstance(event, StepStarted):
+            self.steps[event.index].status = "running"
+        elif isinstance(event, StepDone):
+            self.steps[event.index].status = "done"
+            self.steps[event.index].seconds = event.seconds
+        elif isinstance(event, Stage):
+            self.stages[event.container] = event.stage
+            self.stage_nodes[event.container] = event.node
+        elif isinstance(event, LogLine):
+            self.log.append((event.node, event.container, event.line))
+            self.log_total += 1
+        elif isinstance(event, Failed):
+            self.status, self.reason, self.lines = "failed", event.reason, list(event.lines)
+            for step in self.steps:
+                if step.status == "running":
+                    step.status = "failed"
+            self.seconds = time.monotonic() - self.started
+        elif isinstance(event, TornDown):
+            self.removed = event.removed
+        elif isinstance(event, Ready):
+            self.status = "ready"
+            self.seconds = event.seconds
+
+
+class Launcher:
+    def __init__(self, inventory: Inventory, recipe_dirs: list[str] | None = None, timeout: float = DEFAULT_TIMEOUT):
+        self.inventory = inventory
+        self.recipe_dirs = recipe_dirs
+        self.timeout = timeout
+        self.state = LaunchState(inventory)
+        self._transports: dict[str, Transport] = {}
+        self.run: LaunchRun | None = None
+        self._task: asyncio.Task | None = None
+
+    # -- choosing --------------------------------------------------------------
+
+    def recipes(self) -> tuple[dict[str, Recipe], list[str]]:
+        return discover(self.recipe_dirs)
+
+    def topologies(self, recipe: Recipe) -> list[str]:
+        return recipe.allowed_topologies(len(self.inventory.nodes))
+
+    def plan(self, request: LaunchRequest) -> Plan:
+        recipe = request.recipe
+        if request.extra_args:
+            recipe = dataclasses.replace(recipe, extra_args=[*recipe.extra_args, *request.extra_args])
+        nodes = request.nodes or [n.name for n in self.inventory.nodes]
+        if request.launch_id is None:
+            port = request.port or recipe.port or self.inventory.defaults.port
+            request.launch_id = launch_id(recipe, request.topology, nodes, port)
+        return make_plan(recipe, request.topology, self.inventory, request.nodes, request.overrides,
+                         request.port, lid=request.launch_id)
+
+    def transports(self, names: list[str]) -> dict[str, Transport]:
+        for name in names:
+            if name not in self._transports:
+                self._transports[name] = transport_for(self.inventory.node(name))
+        return {name: self._transports[name] for name in names}
+
+    async def preflight(self, plan: Plan, recipe: Recipe) -> Preflight:
+        return await run_preflight(plan, recipe, self.inventory, self.transports(plan.nodes))
+
+    # -- launching -------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self, plan: Plan) -> LaunchRun:
+        """Start the launch in the background; follow it through `self.run`."""
+        if self.busy:
+            raise SparktopError(f"{self.run.plan.launch_id} is still launching")
+        self.run = run = LaunchRun.for_plan(plan)
+        executor = Executor(plan, self.transports(plan.nodes), self.state, timeout=self.timeout)
+
+        async def go():
+            try:
+                async for event in executor.run():
+                    run.apply(event)
+            except LaunchFailed:
+                pass  # already in the run as a Failed event
+            except asyncio.CancelledError:
+                run.status, run.reason = "cancelled", "cancelled"
+                raise
+            except Exception as exc:  # a launch must never take the app down
+                run.status, run.reason = "failed", f"{type(exc).__name__}: {exc}"
+                await executor.teardown()
+
+        self._task = asyncio.create_task(go())
+        return run
+
+    async def wait(self) -> LaunchRun | None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        return self.run
+
+    # -- stopping --------------------------------------------------------------
+
+    def active(self) -> list[LaunchRecord]:
+        return self.state.active()
+
+    async def stop(self, launch_ids: list[str]) -> dict[str, int]:
+        """Tear down each launch on every node of the inventory; removed containers per launch."""
+        if self.busy and self.run.plan.launch_id in launch_ids:
+            self._task.cancel()  # the executor tears down what it started
+            await asyncio.gather(self._task, return_exceptions=True)
+        names = [n.name for n in self.inventory.nodes]
+        return await stop_launches(self.state, launch_ids, self.transports(names))
+
+    async def close(self) -> None:
+        if self.busy:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for transport in self._transports.values():
+            try:
+                await transport.close()
+            except TransportError:
+                pass
+        self._transports.clear()
+
+
+async def stop_launches(state: LaunchState, launch_ids: list[str], transports: dict[str, Transport]) -> dict[str, int]:
+    removed: dict[str, int] = {}
+    names = list(transports)
+    for lid in launch_ids:
+        record = state.get(lid)
+        removed[lid] = await teardown(lid, names, transports, record.state_dir if record else None)
+        state.update(lid, status="stopped")
+        state.drop_key(lid)
+    return removed
+
+
+async def running_launch_ids(state: LaunchState, transports: dict[str, Transport]) -> list[str]:
+    """Launches in the state file plus any whose containers (by label) outlived their record."""
+    ids = [r.id for r in state.active()]
+    found = await asyncio.gather(*(t.run(["docker", "ps", "-a", "--filter", "label=sparktop.launch",
+                                          "--format", '{{.Label "sparktop.launch"}}'], timeout=30)
+                                   for t in transports.values()), return_exceptions=True)
+    for result in found:
+        if not isinstance(result, BaseException):
+            ids += [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    return list(dict.fromkeys(ids))

@@ -1,0 +1,118 @@
+"""Every topology launched and stopped from the app, in the lab.
+
+The app runs in this process with the lab's client HOME (its ssh config
+and known_hosts), reaching the two test hosts over real OpenSSH; the
+router topologies start the real LiteLLM proxy. Pilot presses the keys a
+user would: `l`, the recipe, the topology from its drop-down, Enter; then
+`x`, Enter, `y`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.widgets import DataTable, Select
+
+from sparktop.observe.poller import Poller
+from sparktop.observe.targets import node_targets
+from sparktop.settings import load_inventory
+from sparktop.ui.app import SparktopApp
+from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
+from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+TOPOLOGIES = ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
+
+
+async def until(pilot, predicate, timeout: float = 60.0, step: float = 0.25) -> None:
+    waited = 0.0
+    while not predicate():
+        if waited >= timeout:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(step)
+        waited += step
+
+
+@pytest.fixture
+def lab_home(lab, monkeypatch):
+    env = lab.env()
+    for key in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(key, env[key])
+    return lab
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
+    lab = lab_home
+    inventory = load_inventory(lab.inventory())
+    lab.put_weights(MODEL)
+    poller = Poller(node_targets(inventory), [], interval=0.5, default_port=inventory.defaults.port)
+
+    async def start():
+        await poller.start()
+        return poller
+
+    app = SparktopApp(start_source=start, inventory=inventory, launch_timeout=120)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda: len(app.state.nodes) == 2 and
+                        all(n.state == "ok" for n in app.state.nodes.values()))
+            await pilot.press("l")
+            await until(pilot, lambda: isinstance(app.screen, LaunchScreen))
+            screen = app.screen
+            table = screen.query_one("#recipes", DataTable)
+            rows = [row.key.value for row in table.ordered_rows]
+            for _ in range(rows.index(RECIPE)):
+                await pilot.press("down")
+            await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == RECIPE)
+
+            # The topology, from its drop-down, by keyboard.
+            select = screen.query_one("#topology", Select)
+            offered = [value for _, value in select._options if value is not Select.NULL]
+            assert offered == ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
+            await pilot.press("tab")
+            assert app.focused is select
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            for _ in range(offered.index(topology)):
+                await pilot.press("down")
+            await pilot.press("enter")
+            await until(pilot, lambda: select.value == topology and screen.plan is not None
+                        and screen.plan.topology == topology
+                        and screen.preflight_for == screen.plan.render(), timeout=30)
+            assert screen.preflight.ok, screen.preflight.render()
+
+            assert app.focused is table  # a choice made, the list has the focus: Enter launches
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ProgressScreen))
+            run = app.screen.run
+            await until(pilot, lambda: run.status != "running", timeout=120)
+            assert run.status == "ready", (run.reason, run.lines)
+            assert all(step.status == "done" for step in run.steps)
+
+            api = run.plan.endpoints[-1]
+            key = app.launcher.state.key(run.plan.launch_id) if api.api_key_env else None
+            answer = await asyncio.to_thread(chat, api.url, key)
+            assert answer["usage"]["completion_tokens"] == 8
+
+            await pilot.press("escape")
+            urls = {e.url for e in run.plan.endpoints}
+            try:
+                await until(pilot, lambda: urls <= set(app.state.engines) and
+                            all(app.state.engines[u].state == "ready" for u in urls))
+            except AssertionError:
+                raise AssertionError({u: (e.state, e.reason, e.topology) for u, e in app.state.engines.items()})
+            assert {app.state.engines[u].topology for u in urls} == {topology}
+
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, StopScreen))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStop))
+            await pilot.press("y")
+            await until(pilot, lambda: app.launcher.active() == [], timeout=60)
+            await until(pilot, lambda: not (urls & set(app.state.engines)), timeout=30)
+    finally:
+        await poller.close()
+    assert_nothing_left(lab)
