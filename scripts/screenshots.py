@@ -1,6 +1,6 @@
 """Regenerate the pictures in screenshots/ from the real app on a twin cluster.
 
-    python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view
+    python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view, launcher
     python scripts/screenshots.py --record tests/fixtures/recording.jsonl
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from sparktop.observe.poller import NodeTarget, Poller  # noqa: E402
 from sparktop.observe.record import Recorder  # noqa: E402
-from sparktop.twin.cluster import TwinCluster  # noqa: E402
+from sparktop.settings import Defaults  # noqa: E402
+from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster  # noqa: E402
 from sparktop.ui.app import SparktopApp  # noqa: E402
 from sparktop.ui.cards import EngineCard  # noqa: E402
 
@@ -77,10 +78,63 @@ async def shoot(app: SparktopApp, size: tuple[int, int], name: str, keys: list[s
         print("wrote", path.relative_to(ROOT), "and .png")
 
 
+def save(app: SparktopApp, name: str) -> None:
+    path = OUT / f"{name}.svg"
+    app.save_screenshot(str(path))
+    png(path)
+    print("wrote", path.relative_to(ROOT), "and .png")
+
+
+async def shoot_launcher(cluster: TwinCluster, reuse) -> None:
+    """A small model launched next to the big one: the launcher, its progress, the monitor after."""
+    from textual.widgets import DataTable
+
+    from sparktop.ui.launcher import LaunchScreen, ProgressScreen
+
+    recipe, model = "nemotron-nano-9b-v2", "nvidia/NVIDIA-Nemotron-Nano-9B-v2-NVFP4"
+    for node in cluster.nodes:
+        (node.home / ".cache/huggingface/hub" / ("models--" + model.replace("/", "--")) / "snapshots/x").mkdir(
+            parents=True, exist_ok=True)
+    app = reuse()
+    app.inventory = cluster.inventory()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(1.0)
+        await pilot.press("l")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, LaunchScreen)
+        rows = [row.key.value for row in screen.query_one("#recipes", DataTable).ordered_rows]
+        for _ in range(rows.index(recipe)):
+            await pilot.press("down")
+        for _ in range(50):
+            await pilot.pause(0.2)
+            if screen.plan is not None and screen.preflight_for == screen.plan.render():
+                break
+        save(app, "launcher-160x48")
+        await pilot.press("enter")
+        for _ in range(100):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, ProgressScreen) and app.screen.run.stages:
+                break
+        await pilot.pause(2.5)
+        save(app, "launch-progress-160x48")
+        run = app.screen.run
+        for _ in range(200):
+            await pilot.pause(0.2)
+            if run.status != "running":
+                break
+        await pilot.press("escape")
+        await pilot.pause(6.0)
+        save(app, "monitor-after-launch-160x48")
+        await app.launcher.stop([run.plan.launch_id])
+
+
 async def main(args) -> None:
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = TwinCluster(Path(tmp) / "demo").setup()
+        defaults = Defaults()
+        cluster = TwinCluster(Path(tmp) / "demo", startup_speed=20,
+                              images=[DEFAULT_IMAGE, defaults.image, defaults.router_image]).setup()
         urls = await cluster.run_solo(model=args.model, startup_speed=60)
         load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "2", "--max", "8",
                                  "--period", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -113,6 +167,7 @@ async def main(args) -> None:
                 app.save_screenshot(str(path))
                 png(path)
                 print("wrote", path.relative_to(ROOT), "and .png")
+            await shoot_launcher(cluster, reuse)
         finally:
             if recorder:
                 recorder.close()

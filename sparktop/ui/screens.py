@@ -176,7 +176,9 @@ HELP = """\
   [b]+ / -[/b]    poll faster / slower (in a replay: play faster / slower)
   [b]← / →[/b]    move between cards (in a replay with [b][ / ][/b]: seek 10 s)
   [b]Enter[/b]    open the focused card's history charts; Esc to go back
-  [b]l[/b]        launch a recipe
+  [b]l[/b]        launch a recipe: ↑/↓ picks it, Tab reaches the topology, node and overrides;
+           the plan and preflight update as you go; Enter launches (or shows the launch under way)
+  [b]x[/b]        stop something sparktop launched (asks first)
   [b]s[/b]        run a concurrency sweep
 
 Memory is unified on a GB10: the bar shows vLLM's share (magenta), other used memory, page cache (▒) and free memory (░). A node card turns yellow when MemAvailable falls below 20 % and red below 10 %: a Spark that runs out of memory freezes rather than swapping gracefully.
