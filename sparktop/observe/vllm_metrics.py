@@ -17,6 +17,7 @@ parser, then turned into the figures the monitor shows.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,34 +64,32 @@ CREATED_WANTED = {name.removesuffix("_total") + "_created" for name in PROMPT_TO
 HISTOGRAM_BASES = {name for name in TTFT + ITL}
 
 
-def relevant_lines(text: str, histograms: bool = True) -> str:
-    """Only the series the monitor reads (and their TYPE lines).
+def _alternatives(names) -> str:
+    return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
-    A vLLM scrape is mostly histogram buckets and `_created` series nobody
-    here looks at; dropping them before prometheus-client parses the rest
-    keeps a 1 s poll cheap.
+
+def _filter(histograms: bool) -> re.Pattern:
+    bases = WANTED if histograms else WANTED - HISTOGRAM_BASES
+    # No `# TYPE` lines: samples are matched by name, and untyped samples
+    # parse the same, in half the parser's time.
+    return re.compile(
+        rf"^(?:(?:{_alternatives(bases)})(?:_bucket|_count|_sum|_total)?[{{ ].*"
+        rf"|(?:{_alternatives(CREATED_WANTED)})[{{ ].*)$",
+        re.M,
+    )
+
+
+_FILTERS = {True: _filter(True), False: _filter(False)}
+
+
+def relevant_lines(text: str, histograms: bool = True) -> str:
+    """Only the series the monitor reads.
+
+    A vLLM scrape is mostly histogram buckets, Python process metrics and
+    `_created` series nobody here looks at; dropping them (one regex pass,
+    in C) before prometheus-client parses the rest keeps a 1 s poll cheap.
     """
-    keep = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            if line.startswith("# TYPE "):
-                parts = line.split(None, 3)
-                if len(parts) >= 3 and (_base(parts[2]) in WANTED and not parts[2].endswith("_created")):
-                    keep.append(line)
-            continue
-        cut = len(line)
-        for sep in ("{", " "):
-            i = line.find(sep)
-            if 0 <= i < cut:
-                cut = i
-        name = line[:cut]
-        if name.endswith("_created"):
-            if name in CREATED_WANTED:
-                keep.append(line)
-        elif _base(name) in WANTED:
-            if histograms or _base(name) not in HISTOGRAM_BASES:
-                keep.append(line)
-    return "\n".join(keep) + "\n"
+    return "\n".join(_FILTERS[histograms].findall(text)) + "\n"
 
 
 def _clean(value: float) -> float | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 
 from sparktop.observe.state import ClusterState
 from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen, clock
@@ -82,13 +83,19 @@ class SparktopApp(App):
 
     def _paint(self, force: bool = False) -> None:
         screen = self.screen
-        if not hasattr(screen, "refresh_state"):
+        if not hasattr(screen, "refresh_state") or not screen.is_mounted:
             return
         if not force and self.state.version == self._painted_version and not isinstance(screen, DetailScreen):
             return
         self._painted_version = self.state.version
         self._notice_launch()
-        screen.refresh_state(self.state, self.status_text())
+        try:
+            screen.refresh_state(self.state, self.status_text())
+        except NoMatches:
+            # The screen is still being composed or already being torn down
+            # (a tick can land in between); the next tick paints it.
+            self._painted_version = -1
+            return
         if self.first_frame_at is None:
             self.first_frame_at = time.monotonic()
 
@@ -179,7 +186,8 @@ class SparktopApp(App):
 
     def action_launch(self) -> None:
         if self.replay or self.launcher is None:
-            self.notify("Launching needs live nodes: not in a replay.", title="Launch", severity="warning")
+            why = "not in a replay" if self.replay else "this session watches endpoints only"
+            self.notify(f"Launching needs live nodes: {why}.", title="Launch", severity="warning")
             return
         from sparktop.ui.launcher import LaunchScreen, ProgressScreen
 
@@ -192,7 +200,8 @@ class SparktopApp(App):
 
     def action_stop(self) -> None:
         if self.replay or self.launcher is None:
-            self.notify("Stopping needs live nodes: not in a replay.", title="Stop", severity="warning")
+            why = "not in a replay" if self.replay else "this session watches endpoints only"
+            self.notify(f"Stopping needs live nodes: {why}.", title="Stop", severity="warning")
             return
         from sparktop.ui.launcher import StopScreen
 
@@ -240,5 +249,5 @@ class SparktopApp(App):
     def action_sweep(self) -> None:
         self.notify("The sweep screen comes with the sweep issue (#5).", title="Sweep", severity="warning")
 
-    def on_screen_resume(self) -> None:
+    def repaint_now(self) -> None:
         self._paint(force=True)

@@ -1,14 +1,18 @@
 """The node and engine cards of the monitor screen.
 
-A card is one focusable Static that renders its snapshot and history into
-Rich text; `Enter` on a focused card opens its detail view.
+A card is one focusable widget that renders its snapshot and history into
+lines of Rich text; `Enter` on a focused card opens its detail view. Cards
+use Textual's line API: each line becomes a Strip once per update, at the
+card's width, and repaints draw those strips — the monitor repaints every
+card every second, so this is most of what watching costs.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
-from textual.content import Content
-from textual.widgets import Static
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widget import Widget
 
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import History
@@ -30,7 +34,7 @@ def memory_level(snap: NodeSnapshot) -> str:
     return "ok"
 
 
-class Card(Static, can_focus=True):
+class Card(Widget, can_focus=True):
     kind = "card"
 
     def __init__(self, key: str, **kwargs):
@@ -39,18 +43,48 @@ class Card(Static, can_focus=True):
         self._drawn: tuple | None = None
         self.text = ""  # what the card shows, as plain text (tests, screen readers)
         self.spark_height = 1  # rows per sparkline; the screen raises it when there is room
+        self._card_lines: list[Text] = []
+        self._card_strips: list[Strip] | None = None
+        self._card_strips_key: tuple | None = None
 
     def _paint(self, title: str, subtitle: Text, lines: list[Text]) -> None:
-        self.border_title = title
-        self.border_subtitle = subtitle
+        if (title, subtitle) != self._titles:  # setting them repaints the border: only on change
+            self._titles = (title, subtitle)
+            self.border_title = title
+            self.border_subtitle = subtitle
         self.text = "\n".join([f"{title} {subtitle.plain}", *(line.plain for line in lines)])
-        # Textual's own Content renders much cheaper than a Rich renderable,
-        # and with the same number of lines no relayout is needed.
-        content = Content("\n").join(Content.from_rich_text(line) for line in lines)
-        self.update(content, layout=len(lines) != self._line_count)
-        self._line_count = len(lines)
+        relayout = len(lines) != len(self._card_lines)  # same height: a repaint is enough
+        self._card_lines = lines
+        self._card_strips = None
+        self.refresh(layout=relayout)
 
-    _line_count = -1
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, len(self._card_lines))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_size.width
+        if self._card_strips is None or self._card_strips_key != width:
+            # The widget's style is looked up once per update, not per line: it walks the DOM.
+            style = self._card_style = self.rich_style
+            console = self.app.console
+            self._card_strips = [Strip(line.render(console)).apply_style(style).crop_extend(0, width, style)
+                                 for line in self._card_lines]
+            self._card_strips_key = width
+        if y < len(self._card_strips):
+            return self._card_strips[y]
+        return Strip.blank(width, self._card_style)
+
+    _card_style = None
+    _titles: tuple | None = None
+
+    def _restyle(self) -> None:
+        self._card_strips = None
+
+    def on_focus(self) -> None:
+        self._restyle()
+
+    def on_blur(self) -> None:
+        self._restyle()
 
     def inner_width(self) -> int:
         return max(20, self.content_size.width or 36)

@@ -15,7 +15,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
+from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, RichLog, Select, Static
 from textual.widgets.option_list import Option
 
@@ -31,7 +31,7 @@ from sparktop.launch.session import (
     parse_port,
 )
 from sparktop.observe.vllm_log import strip_prefix
-from sparktop.ui.screens import StatusLine
+from sparktop.ui.screens import LiveScreen, StatusLine
 
 TOPOLOGY_TEXT = {"solo": "one node", "cluster-ray": "TP=2 over Ray", "cluster-mp": "TP=2, no Ray",
                  "shuffle": "solo x2 + LiteLLM shuffle", "least-busy": "solo x2 + LiteLLM least-busy"}
@@ -79,7 +79,7 @@ def preflight_text(preflight: Preflight | None, error: str | None = None, runnin
     return text
 
 
-class LaunchScreen(Screen):
+class LaunchScreen(LiveScreen):
     """Pick a recipe and a topology, adjust, read the plan and preflight, launch."""
 
     BINDINGS = [
@@ -299,7 +299,7 @@ class LaunchScreen(Screen):
         self.app.push_screen(ProgressScreen(self.launcher, run))
 
 
-class ProgressScreen(Screen):
+class ProgressScreen(LiveScreen):
     """One launch as it starts: steps, each container's stage, the log tail."""
 
     BINDINGS = [

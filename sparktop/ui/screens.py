@@ -19,10 +19,20 @@ CARD_WIDTH = 40
 
 
 class StatusLine(Static):
-    pass
+    def update(self, content="", *, layout: bool = False) -> None:
+        # One line that never changes size: repaint it, never relayout the screen.
+        super().update(content, layout=layout)
 
 
-class MonitorScreen(Screen):
+class LiveScreen(Screen):
+    """A screen drawn from the cluster state: painted as soon as it shows,
+    not at the next tick (ScreenResume does not reach the app)."""
+
+    def on_screen_resume(self) -> None:
+        self.app.call_after_refresh(self.app.repaint_now)
+
+
+class MonitorScreen(LiveScreen):
     BINDINGS = [
         Binding("enter", "open_detail", "Detail"),
         Binding("right,tab", "app.focus_next", "Next", show=False),
@@ -96,7 +106,7 @@ class MonitorScreen(Screen):
             self.app.push_screen(DetailScreen(focused.kind, focused.key))
 
 
-class DetailScreen(Screen):
+class DetailScreen(LiveScreen):
     """Longer history charts for one node or engine."""
 
     BINDINGS = [Binding("escape,q,enter", "app.pop_screen", "Back")]

@@ -85,6 +85,11 @@ async def main(args) -> None:
             status_at = read_until(fd, [b"sparktop", b"Quit"], started + 15, buf)
             data_at = read_until(fd, [b"spark-a", b"spark-b", b"gpt-oss-120b", b"t/s", b"119.6G"], started + 30, buf)
             proc = psutil.Process(pid)
+            spy = None
+            if args.py_spy:  # where the time goes: collapsed stacks for the window
+                spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(args.seconds), "-r", "200",
+                                        "-f", "raw", "-o", args.py_spy], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
             # Drain output continuously while sampling CPU once a second.
             samples = []
             last = proc.cpu_times()
@@ -98,6 +103,8 @@ async def main(args) -> None:
                 samples.append(100 * ((now.user - last.user) + (now.system - last.system)) / (t - last_t))
                 last, last_t = now, t
             rss = proc.memory_info().rss / 1e6
+            if spy is not None:
+                spy.wait(30)
             children = (last.children_user + last.children_system - child_start) / args.seconds * 100
         finally:
             os.write(fd, b"q")
@@ -111,8 +118,10 @@ async def main(args) -> None:
     samples.sort()
     print(f"first frame (status line)        {status_at - started:.2f} s" if status_at else "first frame: not seen")
     print(f"first figures (2 nodes, 2 engines) {data_at - started:.2f} s" if data_at else "figures: not seen")
+    # Per-second samples come in clock ticks (1 % of a core each); the mean shows what the median rounds.
     print(f"CPU of the app, % of one core     median {statistics.median(samples):.2f}  "
-          f"p95 {samples[int(0.95 * (len(samples) - 1))]:.2f}  over {len(samples)} s")
+          f"mean {statistics.fmean(samples):.2f}  p95 {samples[int(0.95 * (len(samples) - 1))]:.2f}  "
+          f"over {len(samples)} s")
     print(f"CPU of local probe commands       {children:.1f} % (run on the nodes themselves on a real cluster)")
     print(f"resident memory                   {rss:.0f} MB")
 
@@ -120,4 +129,5 @@ async def main(args) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--py-spy", metavar="FILE", help="also record collapsed stacks of the app with py-spy")
     asyncio.run(main(ap.parse_args()))
