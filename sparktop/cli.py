@@ -15,8 +15,6 @@ from sparktop import __version__
 from sparktop.errors import SparktopError
 
 NOT_BUILT = {
-    "sweep": "concurrency sweeps (issue #5)",
-    "compare": "comparing sweep runs (issue #5)",
     "predict": "performance prediction (issue #6)",
 }
 
@@ -63,6 +61,24 @@ def _launch_inventory(args):
             return inv, [inv.node(h).name for h in hosts]
         return inventory_from_hosts(hosts), hosts
     return load_inventory(args.inventory), None
+
+
+def cmd_sweep(args) -> int:
+    from sparktop.bench.commands import cmd_sweep as run
+
+    return run(args)
+
+
+def cmd_compare(args) -> int:
+    from sparktop.bench.commands import cmd_compare as run
+
+    return run(args)
+
+
+def cmd_runs(args) -> int:
+    from sparktop.bench.commands import cmd_runs as run
+
+    return run(args)
 
 
 def cmd_recipes(args) -> int:
@@ -184,8 +200,51 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.add_argument("--seconds", type=float, default=2.2,
                         help="how long to watch before printing (rates need two scrapes; default 2.2)")
-    add("sweep", "run a concurrency sweep against an endpoint — not built yet", _not_built("sweep"))
-    add("compare", "compare sweep runs side by side — not built yet", _not_built("compare"))
+    sweep = add("sweep", "run a concurrency sweep against an endpoint (live progress, results kept as they "
+                "arrive)", cmd_sweep)
+    sweep.add_argument("--endpoint", "-e", metavar="URL", help="http://HOST:PORT or http://HOST:PORT/v1")
+    sweep.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
+                       help="concurrency levels (default 1,2,4,8,16,32,64)")
+    sweep.add_argument("--runs", type=int, default=5, help="batches per level (default 5; the articles used 50)")
+    sweep.add_argument("--pp", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    sweep.add_argument("--tg", type=int, default=128, help="tokens to generate per request (default 128)")
+    sweep.add_argument("--depth", type=int, default=0, help="context tokens before the prompt (default 0)")
+    sweep.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    sweep.add_argument("--extra-body", action="append", metavar="KEY=VALUE",
+                       help="add to every request, e.g. reasoning_effort=low (repeatable, or a JSON object)")
+    sweep.add_argument("--timeout", type=float, help="seconds per request (default: grows with tg and concurrency)")
+    sweep.add_argument("--max-error-rate", type=float, default=0.10,
+                       help="stop when more than this fraction of a level fails (default 0.10)")
+    sweep.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch per level")
+    sweep.add_argument("--exact-tg", action="store_true", help="ask for exactly --tg tokens (ignore_eos)")
+    sweep.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json for exact prompt lengths "
+                       "(default: calibrate against the server)")
+    sweep.add_argument("--latency-mode", choices=["api", "none"], default="api",
+                       help="network latency subtracted from prefill time (default: api, as llama-benchy)")
+    sweep.add_argument("--api-key-env", metavar="VAR", default="OPENAI_API_KEY",
+                       help="environment variable holding the API key (default OPENAI_API_KEY)")
+    sweep.add_argument("--recipe", help="record the recipe that is serving (for compare)")
+    sweep.add_argument("--topology", help="record the topology that is serving, e.g. cluster-mp (for compare)")
+    sweep.add_argument("--nodes", metavar="A,B", help="record the nodes that are serving")
+    sweep.add_argument("--label", help="a name for this run in compare tables")
+    sweep.add_argument("--results", metavar="DIR", help="where runs are written (default: the results dir)")
+    sweep.add_argument("--resume", metavar="RUN", help="finish a run that was interrupted (its id or directory)")
+    out = sweep.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the run as JSON")
+    out.add_argument("--md", action="store_true", help="print the run as a Markdown table")
+    out.add_argument("--csv", action="store_true", help="print the levels as CSV")
+    compare = add("compare", "compare sweep runs side by side: winners per level and crossovers", cmd_compare)
+    compare.add_argument("runs", nargs="+", metavar="RUN",
+                         help="a run id, a run directory, or a llama-benchy JSON file")
+    compare.add_argument("--label", action="append", help="column name per run, in order (repeatable)")
+    cout = compare.add_mutually_exclusive_group()
+    cout.add_argument("--json", action="store_true")
+    cout.add_argument("--md", action="store_true", help="Markdown, like the articles' tables")
+    cout.add_argument("--csv", action="store_true")
+    runs = add("runs", "list sweep runs, or import a llama-benchy JSON result as a run", cmd_runs)
+    runs.add_argument("--import", dest="import_file", metavar="FILE", help="a llama-benchy --format json output")
+    runs.add_argument("--label", help="name for the imported run")
+    runs.add_argument("--json", action="store_true")
     recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
     recipes.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     recipes.add_argument("--json", action="store_true")

@@ -39,6 +39,13 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     speed: float = 1.0
+    # Requests reaching an idle engine within this many real seconds of its
+    # first step join that step. A lockstep batch leaves a client within a
+    # millisecond or two; whether its stragglers catch the first step is a
+    # race on a real engine, which makes TTFT at c>1 bimodal from run to
+    # run. The twin settles the race one way, so that two tools measuring it
+    # see the same server. A lone request is not delayed by it.
+    join_window: float = 0.005
 
 
 @dataclass
@@ -318,7 +325,14 @@ class Engine:
             decode, prefill = self._split(work)
             duration = self.perf.step_time(decode, prefill) / self.config.speed
             now = self.clock()
+            fresh = target is None
             start = target if target is not None and target > now - 0.25 else now
+            if fresh and self.config.join_window > 0:
+                await asyncio.sleep(min(self.config.join_window, duration))
+                plan = self._schedule() or plan  # the same work plus whoever arrived
+                work, preempted = plan
+                decode, prefill = self._split(work)
+                duration = self.perf.step_time(decode, prefill) / self.config.speed
             target = start + duration
             delay = target - self.clock()
             if delay > 0:

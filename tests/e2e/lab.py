@@ -50,17 +50,6 @@ def ensure_litellm() -> Path:
         raise RuntimeError(f"pip install {LITELLM} failed: {' '.join(last)}")
     done.touch()
     return exe
-    tmp = LITELLM_VENV.with_name(LITELLM_VENV.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
-    r = subprocess.run([str(tmp / "bin" / "pip"), "install", "-q", LITELLM], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"pip install {LITELLM} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-    # venv scripts carry absolute shebangs: build in place, then move the finished one.
-    shutil.rmtree(tmp)
-    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-    subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM], check=True, capture_output=True)
-    return exe
 
 
 def sshd_available() -> bool:

@@ -1,0 +1,200 @@
+"""`sparktop sweep`, `sparktop compare` and `sparktop runs` for the terminal and scripts.
+
+Progress is drawn on stderr when stdout is wanted for --json/--md/--csv, so
+`sparktop sweep ... --json > run.json` works with a live display.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sparktop.bench import compare as cmp
+from sparktop.bench import export
+from sparktop.bench.results import import_llama_benchy, list_runs, load_run
+from sparktop.bench.sweep import (LevelDone, LevelStarted, RequestDone, Sweep, SweepError, SweepFinished,
+                                  SweepSettings, SweepStarted)
+from sparktop.errors import SparktopError
+
+EXIT_ERROR_RATE = 3
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise SweepError(f"-c {text!r}: expected concurrency levels like 1,2,4,8") from None
+    if not levels or any(c < 1 for c in levels):
+        raise SweepError(f"-c {text!r}: levels must be positive integers")
+    return levels
+
+
+def parse_extra_body(items: list[str] | None) -> dict:
+    """`--extra-body reasoning_effort=low` (repeatable; values are JSON when
+    they parse as JSON) or one JSON object."""
+    body: dict = {}
+    for item in items or []:
+        item = item.strip()
+        if item.startswith("{"):
+            try:
+                obj = json.loads(item)
+            except ValueError as e:
+                raise SweepError(f"--extra-body {item!r}: not a JSON object ({e})") from None
+            if not isinstance(obj, dict):
+                raise SweepError(f"--extra-body {item!r}: expected a JSON object")
+            body.update(obj)
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SweepError(f"--extra-body {item!r}: expected KEY=VALUE (e.g. reasoning_effort=low) or a JSON object")
+        try:
+            body[key.strip()] = json.loads(value)
+        except ValueError:
+            body[key.strip()] = value
+    return body
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA …"
+    seconds = int(seconds)
+    return f"ETA {seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"ETA {seconds}s"
+
+
+def cmd_sweep(args) -> int:
+    from sparktop.settings import results_dir
+
+    root = Path(args.results) if args.results else results_dir()
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    resume = None
+    if args.resume:
+        previous = load_run(args.resume)
+        if previous.imported_levels is not None:
+            raise SweepError(f"--resume {args.resume}: an imported llama-benchy file cannot be resumed")
+        stored = dict(previous.meta.get("settings") or {})
+        settings = SweepSettings(endpoint=args.endpoint or previous.meta.get("endpoint"),
+                                 **{k: v for k, v in stored.items() if k in SweepSettings.__dataclass_fields__
+                                    and k != "endpoint"})
+        resume = previous.path
+    else:
+        if not args.endpoint:
+            raise SweepError("--endpoint is required (http://HOST:PORT or http://HOST:PORT/v1)")
+        settings = SweepSettings(
+            endpoint=args.endpoint, levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
+            depth=args.depth, model=args.model, extra_body=parse_extra_body(args.extra_body), timeout=args.timeout,
+            max_error_rate=args.max_error_rate, warmup=not args.no_warmup, exact_tg=args.exact_tg,
+            tokenizer=args.tokenizer, latency_mode=args.latency_mode, recipe=args.recipe, topology=args.topology,
+            nodes=[n for n in (args.nodes or "").split(",") if n], label=args.label)
+    machine = args.json or args.md or args.csv
+    console = Console(stderr=bool(machine))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
+    overall = progress.add_task("sweep", total=1, info="")
+    level_task = progress.add_task("level", total=1, info="", visible=False)
+
+    def on_event(e) -> None:
+        if isinstance(e, SweepStarted):
+            progress.update(overall, total=e.total_requests, completed=e.resumed_requests,
+                            description=f"sweep {e.model}")
+            console.print(f"[bold]{e.run_id}[/] → {e.path}/requests.jsonl")
+        elif isinstance(e, LevelStarted):
+            progress.update(level_task, visible=True, completed=0, total=None if e.warmup else settings.runs * e.concurrency,
+                            description=f"c{e.concurrency}" + (" warm-up" if e.warmup else ""), info="")
+        elif isinstance(e, RequestDone):
+            progress.update(overall, completed=e.done, info=_fmt_eta(e.eta_s))
+            live = f"{e.live_tps:,.0f} t/s" if e.live_tps else ""
+            progress.update(level_task, completed=e.level_done, total=e.level_total, info=live)
+        elif isinstance(e, LevelDone):
+            lv = e.stats
+            err = f"  [red]{lv.errors} errors[/]" if lv.errors else ""
+            console.print(f"c{lv.concurrency:<4} tg {cmp.fmt(lv.tg_tps_total)} t/s  pp {cmp.fmt(lv.pp_tps_total)} t/s"
+                          f"  TTFT {cmp.fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
+
+    sweep = Sweep(settings, root, on_event=on_event, resume=resume, api_key=api_key)
+
+    async def go() -> SweepFinished:
+        with progress:
+            return await sweep.run()
+
+    try:
+        result = asyncio.run(go())
+    except KeyboardInterrupt:
+        if sweep.writer is not None:
+            console.print(f"interrupted: finished requests are in {sweep.writer.dir}/requests.jsonl; "
+                          f"resume with: sparktop sweep --resume {sweep.writer.dir}")
+        return 130
+    run = load_run(result.path)
+    if args.json:
+        print(json.dumps(export.as_json(run), indent=2, default=str))
+    elif args.md:
+        print(export.markdown(run), end="")
+    elif args.csv:
+        print(export.csv_text([run]), end="")
+    else:
+        console.print(export.rich_table(run, title=f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg}"))
+        for line in export.summary_lines(run):
+            console.print(line)
+    if result.status != "done":
+        console.print(f"[red]sweep {result.status}: {result.reason}[/]")
+        return EXIT_ERROR_RATE
+    return 0
+
+
+def _runs(names: list[str]) -> list:
+    return [load_run(n) for n in names]
+
+
+def cmd_compare(args) -> int:
+    runs = _runs(args.runs)
+    if args.label:
+        if len(args.label) != len(runs):
+            raise SparktopError(f"--label given {len(args.label)} times for {len(runs)} runs")
+        for run, label in zip(runs, args.label):
+            run.meta["label"] = label
+    if args.json:
+        print(json.dumps(cmp.as_json(runs), indent=2, default=str))
+    elif args.csv:
+        print(export.csv_text(runs), end="")
+    else:
+        text = cmp.markdown(runs)
+        if args.md:
+            print(text, end="")
+        else:
+            from rich.markdown import Markdown
+
+            Console().print(Markdown(text))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from sparktop.settings import results_dir
+
+    if args.import_file:
+        run = import_llama_benchy(Path(args.import_file), label=args.label)
+        dest = results_dir() / (args.label or run.id)
+        dest.mkdir(parents=True, exist_ok=True)
+        meta = dict(run.meta, id=dest.name, source=str(Path(args.import_file).resolve()))
+        (dest / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (dest / "llama-benchy.json").write_text(Path(args.import_file).read_text())
+        print(f"imported {args.import_file} as {dest.name} ({len(run.levels())} levels)")
+        return 0
+    runs = list_runs()
+    if args.json:
+        print(json.dumps([{"id": r.id, "path": str(r.path), **cmp._meta(r)} for r in runs], indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in ("run", "model", "topology", "levels", "status"):
+        t.add_column(col)
+    for r in runs:
+        levels = r.levels()
+        t.add_row(r.id, str(r.meta.get("model") or ""), str(r.meta.get("topology") or r.meta.get("label") or ""),
+                  " ".join(f"c{lv.concurrency}" for lv in levels), str(r.meta.get("status") or ""))
+    Console().print(t if runs else f"no runs yet in {results_dir()}")
+    return 0

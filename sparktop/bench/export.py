@@ -1,0 +1,111 @@
+"""One run's levels as a rich table, Markdown, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from rich.table import Table
+
+from sparktop.bench.compare import fmt
+from sparktop.bench.results import Run
+from sparktop.bench.stats import LevelStats, knee
+
+COLUMNS = (  # key, header, justify
+    ("concurrency", "c", "right"),
+    ("pp_tps_total", "pp t/s", "right"),
+    ("pp_tps_req", "pp/req", "right"),
+    ("tg_tps_total", "tg t/s", "right"),
+    ("tg_tps_req", "tg/req", "right"),
+    ("peak_tps", "peak", "right"),
+    ("ttft_ms_mean", "TTFT", "right"),
+    ("ttft_ms_p50", "p50", "right"),
+    ("ttft_ms_p95", "p95", "right"),
+    ("kv_cache_usage_max", "KV", "right"),
+    ("waiting_max", "queue", "right"),
+    ("errors", "err", "right"),
+)
+JSON_KEYS = ("concurrency", "requests", "errors", "pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req",
+             "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "peak_tps", "kv_cache_usage_max")
+
+
+def cell(lv: LevelStats, key: str) -> str:
+    v = getattr(lv, key)
+    if key == "concurrency":
+        return f"c{v}"
+    if key == "errors":
+        if not lv.requests:
+            return "—"
+        return f"{v}/{lv.requests}" if v else "0"
+    if key == "kv_cache_usage_max":
+        return "—" if v is None else f"{v:.0%}"
+    if key == "waiting_max":
+        return "—" if v is None else f"{v:.0f}"
+    return fmt(v, "ms" if key.startswith("ttft") else "t/s")
+
+
+def rich_table(run: Run, title: str | None = None) -> Table:
+    t = Table(title=title, header_style="bold", box=None, pad_edge=False, padding=(0, 1, 0, 1))
+    for key, head, justify in COLUMNS:
+        t.add_column(head, justify=justify, no_wrap=True, min_width=len(head))
+    for lv in run.levels():
+        t.add_row(*(cell(lv, k) for k, _, _ in COLUMNS), style="red" if lv.errors else None)
+    return t
+
+
+def summary_lines(run: Run) -> list[str]:
+    levels = run.levels()
+    out = []
+    k = knee(levels)
+    if k and len(levels) > 1:
+        out.append(k.describe("decode"))
+    best = max((lv for lv in levels if lv.tg_tps_total), key=lambda lv: lv.tg_tps_total, default=None)
+    if best:
+        out.append(f"best decode {fmt(best.tg_tps_total)} t/s total at c{best.concurrency}")
+    return out
+
+
+def markdown(run: Run) -> str:
+    m = run.meta
+    s = m.get("settings") or {}
+    what = " · ".join(str(x) for x in (m.get("model"), m.get("topology") or m.get("endpoint"),
+                                       f"pp{s.get('pp')} tg{s.get('tg')}", f"{s.get('runs')} runs",
+                                       m.get("vllm_version") and f"vLLM {m['vllm_version']}") if x)
+    head = [h for _, h, _ in COLUMNS]
+    lines = [f"## {run.id}", "", what, "", f"| {' | '.join(head)} |", "|" + "---:|" * len(head)]
+    for lv in run.levels():
+        lines.append(f"| {' | '.join(cell(lv, k) for k, _, _ in COLUMNS)} |")
+    extra = summary_lines(run)
+    if extra:
+        lines += [""] + [f"- {x}" for x in extra]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(runs: list[Run]) -> str:
+    buf = io.StringIO()
+    fields = ["run", "label", "model", "topology", *LevelStats.__dataclass_fields__]
+    fields.remove("error_reasons")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for run in runs:
+        for lv in run.levels():
+            w.writerow({"run": run.id, "label": run.label, "model": run.meta.get("model"),
+                        "topology": run.meta.get("topology"), **lv.as_dict()})
+    return buf.getvalue()
+
+
+def as_json(run: Run) -> dict:
+    meta = {k: v for k, v in run.meta.items()}
+    meta["path"] = str(run.path) if run.path else None
+    levels = []
+    for lv in run.levels():
+        d = lv.as_dict()
+        row = {k: d[k] for k in JSON_KEYS}
+        row.update(timeouts=lv.timeouts, runs=lv.runs, ttft_ms_std=lv.ttft_ms_std, waiting_max=lv.waiting_max,
+                   running_max=lv.running_max, preemptions=lv.preemptions, error_reasons=lv.error_reasons)
+        levels.append(row)
+    k = knee(run.levels())
+    meta["levels"] = levels
+    meta["knee"] = None if k is None else {"concurrency": k.concurrency, "next_gain": k.next_gain,
+                                           "falls": k.falls, "text": k.describe()}
+    return meta

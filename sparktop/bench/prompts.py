@@ -1,0 +1,131 @@
+"""Prompts of an exact token length, with nothing downloaded at run time.
+
+A prompt is a run of common English words picked at random (so two
+requests never share a prefix the engine could cache). The length that
+matters is the one the server counts, chat template included:
+
+- with a local `tokenizer.json` (and the `tokenizers` package) the words are
+  counted locally and one probe learns what the chat template adds;
+- without one, probes calibrate against the server's `usage.prompt_tokens`:
+  how many tokens a word costs and what the template adds, then a last probe
+  at the target length corrects any remainder.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol
+
+# Short, frequent words (at most six letters): one token each in the GPT, Llama, Qwen and Gemma
+# vocabularies when preceded by a space, so a word count maps to a token count.
+WORDS = (
+    "the of and to in is was for that on with as by at from his her are this be have not but had "
+    "they you which one were all we when there can an their what so up out if about who them "
+    "some could him into its then two more these time very first new like our over such only "
+    "other may after most made any also back year work way well even must how where much good "
+    "before long day see each those people world just great state both life under never same "
+    "know while last might us high part place found water small number three still old home "
+    "house light power system point group market city game line end room night car"
+).split()
+
+Probe = Callable[[str], Awaitable[int]]  # user content -> usage.prompt_tokens
+
+
+class LocalTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def load_local_tokenizer(path: str) -> LocalTokenizer:
+    """A HuggingFace tokenizer.json. Raises ValueError with a one-line reason."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError(f"{path}: reading a tokenizer file needs the 'tokenizers' package "
+                         "(pip install tokenizers), or leave --tokenizer out to calibrate "
+                         "against the server") from None
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises its own exception types
+        raise ValueError(f"{path}: not a tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+
+    class _Tok:
+        def encode(self, text: str) -> list[int]:
+            return tok.encode(text, add_special_tokens=False).ids
+
+        def cut(self, text: str, n: int) -> str:
+            """The text of the first n tokens."""
+            enc = tok.encode(text, add_special_tokens=False)
+            if len(enc.ids) <= n:
+                return text
+            return text[: enc.offsets[n][0]].rstrip()
+
+    return _Tok()
+
+
+def words_text(n: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(0, n)))
+
+
+@dataclass
+class PromptMaker:
+    """Makes user prompts that the server counts as `target` tokens."""
+
+    target: int
+    words: int  # words per prompt that hit the target
+    template: int  # tokens the chat template adds around one user message
+    exact: bool  # whether the last check landed exactly on target
+    tokenizer: LocalTokenizer | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def make(self) -> str:
+        text = words_text(self.words, self._rng)
+        if self.tokenizer is None:
+            return text
+        # Cut at the token boundary, then trim or pad word by word until the
+        # local count is exact (a cut can re-merge into fewer tokens).
+        body = self.target - self.template
+        cut = getattr(self.tokenizer, "cut", None)
+        if cut is not None:
+            text = cut(text + " " + words_text(max(8, self.words // 8), self._rng), body)
+        ids = self.tokenizer.encode(text)
+        while len(ids) > body and " " in text:
+            text = text.rsplit(" ", 1)[0]
+            ids = self.tokenizer.encode(text)
+        guard = 0
+        while len(ids) < body and guard < 4 * body:
+            text += " " + self._rng.choice(WORDS)
+            ids = self.tokenizer.encode(text)
+            guard += 1
+        return text
+
+
+async def calibrate(target: int, probe: Probe, tokenizer: LocalTokenizer | None = None,
+                    seed: int | None = None) -> PromptMaker:
+    """Work out how many words make `target` prompt tokens on this server."""
+    rng = random.Random(seed)
+    if tokenizer is not None:
+        text = words_text(32, rng)
+        template = await probe(text) - len(tokenizer.encode(text))
+        body = max(1, target - template)
+        ratio = len(tokenizer.encode(words_text(256, rng))) / 256
+        maker = PromptMaker(target, max(1, round(body / max(ratio, 1e-6))), template, True,
+                            tokenizer=tokenizer, seed=seed)
+        return maker
+    a, b = 16, 16 + max(64, min(target, 2048))
+    ta = await probe(words_text(a, rng))
+    tb = await probe(words_text(b, rng))
+    per_word = max((tb - ta) / (b - a), 1e-3)
+    template = round(ta - a * per_word)
+    words = max(1, round((target - template) / per_word))
+    exact = False
+    for _ in range(3):
+        got = await probe(words_text(words, rng))
+        if got == target:
+            exact = True
+            break
+        words = max(1, words + round((target - got) / per_word))
+    return PromptMaker(target, words, template, exact, seed=seed)

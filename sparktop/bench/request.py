@@ -1,0 +1,201 @@
+"""One streaming chat request, timed the way llama-benchy times it.
+
+Per request we keep the start, the first response chunk, the first token
+(content, `reasoning_content` or `reasoning`), a timestamp per token, the
+last token, the end of the stream and the server's `usage`. Tokens are
+counted from `token_ids` when every content chunk carries them (vLLM with
+`return_token_ids`), else from `usage.completion_tokens` spread evenly over
+the content chunks, else one per chunk — the same order llama-benchy uses,
+so both tools count the same tokens on the same server.
+
+The hot loop is per network chunk, not per token, and touches as little
+Python as it can: the client must never be what limits a measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+
+# perf_counter is monotonic and fine-grained; records carry wall-clock
+# seconds so that runs written by different processes line up.
+_WALL_OFFSET = time.time() - time.perf_counter()
+
+
+def now() -> float:
+    return time.perf_counter() + _WALL_OFFSET
+
+
+@dataclass
+class RequestRecord:
+    """What one request did. Times are wall-clock seconds (float)."""
+
+    level: int  # concurrency of its batch
+    run: int  # 1-based batch number within the level
+    index: int  # position within the batch
+    attempt: int = 1  # which sweep session wrote it (resume adds one)
+    start: float = 0.0
+    first_response: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_times: list[float] = field(default_factory=list)
+    status: int | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def last_token(self) -> float | None:
+        return self.token_times[-1] if self.token_times else None
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens stamped after the first one (llama-benchy's count)."""
+        times = self.token_times
+        if len(times) < 2:
+            return 0
+        first = times[0]
+        return sum(1 for t in times if t > first)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        # Token times relative to the start, in microseconds: a third of the
+        # bytes and no loss that matters.
+        d["token_times"] = [round((t - self.start) * 1e6) for t in self.token_times]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RequestRecord":
+        rec = cls(**{k: v for k, v in d.items() if k in _FIELDS and k != "token_times"})
+        rec.token_times = [rec.start + us / 1e6 for us in d.get("token_times") or []]
+        return rec
+
+
+_FIELDS = set(RequestRecord.__dataclass_fields__)
+
+
+def spread(times: list[float], counts: list[int], start: float) -> list[float]:
+    """One timestamp per token: a chunk of n tokens spreads them evenly
+    between the previous chunk and its own arrival."""
+    out: list[float] = []
+    last = start
+    for t, n in zip(times, counts):
+        if n == 1:
+            out.append(t)
+        elif n > 1:
+            step = (t - last) / n
+            out.extend(last + step * (i + 1) for i in range(n))
+        if n:
+            last = out[-1]
+    return out
+
+
+def interpolate(times: list[float], total: int) -> list[float]:
+    """`total` tokens spread evenly from the first content chunk to the last."""
+    if total <= 0 or not times:
+        return []
+    if total == 1 or len(times) == 1 or times[-1] <= times[0]:
+        return [times[0]] * total
+    step = (times[-1] - times[0]) / (total - 1)
+    return [times[0] + step * i for i in range(total)]
+
+
+def _has_text(delta: dict) -> bool:
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+
+
+async def stream_chat(session: aiohttp.ClientSession, url: str, payload: dict, record: RequestRecord,
+                      timeout: float, headers: dict | None = None) -> RequestRecord:
+    """POST a streaming chat completion and fill `record` as it arrives.
+
+    Never raises for what a server or network does: errors and timeouts
+    end up in `record.error` with a reason a person can act on."""
+    chunk_times: list[float] = []
+    chunk_counts: list[int] = []
+    all_have_ids = True
+    usage_completion: int | None = None
+    clock = time.perf_counter
+    record.start = now()
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.post(url, json=payload, headers=headers) as resp:
+                record.status = resp.status
+                if resp.status != 200:
+                    body = (await resp.text())[:300].replace("\n", " ")
+                    record.error = f"HTTP {resp.status}: {body}"
+                    return record
+                buf = b""
+                async for data in resp.content.iter_any():
+                    t = clock() + _WALL_OFFSET
+                    buf += data
+                    if b"\n" not in data:
+                        continue
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        body = line[5:].strip()
+                        if body == b"[DONE]" or not body:
+                            continue
+                        try:
+                            chunk = json.loads(body)
+                        except ValueError:
+                            continue
+                        if "error" in chunk and not chunk.get("choices"):
+                            err = chunk["error"]
+                            record.error = "server: " + (err.get("message", str(err)) if isinstance(err, dict)
+                                                         else str(err))
+                            continue
+                        usage = chunk.get("usage")
+                        if usage:
+                            if isinstance(usage.get("prompt_tokens"), int):
+                                record.prompt_tokens = usage["prompt_tokens"]
+                            if isinstance(usage.get("completion_tokens"), int):
+                                usage_completion = usage["completion_tokens"]
+                        choices = chunk.get("choices")
+                        if not choices:
+                            continue
+                        if record.first_response is None:
+                            record.first_response = t
+                        choice = choices[0]
+                        if not _has_text(choice.get("delta") or {}):
+                            continue
+                        if record.first_token is None:
+                            record.first_token = t
+                        ids = choice.get("token_ids")
+                        if isinstance(ids, list):
+                            chunk_counts.append(len(ids))
+                        else:
+                            all_have_ids = False
+                            chunk_counts.append(1)
+                        chunk_times.append(t)
+                record.end = now()
+    except TimeoutError:
+        record.timed_out = True
+        got = sum(chunk_counts)
+        record.error = f"timed out after {timeout:.0f}s ({got} tokens received)"
+    except (aiohttp.ClientError, OSError) as e:
+        record.error = f"{type(e).__name__}: {e}".rstrip(": ") or type(e).__name__
+    if record.error is None and record.first_token is None and not chunk_times:
+        if usage_completion:
+            record.completion_tokens = usage_completion
+        else:
+            record.error = "the stream ended without a token"
+        return record
+    if chunk_times and all_have_ids:
+        record.token_times = spread(chunk_times, chunk_counts, record.first_token or record.start)
+    elif chunk_times and usage_completion is not None:
+        record.token_times = interpolate(chunk_times, usage_completion)
+    else:
+        record.token_times = chunk_times
+    record.completion_tokens = len(record.token_times)
+    return record

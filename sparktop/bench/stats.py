@@ -1,0 +1,212 @@
+"""Sweep statistics, with llama-benchy's definitions so both tools agree.
+
+Per request: pp t/s = prompt_tokens / (ttfr − latency); tg t/s = tokens
+after the first / (t_last − t_first). Per batch (c > 1): pp total = Σ
+prompt_tokens / (max first token − min start); tg total = Σ decode tokens /
+(max last token − min first token); peak = most tokens in any 1-s window.
+A level's figure is the mean over its batches; at c = 1 the "total" is the
+per-request figure, as in llama-benchy. TTFT is end to end (first token −
+start). On top: the engine's KV cache and queue during the level, and the
+knee — where adding concurrency stops adding throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from sparktop.bench.request import RequestRecord
+
+
+def peak_rate(times: list[float], window: float = 1.0) -> float:
+    """Most tokens stamped within any `window` seconds, per second; a burst
+    shorter than the window counts at its own rate (as llama-benchy does)."""
+    if not times:
+        return 0.0
+    ts = sorted(times)
+    span = ts[-1] - ts[0]
+    if 0 < span < window:
+        return len(ts) / span
+    best, lo = 0, 0
+    for hi, t in enumerate(ts):
+        while ts[lo] <= t - window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best / window
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    return statistics.pstdev(values) if values else None
+
+
+@dataclass
+class BatchStats:
+    requests: int
+    errors: int
+    pp_tps_total: float | None
+    tg_tps_total: float | None
+    peak_tps: float | None
+    pp_tps_req: list[float]
+    tg_tps_req: list[float]
+    ttft_s: list[float]
+
+
+def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0) -> BatchStats:
+    ok = [r for r in records if r.ok and r.first_token is not None]
+    pp_req, tg_req, ttft = [], [], []
+    prompt_sum = 0
+    for r in ok:
+        prompt = r.prompt_tokens or expected_prompt
+        prompt_sum += prompt
+        ttft.append(r.first_token - r.start)
+        if r.first_response is not None:
+            est = r.first_response - r.start - latency
+            if est > 0 and prompt:
+                pp_req.append(prompt / est)
+        decode = r.decode_tokens
+        if decode and len(r.token_times) > 1:
+            span = r.token_times[-1] - r.token_times[0]
+            if span > 0:
+                tg_req.append(decode / span)
+    pp_total = tg_total = peak = None
+    if ok:
+        pp_span = max(r.first_token for r in ok) - min(r.start for r in ok)
+        if pp_span > 0 and prompt_sum:
+            pp_total = prompt_sum / pp_span
+        lasts = [r.last_token or r.end for r in ok]
+        tg_span = max(t for t in lasts if t is not None) - min(r.first_token for r in ok)
+        decode_sum = sum(r.decode_tokens for r in ok)
+        if tg_span > 0 and decode_sum:
+            tg_total = decode_sum / tg_span
+        peak = peak_rate([t for r in ok for t in r.token_times])
+    return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak, pp_req, tg_req, ttft)
+
+
+@dataclass
+class EngineWatch:
+    """What the engine's /metrics said during a level (None: not readable)."""
+
+    kv_cache_usage_max: float | None = None
+    running_max: float | None = None
+    waiting_max: float | None = None
+    preemptions: float | None = None
+
+
+@dataclass
+class LevelStats:
+    concurrency: int
+    runs: int
+    requests: int
+    errors: int
+    timeouts: int
+    pp_tps_total: float | None
+    pp_tps_req: float | None
+    tg_tps_total: float | None
+    tg_tps_req: float | None
+    ttft_ms_mean: float | None
+    ttft_ms_p50: float | None
+    ttft_ms_p95: float | None
+    ttft_ms_std: float | None
+    peak_tps: float | None
+    tg_tps_total_std: float | None = None
+    pp_tps_total_std: float | None = None
+    kv_cache_usage_max: float | None = None
+    running_max: float | None = None
+    waiting_max: float | None = None
+    preemptions: float | None = None
+    error_reasons: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def _reason(error: str) -> str:
+    """Group errors by their kind, not their every detail."""
+    if error.startswith("timed out"):
+        return "timed out"
+    return error.split(":")[0] if error.startswith("HTTP") else error[:60]
+
+
+def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: float = 0.0,
+                expected_prompt: int = 0, engine: EngineWatch | None = None) -> LevelStats:
+    per = [batch_stats(b, latency, expected_prompt) for b in batches]
+    pp_req = [v for b in per for v in b.pp_tps_req]
+    tg_req = [v for b in per for v in b.tg_tps_req]
+    ttft_ms = [v * 1000 for b in per for v in b.ttft_s]
+    if concurrency > 1:
+        pp_tot = [b.pp_tps_total for b in per if b.pp_tps_total is not None]
+        tg_tot = [b.tg_tps_total for b in per if b.tg_tps_total is not None]
+    else:
+        pp_tot, tg_tot = pp_req, tg_req
+    records = [r for b in batches for r in b]
+    reasons: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.error:
+            reasons[_reason(r.error)] += 1
+    eng = engine or EngineWatch()
+    return LevelStats(
+        concurrency=concurrency, runs=len(batches), requests=len(records),
+        errors=sum(1 for r in records if not r.ok), timeouts=sum(1 for r in records if r.timed_out),
+        pp_tps_total=_mean(pp_tot), pp_tps_req=_mean(pp_req),
+        tg_tps_total=_mean(tg_tot), tg_tps_req=_mean(tg_req),
+        ttft_ms_mean=_mean(ttft_ms), ttft_ms_p50=percentile(ttft_ms, 0.5),
+        ttft_ms_p95=percentile(ttft_ms, 0.95), ttft_ms_std=_std(ttft_ms),
+        peak_tps=_mean([b.peak_tps for b in per if b.peak_tps is not None]),
+        tg_tps_total_std=_std(tg_tot), pp_tps_total_std=_std(pp_tot),
+        kv_cache_usage_max=eng.kv_cache_usage_max, running_max=eng.running_max,
+        waiting_max=eng.waiting_max, preemptions=eng.preemptions,
+        error_reasons=dict(reasons),
+    )
+
+
+@dataclass
+class Knee:
+    concurrency: int  # the last level worth its concurrency
+    next_gain: float | None  # relative gain of the level after it (None: it is the last)
+    falls: bool  # throughput drops at a higher level
+
+    def describe(self, metric: str = "decode") -> str:
+        if self.next_gain is None:
+            return f"{metric} throughput still growing at c{self.concurrency} (the highest level run)"
+        if self.falls:
+            return (f"{metric} throughput peaks at c{self.concurrency} and falls after it "
+                    f"({self.next_gain:+.0%} at the next level)")
+        return (f"{metric} throughput stops growing at c{self.concurrency} "
+                f"(the next level adds {self.next_gain:+.0%})")
+
+
+def knee(levels: list[LevelStats], key: str = "tg_tps_total", min_gain: float = 0.10) -> Knee | None:
+    """The first level after which raising concurrency gains less than
+    `min_gain` — or where throughput falls."""
+    pts = [(lv.concurrency, getattr(lv, key)) for lv in sorted(levels, key=lambda lv: lv.concurrency)
+           if getattr(lv, key)]
+    if not pts:
+        return None
+    for (c, v), (_, nxt) in zip(pts, pts[1:]):
+        gain = nxt / v - 1
+        if gain < min_gain:
+            best = max(x for _, x in pts)
+            falls = gain < -0.03 or any(x < v * 0.97 for cc, x in pts if cc > c) and v >= best * 0.97
+            return Knee(c, gain, falls)
+    return Knee(pts[-1][0], None, False)

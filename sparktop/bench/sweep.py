@@ -1,0 +1,433 @@
+"""The concurrency sweep: levels × runs of lockstep batches.
+
+For each concurrency c: one warm-up batch (not recorded), then `runs`
+batches of c simultaneous streaming requests, each batch starting when the
+previous one has finished (llama-benchy's model). Every finished request is
+appended to the run's requests.jsonl at once; the engine's /metrics is read
+alongside so each level also says how full the KV cache and the queue got.
+
+Progress goes out as typed events to one callback (the CLI draws a rich
+progress display from them, the app its sweep screen); the sweep itself
+never draws anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from sparktop import __version__
+from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer, words_text
+from sparktop.bench.request import RequestRecord, now, stream_chat
+from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
+from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
+from sparktop.errors import SparktopError
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class SweepError(SparktopError):
+    """The sweep cannot start (endpoint, model, settings)."""
+
+
+def normalize_endpoint(url: str) -> str:
+    """`http://host:port` or `http://host:port/v1` -> `http://host:port`."""
+    u = url.strip().rstrip("/")
+    if "://" not in u:
+        u = "http://" + u
+    parts = urlsplit(u)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SweepError(f"--endpoint {url!r}: expected http://HOST:PORT or http://HOST:PORT/v1")
+    if u.endswith("/v1"):
+        u = u[:-3]
+    return u
+
+
+def request_timeout(pp: int, tg: int, concurrency: int, base: float = 60.0) -> float:
+    """Seconds one request may take. It grows with the work queued ahead of
+    it: at c=256 a request can wait minutes for its turn, and a fixed
+    client timeout would quietly turn that wait into failures."""
+    return base + concurrency * (tg * 0.05 + pp * 0.001)
+
+
+@dataclass
+class SweepSettings:
+    endpoint: str
+    levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
+    runs: int = 5
+    pp: int = 1024
+    tg: int = 128
+    depth: int = 0  # context tokens in a system message before the prompt
+    model: str | None = None
+    extra_body: dict = field(default_factory=dict)
+    timeout: float | None = None  # per request; None scales with tg and concurrency
+    max_error_rate: float = 0.10
+    warmup: bool = True
+    exact_tg: bool = False
+    tokenizer: str | None = None
+    latency_mode: str = "api"  # api: mean of three GET /v1/models; none: 0
+    metrics: bool = True
+    # What ran, for the record (the launcher or the user says; not measured).
+    recipe: str | None = None
+    topology: str | None = None
+    nodes: list[str] = field(default_factory=list)
+    label: str | None = None
+
+    def validate(self) -> None:
+        if not self.levels or any(c < 1 for c in self.levels):
+            raise SweepError(f"-c: concurrency levels must be positive integers, got {self.levels}")
+        if self.runs < 1:
+            raise SweepError(f"--runs must be at least 1, got {self.runs}")
+        if self.pp < 1 or self.tg < 1:
+            raise SweepError(f"--pp and --tg must be at least 1, got pp={self.pp} tg={self.tg}")
+        if self.tg < 2:
+            raise SweepError("--tg must be at least 2: decode speed needs two tokens")
+        if not 0 <= self.max_error_rate <= 1:
+            raise SweepError(f"--max-error-rate must be between 0 and 1, got {self.max_error_rate}")
+
+    def public(self) -> dict:
+        d = asdict(self)
+        d.pop("endpoint", None)
+        return d
+
+
+# -- events -------------------------------------------------------------------
+
+
+@dataclass
+class SweepStarted:
+    run_id: str
+    path: Path
+    model: str
+    settings: SweepSettings
+    total_requests: int
+    resumed_requests: int = 0
+
+
+@dataclass
+class LevelStarted:
+    concurrency: int
+    warmup: bool
+
+
+@dataclass
+class RequestDone:
+    record: RequestRecord
+    done: int  # recorded requests so far, whole sweep
+    total: int
+    level_done: int
+    level_total: int
+    live_tps: float | None  # aggregate decode tokens/s of the batch so far
+    eta_s: float | None
+
+
+@dataclass
+class EngineSample:
+    kv_cache_usage: float | None
+    running: float | None
+    waiting: float | None
+
+
+@dataclass
+class LevelDone:
+    stats: LevelStats
+
+
+@dataclass
+class SweepFinished:
+    status: str  # done | stopped | cancelled | failed
+    reason: str | None
+    levels: list[LevelStats]
+    path: Path
+
+
+Event = SweepStarted | LevelStarted | RequestDone | EngineSample | LevelDone | SweepFinished
+
+
+# -- the sweep ----------------------------------------------------------------
+
+
+class Sweep:
+    """`await Sweep(settings, results_root).run()` -> SweepFinished."""
+
+    def __init__(self, settings: SweepSettings, results_root: Path, on_event: Callable[[Event], None] | None = None,
+                 resume: str | Path | None = None, api_key: str | None = None):
+        settings.endpoint = normalize_endpoint(settings.endpoint)
+        settings.validate()
+        self.s = settings
+        self.root = Path(results_root)
+        self.on_event = on_event or (lambda e: None)
+        self.resume = resume
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.levels: list[LevelStats] = []
+        self.latency = 0.0
+        self._done = 0
+        self._total = 0
+        self._batch_secs: dict[int, float] = {}
+        self._engine = EngineWatch()
+        self.writer: RunWriter | None = None
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:  # noqa: BLE001 - a drawing bug must not kill a measurement
+            pass
+
+    # -- server facts -----------------------------------------------------------
+
+    async def _get_json(self, session: aiohttp.ClientSession, path: str) -> dict | None:
+        try:
+            async with session.get(self.s.endpoint + path, headers=self._headers,
+                                   timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status != 200:
+                    return None
+                return await r.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+
+    async def _model(self, session: aiohttp.ClientSession) -> str:
+        if self.s.model:
+            return self.s.model
+        try:
+            async with session.get(self.s.endpoint + "/v1/models", headers=self._headers,
+                                   timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status != 200:
+                    raise SweepError(f"{self.s.endpoint}/v1/models answered HTTP {r.status}; "
+                                     "is this an OpenAI-compatible server? (--model skips this)")
+                data = await r.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise SweepError(f"{self.s.endpoint}: cannot reach the endpoint ({type(e).__name__}: {e})") from None
+        models = [m.get("id") for m in (data or {}).get("data") or [] if isinstance(m, dict)]
+        if not models:
+            raise SweepError(f"{self.s.endpoint}/v1/models lists no model")
+        return models[0]
+
+    async def _latency(self, session: aiohttp.ClientSession) -> float:
+        if self.s.latency_mode == "none":
+            return 0.0
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            if await self._get_json(session, "/v1/models") is not None:
+                times.append(time.perf_counter() - t)
+        return sum(times) / len(times) if times else 0.0
+
+    async def _probe(self, session: aiohttp.ClientSession, model: str, content: str) -> int:
+        payload = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+        payload.update(self.s.extra_body)
+        payload["stream"] = False
+        try:
+            async with session.post(self.s.endpoint + "/v1/chat/completions", json=payload, headers=self._headers,
+                                    timeout=aiohttp.ClientTimeout(total=120)) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    msg = (body.get("error") or {}).get("message") if isinstance(body, dict) else body
+                    raise SweepError(f"{self.s.endpoint}: the calibration request failed: HTTP {r.status}: {msg}")
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            raise SweepError(f"{self.s.endpoint}: the calibration request failed ({type(e).__name__}: {e})") from None
+        tokens = ((body or {}).get("usage") or {}).get("prompt_tokens")
+        if not isinstance(tokens, int):
+            raise SweepError(f"{self.s.endpoint}: the server reports no usage.prompt_tokens, so prompt "
+                             "lengths cannot be calibrated; pass --tokenizer FILE")
+        return tokens
+
+    # -- engine metrics ---------------------------------------------------------
+
+    async def _watch_metrics(self, session: aiohttp.ClientSession) -> None:
+        from sparktop.observe.vllm_metrics import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, MetricsError, Scrape
+
+        first_preempt = None
+        while True:
+            try:
+                async with session.get(self.s.endpoint + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status != 200:
+                        return  # a router or a server without metrics: nothing to watch
+                    text = await r.text()
+                scrape = Scrape.parse(text, time.monotonic(), histograms=False)
+            except (aiohttp.ClientError, OSError, TimeoutError, MetricsError):
+                await asyncio.sleep(1.0)
+                continue
+            kv, run, wait = scrape.mean(KV_USAGE), scrape.total(RUNNING), scrape.total(WAITING)
+            pre = scrape.total(PREEMPTIONS)
+            w = self._engine
+            if kv is not None:
+                w.kv_cache_usage_max = max(w.kv_cache_usage_max or 0.0, kv)
+            if run is not None:
+                w.running_max = max(w.running_max or 0.0, run)
+            if wait is not None:
+                w.waiting_max = max(w.waiting_max or 0.0, wait)
+            if pre is not None:
+                first_preempt = pre if first_preempt is None else first_preempt
+                w.preemptions = max(0.0, pre - first_preempt)
+            self._emit(EngineSample(kv, run, wait))
+            await asyncio.sleep(0.5)
+
+    # -- batches ----------------------------------------------------------------
+
+    def _payload(self, model: str, prompts: PromptMaker, context: PromptMaker | None) -> dict:
+        messages = []
+        if context is not None:
+            messages.append({"role": "system", "content": context.make()})
+        messages.append({"role": "user", "content": prompts.make()})
+        payload = {"model": model, "messages": messages, "max_tokens": self.s.tg, "stream": True,
+                   "return_token_ids": True, "stream_options": {"include_usage": True}}
+        payload.update(self.s.extra_body)
+        if self.s.exact_tg:
+            payload.update(min_tokens=self.s.tg, ignore_eos=True, max_tokens=self.s.tg)
+        payload["stream"] = True
+        return payload
+
+    def _eta(self, level_index: int, c: int, batches_left_here: int) -> float | None:
+        if c not in self._batch_secs:
+            return None
+        per = self._batch_secs[c]
+        eta = per * batches_left_here
+        for nxt in self.s.levels[level_index + 1:]:
+            # Decode is bandwidth-bound: a bigger batch takes longer, but far
+            # less than proportionally. A rough guess, refined level by level.
+            eta += per * math.sqrt(nxt / c) * (self.s.runs + (1 if self.s.warmup else 0))
+        return eta
+
+    async def _batch(self, session, url: str, model: str, c: int, run: int, attempt: int,
+                     prompts: PromptMaker, context: PromptMaker | None, timeout: float, record: bool,
+                     level_index: int, level_done: list[int]) -> list[RequestRecord]:
+        decoded = 0
+        first: float | None = None
+        records: list[RequestRecord] = []
+
+        # Every prompt is made before the first request leaves, so the batch
+        # reaches the server together (as llama-benchy's does).
+        payloads = [self._payload(model, prompts, context) for _ in range(c)]
+        batch_start = time.perf_counter()
+
+        async def one(i: int) -> RequestRecord:
+            nonlocal decoded, first
+            rec = RequestRecord(level=c, run=run, index=i, attempt=attempt)
+            await stream_chat(session, url, payloads[i], rec, timeout, self._headers)
+            if not record:
+                return rec
+            self.writer.append(rec)
+            records.append(rec)
+            self._done += 1
+            level_done[0] += 1
+            if rec.ok and rec.first_token is not None:
+                first = rec.first_token if first is None else min(first, rec.first_token)
+                decoded += rec.decode_tokens
+            live = decoded / (now() - first) if first is not None and now() > first else None
+            self._emit(RequestDone(rec, self._done, self._total, level_done[0], c * self.s.runs, live,
+                                   self._eta(level_index, c, self.s.runs - run)))
+            return rec
+
+        done = await asyncio.gather(*(one(i) for i in range(c)))
+        self._batch_secs[c] = time.perf_counter() - batch_start
+        return list(done)
+
+    # -- the whole sweep --------------------------------------------------------
+
+    async def run(self) -> SweepFinished:
+        s = self.s
+        previous: Run | None = None
+        if self.resume is not None:
+            previous = load_run(self.resume)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=600)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            model = await self._model(session)
+            version = (await self._get_json(session, "/version") or {}).get("version")
+            self.latency = await self._latency(session)
+            tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
+            try:
+                prompts = await calibrate(s.pp, lambda text: self._probe(session, model, text), tokenizer)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
+            context = None
+            if s.depth:
+                per_word = prompts.words / max(1, s.pp - prompts.template)
+                context = PromptMaker(s.depth, max(1, round(s.depth * per_word)), 0, False)
+
+            started = time.time()
+            meta = {
+                "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
+                "recipe": s.recipe, "topology": s.topology, "nodes": s.nodes, "label": s.label,
+                "settings": s.public(), "started": started, "latency_s": self.latency,
+                "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
+                                       "exact": prompts.exact, "tokenizer": bool(tokenizer)},
+                "status": "running",
+            }
+            done_batches: dict[int, int] = {}
+            attempt = 1
+            if previous is not None:
+                run_id = previous.id
+                done_batches = {c: len(bs) for c, bs in previous.batches().items()}
+                attempt = max((r.attempt for r in previous.records), default=0) + 1
+                self.writer = RunWriter(self.root if previous.path is None else previous.path.parent, run_id,
+                                        meta, resume=True)
+            else:
+                run_id = new_run_id(model, s.topology or s.label, started)
+                self.writer = RunWriter(self.root, run_id, meta)
+            self._total = sum(c * s.runs for c in s.levels)
+            self._done = sum(min(done_batches.get(c, 0), s.runs) * c for c in s.levels)
+            self._emit(SweepStarted(run_id, self.writer.dir, model, s, self._total, self._done))
+
+            url = s.endpoint + "/v1/chat/completions"
+            status, reason = "done", None
+            watcher = asyncio.ensure_future(self._watch_metrics(session)) if s.metrics else None
+            try:
+                for li, c in enumerate(s.levels):
+                    have = min(done_batches.get(c, 0), s.runs)
+                    if have >= s.runs:
+                        continue
+                    timeout = s.timeout or request_timeout(s.pp + s.depth, s.tg, c)
+                    self._engine = EngineWatch()
+                    level_done = [have * c]
+                    if s.warmup:
+                        self._emit(LevelStarted(c, True))
+                        await self._batch(session, url, model, c, 0, attempt, prompts, context, timeout, False,
+                                          li, level_done)
+                    self._emit(LevelStarted(c, False))
+                    errors = requests = 0
+                    for run in range(have + 1, s.runs + 1):
+                        batch = await self._batch(session, url, model, c, run, attempt, prompts, context,
+                                                  timeout, True, li, level_done)
+                        errors += sum(1 for r in batch if not r.ok)
+                        requests += len(batch)
+                        if requests and errors / requests > s.max_error_rate:
+                            first = next(r.error for r in batch if r.error) if any(not r.ok for r in batch) \
+                                else "errors"
+                            reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
+                                      f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
+                            status = "stopped"
+                            break
+                    self.writer.engine_level(c, self._engine)
+                    stats = self._level(c)
+                    self.levels = [lv for lv in self.levels if lv.concurrency != c] + [stats]
+                    self._emit(LevelDone(stats))
+                    if status != "done":
+                        break
+            except asyncio.CancelledError:
+                status, reason = "cancelled", "cancelled by the user; finished requests are kept"
+                self._finish(status, reason)
+                raise
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+            return self._finish(status, reason)
+
+    def _level(self, c: int) -> LevelStats:
+        run = load_run(self.writer.dir)
+        batches = run.batches().get(c, [])
+        return level_stats(c, batches, self.latency, self.s.pp + self.s.depth, self._engine)
+
+    def _finish(self, status: str, reason: str | None) -> SweepFinished:
+        self.writer.close(status, reason)
+        run = load_run(self.writer.dir)
+        levels = run.levels()
+        event = SweepFinished(status, reason, levels, self.writer.dir)
+        self._emit(event)
+        return event

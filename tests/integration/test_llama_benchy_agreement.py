@@ -1,0 +1,98 @@
+"""sparktop's sweep and llama-benchy (the tool the articles used) measure the
+same twin server and agree: tg totals within 2 %, pp and TTFT within 5 %.
+
+Both run as their own processes against a twin in its own process, one
+after the other, offline: a tokenizer.json trained here, llama-benchy's book
+pre-seeded in its cache under a temporary HOME."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.helpers.tokenizer import book_text, train_tokenizer
+from tests.helpers.venvs import llama_benchy
+
+pytestmark = pytest.mark.slow
+
+LEVELS = ["1", "2", "4"]
+PP, TG, RUNS = "512", "48", "3"
+EXACT = ["--exact-tg"]  # the same work for both: every request generates TG tokens
+BOOK_URL = "http://book.invalid/book.txt"  # never fetched: the cache has it
+
+
+def start_twin(tmp_path: Path, tokenizer: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host", "127.0.0.1", "--port",
+         str(port), "--tokenizer", str(tokenizer), "--speed", "2", "--startup-speed", "1000000"],
+        stdout=open(tmp_path / "twin.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the twin did not start: " + (tmp_path / "twin.log").read_text()[-500:])
+
+
+def by_concurrency(levels: list[dict]) -> dict[int, dict]:
+    return {lv["concurrency"]: lv for lv in levels}
+
+
+def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
+    benchy = llama_benchy()
+    book = book_text()
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", book)
+    home = tmp_path / "home"
+    cache = home / ".cache" / "llama-benchy"
+    cache.mkdir(parents=True)
+    (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
+    twin, url = start_twin(tmp_path, tokenizer)
+    try:
+        env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        out = tmp_path / "benchy.json"
+        lb = subprocess.run(
+            [str(benchy), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer", str(tokenizer),
+             "--book-url", BOOK_URL, "--pp", PP, "--tg", TG, "--concurrency", *LEVELS, "--runs", RUNS,
+             *EXACT, "--skip-coherence", "--format", "json", "--save-result", str(out)],
+            env=env, capture_output=True, text=True, timeout=600)
+        assert lb.returncode == 0, lb.stdout[-2000:] + lb.stderr[-2000:]
+        sp = subprocess.run(
+            [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
+             "--pp", PP, "--tg", TG, "-c", ",".join(LEVELS), "--runs", RUNS, *EXACT, "--json",
+             "--results", str(tmp_path / "results")],
+            capture_output=True, text=True, timeout=600)
+        assert sp.returncode == 0, sp.stderr[-2000:]
+    finally:
+        twin.terminate()
+        twin.wait(10)
+
+    ours = by_concurrency(json.loads(sp.stdout)["levels"])
+    theirs = {b["concurrency"]: b for b in json.loads(out.read_text())["benchmarks"]}
+    rows = []
+    for c in map(int, LEVELS):
+        o, t = ours[c], theirs[c]
+        assert o["errors"] == 0
+        pairs = {"tg": (o["tg_tps_total"], t["tg_throughput"]["mean"], 0.02),
+                 "pp": (o["pp_tps_total"], t["pp_throughput"]["mean"], 0.05),
+                 "ttft": (o["ttft_ms_mean"], t["e2e_ttft"]["mean"], 0.05)}
+        for name, (mine, ref, tol) in pairs.items():
+            rows.append((c, name, mine, ref, mine / ref - 1, tol))
+    report = "\n".join(f"c{c} {n:4} sparktop {m:10.2f}  llama-benchy {r:10.2f}  {d:+.2%} (limit {tol:.0%})"
+                       for c, n, m, r, d, tol in rows)
+    print(report)
+    assert all(abs(d) <= tol for *_, d, tol in rows), report
