@@ -267,7 +267,7 @@ class Sweep:
                 first_preempt = pre if first_preempt is None else first_preempt
                 w.preemptions = max(0.0, pre - first_preempt)
             self._emit(EngineSample(kv, run, wait))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
 
     # -- batches ----------------------------------------------------------------
 

@@ -1,0 +1,220 @@
+"""The sweep against real HTTP servers: twins, and a scripted server that
+streams the shapes other engines send (no token_ids, multi-token chunks,
+reasoning, errors mid-stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+
+from sparktop.bench.request import RequestRecord, stream_chat
+from sparktop.bench.results import load_run
+from sparktop.bench.sweep import Sweep, SweepSettings, request_timeout
+from sparktop.cli import main
+
+from tests.conftest import free_port
+
+
+def chunk(delta: dict | None = None, usage: dict | None = None, token_ids=None) -> bytes:
+    choices = []
+    if delta is not None:
+        choice = {"index": 0, "delta": delta}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        choices.append(choice)
+    data = {"choices": choices}
+    if usage:
+        data["usage"] = usage
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+async def scripted(script: list[tuple[float, bytes]], status: int = 200):
+    """A server whose /v1/chat/completions streams `script` (delay, bytes)."""
+
+    async def handler(request):
+        if status != 200:
+            return web.json_response({"error": {"message": "bad things"}}, status=status)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for delay, data in script:
+            await asyncio.sleep(delay)
+            await resp.write(data)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+async def run_one(script, status=200) -> RequestRecord:
+    runner, url = await scripted(script, status)
+    try:
+        async with aiohttp.ClientSession() as s:
+            return await stream_chat(s, url, {"stream": True}, RequestRecord(level=1, run=1, index=0), 10)
+    finally:
+        await runner.cleanup()
+
+
+async def test_token_ids_count_every_token_even_several_per_chunk():
+    r = await run_one([(0.05, chunk({"role": "assistant", "content": ""})),
+                       (0.05, chunk({"content": "Hel"}, token_ids=[1])),
+                       (0.05, chunk({"content": "lo there"}, token_ids=[2, 3, 4])),
+                       (0.0, chunk(None, usage={"prompt_tokens": 12, "completion_tokens": 4})),
+                       (0.0, b"data: [DONE]\n\n")])
+    assert r.ok and r.completion_tokens == 4 and r.prompt_tokens == 12
+    assert r.first_response < r.first_token  # the empty role chunk is a response, not a token
+    assert r.decode_tokens == 3
+
+
+async def test_without_token_ids_usage_counts_and_reasoning_is_a_first_token():
+    r = await run_one([(0.05, chunk({"reasoning_content": "think"})),
+                       (0.05, chunk({"content": "a b"})),
+                       (0.05, chunk({"content": "c"})),
+                       (0.0, chunk(None, usage={"prompt_tokens": 7, "completion_tokens": 6}))])
+    assert r.ok and r.completion_tokens == 6
+    assert r.first_token == r.token_times[0]
+
+
+async def test_one_token_per_chunk_when_the_server_says_nothing_else():
+    r = await run_one([(0.02, chunk({"content": "x"})), (0.02, chunk({"content": "y"})),
+                       (0.02, chunk({"reasoning": "z"}))])
+    assert r.ok and r.completion_tokens == 3
+
+
+async def test_errors_say_what_happened():
+    bad = await run_one([], status=400)
+    assert bad.error.startswith("HTTP 400") and "bad things" in bad.error
+    mid = await run_one([(0.01, chunk({"content": "x"})),
+                         (0.01, b'data: {"error": {"message": "engine dead", "code": 500}}\n\n')])
+    assert mid.error == "server: engine dead"
+    slow_runner, url = await scripted([(0.01, chunk({"content": "x"})), (5, chunk({"content": "y"}))])
+    try:
+        async with aiohttp.ClientSession() as s:
+            slow = await stream_chat(s, url, {}, RequestRecord(level=1, run=1, index=0), timeout=0.5)
+    finally:
+        await slow_runner.cleanup()
+    assert slow.timed_out and "timed out after 0s (1 tokens received)" in slow.error or "timed out" in slow.error
+
+
+def test_the_timeout_grows_with_concurrency_and_output():
+    assert request_timeout(1024, 128, 256) > 20 * 60 > 3 * 60  # the published pipeline's 3 minutes
+    assert request_timeout(1024, 128, 1) < request_timeout(1024, 128, 8) < request_timeout(1024, 512, 8)
+
+
+async def test_sweep_measures_a_twin_with_prompts_of_the_exact_length(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=10)
+    events = []
+    result = await Sweep(SweepSettings(server.url + "/v1", levels=[1, 4], runs=2, pp=300, tg=48),
+                         tmp_path, on_event=events.append).run()
+    assert result.status == "done"
+    run = load_run(result.path)
+    ok = [r for r in run.records]
+    assert len(ok) == 1 * 2 + 4 * 2  # warm-ups are not recorded
+    assert {r.prompt_tokens for r in ok} == {300}
+    assert run.meta["model"] == "llama-3.1-8b" and run.meta["vllm_version"]
+    levels = {lv.concurrency: lv for lv in result.levels}
+    assert levels[4].tg_tps_total > 2.5 * levels[1].tg_tps_total  # batching pays off on the twin
+    assert levels[4].running_max == 4  # read from the engine's /metrics during the level
+    names = {type(e).__name__ for e in events}
+    assert {"SweepStarted", "LevelStarted", "RequestDone", "LevelDone", "SweepFinished"} <= names
+
+
+async def test_cancelled_sweep_keeps_what_finished_and_resumes(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=10)
+    settings = SweepSettings(server.url, levels=[1, 2, 4], runs=2, pp=128, tg=24)
+    seen = []
+
+    def on_event(e):
+        seen.append(e)
+
+    task = asyncio.ensure_future(Sweep(settings, tmp_path, on_event=on_event).run())
+    # Cancel while the first measured batch of level 4 is in flight.
+    while not any(type(e).__name__ == "LevelStarted" and e.concurrency == 4 and not e.warmup for e in seen):
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    path = next(e.path for e in seen if type(e).__name__ == "SweepStarted")
+    first = load_run(path)
+    assert first.meta["status"] == "cancelled"
+    assert sorted(first.batches()) == [1, 2]  # complete levels are there, level 4 is not
+    kept = len(first.records)
+    assert kept == 2 + 4
+    again = await Sweep(SweepSettings(server.url, levels=[1, 2, 4], runs=2, pp=128, tg=24), tmp_path,
+                        resume=path).run()
+    assert again.status == "done"
+    run = load_run(path)
+    assert len(run.records) == kept + 8  # nothing dropped; level 4 done in full
+    assert [lv.concurrency for lv in run.levels()] == [1, 2, 4]
+    assert [lv.runs for lv in run.levels()] == [2, 2, 2]
+    assert max(r.attempt for r in run.records) == 2
+
+
+def test_a_twin_killed_at_c16_leaves_every_finished_request_on_disk(tmp_path, capsys):
+    port = free_port()
+    twin = subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host",
+                             "127.0.0.1", "--port", str(port), "--speed", "10", "--startup-speed", "1000000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        results = tmp_path / "results"
+        sweep = subprocess.Popen([sys.executable, "-m", "sparktop", "sweep", "-e", f"http://127.0.0.1:{port}",
+                                  "-c", "1,4,16,32", "--runs", "2", "--pp", "256", "--tg", "64", "--json",
+                                  "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        # Kill the server once the c16 level is under way.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = [json.loads(x) for f in results.glob("*/requests.jsonl") for x in f.read_text().splitlines()
+                     if x.strip()]
+            if any(r["level"] == 16 for r in lines):
+                break
+            time.sleep(0.05)
+        twin.kill()
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        twin.kill()
+    assert sweep.returncode == 3, err[-1000:]
+    assert "stopped at c16" in err and "Traceback" not in err
+    report = json.loads(out)
+    c16 = next(lv for lv in report["levels"] if lv["concurrency"] == 16)
+    assert c16["errors"] > 0 and c16["error_reasons"]
+    run = load_run(next(results.iterdir()))
+    assert [lv.concurrency for lv in run.levels()][:2] == [1, 4]
+    assert len([r for r in run.records if r.level in (1, 4)]) == 2 + 8
+    failed = [r for r in run.records if r.error]
+    assert failed and all(r.error for r in failed)
+    assert not any(r.level == 32 for r in run.records)  # it stopped
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--endpoint", "ftp://x"], "--endpoint 'ftp://x': expected http://HOST:PORT"),
+    (["sweep", "-e", "http://127.0.0.1:9", "-c", "1,two"], "-c '1,two': expected concurrency levels"),
+    (["sweep", "-e", "http://127.0.0.1:9", "--extra-body", "oops"], "--extra-body 'oops': expected KEY=VALUE"),
+    (["sweep", "-e", "http://127.0.0.1:9"], "http://127.0.0.1:9: cannot reach the endpoint"),
+    (["compare", "/nope"], "/nope: no such run"),
+])
+def test_bad_input_is_one_line_and_non_zero(argv, message, capsys, tmp_path):
+    assert main([*argv, "--results", str(tmp_path)] if argv[0] == "sweep" else argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
