@@ -129,6 +129,43 @@ async def shoot_launcher(cluster: TwinCluster, reuse) -> None:
         await app.launcher.stop([run.plan.launch_id])
 
 
+async def shoot_sweep(reuse, urls: list[str], results: Path) -> None:
+    """A sweep of spark-a's engine with an earlier run of spark-b's overlaid:
+    mid-run, then finished; then the comparison of the two."""
+    from sparktop.bench.sweep import Sweep, SweepSettings
+    from sparktop.ui.sweep import CompareScreen, RunsScreen, SweepScreen
+
+    settings = dict(levels=[1, 2, 4, 8, 16], runs=2, pp=1024, tg=64)
+    await Sweep(SweepSettings(urls[1], topology="solo", label="solo on spark-b", **settings), results).run()
+    app = reuse()
+    app.results_root = results
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(2.0)
+        await pilot.press("s")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        screen.query_one("#sweep-engine").value = urls[0]
+        for wid, value in (("levels", "1,2,4,8,16"), ("runs", "2"), ("pp", "1024"), ("tg", "64")):
+            screen.query_one(f"#{wid}").value = value
+        await pilot.press("enter")
+        while len(screen.levels) < 3:
+            await pilot.pause(0.2)
+        await pilot.pause(1.0)
+        save(app, "sweep-running-160x48")
+        while screen.finished is None:
+            await pilot.pause(0.5)
+        await pilot.pause(1.0)
+        save(app, "sweep-finished-160x48")
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.5)
+        assert isinstance(app.screen, RunsScreen)
+        await pilot.press("space", "down", "space", "enter")
+        await pilot.pause(1.0)
+        assert isinstance(app.screen, CompareScreen)
+        save(app, "sweep-compare-160x48")
+
+
 async def main(args) -> None:
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +191,10 @@ async def main(args) -> None:
                 app.state = state
                 return app
 
+            if args.only == "sweep":
+                load.terminate()
+                await shoot_sweep(reuse, urls, Path(tmp) / "results")
+                return
             await shoot(reuse(), (80, 24), "monitor-80x24")
             await shoot(reuse(), (160, 48), "monitor-160x48")
             app = reuse()
@@ -168,6 +209,8 @@ async def main(args) -> None:
                 png(path)
                 print("wrote", path.relative_to(ROOT), "and .png")
             await shoot_launcher(cluster, reuse)
+            load.terminate()  # the sweep wants the engines to itself
+            await shoot_sweep(reuse, urls, Path(tmp) / "results")
         finally:
             if recorder:
                 recorder.close()
@@ -181,4 +224,5 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="gpt-oss-120b")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of history before the pictures")
     ap.add_argument("--record", help="also record the session to this JSONL file")
+    ap.add_argument("--only", choices=["sweep"], help="only the sweep pictures")
     asyncio.run(main(ap.parse_args()))

@@ -41,7 +41,7 @@ class SparktopApp(App):
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
                  repaint: float = 1.0, inventory=None, recipe_dirs: list[str] | None = None,
-                 launch_timeout: float | None = None):
+                 launch_timeout: float | None = None, results_root=None):
         """`source` yields events; or `start_source`, an async callable that
         makes one, is called once the first frame is on screen (so heavy
         imports and connections never delay it). With an `inventory` the
@@ -50,6 +50,7 @@ class SparktopApp(App):
         self.inventory = inventory
         self.recipe_dirs = recipe_dirs
         self.launch_timeout = launch_timeout
+        self.results_root = results_root  # where sweeps are written (default: the results dir)
         self._launcher = None
         self._notified: set[int] = set()  # runs whose end was announced
         self._looked_at: set[int] = set()  # runs whose end the user saw on their progress screen
@@ -247,7 +248,16 @@ class SparktopApp(App):
             await self._launcher.close()
 
     def action_sweep(self) -> None:
-        self.notify("The sweep screen comes with the sweep issue (#5).", title="Sweep", severity="warning")
+        if self.replay:
+            self.notify("Sweeping needs live engines: not in a replay.", title="Sweep", severity="warning")
+            return
+        from sparktop.settings import results_dir
+        from sparktop.ui.sweep import SweepScreen
+
+        engines = [e for e in self.state.ordered_engines() if e.state == "ready"]
+        focused = self.screen.focused
+        default = getattr(focused, "key", None) if getattr(focused, "kind", None) == "engine" else None
+        self.push_screen(SweepScreen(engines, self.results_root or results_dir(), default_url=default))
 
     def repaint_now(self) -> None:
         self._paint(force=True)

@@ -1,0 +1,338 @@
+"""The sweep screen (`s`), the past runs (`r` there) and their comparison.
+
+The screen only draws: the sweep itself is `sparktop.bench.sweep.Sweep`,
+run as a worker whose events arrive here as messages. Every request is on
+disk the moment it finishes, so closing or cancelling loses nothing.
+"""
+
+from __future__ import annotations
+
+from rich.markdown import Markdown
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
+
+from sparktop.bench import compare as cmp
+from sparktop.bench.export import COLUMNS, cell
+from sparktop.bench.results import Run, list_runs, load_run
+from sparktop.bench.sweep import (EngineSample, LevelDone, LevelStarted, RequestDone, Sweep, SweepFinished,
+                                  SweepSettings, SweepStarted)
+from sparktop.bench.commands import parse_extra_body, parse_levels
+from sparktop.errors import SparktopError
+from sparktop.ui.screens import LiveScreen, StatusLine
+
+CHARTS = (("tg_tps_total", "decode t/s (total)"), ("pp_tps_total", "prefill t/s (total)"),
+          ("ttft_ms_mean", "TTFT ms (mean)"))
+
+
+def eta_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA …"
+    s = int(seconds)
+    return f"ETA {s // 60}m{s % 60:02d}s" if s >= 60 else f"ETA {s}s"
+
+
+def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int) -> Text:
+    """A metric against concurrency; one line per run (this one first)."""
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plotsize(max(20, width), max(6, height))
+    plt.theme("pro")
+    plt.title(title)
+    levels = sorted({lv.concurrency for _, lvs in runs for lv in lvs})
+    pos = {c: i for i, c in enumerate(levels)}
+    drawn = False
+    for label, lvs in reversed(runs):  # this run (first) drawn last, on top
+        pts = [(pos[lv.concurrency], getattr(lv, key)) for lv in lvs if getattr(lv, key) is not None]
+        if pts:
+            plt.plot([x for x, _ in pts], [y for _, y in pts], label=label[:24],
+                     marker="hd" if label == "this run" else "braille")
+            drawn = True
+    if not drawn:
+        plt.plot([0], [0])
+    if levels:
+        plt.xticks(list(range(len(levels))), [f"c{c}" for c in levels])
+    return Text.from_ansi(plt.build())
+
+
+class SweepEvent(Message):
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+
+class SweepScreen(LiveScreen):
+    """Settings, then the live sweep: progress, tokens/s, the table, the charts."""
+
+    BINDINGS = [
+        Binding("escape", "cancel_or_back", "Cancel / back"),
+        Binding("enter", "start", "Start", show=True),
+        Binding("ctrl+r", "runs", "Past runs"),
+    ]
+
+    def __init__(self, engines: list, results_root, default_url: str | None = None):
+        super().__init__()
+        self.engines = engines  # EngineSnapshot list (ready ones)
+        self.results_root = results_root
+        self.default_url = default_url
+        self.sweep: Sweep | None = None
+        self.running = False
+        self.levels: list = []
+        self.model: str | None = None
+        self.earlier: list[tuple[str, list]] = []
+        self.tps: list[float] = []
+        self.finished: SweepFinished | None = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with Horizontal(classes="form-row", id="sweep-form"):
+            yield Select([], id="sweep-engine", allow_blank=True, prompt="endpoint")
+            yield Input(id="levels", value="1,2,4,8,16,32,64", placeholder="concurrency", classes="wide")
+            yield Input(id="runs", value="5", placeholder="runs", type="integer", classes="small")
+            yield Input(id="pp", value="1024", placeholder="pp", type="integer", classes="small")
+            yield Input(id="tg", value="128", placeholder="tg", type="integer", classes="small")
+            yield Input(id="extra", placeholder="extra body, e.g. reasoning_effort=low", classes="wide")
+            yield Button("Start", id="start", variant="success")
+        with Horizontal(id="sweep-progress-row"):
+            yield Static("", id="sweep-progress")
+            yield ProgressBar(id="overall", show_eta=False)
+        with Horizontal(id="sweep-live"):
+            yield Sparkline([], id="live-tps")
+            yield Static("", id="engine-line")
+        with Horizontal(id="sweep-body"):
+            with Vertical(id="sweep-left"):
+                yield DataTable(id="levels-table", cursor_type="row", zebra_stripes=True)
+                yield Static("", id="sweep-summary")
+            yield Static("", id="sweep-charts")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#levels-table", DataTable)
+        for key, head, _ in COLUMNS:
+            table.add_column(head, key=key)
+        options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
+        select = self.query_one("#sweep-engine", Select)
+        select.set_options(options)
+        if options:
+            select.value = self.default_url if self.default_url in [u for _, u in options] else options[0][1]
+        self.query_one("#live-tps").border_title = "tokens/s as requests finish"
+        self.query_one("#sweep-progress", Static).update(
+            "Enter starts the sweep · Esc cancels it (finished requests are kept) · ctrl+r past runs")
+        self.query_one("#start", Button).focus()
+
+    def refresh_state(self, state, status: Text) -> None:
+        self.query_one(StatusLine).update(status)
+
+    # -- starting ----------------------------------------------------------------
+
+    def _settings(self) -> SweepSettings:
+        url = self.query_one("#sweep-engine", Select).value
+        if url in (Select.NULL, None):
+            raise SparktopError("no endpoint to sweep: start an engine first (l launches one)")
+        engine = next((e for e in self.engines if e.url == url), None)
+
+        def number(wid: str) -> int:
+            text = self.query_one(f"#{wid}", Input).value.strip()
+            try:
+                return int(text)
+            except ValueError:
+                raise SparktopError(f"{wid}: expected a whole number, got {text!r}") from None
+
+        extra = self.query_one("#extra", Input).value.strip()
+        return SweepSettings(
+            endpoint=str(url), levels=parse_levels(self.query_one("#levels", Input).value), runs=number("runs"),
+            pp=number("pp"), tg=number("tg"), extra_body=parse_extra_body([extra] if extra else []),
+            topology=engine.topology if engine else None, nodes=[engine.node] if engine and engine.node else [],
+        )
+
+    @on(Button.Pressed, "#start")
+    def _pressed(self) -> None:
+        self.action_start()
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.action_start()
+
+    def action_start(self) -> None:
+        if self.running:
+            return
+        try:
+            settings = self._settings()
+            sweep = Sweep(settings, self.results_root, on_event=lambda e: self.post_message(SweepEvent(e)))
+        except SparktopError as e:
+            self.notify(str(e), title="Sweep", severity="error")
+            return
+        self.sweep, self.running, self.finished = sweep, True, None
+        self.levels, self.tps = [], []
+        self.query_one("#levels-table", DataTable).clear()
+        self.query_one("#start", Button).disabled = True
+        self.query_one("#sweep-progress", Static).update("calibrating prompts…")
+        self._run(sweep)
+
+    @work(group="sweep", exclusive=True, exit_on_error=False)
+    async def _run(self, sweep: Sweep) -> None:
+        try:
+            await sweep.run()
+        except SparktopError as e:
+            self.notify(str(e), title="Sweep", severity="error", timeout=10)
+            self.query_one("#sweep-progress", Static).update(Text(str(e), style="red"))
+        finally:
+            self.running = False
+            self.query_one("#start", Button).disabled = False
+
+    def action_cancel_or_back(self) -> None:
+        if self.running:
+            self.workers.cancel_group(self, "sweep")
+            self.notify("Sweep cancelled: every finished request is kept.", title="Sweep")
+        else:
+            self.app.pop_screen()
+
+    def action_runs(self) -> None:
+        self.app.push_screen(RunsScreen(self.results_root))
+
+    # -- live ------------------------------------------------------------------
+
+    def on_sweep_event(self, message: SweepEvent) -> None:
+        e = message.event
+        bar = self.query_one("#overall", ProgressBar)
+        line = self.query_one("#sweep-progress", Static)
+        if isinstance(e, SweepStarted):
+            self.model = e.model
+            bar.update(total=e.total_requests, progress=e.resumed_requests)
+            self.earlier = self._earlier_runs(e.model, e.run_id)
+            line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}"))
+            self._draw_charts()
+        elif isinstance(e, LevelStarted):
+            what = "warm-up" if e.warmup else "measuring"
+            line.update(Text.assemble((f"c{e.concurrency} ", "bold yellow"), what, f" · {self.model}"))
+        elif isinstance(e, RequestDone):
+            bar.update(progress=e.done)
+            if e.live_tps:
+                self.tps = (self.tps + [e.live_tps])[-200:]
+                self.query_one("#live-tps", Sparkline).data = list(self.tps)
+            err = " · errors in this level" if not e.record.ok else ""
+            line.update(Text.assemble(
+                (f"c{e.record.level} ", "bold yellow"), f"run {e.record.run} · level {e.level_done}/{e.level_total}"
+                f" · total {e.done}/{e.total} · {eta_text(e.eta_s)}",
+                (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
+        elif isinstance(e, EngineSample):
+            parts = []
+            if e.kv_cache_usage is not None:
+                parts.append(f"KV {e.kv_cache_usage:.0%}")
+            if e.running is not None:
+                parts.append(f"running {e.running:.0f}")
+            if e.waiting is not None:
+                parts.append(f"waiting {e.waiting:.0f}")
+            self.query_one("#engine-line", Static).update(Text("engine  " + " · ".join(parts), style="cyan"))
+        elif isinstance(e, LevelDone):
+            self.levels = [lv for lv in self.levels if lv.concurrency != e.stats.concurrency] + [e.stats]
+            table = self.query_one("#levels-table", DataTable)
+            key = str(e.stats.concurrency)
+            if key in table.rows:
+                table.remove_row(key)
+            table.add_row(*(cell(e.stats, k) for k, _, _ in COLUMNS), key=key)
+            self._draw_charts()
+        elif isinstance(e, SweepFinished):
+            self.finished = e
+            self.levels = e.levels
+            self._draw_charts()
+            from sparktop.bench.stats import knee
+
+            k = knee(e.levels)
+            summary = [Text(f"{e.status}: {e.reason}" if e.reason else "done", style="green" if e.status == "done"
+                            else "bold red")]
+            if k and len(e.levels) > 1:
+                summary.append(Text(k.describe("decode")))
+            summary.append(Text(f"saved in {e.path}", style="dim"))
+            self.query_one("#sweep-summary", Static).update(Text("\n").join(summary))
+            line.update(Text.assemble(("finished ", "bold green" if e.status == "done" else "bold red"),
+                                      f"{e.status} · {len(e.levels)} levels · ctrl+r compares with past runs"))
+
+    def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
+        out = []
+        for run in reversed(list_runs(self.results_root)):
+            if run.id != run_id and run.meta.get("model") == model and run.levels():
+                out.append((run.label if run.label != run.id else run.id[:15], run.levels()))
+            if len(out) == 3:
+                break
+        return out
+
+    def _draw_charts(self) -> None:
+        box = self.query_one("#sweep-charts", Static)
+        width = max(30, box.size.width - 2)
+        height = max(24, box.size.height)
+        each = max(7, height // len(CHARTS))
+        runs = [("this run", sorted(self.levels, key=lambda lv: lv.concurrency)), *self.earlier]
+        charts = [level_chart(title, key, runs, width, each) for key, title in CHARTS]
+        for chart in charts:
+            chart.rstrip()
+        box.update(Text("\n").join(charts))
+
+
+class RunsScreen(Screen):
+    """Past runs; space marks, Enter compares the marked (or the highlighted)."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("space", "mark", "Mark"),
+                Binding("enter", "compare", "Compare")]
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+        self.runs: dict[str, Run] = {}
+        self.marked: set[str] = set()
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(" past sweep runs · space marks · Enter compares ", style="bold reverse"))
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        for key in ("mark", "run", "model", "topology", "levels", "status"):
+            t.add_column(key, key=key)
+        for run in reversed(list_runs(self.root)):
+            self.runs[run.id] = run
+            t.add_row("", run.id, str(run.meta.get("model") or ""), str(run.meta.get("topology") or ""),
+                      " ".join(f"c{lv.concurrency}" for lv in run.levels()), str(run.meta.get("status") or ""),
+                      key=run.id)
+        t.focus()
+
+    def action_mark(self) -> None:
+        t = self.query_one(DataTable)
+        if not self.runs:
+            return
+        rid = t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value
+        self.marked ^= {rid}
+        t.update_cell(rid, "mark", "✓" if rid in self.marked else "")
+
+    @on(DataTable.RowSelected)
+    def _selected(self) -> None:
+        self.action_compare()
+
+    def action_compare(self) -> None:
+        t = self.query_one(DataTable)
+        if not self.runs:
+            return
+        ids = [rid for rid in self.runs if rid in self.marked] or \
+              [t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value]
+        self.app.push_screen(CompareScreen([load_run(self.runs[i].path) for i in ids]))
+
+
+class CompareScreen(Screen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, runs: list[Run]) -> None:
+        super().__init__()
+        self.runs = runs
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(f" compare · {len(self.runs)} run(s) ", style="bold reverse"))
+        with VerticalScroll():
+            yield Static(Markdown(cmp.markdown(self.runs)), id="compare-text")
+        yield Footer()

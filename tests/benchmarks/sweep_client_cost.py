@@ -1,0 +1,140 @@
+"""Is the load generator ever the bottleneck? Client CPU per streamed token,
+sparktop's sweep vs llama-benchy 0.4.0, side by side against one twin that
+emits as fast as it can; then c=256 streams from a client pinned to one core.
+
+    python tests/benchmarks/sweep_client_cost.py [--rounds 3] [--c 64] [--tg 256]
+
+Each tool runs as its own process; its CPU time comes from the kernel
+(getrusage of the child). Start-up (imports, corpus) is measured with a tiny
+run and subtracted, so the figure is the cost of streaming alone:
+  per token = (CPU big − CPU tiny) / (tokens big − tokens tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.tokenizer import book_text, train_tokenizer  # noqa: E402
+from tests.helpers.venvs import llama_benchy  # noqa: E402
+
+BOOK_URL = "http://book.invalid/book.txt"
+
+
+def child_cpu(cmd: list[str], env=None, cwd=None) -> tuple[float, float, subprocess.CompletedProcess]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed: {(p.stderr or p.stdout)[-800:]}")
+    return cpu, wall, p
+
+
+def start_twin(tok: Path, port: int, speed: float, cpu: str | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host", "127.0.0.1", "--port",
+           str(port), "--tokenizer", str(tok), "--speed", str(speed), "--startup-speed", "1000000",
+           "--max-num-seqs", "512"]
+    if cpu:
+        cmd = ["taskset", "-c", cpu, *cmd]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit("twin did not start")
+
+
+def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: int, out: Path):
+    env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1")
+    cpu, wall, _ = child_cpu([str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer",
+                              str(tok), "--book-url", BOOK_URL, "--pp", "64", "--tg", str(tg), "--concurrency",
+                              str(c), "--runs", str(runs), "--exact-tg", "--skip-coherence", "--format", "json",
+                              "--save-result", str(out)], env=env)
+    tokens = (runs + 1) * c * tg  # --exact-tg: every request, warm-up included, streams tg tokens
+    return cpu, wall, tokens
+
+
+def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: str | None = None):
+    cmd = [sys.executable, "-m", "sparktop", "sweep", "-e", url, "--tokenizer", str(tok), "--pp", "64", "--tg",
+           str(tg), "-c", str(c), "--runs", str(runs), "--exact-tg", "--json", "--results", str(results)]
+    if pin:
+        cmd = ["taskset", "-c", pin, *cmd]
+    cpu, wall, p = child_cpu(cmd)
+    report = json.loads(p.stdout)
+    tokens = (runs + 1) * c * tg
+    return cpu, wall, tokens, report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--c", type=int, default=64)
+    ap.add_argument("--tg", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--speed", type=float, default=1000.0, help="twin speed-up (high: as fast as it can)")
+    args = ap.parse_args()
+    exe = llama_benchy()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        book = book_text()
+        tok = train_tokenizer(tmp / "tokenizer.json", book)
+        cache = tmp / "home" / ".cache" / "llama-benchy"
+        cache.mkdir(parents=True)
+        (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
+        port = 18900
+        twin = start_twin(tok, port, args.speed)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            per_token = {"sparktop": [], "llama-benchy": []}
+            for r in range(args.rounds):
+                for tool in (("sparktop", "llama-benchy") if r % 2 == 0 else ("llama-benchy", "sparktop")):
+                    if tool == "sparktop":
+                        small = ours(url, tok, tmp / f"r{r}s", 1, 1, 2)
+                        big = ours(url, tok, tmp / f"r{r}b", args.c, args.runs, args.tg)
+                    else:
+                        small = benchy(exe, url, tok, tmp / "home", 1, 1, 2, tmp / f"b{r}s.json")
+                        big = benchy(exe, url, tok, tmp / "home", args.c, args.runs, args.tg, tmp / f"b{r}b.json")
+                    cost = (big[0] - small[0]) / (big[2] - small[2])
+                    per_token[tool].append(cost)
+                    print(f"round {r + 1} {tool:13} {big[2]:7d} tokens  cpu {big[0]:6.2f}s (start-up "
+                          f"{small[0]:.2f}s)  wall {big[1]:6.2f}s  {cost * 1e6:6.1f} µs/token", flush=True)
+            a, b = statistics.median(per_token["sparktop"]), statistics.median(per_token["llama-benchy"])
+            print(f"\nmedian client CPU per streamed token: sparktop {a * 1e6:.1f} µs, llama-benchy {b * 1e6:.1f} µs"
+                  f" -> sparktop uses {a / b:.2f}x llama-benchy's")
+        finally:
+            twin.terminate()
+            twin.wait()
+        # c=256 from a client pinned to one core, the twin on the other.
+        twin = start_twin(tok, port + 1, 50.0, cpu="1")
+        try:
+            cpu, wall, tokens, report = ours(f"http://127.0.0.1:{port + 1}", tok, tmp / "c256", 256, 2, 64, pin="0")
+            (lv,) = report["levels"]
+            print(f"\nc=256 on one core: {lv['requests']} requests, {lv['errors']} errors, decode "
+                  f"{lv['tg_tps_total']:,.0f} t/s total, client CPU {cpu:.1f}s over {wall:.1f}s wall "
+                  f"({cpu / wall:.0%} of one core, start-up included)")
+        finally:
+            twin.terminate()
+            twin.wait()
+
+
+if __name__ == "__main__":
+    main()
