@@ -8,22 +8,50 @@ counted from `token_ids` when every content chunk carries them (vLLM with
 the content chunks, else one per chunk — the same order llama-benchy uses,
 so both tools count the same tokens on the same server.
 
-The hot loop is per network chunk, not per token, and touches as little
-Python as it can: the client must never be what limits a measurement.
+The hot loop is per network read, not per token, and touches as little
+Python as it can (`sse.py`): the client must never be what limits a
+measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 
-import aiohttp
+from sparktop.bench.sse import HTTPError, post_sse
 
 # perf_counter is monotonic and fine-grained; records carry wall-clock
 # seconds so that runs written by different processes line up.
 _WALL_OFFSET = time.time() - time.perf_counter()
+
+
+_loads = json.JSONDecoder().decode  # str in: skips json.loads' encoding sniffing per chunk
+
+# The fast path for the chunks that carry tokens (all but the last one or
+# two): three byte searches instead of a JSON parse. Quotes inside JSON
+# strings are escaped, so these keys cannot be matched inside a text value.
+_CHOICE = re.compile(rb'"choices"\s*:\s*\[\s*\{')
+_TEXT = re.compile(rb'"(?:content|reasoning_content|reasoning)"\s*:\s*"(?!")')
+_IDS = re.compile(rb'"token_ids"\s*:\s*\[([^\]]*)\]')
+
+
+def scan(body: bytes) -> tuple[bool, bool, int | None] | None:
+    """(has a choice, has text, token ids or None) — or None when the chunk
+    needs a real parse (usage, an error, anything unusual)."""
+    if b'"usage"' in body or b'"error"' in body:
+        return None
+    if _CHOICE.search(body) is None:
+        return None
+    if _TEXT.search(body) is None:
+        return True, False, None
+    m = _IDS.search(body)
+    if m is None:
+        return True, True, None
+    ids = m.group(1).strip()
+    return True, True, (ids.count(b",") + 1 if ids else 0)
 
 
 def now() -> float:
@@ -113,85 +141,92 @@ def _has_text(delta: dict) -> bool:
     return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
 
 
-async def stream_chat(session: aiohttp.ClientSession, url: str, payload: dict, record: RequestRecord,
-                      timeout: float, headers: dict | None = None) -> RequestRecord:
+async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: float,
+                      headers: dict | None = None) -> RequestRecord:
     """POST a streaming chat completion and fill `record` as it arrives.
 
     Never raises for what a server or network does: errors and timeouts
     end up in `record.error` with a reason a person can act on."""
     chunk_times: list[float] = []
     chunk_counts: list[int] = []
-    all_have_ids = True
-    usage_completion: int | None = None
-    clock = time.perf_counter
+    state = {"ids": True, "usage": None}
+
+    def on_line(line: bytes, t: float) -> None:
+        if not line.startswith(b"data:"):
+            return
+        body = line[5:].strip()
+        if body == b"[DONE]" or not body:
+            return
+        t += _WALL_OFFSET
+        fast = scan(body)
+        if fast is not None:
+            if record.first_response is None:
+                record.first_response = t
+            if not fast[1]:
+                return
+            if record.first_token is None:
+                record.first_token = t
+            if fast[2] is None:
+                state["ids"] = False
+                chunk_counts.append(1)
+            else:
+                chunk_counts.append(fast[2])
+            chunk_times.append(t)
+            return
+        try:
+            chunk = _loads(body.decode())
+        except ValueError:
+            return
+        if "error" in chunk and not chunk.get("choices"):
+            err = chunk["error"]
+            record.error = "server: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
+            return
+        usage = chunk.get("usage")
+        if usage:
+            if isinstance(usage.get("prompt_tokens"), int):
+                record.prompt_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                state["usage"] = usage["completion_tokens"]
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        if record.first_response is None:
+            record.first_response = t
+        choice = choices[0]
+        if not _has_text(choice.get("delta") or {}):
+            return
+        if record.first_token is None:
+            record.first_token = t
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            chunk_counts.append(len(ids))
+        else:
+            state["ids"] = False
+            chunk_counts.append(1)
+        chunk_times.append(t)
+
     record.start = now()
     try:
         async with asyncio.timeout(timeout):
-            async with session.post(url, json=payload, headers=headers) as resp:
-                record.status = resp.status
-                if resp.status != 200:
-                    body = (await resp.text())[:300].replace("\n", " ")
-                    record.error = f"HTTP {resp.status}: {body}"
-                    return record
-                buf = b""
-                async for data in resp.content.iter_any():
-                    t = clock() + _WALL_OFFSET
-                    buf += data
-                    if b"\n" not in data:
-                        continue
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        if not line.startswith(b"data:"):
-                            continue
-                        body = line[5:].strip()
-                        if body == b"[DONE]" or not body:
-                            continue
-                        try:
-                            chunk = json.loads(body)
-                        except ValueError:
-                            continue
-                        if "error" in chunk and not chunk.get("choices"):
-                            err = chunk["error"]
-                            record.error = "server: " + (err.get("message", str(err)) if isinstance(err, dict)
-                                                         else str(err))
-                            continue
-                        usage = chunk.get("usage")
-                        if usage:
-                            if isinstance(usage.get("prompt_tokens"), int):
-                                record.prompt_tokens = usage["prompt_tokens"]
-                            if isinstance(usage.get("completion_tokens"), int):
-                                usage_completion = usage["completion_tokens"]
-                        choices = chunk.get("choices")
-                        if not choices:
-                            continue
-                        if record.first_response is None:
-                            record.first_response = t
-                        choice = choices[0]
-                        if not _has_text(choice.get("delta") or {}):
-                            continue
-                        if record.first_token is None:
-                            record.first_token = t
-                        ids = choice.get("token_ids")
-                        if isinstance(ids, list):
-                            chunk_counts.append(len(ids))
-                        else:
-                            all_have_ids = False
-                            chunk_counts.append(1)
-                        chunk_times.append(t)
-                record.end = now()
+            record.status = await post_sse(url, payload, on_line, headers)
+        record.end = now()
+    except HTTPError as e:
+        record.status = e.status
+        record.error = str(e)
+        return record
     except TimeoutError:
         record.timed_out = True
-        got = sum(chunk_counts)
-        record.error = f"timed out after {timeout:.0f}s ({got} tokens received)"
-    except (aiohttp.ClientError, OSError) as e:
-        record.error = f"{type(e).__name__}: {e}".rstrip(": ") or type(e).__name__
+        record.error = f"timed out after {timeout:.0f}s ({sum(chunk_counts)} tokens received)"
+    except OSError as e:
+        record.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    usage_completion = state["usage"]
     if record.error is None and record.first_token is None and not chunk_times:
         if usage_completion:
             record.completion_tokens = usage_completion
         else:
             record.error = "the stream ended without a token"
         return record
-    if chunk_times and all_have_ids:
+    if chunk_times and state["ids"]:
         record.token_times = spread(chunk_times, chunk_counts, record.first_token or record.start)
     elif chunk_times and usage_completion is not None:
         record.token_times = interpolate(chunk_times, usage_completion)

@@ -310,7 +310,7 @@ class Sweep:
         async def one(i: int) -> RequestRecord:
             nonlocal decoded, first
             rec = RequestRecord(level=c, run=run, index=i, attempt=attempt)
-            await stream_chat(session, url, payloads[i], rec, timeout, self._headers)
+            await stream_chat(url, payloads[i], rec, timeout, self._headers)
             if not record:
                 return rec
             self.writer.append(rec)

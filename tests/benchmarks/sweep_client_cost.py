@@ -65,7 +65,7 @@ def start_twin(tok: Path, port: int, speed: float, cpu: str | None = None) -> su
 
 def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: int, out: Path):
     env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1")
-    cpu, wall, _ = child_cpu([str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer",
+    cpu, wall, _ = child_cpu(["taskset", "-c", "0", str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer",
                               str(tok), "--book-url", BOOK_URL, "--pp", "64", "--tg", str(tg), "--concurrency",
                               str(c), "--runs", str(runs), "--exact-tg", "--skip-coherence", "--format", "json",
                               "--save-result", str(out)], env=env)
@@ -73,7 +73,7 @@ def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: in
     return cpu, wall, tokens
 
 
-def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: str | None = None):
+def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: str | None = "0"):
     cmd = [sys.executable, "-m", "sparktop", "sweep", "-e", url, "--tokenizer", str(tok), "--pp", "64", "--tg",
            str(tg), "-c", str(c), "--runs", str(runs), "--exact-tg", "--json", "--results", str(results)]
     if pin:
@@ -101,32 +101,35 @@ def main() -> None:
         cache.mkdir(parents=True)
         (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
         port = 18900
-        twin = start_twin(tok, port, args.speed)
         url = f"http://127.0.0.1:{port}"
-        try:
-            per_token = {"sparktop": [], "llama-benchy": []}
-            for r in range(args.rounds):
-                for tool in (("sparktop", "llama-benchy") if r % 2 == 0 else ("llama-benchy", "sparktop")):
+        per_token = {"sparktop": [], "llama-benchy": []}
+        # Each measurement gets a fresh twin pinned to core 1 and the client
+        # pinned to core 0: the server's pace sets how many SSE events share
+        # a read, so both tools must meet the same, unloaded server.
+        for r in range(args.rounds):
+            for tool in (("sparktop", "llama-benchy") if r % 2 == 0 else ("llama-benchy", "sparktop")):
+                twin = start_twin(tok, port, args.speed, cpu="1")
+                try:
                     if tool == "sparktop":
                         small = ours(url, tok, tmp / f"r{r}s", 1, 1, 2)
                         big = ours(url, tok, tmp / f"r{r}b", args.c, args.runs, args.tg)
                     else:
                         small = benchy(exe, url, tok, tmp / "home", 1, 1, 2, tmp / f"b{r}s.json")
                         big = benchy(exe, url, tok, tmp / "home", args.c, args.runs, args.tg, tmp / f"b{r}b.json")
-                    cost = (big[0] - small[0]) / (big[2] - small[2])
-                    per_token[tool].append(cost)
-                    print(f"round {r + 1} {tool:13} {big[2]:7d} tokens  cpu {big[0]:6.2f}s (start-up "
-                          f"{small[0]:.2f}s)  wall {big[1]:6.2f}s  {cost * 1e6:6.1f} µs/token", flush=True)
-            a, b = statistics.median(per_token["sparktop"]), statistics.median(per_token["llama-benchy"])
-            print(f"\nmedian client CPU per streamed token: sparktop {a * 1e6:.1f} µs, llama-benchy {b * 1e6:.1f} µs"
-                  f" -> sparktop uses {a / b:.2f}x llama-benchy's")
-        finally:
-            twin.terminate()
-            twin.wait()
+                finally:
+                    twin.terminate()
+                    twin.wait()
+                cost = (big[0] - small[0]) / (big[2] - small[2])
+                per_token[tool].append(cost)
+                print(f"round {r + 1} {tool:13} {big[2]:7d} tokens  cpu {big[0]:6.2f}s (start-up "
+                      f"{small[0]:.2f}s)  wall {big[1]:6.2f}s  {cost * 1e6:6.1f} µs/token", flush=True)
+        a, b = statistics.median(per_token["sparktop"]), statistics.median(per_token["llama-benchy"])
+        print(f"\nmedian client CPU per streamed token: sparktop {a * 1e6:.1f} µs, llama-benchy {b * 1e6:.1f} µs"
+              f" -> sparktop uses {a / b:.2f}x llama-benchy's")
         # c=256 from a client pinned to one core, the twin on the other.
         twin = start_twin(tok, port + 1, 50.0, cpu="1")
         try:
-            cpu, wall, tokens, report = ours(f"http://127.0.0.1:{port + 1}", tok, tmp / "c256", 256, 2, 64, pin="0")
+            cpu, wall, tokens, report = ours(f"http://127.0.0.1:{port + 1}", tok, tmp / "c256", 256, 2, 64)
             (lv,) = report["levels"]
             print(f"\nc=256 on one core: {lv['requests']} requests, {lv['errors']} errors, decode "
                   f"{lv['tg_tps_total']:,.0f} t/s total, client CPU {cpu:.1f}s over {wall:.1f}s wall "

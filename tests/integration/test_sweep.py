@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
 import httpx
 import pytest
 from aiohttp import web
@@ -63,8 +62,7 @@ async def scripted(script: list[tuple[float, bytes]], status: int = 200):
 async def run_one(script, status=200) -> RequestRecord:
     runner, url = await scripted(script, status)
     try:
-        async with aiohttp.ClientSession() as s:
-            return await stream_chat(s, url, {"stream": True}, RequestRecord(level=1, run=1, index=0), 10)
+        return await stream_chat(url, {"stream": True}, RequestRecord(level=1, run=1, index=0), 10)
     finally:
         await runner.cleanup()
 
@@ -103,11 +101,10 @@ async def test_errors_say_what_happened():
     assert mid.error == "server: engine dead"
     slow_runner, url = await scripted([(0.01, chunk({"content": "x"})), (5, chunk({"content": "y"}))])
     try:
-        async with aiohttp.ClientSession() as s:
-            slow = await stream_chat(s, url, {}, RequestRecord(level=1, run=1, index=0), timeout=0.5)
+        slow = await stream_chat(url, {}, RequestRecord(level=1, run=1, index=0), timeout=0.5)
     finally:
         await slow_runner.cleanup()
-    assert slow.timed_out and "timed out after 0s (1 tokens received)" in slow.error or "timed out" in slow.error
+    assert slow.timed_out and slow.error == "timed out after 0s (1 tokens received)"
 
 
 def test_the_timeout_grows_with_concurrency_and_output():
@@ -218,3 +215,24 @@ def test_bad_input_is_one_line_and_non_zero(argv, message, capsys, tmp_path):
     assert main([*argv, "--results", str(tmp_path)] if argv[0] == "sweep" else argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}', (True, False, None)),
+    (b'{"choices":[{"index":0,"delta":{"content":"Hi"},"token_ids":[5,6]}]}', (True, True, 2)),
+    (b'{"choices": [{"index": 0, "delta": {"reasoning_content": "\\"so"}, "token_ids": [9]}]}', (True, True, 1)),
+    (b'{"choices":[{"delta":{"content":"say \\"content\\":\\"x"}}]}', (True, True, None)),
+    (b'{"choices":[{"delta":{"content":null,"reasoning":"z"}}]}', (True, True, None)),
+    (b'{"choices":[],"usage":{"prompt_tokens":3}}', None),
+    (b'{"error":{"message":"x"}}', None),
+])
+def test_the_fast_scan_reads_chunks_as_json_would(body, expected):
+    from sparktop.bench.request import scan
+
+    assert scan(body) == expected
+    if expected is not None:  # and agrees with a real parse
+        choice = json.loads(body)["choices"][0]
+        delta = choice.get("delta") or {}
+        has_text = bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+        ids = choice.get("token_ids")
+        assert expected == (True, has_text, len(ids) if has_text and ids is not None else None)
