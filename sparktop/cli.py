@@ -14,18 +14,6 @@ import sys
 from sparktop import __version__
 from sparktop.errors import SparktopError
 
-NOT_BUILT = {
-    "predict": "performance prediction (issue #6)",
-}
-
-
-def _not_built(name: str):
-    def run(args) -> int:
-        print(f"sparktop {name}: not built yet — {NOT_BUILT[name]}", file=sys.stderr)
-        return 2
-
-    return run
-
 
 def cmd_demo(args) -> int:
     from sparktop.demo import run_demo
@@ -77,6 +65,18 @@ def cmd_compare(args) -> int:
 
 def cmd_runs(args) -> int:
     from sparktop.bench.commands import cmd_runs as run
+
+    return run(args)
+
+
+def cmd_predict(args) -> int:
+    from sparktop.twin.commands import cmd_predict as run
+
+    return run(args)
+
+
+def cmd_twin_fit(args) -> int:
+    from sparktop.twin.commands import cmd_fit as run
 
     return run(args)
 
@@ -248,7 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
     recipes.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     recipes.add_argument("--json", action="store_true")
-    add("predict", "predict throughput per topology before launching — not built yet", _not_built("predict"))
+    pred = add("predict", "predict decode, prefill and TTFT per topology before launching", cmd_predict)
+    pred.add_argument("recipe", nargs="?", help="a recipe's name or a YAML file")
+    pred.add_argument("--model", help="a twin model card instead of a recipe (see `sparktop twin cards`)")
+    pred.add_argument("--topology", help="comma-separated topologies, or all (default: what the recipe allows "
+                      "on the inventory's nodes)")
+    pred.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS")
+    pred.add_argument("--pp", type=int, default=1024)
+    pred.add_argument("--tg", type=int, default=128)
+    pred.add_argument("--inventory", metavar="FILE")
+    pred.add_argument("--recipes", action="append", metavar="DIR")
+    pred.add_argument("--json", action="store_true")
     replay = add("replay", "play back a recorded monitor session (sparktop --record FILE)", cmd_replay)
     replay.add_argument("file", help="a recording made with --record")
     replay.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1)")
@@ -268,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--images", help="comma-separated images the host already has")
     node.add_argument("--speed", type=float, default=1.0)
     node.set_defaults(func=cmd_twin_node)
+    fitp = twin_sub.add_parser("fit", help="the performance model fitted to the published Spark figures")
+    fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
+    fitp.add_argument("--refit", action="store_true", help="run the fit again and save the constants")
+    fitp.add_argument("--iterations", type=int, default=120)
+    fitp.add_argument("--json", action="store_true")
+    fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
     cards.set_defaults(func=cmd_twin_cards)
     return parser

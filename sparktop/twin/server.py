@@ -61,11 +61,19 @@ class StartupPlan:
     max_num_batched_tokens: int
 
 
+def fitted_constants():
+    """The constants fitted to the published figures: the twin runs what
+    `sparktop predict` predicts."""
+    from sparktop.twin.fit import load_constants
+
+    return load_constants()
+
+
 def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0) -> StartupPlan:
     """Size everything vLLM sizes at startup; raise StartupError where vLLM would."""
     kv_dtype = 1 if args.kv_cache_dtype.startswith("fp8") else None
     perf = PerfModel(card, tp=args.tensor_parallel_size, kv_dtype_bytes=kv_dtype,
-                     ray=args.ray, enforce_eager=args.enforce_eager)
+                     ray=args.ray, enforce_eager=args.enforce_eager, k=fitted_constants())
     hw = perf.hw
     max_len = args.max_model_len or card.max_model_len
     batched = args.max_num_batched_tokens or 8192

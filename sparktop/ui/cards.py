@@ -191,6 +191,32 @@ class NodeCard(Card):
         return lines
 
 
+_ROOFLINE_CACHE: dict[tuple, object] = {}
+
+
+def roofline_share(snap) -> float | None:
+    """Generation tokens/s as a fraction of the bandwidth roofline for the
+    batch running now (every weight and KV byte read once per step at the
+    full 273 GB/s): how close the engine runs to what the memory allows."""
+    if not snap.gen_tps or not snap.running or not snap.model:
+        return None
+    key = (snap.model, snap.topology)
+    perf = _ROOFLINE_CACHE.get(key)
+    if perf is None and key not in _ROOFLINE_CACHE:
+        from sparktop.twin.cards import UnknownModel, find_card
+        from sparktop.twin.perf import PerfModel
+
+        try:
+            perf = PerfModel(find_card(snap.model), tp=2 if (snap.topology or "").startswith("cluster") else 1)
+        except UnknownModel:
+            perf = None
+        _ROOFLINE_CACHE[key] = perf
+    if perf is None:
+        return None
+    batch = max(1, round(snap.running))
+    return snap.gen_tps / perf.roofline_decode_tps(batch, ctx=1024)
+
+
 class EngineCard(Card):
     kind = "engine"
 
@@ -243,8 +269,12 @@ class EngineCard(Card):
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
         lines += r.flow(parts, width)
-        lines += r.flow([r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
-                         r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")], width)
+        rates = [r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
+                 r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")]
+        share = roofline_share(snap)
+        if share is not None:
+            rates.append(r.field("roof", f"{share:.0%}", "dim"))
+        lines += r.flow(rates, width)
         latency = r.flow([r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
                           r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")], width)
         if latency[-1].cell_len + len("  p50/p95") <= width:

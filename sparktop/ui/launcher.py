@@ -79,6 +79,26 @@ def preflight_text(preflight: Preflight | None, error: str | None = None, runnin
     return text
 
 
+def prediction_text(recipe: Recipe, topology: str) -> Text | None:
+    """What `sparktop predict` says for this recipe and topology (pp1024 tg128)."""
+    from sparktop.bench.compare import fmt
+    from sparktop.twin.predict import rows_for
+
+    card = recipe.twin_card()
+    if card is None:
+        return None
+    rows = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe)
+    text = Text("predicted ", style="bold cyan")
+    text.append("(pp1024 tg128, sparktop predict): ", style="dim")
+    for i, r in enumerate(rows):
+        text.append(("" if i == 0 else " · ") + f"c{r.concurrency} ")
+        text.append(f"{fmt(r.decode_tps)} t/s", style="cyan")
+        text.append(f" TTFT {fmt(r.ttft_ms, 'ms')} ms")
+        if not r.fits:
+            text.append(" KV full", style="red")
+    return text
+
+
 class LaunchScreen(LiveScreen):
     """Pick a recipe and a topology, adjust, read the plan and preflight, launch."""
 
@@ -267,6 +287,12 @@ class LaunchScreen(LiveScreen):
             return
         self.preflight, self.preflight_for = result, plan.render()
         self.query_one("#preflight", Static).update(preflight_text(result))
+        try:
+            predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology)
+        except Exception:  # noqa: BLE001 - a prediction is a hint; never in the way of a launch
+            return
+        if plan is self.plan and predicted is not None:
+            self.query_one("#preflight", Static).update(Text.assemble(preflight_text(result), "\n", predicted))
 
     def action_recheck(self) -> None:
         self.check()

@@ -116,6 +116,7 @@ class SweepScreen(LiveScreen):
         table = self.query_one("#levels-table", DataTable)
         for key, head, _ in COLUMNS:
             table.add_column(head, key=key)
+        table.add_column("pred tg", key="predicted")  # sparktop predict's decode for this level
         options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
         select = self.query_one("#sweep-engine", Select)
         select.set_options(options)
@@ -236,8 +237,9 @@ class SweepScreen(LiveScreen):
             key = str(e.stats.concurrency)
             if key in table.rows:
                 table.remove_row(key)
-            table.add_row(*(cell(e.stats, k) for k, _, _ in COLUMNS), key=key)
+            table.add_row(*(cell(e.stats, k) for k, _, _ in COLUMNS), "…", key=key)
             self._draw_charts()
+            self._predict_level(e.stats.concurrency)
         elif isinstance(e, SweepFinished):
             self.finished = e
             self.levels = e.levels
@@ -253,6 +255,28 @@ class SweepScreen(LiveScreen):
             self.query_one("#sweep-summary", Static).update(Text("\n").join(summary))
             line.update(Text.assemble(("finished ", "bold green" if e.status == "done" else "bold red"),
                                       f"{e.status} · {len(e.levels)} levels · ctrl+r compares with past runs"))
+
+    @work(group="predict", exit_on_error=False)
+    async def _predict_level(self, c: int) -> None:
+        """The prediction beside the measurement (the twin's model, fitted)."""
+        import asyncio
+
+        from sparktop.bench.compare import fmt
+        from sparktop.twin.cards import UnknownModel, find_card
+        from sparktop.twin.fit import load_constants
+        from sparktop.twin.simulate import TOPOLOGIES, predict
+
+        s = self.sweep.s if self.sweep else None
+        table = self.query_one("#levels-table", DataTable)
+        try:
+            card = find_card(self.model or "")
+        except UnknownModel:
+            table.update_cell(str(c), "predicted", "—")
+            return
+        topology = s.topology if s and s.topology in TOPOLOGIES else "solo"
+        p = await asyncio.to_thread(predict, card, topology, c, s.pp, s.tg, load_constants())
+        if str(c) in table.rows:
+            table.update_cell(str(c), "predicted", fmt(p.stats.tg_tps_total))
 
     def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
         out = []

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparktop.twin.args import parse_serve_args
 from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from sparktop.twin.fit import load_constants
 from sparktop.twin.perf import PerfModel
 from sparktop.twin.server import TwinServer
 
@@ -147,7 +148,7 @@ async def test_metrics_parse_with_vllm_names_types_labels_and_buckets(twin):
 async def test_c1_decode_rate_matches_the_model_within_5_percent(twin):
     speed = 2.0
     server = await twin("gpt-oss-120b", speed=speed)
-    model = PerfModel(server.card)
+    model = PerfModel(server.card, k=load_constants())  # the twin runs the fitted constants
     async with httpx.AsyncClient(timeout=60) as http:
         body = {"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "word " * 500}],
                 "max_tokens": 160, "stream": True, "ignore_eos": True,

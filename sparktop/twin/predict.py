@@ -1,0 +1,137 @@
+"""`sparktop predict`: what each topology would give before anything loads.
+
+For a recipe (or a bare model card), on the topologies the recipe allows
+on the inventory's nodes: decode, prefill and TTFT per concurrency, as the
+sweep would measure them (the twin's scheduler on a virtual clock with the
+fitted constants), the KV cache a lockstep batch needs and whether it fits,
+then the recommendation per workload shape, with the crossovers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from sparktop.bench.compare import Metric, crossovers
+from sparktop.bench.results import Run
+from sparktop.twin.cards import ModelCard
+from sparktop.twin.simulate import TOPOLOGIES, Prediction, Serving, predict
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Row:
+    model: str
+    topology: str
+    concurrency: int
+    pp: int
+    tg: int
+    decode_tps: float | None
+    per_request_tps: float | None
+    prefill_tps: float | None
+    ttft_ms: float | None
+    kv_cache_usage: float
+    fits: bool
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def serving_for(recipe, topology: str) -> Serving:
+    if recipe is None:
+        return Serving()
+    vllm, *_ = recipe.settings(topology)
+
+    def num(key, cast, default):
+        try:
+            return cast(vllm.get(key, default))
+        except (TypeError, ValueError):
+            return default
+
+    return Serving(
+        gpu_memory_utilization=num("gpu_memory_utilization", float, 0.9),
+        max_num_seqs=num("max_num_seqs", int, 256),
+        max_num_batched_tokens=num("max_num_batched_tokens", int, 8192),
+        max_model_len=num("max_model_len", int, 131072),
+        kv_dtype_bytes=1 if str(vllm.get("kv_cache_dtype", "auto")).startswith("fp8") else None,
+        enforce_eager=bool(vllm.get("enforce_eager", False)),
+    )
+
+
+def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int, recipe=None,
+             k=None) -> list[Row]:
+    from sparktop.twin.fit import load_constants
+
+    k = k or load_constants()
+    rows = []
+    for topology in topologies:
+        serving = serving_for(recipe, topology)
+        for c in levels:
+            p: Prediction = predict(card, topology, c, pp, tg, k, serving)
+            s = p.stats
+            rows.append(Row(card.name, topology, c, pp, tg, s.tg_tps_total, s.tg_tps_req, s.pp_tps_total,
+                            s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits))
+    return rows
+
+
+SHAPES = (  # (what the articles call it, levels, metric key, higher is better)
+    ("single user", (1,), "decode_tps", True),
+    ("agents at c8-c16", (8, 16), "decode_tps", True),
+    ("high concurrency", None, "decode_tps", True),
+    ("prefill-heavy", None, "prefill_tps", True),
+    ("latency at scale", None, "ttft_ms", False),
+)
+
+
+def recommend(rows: list[Row]) -> list[dict]:
+    topologies = sorted({r.topology for r in rows}, key=TOPOLOGIES.index)
+    levels = sorted({r.concurrency for r in rows})
+    out = []
+    for shape, at, key, higher in SHAPES:
+        use = [c for c in (at or (levels[-1],)) if c in levels] or [levels[-1]]
+        scores = {}
+        for t in topologies:
+            vals = [getattr(r, key) for r in rows if r.topology == t and r.concurrency in use]
+            if vals and all(v is not None for v in vals) and all(r.fits for r in rows
+                                                                   if r.topology == t and r.concurrency in use):
+                scores[t] = statistics.fmean(vals)
+        if not scores:
+            continue
+        ranked = sorted(scores, key=lambda t: scores[t], reverse=higher)
+        best = ranked[0]
+        margin = (scores[best] / scores[ranked[1]] - 1) if len(ranked) > 1 and scores[ranked[1]] else None
+        out.append({"workload": shape, "concurrency": use, "topology": best, "metric": key,
+                    "value": scores[best], "margin": margin})
+    return out
+
+
+def crossover_lines(rows: list[Row]) -> list[str]:
+    from sparktop.bench.stats import level_stats
+
+    runs = []
+    for t in sorted({r.topology for r in rows}, key=TOPOLOGIES.index):
+        levels = []
+        for r in (x for x in rows if x.topology == t):
+            lv = level_stats(r.concurrency, [])
+            lv.tg_tps_total, lv.pp_tps_total, lv.ttft_ms_mean, lv.tg_tps_req = (
+                r.decode_tps, r.prefill_tps, r.ttft_ms, r.per_request_tps)
+            levels.append(lv)
+        runs.append(Run(None, {"id": t, "label": t}, imported_levels=levels))
+    return crossovers(runs, (Metric("tg_tps_total", "", "decode", True, "t/s"),
+                             Metric("pp_tps_total", "", "prefill", True, "t/s"),
+                             Metric("ttft_ms_mean", "", "TTFT", False, "ms")))
+
+
+def uncertainty(card: ModelCard) -> str:
+    from sparktop.twin.fit import FITTED, load_constants, published_cells, report
+
+    measured = {c.model for c in published_cells()}
+    if card.name in measured:
+        rep = report(load_constants())
+        errs = [abs(p / c.published - 1) for c, p, _ in rep.rows if c.model == card.name and c.published and p]
+        return (f"{card.name} was measured in the articles: the fit is off by {statistics.fmean(errs):.0%} on "
+                f"average on its {len(errs)} published figures ({FITTED.name})")
+    return (f"no article measured {card.name}: this comes from the same physics and constants "
+            f"({card.architecture}, {card.active_params_b:g}B active of {card.total_params_b:g}B at "
+            f"{card.bits_per_weight:g} bits); expect ±25 % or more, most on prefill and TTFT")
