@@ -269,12 +269,13 @@ class EngineCard(Card):
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
         lines += r.flow(parts, width)
-        rates = [r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
-                 r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")]
+        rates = r.flow([r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
+                        r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")], width)
         share = roofline_share(snap)
-        if share is not None:
-            rates.append(r.field("roof", f"{share:.0%}", "dim"))
-        lines += r.flow(rates, width)
+        roof = f"  {share:.0%} of roofline" if share is not None else ""
+        if roof and rates[-1].cell_len + len(roof) <= width:  # where there is room; never a line of its own
+            rates[-1].append(roof, style="dim")
+        lines += rates
         latency = r.flow([r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
                           r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")], width)
         if latency[-1].cell_len + len("  p50/p95") <= width:

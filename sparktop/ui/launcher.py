@@ -79,6 +79,9 @@ def preflight_text(preflight: Preflight | None, error: str | None = None, runnin
     return text
 
 
+_PREDICTED: dict[tuple[str, str], list] = {}
+
+
 def prediction_text(recipe: Recipe, topology: str) -> Text | None:
     """What `sparktop predict` says for this recipe and topology (pp1024 tg128)."""
     from sparktop.bench.compare import fmt
@@ -87,7 +90,10 @@ def prediction_text(recipe: Recipe, topology: str) -> Text | None:
     card = recipe.twin_card()
     if card is None:
         return None
-    rows = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe)
+    key = (str(recipe.path), topology)
+    if key not in _PREDICTED:
+        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe)
+    rows = _PREDICTED[key]
     text = Text("predicted ", style="bold cyan")
     text.append("(pp1024 tg128, sparktop predict): ", style="dim")
     for i, r in enumerate(rows):
@@ -291,8 +297,9 @@ class LaunchScreen(LiveScreen):
             predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology)
         except Exception:  # noqa: BLE001 - a prediction is a hint; never in the way of a launch
             return
-        if plan is self.plan and predicted is not None:
-            self.query_one("#preflight", Static).update(Text.assemble(preflight_text(result), "\n", predicted))
+        if plan is self.plan and predicted is not None and self.is_mounted:
+            for box in self.query("#preflight").results(Static):  # gone if the screen closed meanwhile
+                box.update(Text.assemble(preflight_text(result), "\n", predicted))
 
     def action_recheck(self) -> None:
         self.check()

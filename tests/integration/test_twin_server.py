@@ -197,7 +197,7 @@ async def test_kv_usage_rises_with_concurrency(twin):
 
 async def test_preemptions_appear_when_the_cache_is_over_full(twin):
     # A small cache: ~8k tokens of KV for requests needing 32 x 1.2k.
-    server = await twin("llama-3.1-8b", "--gpu-memory-utilization", "0.108", "--max-model-len", "4096",
+    server = await twin("llama-3.1-8b", "--gpu-memory-utilization", "0.112", "--max-model-len", "4096",
                         speed=50)
     assert server.engine.kv_capacity_tokens < 12000
     oa = client(server)
