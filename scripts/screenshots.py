@@ -108,7 +108,8 @@ async def shoot_launcher(cluster: TwinCluster, reuse) -> None:
             await pilot.press("down")
         for _ in range(50):
             await pilot.pause(0.2)
-            if screen.plan is not None and screen.preflight_for == screen.plan.render():
+            if screen.plan is not None and screen.preflight_for == screen.plan.render() and \
+                    "predicted" in str(screen.query_one("#preflight").content):
                 break
         save(app, "launcher-160x48")
         await pilot.press("enter")
@@ -195,6 +196,9 @@ async def main(args) -> None:
                 load.terminate()
                 await shoot_sweep(reuse, urls, Path(tmp) / "results")
                 return
+            if args.only == "launcher":
+                await shoot_launcher(cluster, reuse)
+                return
             await shoot(reuse(), (80, 24), "monitor-80x24")
             await shoot(reuse(), (160, 48), "monitor-160x48")
             app = reuse()
@@ -224,5 +228,5 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="gpt-oss-120b")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of history before the pictures")
     ap.add_argument("--record", help="also record the session to this JSONL file")
-    ap.add_argument("--only", choices=["sweep"], help="only the sweep pictures")
+    ap.add_argument("--only", choices=["sweep", "launcher"], help="only these pictures")
     asyncio.run(main(ap.parse_args()))

@@ -133,10 +133,12 @@ def cmd_twin_node(args) -> int:
 
 def cmd_twin_cards(args) -> int:
     from sparktop.twin.cards import CARDS
+    from sparktop.twin.fit import load_constants
     from sparktop.twin.perf import PerfModel
 
+    k = load_constants()
     for card in CARDS.values():
-        m = PerfModel(card)
+        m = PerfModel(card, k=k)
         print(f"{card.name:28} {card.hf_id:50} {card.weights_gib:6.1f} GiB  "
               f"c1 ~{m.decode_tps(1):5.1f} t/s (roofline {m.roofline_decode_tps(1):5.1f})")
     return 0

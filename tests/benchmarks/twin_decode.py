@@ -20,6 +20,7 @@ import time
 import httpx
 
 from sparktop.twin.cards import find_card
+from sparktop.twin.fit import load_constants
 from sparktop.twin.perf import PerfModel
 
 
@@ -64,7 +65,7 @@ def main() -> int:
         proc.wait(10)
     decode = (len(stamps) - 1) / (stamps[-1] - stamps[0])
     ttft = stamps[0] - start
-    m = PerfModel(find_card(args.model))
+    m = PerfModel(find_card(args.model), k=load_constants())  # what the twin runs
     ctx = prompt + args.tokens // 2
     print(f"model            {args.model}")
     print(f"prompt tokens    {prompt}")

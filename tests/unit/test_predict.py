@@ -65,3 +65,17 @@ def test_fit_report_lists_every_published_cell_and_the_error_per_metric(capsys):
         assert f"MAPE {metric}" in out
     assert "same winner as published:" in out and "cells that miss most:" in out
     assert "nemotron-3-super-120b-a12b   solo         decode_tps    64        OOM" in out
+
+
+def test_predict_works_for_every_shipped_recipe(capsys):
+    from sparktop.launch.recipe import discover
+
+    recipes, errors = discover()
+    assert recipes and not errors
+    for rid in sorted(recipes):
+        assert main(["predict", rid, "--topology", "all", "-c", "1,8", "--json"]) == 0, rid
+        data = json.loads(capsys.readouterr().out)
+        allowed = set(recipes[rid].allowed_topologies(2))
+        assert {r["topology"] for r in data["rows"]} == allowed, rid
+        assert all(r["decode_tps"] and r["decode_tps"] > 0 for r in data["rows"]), rid
+        assert data["recommendation"], rid
