@@ -308,6 +308,16 @@ class Engine:
                 target = None
                 self._wake.clear()
                 await self._wake.wait()
+                if self.config.join_window > 0 and self.waiting:
+                    # An idle engine takes a moment before its first step, so
+                    # a batch sent together starts together. The wait is part
+                    # of that step's time (target starts at the arrival), and
+                    # never longer than a lone request's own step.
+                    target = self.clock()
+                    first = self.waiting[0]
+                    alone = self.perf.step_time([], [(min(first.prefill_remaining,
+                                                          self.config.max_num_batched_tokens), 0)])
+                    await asyncio.sleep(min(self.config.join_window, alone / self.config.speed))
                 continue
             if self.failed:
                 await asyncio.sleep(0.05)
@@ -325,14 +335,7 @@ class Engine:
             decode, prefill = self._split(work)
             duration = self.perf.step_time(decode, prefill) / self.config.speed
             now = self.clock()
-            fresh = target is None
             start = target if target is not None and target > now - 0.25 else now
-            if fresh and self.config.join_window > 0:
-                await asyncio.sleep(min(self.config.join_window, duration))
-                plan = self._schedule() or plan  # the same work plus whoever arrived
-                work, preempted = plan
-                decode, prefill = self._split(work)
-                duration = self.perf.step_time(decode, prefill) / self.config.speed
             target = start + duration
             delay = target - self.clock()
             if delay > 0:

@@ -25,7 +25,7 @@ from tests.conftest import free_port
 
 
 def client(server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 def metric_families(text: str) -> dict:
