@@ -59,7 +59,7 @@ def parse_extra_body(items: list[str] | None) -> dict:
     return body
 
 
-def _fmt_eta(seconds: float | None) -> str:
+def eta_text(seconds: float | None) -> str:
     if seconds is None:
         return "ETA …"
     seconds = int(seconds)
@@ -106,7 +106,7 @@ def cmd_sweep(args) -> int:
             progress.update(level_task, visible=True, completed=0, total=None if e.warmup else settings.runs * e.concurrency,
                             description=f"c{e.concurrency}" + (" warm-up" if e.warmup else ""), info="")
         elif isinstance(e, RequestDone):
-            progress.update(overall, completed=e.done, info=_fmt_eta(e.eta_s))
+            progress.update(overall, completed=e.done, info=eta_text(e.eta_s))
             live = f"{e.live_tps:,.0f} t/s" if e.live_tps else ""
             progress.update(level_task, completed=e.level_done, total=e.level_total, info=live)
         elif isinstance(e, LevelDone):

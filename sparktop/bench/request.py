@@ -151,6 +151,19 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
     chunk_counts: list[int] = []
     state = {"ids": True, "usage": None}
 
+    def chunk(t: float, has_text: bool, ids: int | None) -> None:
+        """A chunk with a choice: a response; with text, tokens (ids or one)."""
+        if record.first_response is None:
+            record.first_response = t
+        if not has_text:
+            return
+        if record.first_token is None:
+            record.first_token = t
+        if ids is None:
+            state["ids"] = False
+        chunk_counts.append(1 if ids is None else ids)
+        chunk_times.append(t)
+
     def on_line(line: bytes, t: float) -> None:
         if not line.startswith(b"data:"):
             return
@@ -160,50 +173,27 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         t += _WALL_OFFSET
         fast = scan(body)
         if fast is not None:
-            if record.first_response is None:
-                record.first_response = t
-            if not fast[1]:
-                return
-            if record.first_token is None:
-                record.first_token = t
-            if fast[2] is None:
-                state["ids"] = False
-                chunk_counts.append(1)
-            else:
-                chunk_counts.append(fast[2])
-            chunk_times.append(t)
+            _, has_text, ids = fast
+            chunk(t, has_text, ids)
             return
         try:
-            chunk = _loads(body.decode())
+            data = _loads(body.decode())
         except ValueError:
             return
-        if "error" in chunk and not chunk.get("choices"):
-            err = chunk["error"]
+        if "error" in data and not data.get("choices"):
+            err = data["error"]
             record.error = "server: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
             return
-        usage = chunk.get("usage")
+        usage = data.get("usage")
         if usage:
             if isinstance(usage.get("prompt_tokens"), int):
                 record.prompt_tokens = usage["prompt_tokens"]
             if isinstance(usage.get("completion_tokens"), int):
                 state["usage"] = usage["completion_tokens"]
-        choices = chunk.get("choices")
-        if not choices:
-            return
-        if record.first_response is None:
-            record.first_response = t
-        choice = choices[0]
-        if not _has_text(choice.get("delta") or {}):
-            return
-        if record.first_token is None:
-            record.first_token = t
-        ids = choice.get("token_ids")
-        if isinstance(ids, list):
-            chunk_counts.append(len(ids))
-        else:
-            state["ids"] = False
-            chunk_counts.append(1)
-        chunk_times.append(t)
+        choices = data.get("choices")
+        if choices:
+            ids = choices[0].get("token_ids")
+            chunk(t, _has_text(choices[0].get("delta") or {}), len(ids) if isinstance(ids, list) else None)
 
     record.start = now()
     try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktop.bench.request import RequestRecord
-from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
+from sparktop.bench.stats import EngineWatch, LevelStats, level_stats, percentile
 from sparktop.errors import SparktopError as UserError
 
 META = "meta.json"
@@ -69,9 +69,8 @@ class Run:
 
     def incomplete(self) -> int:
         """Requests written by batches that never finished."""
-        done = {(lv, i + 1) for lv, bs in self.batches().items() for i in range(len(bs))}
         counted = sum(len(b) for bs in self.batches().values() for b in bs)
-        return len(self.records) - counted if done or self.records else 0
+        return len(self.records) - counted
 
     def levels(self) -> list[LevelStats]:
         if self.imported_levels is not None:
@@ -224,8 +223,6 @@ def import_llama_benchy(path: Path, label: str | None = None) -> Run:
         pp, tg = b.get("prompt_size"), b.get("response_size")
         ttft = (b.get("e2e_ttft") or {}).get("values") or []
         runs = len((b.get("tg_throughput") or {}).get("values") or [])
-        from sparktop.bench.stats import percentile
-
         levels.append(LevelStats(
             concurrency=c, runs=runs if c > 1 else 0, requests=len(ttft), errors=0, timeouts=0,
             pp_tps_total=mean(b, "pp_throughput"), pp_tps_req=mean(b, "pp_req_throughput"),

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from sparktop import __version__
-from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer, words_text
+from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, now, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
 from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
@@ -173,6 +173,9 @@ class Sweep:
         self._batch_secs: dict[int, float] = {}
         self._engine = EngineWatch()
         self.writer: RunWriter | None = None
+        # Complete batches per level: a resumed run's from disk, then this
+        # session's as they finish (the level figures need no re-read).
+        self._batches: dict[int, list[list[RequestRecord]]] = {}
 
     def _emit(self, event: Event) -> None:
         try:
@@ -364,7 +367,8 @@ class Sweep:
             attempt = 1
             if previous is not None:
                 run_id = previous.id
-                done_batches = {c: len(bs) for c, bs in previous.batches().items()}
+                self._batches = previous.batches()
+                done_batches = {c: len(bs) for c, bs in self._batches.items()}
                 attempt = max((r.attempt for r in previous.records), default=0) + 1
                 self.writer = RunWriter(self.root if previous.path is None else previous.path.parent, run_id,
                                         meta, resume=True)
@@ -395,6 +399,7 @@ class Sweep:
                     for run in range(have + 1, s.runs + 1):
                         batch = await self._batch(session, url, model, c, run, attempt, prompts, context,
                                                   timeout, True, li, level_done)
+                        self._batches.setdefault(c, []).append(batch)
                         errors += sum(1 for r in batch if not r.ok)
                         requests += len(batch)
                         if requests and errors / requests > s.max_error_rate:
@@ -420,9 +425,7 @@ class Sweep:
             return self._finish(status, reason)
 
     def _level(self, c: int) -> LevelStats:
-        run = load_run(self.writer.dir)
-        batches = run.batches().get(c, [])
-        return level_stats(c, batches, self.latency, self.s.pp + self.s.depth, self._engine)
+        return level_stats(c, self._batches.get(c, []), self.latency, self.s.pp + self.s.depth, self._engine)
 
     def _finish(self, status: str, reason: str | None) -> SweepFinished:
         self.writer.close(status, reason)

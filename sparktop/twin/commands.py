@@ -7,19 +7,10 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from sparktop.bench.commands import parse_levels
 from sparktop.bench.compare import fmt
 from sparktop.errors import SparktopError
 from sparktop.twin.simulate import TOPOLOGIES
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise SparktopError(f"-c {text!r}: expected concurrency levels like 1,2,4,8") from None
-    if not levels or min(levels) < 1:
-        raise SparktopError(f"-c {text!r}: levels must be positive integers")
-    return levels
 
 
 def cmd_predict(args) -> int:
@@ -56,7 +47,7 @@ def cmd_predict(args) -> int:
             note = "this inventory has one node; --topology all adds the two-node topologies"
     if not topologies:
         raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s); try --topology all")
-    rows = rows_for(card, topologies, _levels(args.concurrency), args.pp, args.tg, recipe)
+    rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, recipe)
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
     unsure = uncertainty(card)

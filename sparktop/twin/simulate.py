@@ -63,8 +63,8 @@ def run_engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int,
     eng = Engine(perf, cfg, clock=lambda: clock[0])
     template = [1] * perf.card.chat_overhead_tokens + [2, 3]
     body = max(1, pp - len(template))
-    warm = Sequence(request_id="warm", prompt_ids=template + [-1] * body, max_tokens=1, ignore_eos=True)
-    _run(eng, perf, clock, [warm])
+    eng.submit(Sequence(request_id="warm", prompt_ids=template + [-1] * body, max_tokens=1, ignore_eos=True))
+    _run(eng, perf, clock)
     clock[0] = arrival
     seqs = []
     for i in range(n):
@@ -73,7 +73,7 @@ def run_engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int,
                        ignore_eos=True, arrival=arrival)
         eng.submit(seq)
         seqs.append(seq)
-    _run(eng, perf, clock, seqs)
+    _run(eng, perf, clock)
     out = []
     for seq in seqs:
         times, error = [], None
@@ -89,10 +89,8 @@ def run_engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int,
     return out
 
 
-def _run(eng: Engine, perf: PerfModel, clock: list[float], seqs: list[Sequence]) -> None:
-    for seq in seqs:
-        if seq.request_id == "warm":
-            eng.submit(seq)
+def _run(eng: Engine, perf: PerfModel, clock: list[float]) -> None:
+    """Step the engine on the virtual clock until everything submitted is done."""
     while eng.running or eng.waiting:
         if not eng.waiting and all(q.prefill_remaining == 0 and q.output_count > 0 for q in eng.running):
             _decode_to_end(perf, eng, clock)

@@ -22,19 +22,12 @@ from sparktop.bench.export import COLUMNS, cell
 from sparktop.bench.results import Run, list_runs, load_run
 from sparktop.bench.sweep import (EngineSample, LevelDone, LevelStarted, RequestDone, Sweep, SweepFinished,
                                   SweepSettings, SweepStarted)
-from sparktop.bench.commands import parse_extra_body, parse_levels
+from sparktop.bench.commands import eta_text, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
 from sparktop.ui.screens import LiveScreen, StatusLine
 
 CHARTS = (("tg_tps_total", "decode t/s (total)"), ("pp_tps_total", "prefill t/s (total)"),
           ("ttft_ms_mean", "TTFT ms (mean)"))
-
-
-def eta_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "ETA …"
-    s = int(seconds)
-    return f"ETA {s // 60}m{s % 60:02d}s" if s >= 60 else f"ETA {s}s"
 
 
 def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int) -> Text:
@@ -281,8 +274,11 @@ class SweepScreen(LiveScreen):
     def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
         out = []
         for run in reversed(list_runs(self.results_root)):
-            if run.id != run_id and run.meta.get("model") == model and run.levels():
-                out.append((run.label if run.label != run.id else run.id[:15], run.levels()))
+            if run.id == run_id or run.meta.get("model") != model:
+                continue
+            levels = run.levels()
+            if levels:
+                out.append((run.label if run.label != run.id else run.id[:15], levels))
             if len(out) == 3:
                 break
         return out

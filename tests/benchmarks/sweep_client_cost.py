@@ -24,12 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.tokenizer import book_text, train_tokenizer  # noqa: E402
+from tests.helpers.twin_process import start_twin_process  # noqa: E402
 from tests.helpers.venvs import llama_benchy  # noqa: E402
 
 BOOK_URL = "http://book.invalid/book.txt"
@@ -48,19 +47,9 @@ def child_cpu(cmd: list[str], env=None, cwd=None) -> tuple[float, float, subproc
 
 
 def start_twin(tok: Path, port: int, speed: float, cpu: str | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host", "127.0.0.1", "--port",
-           str(port), "--tokenizer", str(tok), "--speed", str(speed), "--startup-speed", "1000000",
-           "--max-num-seqs", "512"]
-    if cpu:
-        cmd = ["taskset", "-c", cpu, *cmd]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit("twin did not start")
+    proc, _ = start_twin_process("llama-3.1-8b", "--tokenizer", str(tok), "--max-num-seqs", "512", speed=speed,
+                                 cpu=cpu, port=port)
+    return proc
 
 
 def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: int, out: Path):

@@ -26,6 +26,7 @@ from pathlib import Path
 from sparktop.settings import Defaults
 from sparktop.twin.host import TwinHost
 from sparktop.twin.node import install
+from tests.helpers.venvs import ensure_tool
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
@@ -38,18 +39,7 @@ LITELLM_VENV = Path(__file__).resolve().parents[2] / ".lab" / "litellm-1.106.2"
 
 def ensure_litellm() -> Path:
     """The `litellm` executable of the lab's own LiteLLM install (made once)."""
-    exe, done = LITELLM_VENV / "bin" / "litellm", LITELLM_VENV / ".complete"
-    if done.exists():
-        return exe
-    shutil.rmtree(LITELLM_VENV, ignore_errors=True)  # a half-made one from an interrupted run
-    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-    r = subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        last = (r.stderr or r.stdout).strip().splitlines()[-1:]
-        raise RuntimeError(f"pip install {LITELLM} failed: {' '.join(last)}")
-    done.touch()
-    return exe
+    return ensure_tool(LITELLM, "litellm", LITELLM_VENV.name)
 
 
 def sshd_available() -> bool:

@@ -10,6 +10,7 @@ user would: `l`, the recipe, the topology from its drop-down, Enter; then
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 from textual.widgets import DataTable, Select
@@ -19,6 +20,7 @@ from sparktop.observe.targets import node_targets
 from sparktop.settings import load_inventory
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
+from tests.helpers.pilot import until as _until
 from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -26,13 +28,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 TOPOLOGIES = ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
 
 
-async def until(pilot, predicate, timeout: float = 60.0, step: float = 0.25) -> None:
-    waited = 0.0
-    while not predicate():
-        if waited >= timeout:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(step)
-        waited += step
+until = partial(_until, timeout=60.0, step=0.25)  # real OpenSSH and LiteLLM take their time
 
 
 @pytest.fixture

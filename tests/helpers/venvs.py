@@ -13,9 +13,10 @@ LAB = Path(__file__).resolve().parents[2] / ".lab"
 LLAMA_BENCHY = "llama-benchy==0.4.0"
 
 
-def ensure_tool(spec: str, exe: str) -> Path:
-    """The executable `exe` of package `spec` installed in `.lab/<name>-<version>`."""
-    venv = LAB / spec.replace("==", "-").replace("[", "-").replace("]", "")
+def ensure_tool(spec: str, exe: str, name: str | None = None) -> Path:
+    """The executable `exe` of package `spec` installed in `.lab/<name>`
+    (default: the spec with `==` as `-`)."""
+    venv = LAB / (name or spec.replace("==", "-").replace("[", "-").replace("]", ""))
     path, done = venv / "bin" / exe, venv / ".complete"
     if done.exists():
         return path

@@ -12,14 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import free_port
 from tests.helpers.tokenizer import book_text, train_tokenizer
+from tests.helpers.twin_process import start_twin_process
 from tests.helpers.venvs import llama_benchy
 
 pytestmark = pytest.mark.slow
@@ -28,25 +25,6 @@ LEVELS = ["1", "2", "4"]
 PP, TG, RUNS = "512", "48", "3"
 EXACT = ["--exact-tg"]  # the same work for both: every request generates TG tokens
 BOOK_URL = "http://book.invalid/book.txt"  # never fetched: the cache has it
-
-
-def start_twin(tmp_path: Path, tokenizer: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host", "127.0.0.1", "--port",
-         str(port), "--tokenizer", str(tokenizer), "--speed", "2", "--startup-speed", "1000000"],
-        stdout=open(tmp_path / "twin.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the twin did not start: " + (tmp_path / "twin.log").read_text()[-500:])
 
 
 def by_concurrency(levels: list[dict]) -> dict[int, dict]:
@@ -61,7 +39,8 @@ def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
     cache = home / ".cache" / "llama-benchy"
     cache.mkdir(parents=True)
     (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
-    twin, url = start_twin(tmp_path, tokenizer)
+    twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), speed=2,
+                                   log=open(tmp_path / "twin.log", "w"))
     try:
         env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         out = tmp_path / "benchy.json"

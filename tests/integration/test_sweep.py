@@ -9,9 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
 from aiohttp import web
 
@@ -21,6 +19,7 @@ from sparktop.bench.sweep import Sweep, SweepSettings, request_timeout
 from sparktop.cli import main
 
 from tests.conftest import free_port
+from tests.helpers.twin_process import start_twin_process
 
 
 def chunk(delta: dict | None = None, usage: dict | None = None, token_ids=None) -> bytes:
@@ -163,19 +162,10 @@ async def test_cancelled_sweep_keeps_what_finished_and_resumes(twin, tmp_path):
 
 
 def test_a_twin_killed_at_c16_leaves_every_finished_request_on_disk(tmp_path, capsys):
-    port = free_port()
-    twin = subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host",
-                             "127.0.0.1", "--port", str(port), "--speed", "10", "--startup-speed", "1000000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    twin, url = start_twin_process("llama-3.1-8b", speed=10)
     try:
-        for _ in range(100):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         results = tmp_path / "results"
-        sweep = subprocess.Popen([sys.executable, "-m", "sparktop", "sweep", "-e", f"http://127.0.0.1:{port}",
+        sweep = subprocess.Popen([sys.executable, "-m", "sparktop", "sweep", "-e", url,
                                   "-c", "1,4,16,32", "--runs", "2", "--pp", "256", "--tg", "64", "--json",
                                   "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)

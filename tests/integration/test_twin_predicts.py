@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
 from sparktop.twin.cards import find_card
 from sparktop.twin.fit import SERVING, load_constants
 from sparktop.twin.simulate import predict
 
-from tests.conftest import free_port
+from tests.helpers.twin_process import start_twin_process
 
 pytestmark = pytest.mark.slow
 # The twin runs `speed` times faster than a Spark: rates are that many times
@@ -28,19 +26,9 @@ LEVELS = [c for levels in SPEEDS.values() for c in levels]
 
 
 def sweep_twin(tmp_path, speed: int, levels: list[int]) -> dict[int, dict]:
-    port = free_port()
-    twin = subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "openai/gpt-oss-120b", "--host",
-                             "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.7", "--speed",
-                             str(speed), "--startup-speed", "1000000"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    twin, url = start_twin_process("openai/gpt-oss-120b", "--gpu-memory-utilization", "0.7", speed=speed)
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        sweep = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", f"http://127.0.0.1:{port}", "-c",
+        sweep = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", url, "-c",
                                 ",".join(map(str, levels)), "--runs", "1", "--exact-tg", "--json",
                                 "--latency-mode", "none", "--results", str(tmp_path)],
                                capture_output=True, text=True, timeout=600)

@@ -6,6 +6,7 @@ that fails at startup."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
 from sparktop.ui.screens import MonitorScreen
 from tests.conftest import free_port
+from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not loopback_aliases_work(), reason="needs 127.0.0.2 and 127.0.0.3")]
@@ -25,13 +27,7 @@ pytestmark = [pytest.mark.slow,
 MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
 
 
-async def until(pilot, predicate, timeout: float = 30.0, step: float = 0.2) -> None:
-    waited = 0.0
-    while not predicate():
-        if waited >= timeout:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(step)
-        waited += step
+until = partial(_until, timeout=30.0)  # launches take longer than a repaint
 
 
 @pytest.fixture

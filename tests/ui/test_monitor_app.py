@@ -3,30 +3,21 @@ what the cards show. Backed by a two-node twin cluster under load."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 
 import pytest
 
-from sparktop.observe.poller import EngineTarget, NodeTarget, Poller
+from sparktop.observe.poller import EngineTarget, Poller
 from sparktop.twin.args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard, NodeCard
 from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen
 from tests.conftest import free_port
+from tests.helpers.pilot import until
 from tests.helpers.cluster import load, poller_for, start_cluster
 
 pytestmark = pytest.mark.slow
-
-
-async def until(pilot, predicate, timeout: float = 15.0, step: float = 0.2) -> None:
-    waited = 0.0
-    while not predicate():
-        if waited >= timeout:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(step)
-        waited += step
 
 
 def cards(app, cls) -> list:

@@ -15,7 +15,8 @@ from sparktop.ui.app import SparktopApp
 from sparktop.ui.screens import MonitorScreen
 from sparktop.ui.sweep import CompareScreen, RunsScreen, SweepScreen
 from tests.conftest import free_port
-from tests.ui.test_monitor_app import cards, until
+from tests.helpers.pilot import until
+from tests.ui.test_monitor_app import cards
 from sparktop.ui.cards import EngineCard
 
 pytestmark = pytest.mark.slow
