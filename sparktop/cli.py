@@ -70,13 +70,13 @@ def cmd_runs(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from sparktop.twin.commands import cmd_predict as run
+    from sparktop.launch.commands import cmd_predict as run
 
     return run(args)
 
 
 def cmd_twin_fit(args) -> int:
-    from sparktop.twin.commands import cmd_fit as run
+    from sparktop.model.commands import cmd_fit as run
 
     return run(args)
 
@@ -132,16 +132,9 @@ def cmd_twin_node(args) -> int:
 
 
 def cmd_twin_cards(args) -> int:
-    from sparktop.twin.cards import CARDS
-    from sparktop.twin.fit import load_constants
-    from sparktop.twin.perf import PerfModel
+    from sparktop.model.commands import cmd_cards as run
 
-    k = load_constants()
-    for card in CARDS.values():
-        m = PerfModel(card, k=k)
-        print(f"{card.name:28} {card.hf_id:50} {card.weights_gib:6.1f} GiB  "
-              f"c1 ~{m.decode_tps(1):5.1f} t/s (roofline {m.roofline_decode_tps(1):5.1f})")
-    return 0
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     recipes.add_argument("--json", action="store_true")
     pred = add("predict", "predict decode, prefill and TTFT per topology before launching", cmd_predict)
     pred.add_argument("recipe", nargs="?", help="a recipe's name or a YAML file")
-    pred.add_argument("--model", help="a twin model card instead of a recipe (see `sparktop twin cards`)")
+    pred.add_argument("--model", help="a model card instead of a recipe (see `sparktop twin cards`), or a path "
+                      "to any model's config.json")
     pred.add_argument("--topology", help="comma-separated topologies, or all (default: what the recipe allows "
                       "on the inventory's nodes)")
     pred.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS")
@@ -260,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--tg", type=int, default=128)
     pred.add_argument("--inventory", metavar="FILE")
     pred.add_argument("--recipes", action="append", metavar="DIR")
+    pred.add_argument("--set", action="append", metavar="FLAG=VALUE",
+                      help="a vLLM flag as launch takes it (max_num_seqs=64, kv_cache_dtype=fp8, "
+                           "gpu_memory_utilization=0.8, enforce_eager=true ...); the recipe's own by default")
+    pred.add_argument("--quant", help="the checkpoint's format instead of the card's (bf16, fp8, nvfp4, mxfp4, int4)")
     pred.add_argument("--json", action="store_true")
     replay = add("replay", "play back a recorded monitor session (sparktop --record FILE)", cmd_replay)
     replay.add_argument("file", help="a recording made with --record")
@@ -284,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
     fitp.add_argument("--refit", action="store_true", help="run the fit again and save the constants")
     fitp.add_argument("--iterations", type=int, default=120)
+    fitp.add_argument("--cross-validate", action="store_true",
+                      help="leave each model out, fit, predict it: the error to expect for an unmeasured model "
+                           "(minutes; saved beside the constants with --refit)")
     fitp.add_argument("--json", action="store_true")
     fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")

@@ -26,7 +26,8 @@ COLUMNS = (  # key, header, justify
     ("errors", "err", "right"),
 )
 JSON_KEYS = ("concurrency", "requests", "errors", "pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req",
-             "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "peak_tps", "kv_cache_usage_max")
+             "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "peak_tps", "kv_cache_usage_max",
+             "e2e_tps_total", "e2e_tps_req", "wall_s_mean")
 
 
 def cell(lv: LevelStats, key: str) -> str:

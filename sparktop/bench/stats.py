@@ -6,8 +6,11 @@ prompt_tokens / (max first token − min start); tg total = Σ decode tokens /
 (max last token − min first token); peak = most tokens in any 1-s window.
 A level's figure is the mean over its batches; at c = 1 the "total" is the
 per-request figure, as in llama-benchy. TTFT is end to end (first token −
-start). On top: the engine's KV cache and queue during the level, and the
-knee — where adding concurrency stops adding throughput.
+start). What pipeline owners quote too: the output tokens of a batch over
+its wall time (e2e total, c × tg / wall), each request's output tokens over
+its own start-to-end time (e2e per request), and the wall time per batch.
+On top: the engine's KV cache and queue during the level, and the knee —
+where adding concurrency stops adding throughput.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class BatchStats:
     pp_tps_req: list[float]
     tg_tps_req: list[float]
     ttft_s: list[float]
+    e2e_tps_total: float | None = None
+    e2e_tps_req: list[float] = field(default_factory=list)
+    wall_s: float | None = None
 
 
 def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0) -> BatchStats:
@@ -96,7 +102,17 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
         if tg_span > 0 and decode_sum:
             tg_total = decode_sum / tg_span
         peak = peak_rate([t for r in ok for t in r.token_times])
-    return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak, pp_req, tg_req, ttft)
+    e2e_total = wall = None
+    e2e_req = []
+    ends = [(r.start, r.last_token or r.end, r.completion_tokens) for r in ok]
+    ends = [(s, e, n) for s, e, n in ends if e is not None]
+    if ends:
+        wall = max(e for _, e, _ in ends) - min(s for s, _, _ in ends)
+        if wall > 0:
+            e2e_total = sum(n for _, _, n in ends) / wall
+        e2e_req = [n / (e - s) for s, e, n in ends if e > s and n]
+    return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak, pp_req, tg_req, ttft,
+                      e2e_total, e2e_req, wall)
 
 
 @dataclass
@@ -127,6 +143,9 @@ class LevelStats:
     peak_tps: float | None
     tg_tps_total_std: float | None = None
     pp_tps_total_std: float | None = None
+    e2e_tps_total: float | None = None  # output tokens / batch wall time
+    e2e_tps_req: float | None = None  # output tokens / a request's own start-to-end time
+    wall_s_mean: float | None = None  # start of the batch to its last token
     kv_cache_usage_max: float | None = None
     running_max: float | None = None
     waiting_max: float | None = None
@@ -174,6 +193,9 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         ttft_ms_p95=percentile(ttft_ms, 0.95), ttft_ms_std=_std(ttft_ms),
         peak_tps=_mean([b.peak_tps for b in per if b.peak_tps is not None]),
         tg_tps_total_std=_std(tg_tot), pp_tps_total_std=_std(pp_tot),
+        e2e_tps_total=_mean([b.e2e_tps_total for b in per if b.e2e_tps_total is not None]),
+        e2e_tps_req=_mean([v for b in per for v in b.e2e_tps_req]),
+        wall_s_mean=_mean([b.wall_s for b in per if b.wall_s is not None]),
         kv_cache_usage_max=eng.kv_cache_usage_max, running_max=eng.running_max,
         waiting_max=eng.waiting_max, preemptions=eng.preemptions,
         error_reasons=dict(reasons),

@@ -1,4 +1,4 @@
-"""`sparktop recipes`, `sparktop launch` and `sparktop stop` for the terminal.
+"""`sparktop recipes`, `sparktop predict`, `sparktop launch` and `sparktop stop` for the terminal.
 
 The same pieces the app uses (recipes, plan, preflight, executor, state),
 printed with rich; a failure prints the lines that say why and exits
@@ -14,6 +14,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from sparktop.bench.commands import parse_levels
+from sparktop.bench.compare import fmt
 from sparktop.errors import SparktopError
 from sparktop.launch.executor import (
     DEFAULT_TIMEOUT,
@@ -31,6 +33,7 @@ from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, discover, find_recipe
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.model.simulate import TOPOLOGIES
 from sparktop.remote import transport_for
 from sparktop.settings import Inventory
 
@@ -172,3 +175,84 @@ async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, c
 
 def cmd_stop(inventory: Inventory, launch_id: str | None, everything: bool) -> int:
     return asyncio.run(_stop(inventory, launch_id, everything, Console()))
+
+
+def cmd_predict(args) -> int:
+    from sparktop.model.cards import find_card
+    from sparktop.model.hardware import GB10
+    from sparktop.model.predict import crossover_lines, recommend, rows_for, uncertainty
+    from sparktop.model.quant import Quantization
+    from sparktop.model.serving import Serving
+    from sparktop.settings import load_inventory
+
+    if bool(args.recipe) == bool(args.model):
+        raise SparktopError("predict: give a RECIPE or --model CARD (one of them)")
+    recipe = find_recipe(args.recipe, args.recipes) if args.recipe else None
+    if recipe is not None:
+        card = recipe.twin_card()
+        if card is None:
+            raise SparktopError(f"{recipe.path}: model {recipe.model!r} has no model card; name a card with "
+                                "`card:` (see `sparktop twin cards`) or predict with --model path/to/config.json")
+    else:
+        card = find_card(args.model)
+    if getattr(args, "quant", None):
+        import dataclasses
+
+        card = dataclasses.replace(card, quant=Quantization.of(args.quant), measured_weights_gib=None)
+    overrides = parse_sets(getattr(args, "set", None))
+    inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
+    nodes = len(inventory.nodes)
+    note = None
+    if args.topology == "all":
+        topologies = [t for t in TOPOLOGIES if recipe is None or t in recipe.allowed_topologies(2)]
+    elif args.topology:
+        topologies = [t.strip() for t in args.topology.split(",")]
+        for t in topologies:
+            if t not in TOPOLOGIES:
+                raise SparktopError(f"--topology {t!r}: one of {', '.join(TOPOLOGIES)} or all")
+            if recipe is not None and t not in recipe.allowed_topologies(2):
+                raise SparktopError(f"--topology {t}: {recipe.why_not(t, 2)}")
+    else:
+        topologies = recipe.allowed_topologies(nodes) if recipe else (list(TOPOLOGIES) if nodes > 1 else ["solo"])
+        if recipe is None and card.weights_gib > 0.9 * GB10.memory_gib:
+            topologies = [t for t in TOPOLOGIES if t.startswith("cluster")]
+            note = f"{card.name} ({card.weights_gib:.0f} GiB of weights) does not fit one node: TP=2 only"
+        elif nodes < 2:
+            note = "this inventory has one node; --topology all adds the two-node topologies"
+    if not topologies:
+        raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s); try --topology all")
+    if recipe is not None:
+        serving = lambda t: recipe.serving(t, overrides)  # noqa: E731
+    else:
+        serving = Serving.from_flags(overrides)
+    rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving)
+    recs = recommend(rows)
+    cross = crossover_lines(rows) if len(topologies) > 1 else []
+    unsure = uncertainty(card)
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows], "recommendation": recs, "crossovers": cross,
+                          "uncertainty": unsure}, indent=2))
+        return 0
+    console = Console()
+    table = Table(title=f"{card.name} · {card.quant.describe()} · pp{args.pp} tg{args.tg} · predicted", box=None,
+                  header_style="bold", title_justify="left")
+    for col in ("topology", "c", "decode t/s", "per req", "prefill t/s", "TTFT", "e2e t/s", "wall", "KV", "fits"):
+        table.add_column(col, justify="left" if col == "topology" else "right")
+    for i, r in enumerate(rows):
+        fits = "yes" if r.fits else "[red]KV full: preempts[/]"
+        table.add_row(r.topology, f"c{r.concurrency}", fmt(r.decode_tps), fmt(r.per_request_tps),
+                      fmt(r.prefill_tps), fmt(r.ttft_ms, "ms"), fmt(r.e2e_tps_total),
+                      f"{r.wall_s_mean:.1f} s" if r.wall_s_mean else "—", f"{r.kv_cache_usage:.0%}", fits,
+                      end_section=i + 1 < len(rows) and rows[i + 1].topology != r.topology)
+    console.print(table)
+    for rec in recs:
+        margin = f" (+{rec['margin']:.0%} over the next)" if rec["margin"] and rec["metric"] != "ttft_ms" else \
+            (f" ({-rec['margin']:.0%} lower than the next)" if rec["margin"] else "")
+        cs = "/".join(f"c{c}" for c in rec["concurrency"])
+        console.print(f"[bold]{rec['workload']}[/] ({cs}): {rec['topology']}{margin}")
+    for line in cross:
+        console.print(f"  {line}")
+    if note:
+        console.print(f"[dim]{note}[/]")
+    console.print(f"[dim]{unsure}[/]")
+    return 0

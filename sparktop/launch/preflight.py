@@ -209,7 +209,7 @@ async def check_node(node: Node, t: Transport, recipe: Recipe, image: str, util:
 
 
 async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory, transports: dict[str, Transport]) -> Preflight:
-    from sparktop.twin.perf import PerfModel
+    from sparktop.model.perf import PerfModel
 
     vllm, image = plan.vllm, plan.image or inventory.defaults.image
     util = float(vllm.get("gpu_memory_utilization", 0.9))

@@ -30,13 +30,17 @@ spark-vllm-docker `recipe_version: "1"` files and sparkrun's version 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparktop.errors import ConfigError
+from sparktop.errors import ConfigError, SparktopError
+from sparktop.model.cards import UnknownModel, find_card
+from sparktop.model.quant import Quantization
+from sparktop.model.serving import Serving
 from sparktop.settings import config_dir, shipped_recipes_dir
 from sparktop.yamlfile import check_keys, line_of, load_file
 
@@ -151,16 +155,32 @@ class Recipe:
         card = self.twin_card()
         return card.weights_gib if card else None
 
-    def twin_card(self):
-        from sparktop.twin.cards import UnknownModel, find_card
+    def serving(self, topology: str, overrides: dict | None = None) -> Serving:
+        """The engine settings this recipe gives vLLM for `topology` (and
+        `--set` overrides), as the performance model reads them."""
+        vllm, *_ = self.settings(topology)
+        return Serving.from_flags({**vllm, **(overrides or {})}, where=str(self.path))
 
+    def twin_card(self):
+        """The model card this recipe serves (None: sparktop has no card for
+        it), in the weight format the recipe's `quantization` names when that
+        is one the performance model knows and differs from the card's."""
         for name in (self.card, self.model, self.served_model_name, self.id):
             if not name:
                 continue
             try:
-                return find_card(name)
+                card = find_card(name)
             except UnknownModel:
                 continue
+            if self.quantization:
+                try:
+                    quant = Quantization.of(self.quantization)
+                except SparktopError:
+                    return card
+                if quant.scheme != card.quant.scheme and (quant.experts, quant.linear) != (
+                        card.quant.experts, card.quant.linear):
+                    card = dataclasses.replace(card, quant=quant)
+            return card
         return None
 
 

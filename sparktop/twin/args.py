@@ -13,6 +13,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from sparktop.model.serving import DEFAULT_MAX_NUM_SEQS
+
 
 @dataclass
 class ServeArgs:
@@ -23,7 +25,7 @@ class ServeArgs:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = 1024  # vLLM's default on a GPU of 70 GiB or more (model.serving)
     max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
@@ -68,7 +70,7 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=str)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--kv-cache-dtype", default="auto")
     _bool_flag(p, "enable-prefix-caching", True)

@@ -29,11 +29,11 @@ from aiohttp import web
 
 from sparktop import __version__
 from sparktop.twin.args import ServeArgs, parse_serve_args
-from sparktop.twin.cards import GIB, ModelCard, UnknownModel, find_card
+from sparktop.model.cards import GIB, ModelCard, UnknownModel, find_card
 from sparktop.twin.engine import BLOCK, Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
 from sparktop.twin.host import BASE_USED_KB, TwinHost
 from sparktop.twin.metrics import VllmMetrics
-from sparktop.twin.perf import PerfModel
+from sparktop.model.perf import PerfModel
 from sparktop.twin.rendezvous import HeadRendezvous, join
 from sparktop.twin.text import OutputText, chat_prompt_ids, load_tokenizer, natural_lengths
 from sparktop.twin.vlog import VllmLog
@@ -64,7 +64,7 @@ class StartupPlan:
 def fitted_constants():
     """The constants fitted to the published figures: the twin runs what
     `sparktop predict` predicts."""
-    from sparktop.twin.fit import load_constants
+    from sparktop.model.fit import load_constants
 
     return load_constants()
 

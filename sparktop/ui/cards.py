@@ -203,8 +203,8 @@ def roofline_share(snap) -> float | None:
     key = (snap.model, snap.topology)
     perf = _ROOFLINE_CACHE.get(key)
     if perf is None and key not in _ROOFLINE_CACHE:
-        from sparktop.twin.cards import UnknownModel, find_card
-        from sparktop.twin.perf import PerfModel
+        from sparktop.model.cards import UnknownModel, find_card
+        from sparktop.model.perf import PerfModel
 
         try:
             perf = PerfModel(find_card(snap.model), tp=2 if (snap.topology or "").startswith("cluster") else 1)

@@ -85,14 +85,14 @@ _PREDICTED: dict[tuple[str, str], list] = {}
 def prediction_text(recipe: Recipe, topology: str) -> Text | None:
     """What `sparktop predict` says for this recipe and topology (pp1024 tg128)."""
     from sparktop.bench.compare import fmt
-    from sparktop.twin.predict import rows_for
+    from sparktop.model.predict import rows_for
 
     card = recipe.twin_card()
     if card is None:
         return None
     key = (str(recipe.path), topology)
     if key not in _PREDICTED:
-        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe)
+        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe.serving(topology))
     rows = _PREDICTED[key]
     text = Text("predicted ", style="bold cyan")
     text.append("(pp1024 tg128, sparktop predict): ", style="dim")

@@ -255,9 +255,9 @@ class SweepScreen(LiveScreen):
         import asyncio
 
         from sparktop.bench.compare import fmt
-        from sparktop.twin.cards import UnknownModel, find_card
-        from sparktop.twin.fit import load_constants
-        from sparktop.twin.simulate import TOPOLOGIES, predict
+        from sparktop.model.cards import UnknownModel, find_card
+        from sparktop.model.fit import load_constants
+        from sparktop.model.simulate import TOPOLOGIES, predict
 
         s = self.sweep.s if self.sweep else None
         table = self.query_one("#levels-table", DataTable)

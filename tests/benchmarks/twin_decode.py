@@ -19,9 +19,9 @@ import time
 
 import httpx
 
-from sparktop.twin.cards import find_card
-from sparktop.twin.fit import load_constants
-from sparktop.twin.perf import PerfModel
+from sparktop.model.cards import find_card
+from sparktop.model.fit import load_constants
+from sparktop.model.perf import PerfModel
 
 
 def main() -> int:

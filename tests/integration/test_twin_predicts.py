@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from sparktop.twin.cards import find_card
-from sparktop.twin.fit import SERVING, load_constants
-from sparktop.twin.simulate import predict
+from sparktop.model.cards import find_card
+from sparktop.model.fit import SERVING, load_constants
+from sparktop.model.simulate import predict
 
 from tests.helpers.twin_process import start_twin_process
 

@@ -31,6 +31,20 @@ def test_two_requests_by_hand():
     assert s.ttft_s == pytest.approx([0.5, 0.9])
 
 
+def test_end_to_end_figures_by_hand():
+    """What pipeline owners quote: output tokens over the batch's wall time,
+    each request's over its own start-to-end time, and the wall time."""
+    a = rec(0.0, 0.5, [0.5 + 0.1 * i for i in range(11)], prompt=100)  # 11 tokens, 0 -> 1.5
+    b = rec(0.1, 1.0, [1.0 + 0.2 * i for i in range(6)], prompt=300, index=1)  # 6 tokens, 0.1 -> 2.0
+    s = batch_stats([a, b])
+    assert s.wall_s == pytest.approx(2.0)
+    assert s.e2e_tps_total == pytest.approx(17 / 2.0)
+    assert s.e2e_tps_req == pytest.approx([11 / 1.5, 6 / 1.9])
+    lv = level_stats(2, [[a, b], [a, b]])
+    assert (lv.e2e_tps_total, lv.wall_s_mean) == (pytest.approx(8.5), pytest.approx(2.0))
+    assert lv.e2e_tps_req == pytest.approx((11 / 1.5 + 6 / 1.9) / 2)
+
+
 def test_latency_is_taken_off_prefill_per_request_only():
     a = rec(0.0, 0.5, [0.5, 0.6, 0.7], prompt=100, level=1)
     s = batch_stats([a], latency=0.1)

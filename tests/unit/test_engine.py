@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from sparktop.twin.cards import find_card
+from sparktop.model.cards import find_card
 from sparktop.twin.engine import BLOCK, BlockPool, Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
-from sparktop.twin.perf import PerfModel
+from sparktop.model.perf import PerfModel
 
 
 def make_engine(util=0.9, **config) -> Engine:
@@ -71,13 +71,13 @@ async def test_max_num_seqs_keeps_the_rest_waiting():
 async def test_chunked_prefill_respects_the_token_budget():
     engine = make_engine(max_num_batched_tokens=512)
     shapes = []
-    original = engine._apply
+    original = engine.apply
 
     def spy(work, preempted, now):  # the steps the engine ran, as it ran them
         shapes.append(sum(n for _, n in work))
         return original(work, preempted, now)
 
-    engine._apply = spy
+    engine.apply = spy
     engine.start()
     try:
         await drain(engine.submit(request(1, prompt=2000, max_tokens=5)))
@@ -129,3 +129,16 @@ def test_block_pool_evicts_least_recently_used_cached_blocks():
     assert pool.allocate(3)  # 2 free + evict h1
     assert list(pool.evictable) == [b"h2"]
     assert not pool.allocate(2)
+
+
+def test_without_chunked_prefill_prompts_are_scheduled_whole():
+    from sparktop.model.scheduler import Scheduler
+
+    clock = [0.0]
+    sched = Scheduler(PerfModel(find_card("llama-3.1-8b")),
+                      EngineConfig(max_num_batched_tokens=3000, enable_chunked_prefill=False), clock=lambda: clock[0])
+    for i in range(3):
+        sched.submit(request(i, prompt=1200, max_tokens=2))
+    work, _ = sched.schedule()
+    # Two whole prompts fit the budget; the third waits instead of being cut.
+    assert [n for _, n in work] == [1200, 1200] and len(sched.waiting) == 1

@@ -49,7 +49,22 @@ def test_every_module_says_what_it_is_for():
 
 
 def test_the_layout_follows_design_md():
-    for sub in ("remote", "observe", "launch", "bench", "twin", "ui"):
+    for sub in ("remote", "observe", "launch", "bench", "model", "twin", "ui"):
         assert (PACKAGE / sub / "__init__.py").exists(), sub
-    for module in ("cli.py", "settings.py", "twin/perf.py", "twin/engine.py", "twin/server.py", "twin/node.py"):
+    for module in ("cli.py", "settings.py", "model/perf.py", "model/scheduler.py", "model/simulate.py",
+                   "twin/engine.py", "twin/server.py", "twin/node.py"):
         assert (PACKAGE / module).exists(), module
+
+
+def test_the_performance_model_stands_alone():
+    """`model` is a product feature, not a test double: it never imports the
+    twin (or launch, observe, ui); launch and bench use the model, never the twin."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        banned = {"model": ("sparktop.twin", "sparktop.launch", "sparktop.observe", "sparktop.ui"),
+                  "launch": ("sparktop.twin",), "bench": ("sparktop.twin",)}.get(rel.parts[0], ())
+        for m in imported_modules(path):
+            if m.startswith(banned) if banned else False:
+                offenders.append(f"{rel} imports {m}")
+    assert offenders == []

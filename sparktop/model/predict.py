@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Callable
 
 from sparktop.bench.compare import Metric, crossovers
 from sparktop.bench.results import Run
-from sparktop.twin.cards import ModelCard
-from sparktop.twin.simulate import TOPOLOGIES, Prediction, Serving, predict
+from sparktop.model.cards import ModelCard
+from sparktop.model.perf import Constants
+from sparktop.model.serving import Serving
+from sparktop.model.simulate import TOPOLOGIES, Prediction, predict
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -33,45 +36,34 @@ class Row:
     ttft_ms: float | None
     kv_cache_usage: float
     fits: bool
+    e2e_tps_total: float | None = None  # output tokens of the batch / its wall time (c x tg / wall)
+    e2e_tps_req: float | None = None  # a request's output tokens / its own start-to-end time
+    wall_s_mean: float | None = None  # wall time of one batch
+    preempted: bool = False  # past the KV cache: the engine preempts and recomputes
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def serving_for(recipe, topology: str) -> Serving:
-    if recipe is None:
-        return Serving()
-    vllm, *_ = recipe.settings(topology)
-
-    def num(key, cast, default):
-        try:
-            return cast(vllm.get(key, default))
-        except (TypeError, ValueError):
-            return default
-
-    return Serving(
-        gpu_memory_utilization=num("gpu_memory_utilization", float, 0.9),
-        max_num_seqs=num("max_num_seqs", int, 256),
-        max_num_batched_tokens=num("max_num_batched_tokens", int, 8192),
-        max_model_len=num("max_model_len", int, 131072),
-        kv_dtype_bytes=1 if str(vllm.get("kv_cache_dtype", "auto")).startswith("fp8") else None,
-        enforce_eager=bool(vllm.get("enforce_eager", False)),
-    )
+ServingFor = Callable[[str], Serving]
 
 
-def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int, recipe=None,
-             k=None) -> list[Row]:
-    from sparktop.twin.fit import load_constants
+def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int,
+             serving: Serving | ServingFor | None = None, k: Constants | None = None) -> list[Row]:
+    """Predicted rows; `serving` is the engine's settings, or a function of
+    the topology (a recipe can set flags per topology)."""
+    from sparktop.model.fit import load_constants
 
     k = k or load_constants()
     rows = []
     for topology in topologies:
-        serving = serving_for(recipe, topology)
+        sv = serving(topology) if callable(serving) else (serving or Serving())
         for c in levels:
-            p: Prediction = predict(card, topology, c, pp, tg, k, serving)
+            p: Prediction = predict(card, topology, c, pp, tg, k, sv)
             s = p.stats
             rows.append(Row(card.name, topology, c, pp, tg, s.tg_tps_total, s.tg_tps_req, s.pp_tps_total,
-                            s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits))
+                            s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits, s.e2e_tps_total, s.e2e_tps_req,
+                            s.wall_s_mean, p.preempted))
     return rows
 
 
@@ -124,14 +116,22 @@ def crossover_lines(rows: list[Row]) -> list[str]:
 
 
 def uncertainty(card: ModelCard) -> str:
-    from sparktop.twin.fit import FITTED, load_constants, published_cells, report
+    """How far to trust a prediction for this card: its own error where a
+    source measured it, the leave-one-model-out error where none did."""
+    from sparktop.model.fit import FITTED, expected_error, load_constants, report
 
-    measured = {c.model for c in published_cells()}
-    if card.name in measured:
-        rep = report(load_constants())
-        errs = [abs(p / c.published - 1) for c, p, _ in rep.rows if c.model == card.name and c.published and p]
-        return (f"{card.name} was measured in the articles: the fit is off by {statistics.fmean(errs):.0%} on "
-                f"average on its {len(errs)} published figures ({FITTED.name})")
-    return (f"no article measured {card.name}: this comes from the same physics and constants "
-            f"({card.architecture}, {card.active_params_b:g}B active of {card.total_params_b:g}B at "
-            f"{card.bits_per_weight:g} bits); expect ±25 % or more, most on prefill and TTFT")
+    rep = report(load_constants())
+    errs = [abs(p / c.published - 1) for c, p, _ in rep.fitted_rows()
+            if c.model == card.name and c.published and p]
+    cv = {m: expected_error(m) for m in ("decode_tps", "prefill_tps", "ttft_ms")}
+    unseen = ""
+    if cv["decode_tps"] is not None:
+        unseen = (f"for a model no source measured expect ±{cv['decode_tps']:.0%} on decode, "
+                  f"±{cv['prefill_tps'] or 0:.0%} on prefill, ±{cv['ttft_ms'] or 0:.0%} on TTFT "
+                  "(leave-one-model-out)")
+    if errs:
+        return (f"{card.name} was measured by published sources: the fit is off by {statistics.fmean(errs):.0%} "
+                f"on average on its {len(errs)} figures ({FITTED.name}); {unseen or 'no cross-validation saved'}")
+    return (f"no published source measured {card.name}: this comes from the same physics and constants "
+            f"({card.architecture}, {card.active_params_b:.1f}B active of {card.total_params_b:.1f}B, "
+            f"{card.quant.describe()}); " + (unseen or "expect ±25 % or more, most on prefill and TTFT"))

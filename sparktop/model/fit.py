@@ -1,0 +1,449 @@
+"""Fit the performance model's few shared constants to published Spark figures,
+and say honestly how far a prediction can be trusted.
+
+Two reference files, each figure with its source and workload:
+
+- `data/published-benchmarks.yaml`: the three articles (llama-benchy sweeps
+  at pp1024 tg128 over five topologies);
+- `data/published-more.yaml`: figures gathered from reviews, NVIDIA's own
+  numbers, forums and project READMEs (llama-benchy, `vllm bench serve`,
+  single-stream decode), for more models, precisions and concurrencies.
+
+Every cell is predicted the way it was measured: a llama-benchy level by
+`simulate.predict` (vLLM's scheduler on a virtual clock, the sweep's own
+statistics), a `vllm bench serve` run by `simulate.predict_serve`. Only
+vLLM figures are fitted; figures of other engines are reported beside them.
+
+What is fitted: bandwidth and compute efficiency, attention efficiency,
+per-step, per-layer and per-sequence overheads, the link's efficiency and
+latency, Ray's per-step cost, the router's per-request cost, and how
+strongly a batch's tokens share experts — all shared by every model. No
+model and no cell has its own knob.
+
+`cross_validate` refits without each model in turn and predicts it: the
+error a user should expect for a model no one measured, which `predict`
+states. The result of both is kept in `data/fitted-constants.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from sparktop.errors import SparktopError
+from sparktop.model.cards import ModelCard, UnknownModel, find_card
+from sparktop.model.perf import DEFAULT_CONSTANTS, Constants
+from sparktop.model.quant import Quantization, fmt
+from sparktop.model.serving import Serving
+from sparktop.model.simulate import TOPOLOGIES, predict, predict_serve
+
+DATA = Path(__file__).parent / "data"
+PUBLISHED = DATA / "published-benchmarks.yaml"
+MORE = DATA / "published-more.yaml"
+FITTED = DATA / "fitted-constants.json"
+
+# Metrics a cell can hold, and the statistic that predicts each.
+METRICS = {"decode_tps": "tg_tps_total", "prefill_tps": "pp_tps_total", "ttft_ms": "ttft_ms_mean",
+           "decode_tps_per_request": "tg_tps_req", "output_tps": "e2e_tps_total", "wall_s": "wall_s_mean"}
+HEADLINE = ("decode_tps", "prefill_tps", "ttft_ms")
+HIGHER_IS_BETTER = {"decode_tps": True, "prefill_tps": True, "ttft_ms": False, "decode_tps_per_request": True,
+                    "output_tps": True, "wall_s": False, "request_throughput": True}
+TARGET = {"decode_tps": 0.08, "prefill_tps": 0.12, "ttft_ms": 0.12}
+LOMO_TARGET = 0.20  # leave-one-model-out decode MAPE, every model
+
+# How each article served its model (from the runs' notes): memory share,
+# context, KV dtype. Everything else is vLLM's default.
+SERVING = {
+    "gpt-oss-120b": Serving(gpu_memory_utilization=0.70),
+    "gemma4-26b-a4b": Serving(gpu_memory_utilization=0.70, max_model_len=131072, kv_cache_dtype="fp8"),
+    "nemotron-3-super-120b-a12b": Serving(gpu_memory_utilization=0.70, max_model_len=262144),
+}
+# The build the article ran where it differs from the checkpoint as published:
+# gpt-oss ran the community MXFP4 image (data/gb10-sources.md §2).
+ARTICLE_QUANT = {"gpt-oss-120b": "mxfp4-spark"}
+GLOBAL = ("bandwidth_efficiency", "moe_efficiency", "attention_efficiency", "activation_passes", "step_overhead_s",
+          "layer_overhead_s", "seq_overhead_s", "allreduce_latency_s", "link_efficiency", "ray_step_overhead_s",
+          "request_overhead_s", "router_overhead_s", "expert_batch_exponent")
+CAPPED = ("bandwidth_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency",
+          "expert_batch_exponent")
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str  # the card's name
+    topology: str
+    metric: str
+    concurrency: int
+    published: float | None  # None: the source reports it failed (out of memory)
+    source: str = ""
+    engine: str = "vllm"
+    workload: tuple = ("llama-benchy", 1024, 128, 0)  # (tool, input, output, requests)
+    serving: Serving = Serving()
+    quant: str = ""  # the figure's checkpoint format when it differs from the card's
+
+    @property
+    def fitted(self) -> bool:
+        return self.engine == "vllm"
+
+
+# -- the reference files ---------------------------------------------------------------
+
+
+def _article_cells(path: Path) -> list[Cell]:
+    data = yaml.safe_load(path.read_text())
+    cells = []
+    for run in data["runs"]:
+        if "what" in run:  # the kernel-backend comparison is not a topology table
+            continue
+        levels = run["concurrency"]
+        for metric in HEADLINE:
+            for topology, values in (run.get(metric) or {}).items():
+                for c, v in zip(levels, values):
+                    cells.append(Cell(run["model"], topology, metric, c, v, source=str(run.get("source", "")),
+                                      serving=SERVING.get(run["model"], Serving()),
+                                      quant=ARTICLE_QUANT.get(run["model"], "")))
+    return cells
+
+
+_MORE_METRICS = ("decode_tps", "decode_tps_per_request", "prefill_tps", "ttft_ms", "output_tps", "wall_s",
+                 "request_throughput")
+
+
+def _topology_of(fig: dict) -> str | None:
+    nodes, tp = int(fig.get("nodes") or 1), int(fig.get("tp") or 1)
+    if nodes == 1 and tp == 1:
+        return "solo"
+    if nodes == 2 and tp == 2:
+        return "cluster-ray" if "ray" in str(fig.get("executor", "")).lower() else "cluster-mp"
+    return None  # layouts the model does not cover yet
+
+
+def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
+    """Figures of the gathered reference file that name a known model, a
+    layout the model covers and a workload it can replay."""
+    if not path.exists():
+        return []
+    data = yaml.safe_load(path.read_text()) or {}
+    sources = data.get("sources") or {}
+    cells = []
+    for i, fig in enumerate(data.get("figures") or []):
+        where = f"{path.name} figure {i + 1} ({fig.get('source')})"
+        src = sources.get(fig.get("source"), {})
+        engine = str(fig.get("engine") or src.get("engine") or "vllm").lower()
+        try:
+            card = find_card(str(fig.get("card") or fig.get("model")))
+        except UnknownModel:
+            if skipped is not None:
+                skipped.append(f"{where}: no card for {fig.get('model')}")
+            continue
+        topology = _topology_of(fig)
+        wl = fig.get("workload") or {}
+        tool = str(wl.get("tool", "custom")).lower()
+        c = int(wl.get("concurrency") or 1)
+        pp, tg = wl.get("input_tokens"), wl.get("output_tokens")
+        if topology is None or tool not in ("llama-benchy", "vllm-bench-serve", "single-stream") or not pp or not tg:
+            if skipped is not None:
+                skipped.append(f"{where}: workload or layout not replayable ({tool}, nodes {fig.get('nodes')})")
+            continue
+        requests = int(wl.get("num_requests") or (c if tool != "vllm-bench-serve" else c * 4))
+        serving = Serving().with_flags(fig.get("serving") or {}, where)
+        quant = str(fig.get("quantization") or "")
+        for metric in _MORE_METRICS:
+            if fig.get(metric) is None:
+                continue
+            if tool != "vllm-bench-serve" and metric == "request_throughput":
+                continue
+            cells.append(Cell(card.name, topology, metric, c, float(fig[metric]), source=str(fig.get("source")),
+                              engine=engine, workload=(tool, int(pp), int(tg), requests), serving=serving,
+                              quant=quant))
+    return cells
+
+
+def published_cells(more: bool = True) -> list[Cell]:
+    cells = _article_cells(PUBLISHED)
+    return cells + (_more_cells(MORE) if more else [])
+
+
+# -- constants -----------------------------------------------------------------------
+
+
+def load_constants(path: Path = FITTED) -> Constants:
+    if not path.exists():
+        return DEFAULT_CONSTANTS
+    d = json.loads(path.read_text())
+    return replace(DEFAULT_CONSTANTS, **{k: d[k] for k in GLOBAL if k in d})
+
+
+def load_fit_summary(path: Path = FITTED) -> dict:
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def save_constants(k: Constants, summary: dict, path: Path = FITTED, cross: dict | None = None) -> None:
+    d = {name: getattr(k, name) for name in GLOBAL}
+    d["fit"] = summary
+    if cross is None and path.exists():
+        cross = json.loads(path.read_text()).get("cross_validation")
+    if cross:
+        d["cross_validation"] = cross
+    path.write_text(json.dumps(d, indent=2) + "\n")
+
+
+# -- predicting a cell ---------------------------------------------------------------------
+
+
+def _card(cell: Cell) -> ModelCard:
+    """The card, in the checkpoint format the figure was measured with."""
+    card = find_card(cell.model)
+    if not cell.quant:
+        return card
+    try:
+        quant = Quantization.of(cell.quant)
+    except SparktopError:
+        return card
+    if quant == card.quant or quant.scheme != "mxfp4-spark" and fmt(quant.scheme).name == fmt(card.quant.scheme).name:
+        return card
+    return replace(card, quant=quant)
+
+
+def predicted(cell: Cell, k: Constants) -> tuple[float | None, bool]:
+    card = _card(cell)
+    tool, pp, tg, requests = cell.workload
+    if tool == "vllm-bench-serve":
+        p = predict_serve(card, cell.topology, requests, cell.concurrency, pp, tg, k, cell.serving)
+        value = {"output_tps": p.output_tps, "request_throughput": p.request_throughput,
+                 "ttft_ms": p.ttft_ms_mean, "decode_tps": p.output_tps, "wall_s": p.wall_s,
+                 "decode_tps_per_request": 1000 / p.tpot_ms_mean if p.tpot_ms_mean else None}.get(cell.metric)
+        return value, p.errors == 0
+    p = predict(card, cell.topology, cell.concurrency, pp, tg, k, cell.serving)
+    return getattr(p.stats, METRICS[cell.metric]), p.fits
+
+
+def evaluate(k: Constants, cells: list[Cell]) -> list[tuple[Cell, float | None, bool]]:
+    return [(cell, *predicted(cell, k)) for cell in cells]
+
+
+def loss(rows) -> float:
+    errs = [math.log(pred / cell.published) ** 2 for cell, pred, _ in rows
+            if cell.fitted and cell.published and pred and pred > 0]
+    # A published out-of-memory case that the model says fits costs as much
+    # as a cell off by 2x; so does a cell it wrongly says does not fit.
+    errs += [math.log(2) ** 2 for cell, _, fits in rows if cell.fitted and (cell.published is None) == fits]
+    return sum(errs) / len(errs) if errs else 0.0
+
+
+def _vector(k: Constants) -> list[float]:
+    return [math.log(getattr(k, name)) for name in GLOBAL]
+
+
+def _constants(v: list[float], base: Constants = DEFAULT_CONSTANTS) -> Constants:
+    g = {name: math.exp(x) for name, x in zip(GLOBAL, v)}
+    for name in CAPPED:
+        g[name] = min(g[name], 1.0)
+    return replace(base, **g)
+
+
+def nelder_mead(f, x0: list[float], step: float = 0.3, iterations: int = 200, progress=None):
+    """Minimise f; plain Nelder–Mead in the log of every constant."""
+    n = len(x0)
+    pts = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for it in range(iterations):
+        order = sorted(range(n + 1), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if progress:
+            progress(it, vals[0])
+        centroid = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        worst = pts[-1]
+        refl = [c + (c - w) for c, w in zip(centroid, worst)]
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = [c + 2 * (c - w) for c, w in zip(centroid, worst)]
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = [c + 0.5 * (w - c) for c, w in zip(centroid, worst)]
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:
+                best = pts[0]
+                pts = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    i = min(range(n + 1), key=lambda i: vals[i])
+    return pts[i], vals[i]
+
+
+def refit(cells: list[Cell] | None = None, iterations: int = 150, progress=None,
+          start: Constants | None = None, step: float = 0.3) -> Constants:
+    cells = cells if cells is not None else published_cells()
+    start = start or load_constants()
+    # Start inside the range (capped constants stall the simplex at 1).
+    start = replace(start, **{n: min(getattr(start, n), 0.95) for n in CAPPED})
+    best, _ = nelder_mead(lambda v: loss(evaluate(_constants(v), cells)), _vector(start), step=step,
+                          iterations=iterations, progress=progress)
+    return _constants(best)
+
+
+# -- the report -----------------------------------------------------------------------
+
+
+def _mape(rows, metric: str, model: str | None = None) -> float | None:
+    errs = [abs(pred / cell.published - 1) for cell, pred, _ in rows
+            if cell.metric == metric and cell.published and pred and (model is None or cell.model == model)]
+    return statistics.fmean(errs) if errs else None
+
+
+@dataclass
+class Report:
+    rows: list[tuple[Cell, float | None, bool]]
+    skipped: list[str] = field(default_factory=list)
+
+    def fitted_rows(self):
+        return [r for r in self.rows if r[0].fitted]
+
+    def mape(self, metric: str, model: str | None = None, fitted_only: bool = True) -> float | None:
+        return _mape(self.fitted_rows() if fitted_only else self.rows, metric, model)
+
+    def winners(self) -> tuple[int, int, list[str]]:
+        """Cells (model, source, metric, concurrency) with two or more
+        topologies published: how many name the same winner as the source."""
+        groups: dict[tuple, list] = {}
+        for cell, pred, _ in self.fitted_rows():
+            if cell.published is not None and pred is not None and cell.metric in HEADLINE:
+                groups.setdefault((cell.model, cell.workload, cell.metric, cell.concurrency), []).append((cell, pred))
+        same, total, misses = 0, 0, []
+        for (model, _, metric, c), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3])):
+            if len({cell.topology for cell, _ in items}) < 2:
+                continue
+            sign = 1 if HIGHER_IS_BETTER[metric] else -1
+            pub = max(items, key=lambda x: sign * x[0].published)[0].topology
+            pre = max(items, key=lambda x: sign * x[1])[0].topology
+            total += 1
+            if pub == pre:
+                same += 1
+            else:
+                misses.append(f"{model} {metric} c{c}: published {pub}, predicted {pre}")
+        return same, total, misses
+
+    def text(self, worst: int = 15, cells: bool = True) -> str:
+        lines = []
+        if cells:
+            lines.append(f"{'model':28} {'topology':12} {'metric':22} {'c':>4} {'published':>10} {'predicted':>12} "
+                         f"{'error':>7}  source")
+            for cell, pred, fits in self.rows:
+                pub = "OOM" if cell.published is None else f"{cell.published:,.1f}"
+                pr = "does not fit" if not fits and cell.published is None else \
+                    "—" if pred is None else f"{pred:,.1f}"
+                err = f"{pred / cell.published - 1:+.1%}" if cell.published and pred else \
+                    ("ok" if cell.published is None and not fits else "MISS")
+                src = cell.source + ("" if cell.fitted else f" [{cell.engine}, not fitted]")
+                lines.append(f"{cell.model:28} {cell.topology:12} {cell.metric:22} {cell.concurrency:>4} {pub:>10} "
+                             f"{pr:>12} {err:>7}  {src}")
+            lines.append("")
+        for metric in HEADLINE:
+            m = self.mape(metric)
+            if m is None:
+                continue
+            lines.append(f"MAPE {metric:12} {m:6.1%}  (target ≤ {TARGET[metric]:.0%})"
+                         f"{'' if m <= TARGET[metric] else '  MISSED'}")
+        for metric in ("decode_tps_per_request", "output_tps", "wall_s"):
+            m = self.mape(metric)
+            if m is not None:
+                lines.append(f"MAPE {metric:12} {m:6.1%}")
+        same, total, misses = self.winners()
+        if total:
+            lines.append(f"same winner as published: {same}/{total} cells ({same / total:.0%}, target ≥ 90 %)")
+        models = sorted({c.model for c, _, _ in self.fitted_rows()})
+        lines.append("")
+        lines.append("per model (fitted figures): decode / prefill / TTFT MAPE, cells")
+        for model in models:
+            vals = [self.mape(m, model) for m in HEADLINE]
+            n = sum(1 for c, _, _ in self.fitted_rows() if c.model == model)
+            lines.append(f"  {model:28} " + " / ".join("—" if v is None else f"{v:5.1%}" for v in vals) + f"  ({n})")
+        ranked = sorted((r for r in self.fitted_rows() if r[0].published and r[1]),
+                        key=lambda r: -abs(r[1] / r[0].published - 1))[:worst]
+        lines.append("")
+        lines.append("cells that miss most:")
+        for cell, pred, _ in ranked:
+            lines.append(f"  {cell.model} {cell.topology} {cell.metric} c{cell.concurrency}: "
+                         f"{cell.published:,.1f} published, {pred:,.1f} predicted ({pred / cell.published - 1:+.0%})"
+                         f" [{cell.source}]")
+        if misses:
+            lines.append("winners that differ:")
+            lines += [f"  {m}" for m in misses]
+        if self.skipped:
+            lines.append(f"figures not replayed: {len(self.skipped)} (`--json` lists them)")
+        return "\n".join(lines)
+
+    def summary(self) -> dict:
+        same, total, _ = self.winners()
+        out = {f"mape_{m}": round(v, 4) for m in HEADLINE if (v := self.mape(m)) is not None}
+        out.update({"same_winner": f"{same}/{total}", "cells": len(self.rows),
+                    "fitted_cells": len(self.fitted_rows())})
+        return out
+
+
+def report(k: Constants | None = None) -> Report:
+    skipped: list[str] = []
+    cells = _article_cells(PUBLISHED) + _more_cells(MORE, skipped)
+    return Report(evaluate(k or load_constants(), cells), skipped)
+
+
+# -- leave one model out ------------------------------------------------------------------
+
+
+def cross_validate(cells: list[Cell] | None = None, iterations: int = 60, start: Constants | None = None,
+                   progress: Callable[[str], None] | None = None, models: list[str] | None = None) -> dict:
+    """For every model with fitted figures: fit without it, predict it.
+    Returns {model: {metric: MAPE, "cells": n}} plus "mean" over models."""
+    cells = cells if cells is not None else published_cells()
+    start = start or load_constants()
+    out: dict = {}
+    for model in models or sorted({c.model for c in cells if c.fitted}):
+        train = [c for c in cells if c.model != model]
+        test = [c for c in cells if c.model == model and c.fitted]
+        if progress:
+            progress(f"without {model}: fitting on {len(train)} cells")
+        k = refit(train, iterations=iterations, start=start, step=0.15)
+        rows = evaluate(k, test)
+        out[model] = {m: round(v, 4) for m in HEADLINE + ("output_tps",) if (v := _mape(rows, m)) is not None}
+        out[model]["cells"] = len(test)
+    per = [v for key, v in out.items() if key != "mean"]
+    out["mean"] = {m: round(statistics.fmean(x[m] for x in per if m in x), 4)
+                   for m in HEADLINE if any(m in x for x in per)}
+    return out
+
+
+def cross_validation_text(cv: dict) -> str:
+    lines = [f"{'left out':30} {'decode':>8} {'prefill':>8} {'TTFT':>8} {'cells':>6}"]
+    for model, v in cv.items():
+        if model == "mean":
+            continue
+        cols = [f"{v[m]:8.1%}" if m in v else f"{'—':>8}" for m in HEADLINE]
+        flag = "" if v.get("decode_tps") is None or v["decode_tps"] <= LOMO_TARGET else "  over 20 %"
+        lines.append(f"{model:30} {' '.join(cols)} {v.get('cells', 0):>6}{flag}")
+    mean = cv.get("mean", {})
+    lines.append(f"{'mean over models':30} " + " ".join(f"{mean[m]:8.1%}" if m in mean else f"{'—':>8}"
+                                                        for m in HEADLINE))
+    return "\n".join(lines)
+
+
+def expected_error(metric: str = "decode_tps") -> float | None:
+    """The leave-one-model-out error, as saved: what to expect for a model
+    no source measured."""
+    cv = load_fit_summary().get("cross_validation") or {}
+    return (cv.get("mean") or {}).get(metric)
+
+
+__all__ = ["Cell", "TOPOLOGIES", "cross_validate", "evaluate", "load_constants", "published_cells", "refit",
+           "report"]

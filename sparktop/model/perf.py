@@ -1,0 +1,290 @@
+"""The roofline of one vLLM engine step on GB10 node(s), part by part.
+
+One engine step runs some decode tokens (one per running sequence) and some
+prefill chunks through every layer. Each part of the model costs the larger
+of its memory time and its compute time (a roofline per part, summed):
+
+- linear layers (attention / Mamba projections, dense MLPs, shared
+  experts): their weights read once per step; 2 FLOPs per weight per token
+  at the precision their kernel computes in (`quant`);
+- experts: the experts the step's tokens activate — E·(1 − (1 − k/E)^B)
+  per MoE layer for B tokens, with B shrunk to B^γ because tokens of one
+  batch route alike — read once; their GEMMs padded to a tensor-core tile
+  per expert;
+- the unembedding: read once, multiplied only for the sampled positions
+  (one per sequence in the step);
+- attention: every sequence reads its KV cache (sliding-window layers at
+  most the window), and computes scores over its context in BF16;
+- recurrent layers (Mamba-2, gated delta): each sequence reads and writes
+  its fixed state; prefill runs the chunked scan.
+
+On top: a fixed cost per step (scheduling, sampling), per layer (kernel
+launches; more without CUDA graphs), per sequence (sampling and output
+processing). Tensor parallelism over k nodes divides weights, heads and
+FLOPs by k and adds two ring all-reduces per layer over the link
+(2(k−1)/k of the activations, plus a latency per hop); Ray adds its
+executor's cost per step.
+
+Memory: KV capacity is `gpu_memory_utilization × memory − weights −
+activations`; a sequence takes KV blocks for its full-attention context,
+plus a fixed share for sliding windows and recurrent state.
+
+The constants (`Constants`) are few, physical, and shared by every model
+and kernel; `fit.py` fits them to the published figures, and the hardware
+peaks they scale (`hardware`) are the vendor's, never fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from sparktop.model.cards import GIB, ModelCard
+from sparktop.model.hardware import GB10, Hardware
+
+TILE_M = 16  # rows of the smallest tensor-core tile a GEMM kernel issues
+
+
+@dataclass(frozen=True)
+class Constants:
+    bandwidth_efficiency: float = 0.80  # of the nominal bandwidth reached by a step's reads
+    compute_efficiency: float = 1.0  # of the measured large-GEMM rate reached by a step's dense GEMMs
+    moe_efficiency: float = 0.35  # ... by grouped expert GEMMs (small per-expert GEMMs, routing)
+    attention_efficiency: float = 0.30  # of the measured BF16 GEMM rate reached by attention and scans
+    # Times each token's activations cross memory per layer (norms, residuals,
+    # rotary, activation quantization, MoE gather and scatter of each of its
+    # k expert copies): memory traffic that grows with tokens, not weights.
+    activation_passes: float = 8.0
+    step_overhead_s: float = 0.002  # scheduler, sampling, host work per step
+    layer_overhead_s: float = 0.00005  # kernel launches per layer with CUDA graphs
+    eager_layer_overhead_s: float = 0.0004  # ... without CUDA graphs (--enforce-eager)
+    seq_overhead_s: float = 0.00002  # per sequence in a step: sampling, detokenizing, streaming
+    allreduce_latency_s: float = 50e-6  # one all-reduce between two nodes (two ring hops)
+    link_efficiency: float = 0.8
+    ray_step_overhead_s: float = 0.0008  # Ray executor per step (vs multiprocessing)
+    request_overhead_s: float = 0.010  # the API server per request: parsing, chat template, tokenizing
+    router_overhead_s: float = 0.030  # LiteLLM per request (added at the router)
+    expert_batch_exponent: float = 0.8  # γ: routing correlation within a batch (1 = independent)
+    # Non-KV memory vLLM keeps (CUDA graphs, activation peak, allocator
+    # slack); 3 GiB is the least that makes the one published out-of-memory
+    # case (Nemotron 3 Super solo at c64, util 0.70) not fit.
+    activation_reserve_gib: float = 3.0
+    # Left for a model whose kernel path no shared constant describes; empty
+    # in the fitted set (every model is held to the same physics).
+    model_factors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+DEFAULT_CONSTANTS = Constants()
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _padded(rows: int, tile: int) -> int:
+    """Rows a GEMM kernel computes for `rows` of input: whole tiles."""
+    return ceil_div(rows, tile) * tile
+
+
+@dataclass
+class PerfModel:
+    """Timing and memory of one engine (one node, or `tp` nodes) serving `card`."""
+
+    card: ModelCard
+    tp: int = 1
+    hw: Hardware = GB10
+    k: Constants = DEFAULT_CONSTANTS
+    kv_dtype_bytes: int | None = None
+    ray: bool = False
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        card, k, tp, hw = self.card, self.k, self.tp, self.hw
+        a, q = card.arch, card.quant
+        self._bw = hw.bandwidth_gbs * 1e9 * k.bandwidth_efficiency
+        peak = lambda precision: hw.achieved(precision) * 1e12 * k.compute_efficiency  # noqa: E731
+        self._lin_bytes = (a.attention_params + a.dense_ffn_params) * q.linear.bits / 8 / tp
+        self._lin_flops = 2 * (a.attention_params + a.dense_ffn_params) / tp
+        self._lin_peak = peak(q.linear.compute)
+        self._lin_tile = q.linear.tile_m
+        self._rlin_bytes = a.recurrent_params * q.recurrent.bits / 8 / tp
+        self._rlin_flops = 2 * a.recurrent_params / tp
+        self._rlin_peak = peak(q.recurrent.compute)
+        self._rlin_tile = q.recurrent.tile_m
+        self._head_bytes = a.lm_head_params * q.lm_head.bits / 8 / tp
+        self._head_flops = 2 * a.lm_head_params / tp
+        self._head_peak = peak(q.lm_head.compute)
+        self._head_tile = q.lm_head.tile_m
+        moe = a.moe
+        self._moe_layers = sum(f.layers for f in a.ffn if f.experts)
+        self._expert_bytes = (a.expert_params_total / moe.experts if moe else 0.0) * q.experts.bits / 8 / tp
+        self._expert_flops = 2 * (moe.expert_params if moe else 0.0) / tp  # one expert, one layer, one token
+        self._exp_peak = hw.achieved(q.experts.moe_compute) * 1e12 * k.moe_efficiency
+        self._attn_peak = hw.achieved("bf16") * 1e12 * k.attention_efficiency
+        dtype = self.kv_dtype_bytes or card.kv_dtype_bytes
+        # Per attention group: (layers, bytes per token per layer on this node, window, score FLOPs per node)
+        self._attn = []
+        for g in a.attention:
+            share = 1.0 if g.mla else max(g.kv_heads / tp, 1) / g.kv_heads
+            self._attn.append((g.layers, g.kv_elems * dtype * share, g.window, g.score_flops / tp))
+        self._rec_state = a.state_bytes_per_seq / tp
+        self._rec_prefill_flops = sum(r.layers * r.prefill_flops for r in a.recurrent) / tp
+        self._rec_decode_flops = sum(r.layers * r.decode_flops for r in a.recurrent) / tp
+        # Two all-reduces per transformer layer (after the mixer, after the
+        # FFN); a Nemotron-H layer holds one of the two, so one.
+        mixers = a.attn_layers + sum(r.layers for r in a.recurrent)
+        self._allreduces = mixers + sum(f.layers for f in a.ffn) if tp > 1 else 0
+        self._layers = a.layers
+        # Activation bytes per token (one pass, BF16): every layer's hidden
+        # state, plus each MoE layer's k expert copies in and out.
+        act = a.hidden_size * a.layers
+        for f in a.ffn:
+            if f.experts:
+                act += f.layers * f.experts_active * (f.expert_width + f.expert_inter)
+        self._act_bytes = 2.0 * act / tp
+        self._factors = k.model_factors.get(card.name, (1.0, 1.0))
+
+    # -- memory ---------------------------------------------------------------
+
+    @property
+    def weights_bytes_per_node(self) -> float:
+        return self.card.weights_gib * GIB / self.tp
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one more token of context takes on one node: the
+        full-attention layers (sliding layers stop growing at the window)."""
+        full = sum(layers * per for layers, per, window, _ in self._attn if not window)
+        return full or sum(layers * per for layers, per, _, _ in self._attn) or 1.0
+
+    @property
+    def seq_state_bytes(self) -> float:
+        """Fixed per-sequence memory on one node: recurrent state, and the
+        sliding-window layers' KV (a window's worth, once the sequence is
+        longer than it)."""
+        sliding = sum(layers * per * window for layers, per, window, _ in self._attn if window)
+        has_full = any(not window for _, _, window, _ in self._attn)
+        return self._rec_state + (sliding if has_full else 0.0)
+
+    def activation_reserve_bytes(self, max_num_batched_tokens: int = 8192) -> float:
+        # Peak activations grow with the batch the profiler runs.
+        act = max_num_batched_tokens * self.card.hidden_size * 2 * 16
+        return self.k.activation_reserve_gib * GIB + act
+
+    def kv_budget_bytes(self, gpu_memory_utilization: float, max_num_batched_tokens: int = 8192) -> float:
+        return (gpu_memory_utilization * self.hw.memory_gib * GIB - self.weights_bytes_per_node
+                - self.activation_reserve_bytes(max_num_batched_tokens))
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float, max_num_batched_tokens: int = 8192) -> int:
+        budget = self.kv_budget_bytes(gpu_memory_utilization, max_num_batched_tokens)
+        return max(0, int(budget // self.kv_bytes_per_token))
+
+    # -- time -----------------------------------------------------------------
+
+    def _roof(self, nbytes: float, flops: float, peak: float) -> float:
+        return max(nbytes / self._bw, flops / peak if peak else 0.0)
+
+    def _attention(self, decode_ctx: Sequence[int], prefill: Sequence[tuple[int, int]]) -> float:
+        kv = flops = 0.0
+        for layers, per, window, score in self._attn:
+            if window:
+                ctx = sum(min(c, window) for c in decode_ctx)
+                pre = sum(n * min(c + n / 2, window) for n, c in prefill)
+                pre_read = sum(min(c + n, window + n) for n, c in prefill)
+            else:
+                ctx = sum(decode_ctx)
+                pre = sum(n * (c + n / 2) for n, c in prefill)
+                pre_read = sum(c + n for n, c in prefill)
+            kv += layers * per * (ctx + pre_read)
+            flops += layers * score * (ctx + pre)
+        return self._roof(kv, flops, self._attn_peak)
+
+    def step_time(self, decode_ctx: Sequence[int], prefill: Sequence[tuple[int, int]] = ()) -> float:
+        """Seconds for one step.
+
+        decode_ctx: context length of every sequence decoding one token.
+        prefill: (new tokens, context already computed) for every prefill chunk.
+        """
+        k = self.k
+        n_decode = len(decode_ctx)
+        n_prefill = sum(n for n, _ in prefill)
+        tokens = n_decode + n_prefill
+        if tokens == 0:
+            return 0.0
+        seqs = n_decode + len(prefill)
+        t = self._roof(self._lin_bytes, self._lin_flops * _padded(tokens, self._lin_tile), self._lin_peak)
+        if self._rlin_bytes:
+            t += self._roof(self._rlin_bytes, self._rlin_flops * _padded(tokens, self._rlin_tile), self._rlin_peak)
+        t += self._roof(self._head_bytes, self._head_flops * _padded(seqs, self._head_tile), self._head_peak)
+        if self._moe_layers:
+            card = self.card
+            touched = card.touched_experts(tokens ** k.expert_batch_exponent)
+            # Each touched expert multiplies its share of the tokens, padded to a tile.
+            per_expert = tokens * card.experts_active / touched if touched else 0.0
+            padded = touched * max(per_expert, TILE_M)
+            t += self._roof(touched * self._expert_bytes, self._expert_flops * self._moe_layers * padded,
+                            self._exp_peak)
+        t += self._attention(decode_ctx, prefill)
+        if self._rec_state:
+            state = 2 * self._rec_state * seqs
+            flops = self._rec_decode_flops * n_decode + self._rec_prefill_flops * n_prefill
+            t += self._roof(state, flops, self._attn_peak)
+        t += k.activation_passes * self._act_bytes * tokens / self._bw
+        layer_cost = k.eager_layer_overhead_s if self.enforce_eager else k.layer_overhead_s
+        t += k.step_overhead_s + self._layers * layer_cost + seqs * k.seq_overhead_s
+        if self.tp > 1:
+            t += self._allreduce(tokens)
+        if self.ray:
+            t += k.ray_step_overhead_s
+        decode_f, prefill_f = self._factors
+        if decode_f != 1.0 or prefill_f != 1.0:
+            share = n_prefill / tokens
+            t *= decode_f * (1 - share) + prefill_f * share
+        return t
+
+    def _allreduce(self, tokens: int) -> float:
+        """Ring all-reduces of the step's activations (BF16) over the link."""
+        k, tp = self.k, self.tp
+        msg = tokens * self.card.hidden_size * 2
+        hops = 2 * (tp - 1)
+        per = k.allreduce_latency_s / 2 * hops + msg * hops / tp / (self.hw.link_gbps / 8 * 1e9 * k.link_efficiency)
+        return self._allreduces * per
+
+    def decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
+        """Aggregate generation tokens/s of `batch` sequences all decoding."""
+        return batch / self.step_time([ctx] * batch)
+
+    def decode_bytes(self, batch: int = 1, ctx: int = 1024) -> float:
+        """Bytes one node reads for one decode step of `batch` sequences."""
+        card = self.card
+        experts = card.touched_experts(batch ** self.k.expert_batch_exponent) * self._expert_bytes
+        kv = sum(layers * per * (min(ctx, window) if window else ctx) for layers, per, window, _ in self._attn)
+        return self._lin_bytes + self._rlin_bytes + self._head_bytes + experts + batch * (kv + 2 * self._rec_state)
+
+    def roofline_decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
+        """Upper bound: every byte read at the full nominal bandwidth, nothing else."""
+        return batch / (self.decode_bytes(batch, ctx) / (self.hw.bandwidth_gbs * 1e9))
+
+    def prefill_seconds(self, prompt_tokens: int, chunk: int = 8192) -> float:
+        """Time to prefill one prompt alone, in chunks of `chunk` tokens."""
+        t, done = 0.0, 0
+        while done < prompt_tokens:
+            n = min(chunk, prompt_tokens - done)
+            t += self.step_time([], [(n, done)])
+            done += n
+        return t
+
+    # -- startup --------------------------------------------------------------
+
+    def startup_stages(self, load_format: str = "auto") -> list[tuple[str, float]]:
+        """(stage, seconds) in the order vLLM goes through them."""
+        load = 1.0 if load_format == "dummy" else self.weights_bytes_per_node / GIB / self.hw.load_gibps
+        stages = [("init", 4.0), ("loading weights", load), ("memory profiling", 3.0)]
+        if not self.enforce_eager:
+            stages += [("torch.compile", 25.0), ("graph capture", 10.0)]
+        stages.append(("api server", 2.0))
+        return stages
+
+
+def gib(x: float) -> float:
+    return x / GIB

@@ -1,0 +1,105 @@
+"""What a quantization stores, and the precision vLLM computes it in on SM 12.x.
+
+Two facts decide a quantized layer's speed: the bytes a step reads (the
+stored bits per weight, scales included) and the tensor-core precision its
+GEMMs run at, which depends on the kernel vLLM picks for the format on the
+GPU at hand — a W4A16 kernel (Marlin) reads 4-bit weights but multiplies in
+BF16, while an NVFP4 or FP8 checkpoint on a Blackwell-family GPU can run on
+the FP4/FP8 tensor cores. The kernel paths and their sources are in
+`data/gb10-sources.md`; the table below is what the model uses.
+
+A checkpoint does not quantize every layer: gpt-oss keeps attention, the
+router and the unembedding in BF16 and stores only the experts in MXFP4;
+ModelOpt NVFP4 and FP8 checkpoints usually leave the unembedding (and
+sometimes Mamba mixers, routers or attention) in BF16. A card says which
+format each part of the model is stored in (`Quantization`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparktop.errors import SparktopError
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    bits: float  # stored bits per weight, scales included
+    compute: str  # tensor-core precision of its dense GEMMs on SM 12.x: fp4 | fp8 | bf16
+    kernel: str  # the kernel path vLLM takes (for the report; sources in data/gb10-sources.md)
+    moe_compute: str = "bf16"  # ... of its grouped expert GEMMs (MoE kernels)
+    moe_kernel: str = ""
+    # The fewest rows its dense GEMM kernel computes: a decode step of one
+    # sequence still pays for a whole tile. Marlin and cuBLAS handle small M
+    # with 16-row tiles; vLLM's SM120 CUTLASS FP8 and NVFP4 kernels use
+    # 128x128x128 tiles (data/gb10-sources.md).
+    tile_m: int = 16
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("bf16", 16.0, "bf16", "cuBLAS / CUTLASS BF16", "bf16", "Triton fused_moe BF16"),
+    Format("fp16", 16.0, "bf16", "cuBLAS FP16", "bf16", "Triton fused_moe FP16"),
+    # Per-channel or 128x128 block scales: a fraction of a bit.
+    Format("fp8", 8.0, "fp8", "CUTLASS FP8 (W8A8, SM120 kernels)", "fp8",
+           "FlashInfer CUTLASS / Triton fused MoE W8A8", 128),
+    # One E8M0 scale per 32 FP4 values; gpt-oss's MoE.
+    Format("mxfp4", 4.25, "bf16", "Marlin MXFP4 (W4A16)", "bf16", "Marlin MXFP4 MoE (W4A16)"),
+    # One FP8 scale per 16 FP4 values plus a per-tensor FP32 scale.
+    Format("nvfp4", 4.5, "fp4", "CUTLASS NVFP4 (W4A4, SM120 kernels)", "fp4", "FlashInfer / vLLM CUTLASS NVFP4 MoE",
+           128),
+    # The community Spark image behind the gpt-oss articles: MXFP4 experts
+    # multiplied with FP8 activations in a CUTLASS grouped GEMM.
+    Format("mxfp4-w4a8", 4.25, "bf16", "Marlin MXFP4 (W4A16)", "fp8", "CUTLASS FP8xFP4 grouped GEMM (community image)"),
+    # GPTQ / AWQ with group 128: an FP16 scale (and a 4-bit zero) per 128 weights.
+    Format("int4", 4.16, "bf16", "Marlin W4A16", "bf16", "Marlin MoE W4A16"),
+    Format("int8", 8.16, "bf16", "Marlin W8A16", "bf16", "Marlin MoE W8A16"),
+)}
+
+ALIASES = {"gptq-int4": "int4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
+           "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "modelopt": "fp8", "bfloat16": "bf16", "float16": "fp16",
+           "auto": "bf16", "none": "bf16", "mxfp4-moe": "mxfp4", "compressed-tensors-fp8": "fp8"}
+
+
+def fmt(name: str) -> Format:
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in FORMATS:
+        raise SparktopError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[key]
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """The stored format of each part of a model."""
+
+    scheme: str  # what the checkpoint is called by (mxfp4, nvfp4, fp8, bf16, gptq-int4 ...)
+    experts: Format
+    linear: Format  # attention projections, dense MLPs, shared experts
+    lm_head: Format
+    recurrent: Format  # Mamba / gated-delta projections (often left at higher precision)
+
+    @classmethod
+    def of(cls, scheme: str, experts: str | None = None, linear: str | None = None,
+           lm_head: str | None = None, recurrent: str | None = None) -> "Quantization":
+        """Defaults: a checkpoint quantizes every linear layer in its format but
+        the unembedding, which stays BF16 (true of ModelOpt, llm-compressor,
+        GPTQ and AWQ exports); gpt-oss's MXFP4 covers only the experts."""
+        if scheme.strip().lower() == "mxfp4-spark":
+            # The community MXFP4 image (eugr --exp-mxfp4): FP8xFP4 MoE, and
+            # attention and lm_head stored in MXFP4 too (Marlin W4A16).
+            return cls(scheme, fmt(experts or "mxfp4-w4a8"), fmt(linear or "mxfp4"), fmt(lm_head or "mxfp4"),
+                       fmt(recurrent or linear or "mxfp4"))
+        base = fmt(scheme)
+        if experts is None:
+            experts = base.name
+        if linear is None:
+            linear = "bf16" if base.name == "mxfp4" else base.name
+        return cls(scheme, fmt(experts), fmt(linear), fmt(lm_head or "bf16"), fmt(recurrent or linear))
+
+    def describe(self) -> str:
+        parts = {"experts": self.experts.name, "linear": self.linear.name, "recurrent": self.recurrent.name,
+                 "lm_head": self.lm_head.name}
+        if len(set(parts.values())) == 1:
+            return self.scheme
+        return f"{self.scheme} (" + ", ".join(f"{k} {v}" for k, v in parts.items()) + ")"

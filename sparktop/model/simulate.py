@@ -1,0 +1,352 @@
+"""What a sweep would measure, computed without running anything.
+
+vLLM's scheduler as the twin runs it (`model.scheduler`) runs on a virtual
+clock: a lockstep batch of c requests arrives, steps take the time the
+performance model gives them, and every token gets its time stamp. The
+statistics are then the sweep's own (`bench.stats`), so a prediction and a
+measurement of the twin are the same computation, one in virtual time, one
+in real time. Past the KV cache's capacity the scheduler preempts and
+recomputes, as vLLM does, and the throughput falls the way it falls on a
+real engine; nothing is only flagged.
+
+Topologies: solo (one engine), cluster-ray / cluster-mp (one TP=2 engine,
+Ray adding its per-step cost), shuffle (two solo engines, each request sent
+to either at random: the expectation over the binomial split), least-busy
+(two solo engines behind a router whose in-flight counts only move once a
+response starts streaming: a lockstep batch arrives before any does, every
+tie goes to the first deployment, and the second node starves — the
+mechanism the articles measured, not a fit to their numbers).
+
+Besides lockstep batches (llama-benchy), `serve` runs the other workload
+published figures use: N requests kept c at a time in flight (`vllm bench
+serve --max-concurrency c`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sparktop.bench.request import RequestRecord
+from sparktop.bench.stats import LevelStats, level_stats
+from sparktop.model.cards import ModelCard
+from sparktop.model.perf import DEFAULT_CONSTANTS, Constants, PerfModel
+from sparktop.model.scheduler import EngineConfig, FinishEvent, Scheduler, Sequence, TokenEvent
+from sparktop.model.serving import Serving
+
+TOPOLOGIES = ("solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy")
+ROUTED = ("shuffle", "least-busy")
+
+
+def perf_for(card: ModelCard, topology: str, k: Constants = DEFAULT_CONSTANTS,
+             serving: Serving = Serving()) -> PerfModel:
+    tp = 2 if topology.startswith("cluster") else 1
+    return PerfModel(card, tp=tp, k=k, kv_dtype_bytes=serving.kv_dtype_bytes, ray=topology == "cluster-ray",
+                     enforce_eager=serving.enforce_eager)
+
+
+def scheduler_for(perf: PerfModel, serving: Serving, clock) -> Scheduler:
+    cfg = EngineConfig(max_num_seqs=serving.max_num_seqs, max_num_batched_tokens=serving.max_num_batched_tokens,
+                       max_model_len=serving.max_model_len or perf.card.max_model_len,
+                       gpu_memory_utilization=serving.gpu_memory_utilization,
+                       enable_prefix_caching=serving.enable_prefix_caching,
+                       enable_chunked_prefill=serving.enable_chunked_prefill, join_window=0.0)
+    return Scheduler(perf, cfg, clock=clock)
+
+
+@dataclass
+class Outcome:
+    """One request as the simulated engine served it."""
+
+    start: float
+    times: list[float]  # every token's time
+    error: str | None
+
+
+def _template(perf: PerfModel) -> list[int]:
+    return [1] * perf.card.chat_overhead_tokens + [2, 3]
+
+
+def _prompt(template: list[int], pp: int, i: int) -> list[int]:
+    body = max(1, pp - len(template))
+    return (template + [1_000_000 * (i + 1) + j for j in range(body)])[:max(pp, len(template) + 1)]
+
+
+def _warm(eng: Scheduler, perf: PerfModel, clock: list[float], pp: int) -> None:
+    """A warm-up request (as a sweep sends) leaves the chat template in the prefix cache."""
+    template = _template(perf)
+    eng.submit(Sequence(request_id="warm", prompt_ids=template + [-1] * max(1, pp - len(template)), max_tokens=1,
+                        ignore_eos=True))
+    _run(eng, perf, clock)
+
+
+def _outcome(seq: Sequence, start: float) -> Outcome:
+    times, error = [], None
+    while not seq.events.empty():
+        ev = seq.events.get_nowait()
+        if isinstance(ev, TokenEvent):
+            times.append(ev.t)
+        elif isinstance(ev, FinishEvent) and ev.reason == "error":
+            error = ev.message or "error"
+    if not seq.finished:
+        error = error or "never scheduled"
+    return Outcome(start, times, error)
+
+
+def run_engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int,
+               arrival: float = 0.0) -> list[Outcome]:
+    """n requests of pp prompt and tg output tokens reaching an idle, warmed-up
+    engine together at `arrival`.
+
+    Every prompt starts with the chat template, which a warmed-up engine has
+    in its prefix cache (vLLM caches prefixes by default); the rest of each
+    prompt is its own."""
+    clock = [0.0]
+    eng = scheduler_for(perf, serving, lambda: clock[0])
+    template = _template(perf)
+    _warm(eng, perf, clock, pp)
+    clock[0] = arrival
+    seqs = []
+    for i in range(n):
+        seq = Sequence(request_id=str(i), prompt_ids=_prompt(template, pp, i), max_tokens=tg, ignore_eos=True,
+                       arrival=arrival)
+        eng.submit(seq)
+        seqs.append(seq)
+    _run(eng, perf, clock)
+    return [_outcome(seq, arrival) for seq in seqs]
+
+
+def run_closed_loop(perf: PerfModel, serving: Serving, requests: int, c: int, pp: int, tg: int
+                    ) -> tuple[list[Outcome], float]:
+    """`requests` requests kept `c` at a time in flight, each new one sent the
+    moment one finishes (a benchmark's --max-concurrency); returns the
+    outcomes and the wall time from the first send to the last token."""
+    clock = [0.0]
+    eng = scheduler_for(perf, serving, lambda: clock[0])
+    template = _template(perf)
+    _warm(eng, perf, clock, pp)
+    t0 = clock[0]
+    sent: list[tuple[Sequence, float]] = []
+
+    def send(i: int) -> None:
+        seq = Sequence(request_id=str(i), prompt_ids=_prompt(template, pp, i), max_tokens=tg, ignore_eos=True,
+                       arrival=clock[0])
+        eng.submit(seq)
+        sent.append((seq, clock[0]))
+
+    for i in range(min(c, requests)):
+        send(i)
+    while eng.running or eng.waiting:
+        plan = eng.schedule()
+        if plan is None:
+            break
+        work, preempted = plan
+        decode, prefill = eng.split(work)
+        clock[0] += perf.step_time(decode, prefill)
+        before = sum(1 for s, _ in sent if s.finished)
+        eng.apply(work, preempted, clock[0])
+        done = sum(1 for s, _ in sent if s.finished) - before
+        for _ in range(done):
+            if len(sent) < requests:
+                send(len(sent))
+    outs = [_outcome(seq, start) for seq, start in sent]
+    return outs, clock[0] - t0
+
+
+def _run(eng: Scheduler, perf: PerfModel, clock: list[float]) -> None:
+    """Step the engine on the virtual clock until everything submitted is done."""
+    while eng.running or eng.waiting:
+        if not eng.waiting and all(q.prefill_remaining == 0 and q.output_count > 0 for q in eng.running):
+            _decode_to_end(perf, eng, clock)
+            break
+        plan = eng.schedule()
+        if plan is None:
+            break
+        work, preempted = plan
+        decode, prefill = eng.split(work)
+        clock[0] += perf.step_time(decode, prefill)
+        eng.apply(work, preempted, clock[0])
+
+
+def _decode_to_end(perf: PerfModel, eng: Scheduler, clock: list[float]) -> None:
+    """Everyone is decoding and nobody waits: the rest is pure decode steps.
+    Taken without the scheduler (the same steps, a fraction of the cost)
+    while the cache has room for every sequence to the end; otherwise the
+    scheduler runs them, preemptions and all."""
+    running = list(eng.running)
+    ctx = [q.num_computed for q in running]
+    left = [q.max_tokens - q.output_count for q in running]
+    need = sum(eng._blocks_for(c + n) - q.num_blocks for q, c, n in zip(running, ctx, left))
+    if need > eng.pool.free + len(eng.pool.evictable):
+        while eng.running or eng.waiting:
+            plan = eng.schedule()
+            if plan is None:
+                break
+            work, preempted = plan
+            decode, prefill = eng.split(work)
+            clock[0] += perf.step_time(decode, prefill)
+            eng.apply(work, preempted, clock[0])
+        return
+    t = clock[0]
+    while running:
+        t += perf.step_time(ctx)
+        keep_r, keep_c, keep_l = [], [], []
+        for q, c, n in zip(running, ctx, left):
+            q.output_count += 1
+            q.events.put_nowait(TokenEvent(1, t, False, "length" if n == 1 else None))
+            if n == 1:
+                q.finished = True
+                q.events.put_nowait(FinishEvent("length", t, q.prompt_len, q.output_count))
+            else:
+                keep_r.append(q)
+                keep_c.append(c + 1)
+                keep_l.append(n - 1)
+        running, ctx, left = keep_r, keep_c, keep_l
+    eng.running.clear()
+    clock[0] = t
+
+
+def _records(outcomes: list[Outcome], c: int, pp: int, router: float) -> list[RequestRecord]:
+    recs = []
+    for i, o in enumerate(outcomes):
+        # The API server's (and the router's) cost is paid once per request
+        # before the engine sees it; relaying the stream is folded into it.
+        r = RequestRecord(level=c, run=1, index=i, start=o.start, prompt_tokens=pp, error=o.error)
+        if o.times:
+            r.token_times = [t + router for t in o.times]
+            r.first_token = r.first_response = r.token_times[0]
+            r.end = r.token_times[-1]
+            r.completion_tokens = len(o.times)
+        elif o.error is None:
+            r.error = "no tokens"
+        recs.append(r)
+    return recs
+
+
+@dataclass
+class Prediction:
+    topology: str
+    concurrency: int
+    stats: LevelStats
+    fits: bool  # the whole batch's KV fits the cache at once
+    kv_cache_usage: float  # what the busiest engine's batch needs, as a share of its cache
+    preempted: bool = False  # the simulated engine had to preempt (and recompute)
+
+
+def kv_usage(perf: PerfModel, serving: Serving, n: int, tokens: int) -> float:
+    cap = perf.kv_capacity_tokens(serving.gpu_memory_utilization, serving.max_num_batched_tokens)
+    if cap <= 0:
+        return math.inf
+    per_seq = tokens + perf.seq_state_bytes / perf.kv_bytes_per_token
+    return n * per_seq / cap
+
+
+def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 128,
+            k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving()) -> Prediction:
+    """One lockstep batch of c requests (a llama-benchy level), as measured."""
+    perf = perf_for(card, topology, k, serving)
+    router = k.request_overhead_s + (k.router_overhead_s if topology in ROUTED else 0.0)
+    if topology == "shuffle":
+        stats = _expected(lambda a: _records(_engine(perf, serving, a, pp, tg) + _engine(perf, serving, c - a, pp, tg),
+                                             c, pp, router), c)
+        busiest = max(range(c + 1), key=lambda a: _binom(c, a)) if c else 0
+        n = max(busiest, c - busiest)
+    else:
+        n = c  # solo and clusters take all; least-busy sends a lockstep batch to its first node
+        stats = level_stats(c, [_records(_engine(perf, serving, n, pp, tg), c, pp, router)], 0.0, pp)
+    kv = kv_usage(perf, serving, n, pp + tg)
+    preempted = kv > 1.0 and n > 0
+    return Prediction(topology, c, stats, kv <= 1.0, kv, preempted)
+
+
+@dataclass
+class ServePrediction:
+    """`vllm bench serve`-style: N requests, c in flight."""
+
+    topology: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    output_tps: float  # output tokens / wall
+    request_throughput: float
+    ttft_ms_mean: float | None
+    tpot_ms_mean: float | None  # time per output token after the first, per request
+    errors: int
+
+
+def predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
+                  k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving()) -> ServePrediction:
+    if topology in ROUTED:
+        # Two engines, each with half the requests and half the concurrency.
+        perf = perf_for(card, "solo", k, serving)
+        halves = [run_closed_loop(perf, serving, r, max(1, cc), pp, tg)
+                  for r, cc in ((requests - requests // 2, c - c // 2), (requests // 2, c // 2)) if r and cc]
+        outs = [o for h in halves for o in h[0]]
+        # Each slot sends its requests one after another, each paying the overheads.
+        wall = max(h[1] for h in halves) + math.ceil(requests / c) * (k.router_overhead_s + k.request_overhead_s)
+    else:
+        perf = perf_for(card, topology, k, serving)
+        outs, wall = run_closed_loop(perf, serving, requests, c, pp, tg)
+        wall += math.ceil(requests / c) * k.request_overhead_s
+    ok = [o for o in outs if o.times and not o.error]
+    tokens = sum(len(o.times) for o in ok)
+    extra = k.request_overhead_s + (k.router_overhead_s if topology in ROUTED else 0.0)
+    ttft = [(o.times[0] - o.start + extra) * 1000 for o in ok]
+    tpot = [(o.times[-1] - o.times[0]) / (len(o.times) - 1) * 1000 for o in ok if len(o.times) > 1]
+    return ServePrediction(topology, c, requests, wall, tokens / wall if wall > 0 else 0.0,
+                           len(ok) / wall if wall > 0 else 0.0, sum(ttft) / len(ttft) if ttft else None,
+                           sum(tpot) / len(tpot) if tpot else None, len(outs) - len(ok))
+
+
+_CACHE: dict[tuple, list] = {}
+
+
+def _engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int) -> list[Outcome]:
+    """run_engine, remembered: a fit asks for the same batch many times."""
+    if n <= 0:
+        return []
+    key = (perf.card.name, perf.card.quant, perf.tp, perf.ray, perf.enforce_eager, perf.kv_dtype_bytes,
+           repr(perf.k), serving, n, pp, tg)
+    if key not in _CACHE:
+        if len(_CACHE) > 20000:
+            _CACHE.clear()
+        _CACHE[key] = run_engine(perf, serving, n, pp, tg)
+    return _CACHE[key]
+
+
+def _binom(c: int, a: int) -> float:
+    return math.comb(c, a) / 2 ** c
+
+
+def _split_points(c: int) -> list[tuple[int, float]]:
+    """How many of c requests go to the first node, with weights: every
+    split for small c, five quantiles of the binomial for large."""
+    if c <= 8:
+        return [(a, _binom(c, a)) for a in range(c + 1)]
+    cdf, points, a = 0.0, [], 0
+    for q in (0.1, 0.3, 0.5, 0.7, 0.9):
+        while cdf + _binom(c, a) < q:
+            cdf += _binom(c, a)
+            a += 1
+        points.append((a, 0.2))
+    return points
+
+
+def _expected(make, c: int) -> LevelStats:
+    """The expectation of each statistic over the shuffle's random split."""
+    keys = ("pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req", "ttft_ms_mean", "ttft_ms_p50",
+            "ttft_ms_p95", "peak_tps", "e2e_tps_total", "e2e_tps_req", "wall_s_mean")
+    acc = {key: 0.0 for key in keys}
+    weight = 0.0
+    base = None
+    for a, w in _split_points(c):
+        lv = level_stats(c, [make(a)], 0.0, 0)
+        base = base or lv
+        for key in keys:
+            v = getattr(lv, key)
+            if v is not None:
+                acc[key] += w * v
+        weight += w
+    for key in keys:
+        setattr(base, key, acc[key] / weight if weight else None)
+    return base
