@@ -1,0 +1,133 @@
+"""How a TwinServer spans nodes under tensor parallelism.
+
+The head either connects to a running Ray cluster and places its workers
+there, or opens a torch.distributed-style rendezvous and waits for
+`--headless` workers to join; a headless worker joins its head and then only
+follows it. Either way the loss of a peer is fatal, as NCCL makes it in vLLM.
+`MultiNode` is a mixin for TwinServer: it works on the server's own state
+(args, host, log, stage, engine, tasks) and reports a lost peer through
+`_fail`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+from sparktop.twin.rendezvous import HeadRendezvous, join
+from sparktop.twin.startup import StartupError, StartupPlan
+
+HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
+
+
+class MultiNode:
+    """Distributed start-up for the head and for headless workers."""
+
+    async def _start_distributed(self, plan: StartupPlan) -> None:
+        args, log = self.args, self.log
+        tp = args.tensor_parallel_size
+        used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024)
+        if args.ray:
+            from sparktop.twin.ray import RayDriver, head_address
+
+            address = head_address(self.host)
+            if not address:
+                raise StartupError(
+                    "ValueError: The number of required GPUs exceeds the total number of available GPUs in "
+                    f"the placement group. Required: {tp}, available: 1 (no Ray cluster is running; start "
+                    "one with `ray start --head` and `ray start --address`)"
+                )
+            log.info("ray_utils.py:357", f"Connecting to existing Ray cluster at address: {address}")
+            driver = RayDriver(address, f"{self.host.name if self.host else 'twin'}-{os.getpid()}")
+            try:
+                workers = await driver.connect(tp, used_mib)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise StartupError(f"ConnectionError: could not connect to the Ray cluster at {address}: {exc}")
+            except RuntimeError as exc:
+                raise StartupError(f"ValueError: {exc}")
+            self._ray = driver
+            log.info("ray_distributed_executor.py:180",
+                     f"RayWorkerWrapper placed on: {', '.join(workers) or 'this node'}")
+            self._tasks.append(asyncio.create_task(self._watch_ray(driver)))
+            return
+        if args.nnodes < 2:
+            raise StartupError(
+                f"ValueError: world_size ({tp}) is larger than the number of available GPUs (1) on this node; "
+                "use --nnodes/--node-rank for multi-node tensor parallelism or the Ray executor"
+            )
+        init = f"tcp://{args.master_addr}:{args.master_port}"
+        log.engine("parallel_state.py:1402",
+                   f"world_size={tp} rank=0 local_rank=0 distributed_init_method={init} backend=nccl")
+        self._rdv = HeadRendezvous(args.master_addr, args.master_port, args.nnodes, args.model,
+                                   on_lost=self._peer_lost)
+        try:
+            await self._rdv.start()
+        except OSError as exc:
+            raise StartupError(f"torch.distributed.DistNetworkError: failed to bind {init}: {exc.strerror}")
+        log.engine("parallel_state.py:1410", f"Waiting for {args.nnodes - 1} more node(s) to join at {init}")
+        self.stage = "waiting for workers"
+        wait = HEAD_WAIT_SECONDS / self.startup_speed
+        try:
+            await self._rdv.wait(wait, {"used_mib": used_mib})
+        except asyncio.TimeoutError:
+            raise StartupError(
+                f"torch.distributed.DistStoreError: Timed out after {HEAD_WAIT_SECONDS:.0f} seconds waiting "
+                f"for clients. 1/{args.nnodes} clients joined."
+            )
+        hosts = ", ".join(p.host for p in self._rdv.peers)
+        log.engine("parallel_state.py:1715", f"all {args.nnodes} nodes joined (workers on {hosts})")
+
+    def _peer_lost(self, reason: str) -> None:
+        self.log.error("multiproc_executor.py:151",
+                       f"Worker proc died unexpectedly ({reason}); NCCL communicator was aborted, shutting down.")
+        if self.engine:
+            self.engine.fail(f"EngineCore encountered a fatal error: {reason}")
+        self._fail(reason)
+
+    async def _watch_ray(self, driver) -> None:
+        reason = await driver.watch()
+        self.log.error("ray_distributed_executor.py:480",
+                       f"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task "
+                       f"({reason}).")
+        if self.engine:
+            self.engine.fail(f"EngineCore encountered a fatal error: {reason}")
+        self._fail(reason)
+
+    async def _run_headless(self) -> None:
+        args, log = self.args, self.log
+        rank = args.node_rank
+        log.info("api_server.py:1931", f"Launching headless worker rank {rank} (nnodes={args.nnodes}) "
+                                       f"for {args.model}; master tcp://{args.master_addr}:{args.master_port}")
+        wait = HEAD_WAIT_SECONDS / self.startup_speed
+        try:
+            reader, writer, reply = await join(args.master_addr, args.master_port, {
+                "rank": rank, "model": args.model, "host": self.host.name if self.host else socket.gethostname(),
+            }, wait)
+        except TimeoutError as exc:
+            raise StartupError(f"torch.distributed.DistNetworkError: {exc}")
+        except RuntimeError as exc:
+            raise StartupError(f"RuntimeError: {exc}")
+        self._peer_writer = writer  # keep the connection open while we serve
+        used = int(reply.get("used_mib", 0))
+        if self.host:
+            self.host.register(os.getpid(), f"VLLM::Worker_TP{rank}", used)
+            self._registered = True
+        log.engine("parallel_state.py:1715", f"rank {rank} joined the head; serving as a headless worker")
+        self.stage = "ready"
+        self.ready.set()
+
+        async def follow():
+            from sparktop.twin import wire
+
+            while True:
+                msg = await wire.recv(reader)
+                if msg is None:
+                    break
+                if self.host and "util" in msg:
+                    self.host.update_util(os.getpid(), float(msg["util"]))
+            log.error("multiproc_executor.py:151",
+                      "RuntimeError: NCCL communicator was aborted: the head node went away.")
+            self._fail("the head node went away")
+
+        self._tasks.append(asyncio.create_task(follow()))
