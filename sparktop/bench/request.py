@@ -16,6 +16,7 @@ measurement.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import re
 import time
@@ -91,8 +92,8 @@ class RequestRecord:
         times = self.token_times
         if len(times) < 2:
             return 0
-        first = times[0]
-        return sum(1 for t in times if t > first)
+        # Times are in arrival order: the ones after the first stamp.
+        return len(times) - bisect.bisect_right(times, times[0])
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -74,7 +74,8 @@ class BatchStats:
     wall_s: float | None = None
 
 
-def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0) -> BatchStats:
+def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0,
+                peak: bool = True) -> BatchStats:
     ok = [r for r in records if r.ok and r.first_token is not None]
     pp_req, tg_req, ttft = [], [], []
     prompt_sum = 0
@@ -91,7 +92,7 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
             span = r.token_times[-1] - r.token_times[0]
             if span > 0:
                 tg_req.append(decode / span)
-    pp_total = tg_total = peak = None
+    want_peak, pp_total, tg_total, peak = peak, None, None, None
     if ok:
         pp_span = max(r.first_token for r in ok) - min(r.start for r in ok)
         if pp_span > 0 and prompt_sum:
@@ -101,7 +102,8 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
         decode_sum = sum(r.decode_tokens for r in ok)
         if tg_span > 0 and decode_sum:
             tg_total = decode_sum / tg_span
-        peak = peak_rate([t for r in ok for t in r.token_times])
+        if want_peak:  # a prediction has no use for it, and it is the costly part
+            peak = peak_rate([t for r in ok for t in r.token_times])
     e2e_total = wall = None
     e2e_req = []
     ends = [(r.start, r.last_token or r.end, r.completion_tokens) for r in ok]
@@ -168,8 +170,8 @@ def _reason(error: str) -> str:
 
 
 def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: float = 0.0,
-                expected_prompt: int = 0, engine: EngineWatch | None = None) -> LevelStats:
-    per = [batch_stats(b, latency, expected_prompt) for b in batches]
+                expected_prompt: int = 0, engine: EngineWatch | None = None, peak: bool = True) -> LevelStats:
+    per = [batch_stats(b, latency, expected_prompt, peak) for b in batches]
     pp_req = [v for b in per for v in b.pp_tps_req]
     tg_req = [v for b in per for v in b.tg_tps_req]
     ttft_ms = [v * 1000 for b in per for v in b.ttft_s]

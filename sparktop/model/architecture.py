@@ -223,7 +223,7 @@ def from_config(cfg: dict, where: str = "config.json") -> Architecture:
         return _nemotron_h(cfg, where)
     if "block_configs" in cfg:
         return _decilm(cfg, where)
-    if mtype.startswith("qwen3_next") or "Qwen3Next" in arch:
+    if mtype.startswith(("qwen3_next", "qwen3_5")) or "Qwen3Next" in arch or "Qwen3_5" in arch:
         return _qwen3_next(cfg, where)
     if "kv_lora_rank" in cfg:
         return _deepseek(cfg, where)
@@ -428,8 +428,9 @@ def _nemotron_h(cfg: dict, where: str) -> Architecture:
 
 
 def _qwen3_next(cfg: dict, where: str) -> Architecture:
-    """Qwen3-Next: three gated-delta (linear attention) layers to one gated
-    attention layer; every layer a MoE with one shared expert."""
+    """Qwen3-Next and Qwen3.5/3.6: three gated-delta (linear attention) layers
+    to one gated attention layer; the FFN a MoE with one shared expert, or
+    (the dense Qwen3.5/3.6 models) a plain MLP."""
     hidden, layers, heads, kv, d, vocab = _common(cfg, where)
     types = cfg.get("layer_types")
     if types:
@@ -450,13 +451,18 @@ def _qwen3_next(cfg: dict, where: str) -> Architecture:
     rec = (Recurrent("gated-delta", linear, float(params), float(state),
                      4.0 * hv * dk * dv + 2.0 * chunk * hv * (dk + dv), 4.0 * hv * dk * dv),)
     attn = (Attention(full, heads, kv, d, d, 0, _gqa(hidden, heads, kv, d, gated_q=True), 2 * kv * d),)
-    experts = int(_need(cfg, where, "num_experts"))
-    k = int(_need(cfg, where, "num_experts_per_tok"))
-    inter = int(_need(cfg, where, "moe_intermediate_size"))
-    shared = int(_get(cfg, "shared_expert_intermediate_size", default=0) or 0)
-    ffn = (FFN(layers, _swiglu(hidden, shared) + hidden, experts, k, _swiglu(hidden, inter), float(hidden * experts),
-               hidden, inter),)
-    return Architecture("qwen3_next", hidden, vocab, layers, attn, rec, ffn, _tied(cfg), _max_len(cfg))
+    experts = int(_get(cfg, "num_experts", default=0) or 0)
+    if experts:
+        k = int(_need(cfg, where, "num_experts_per_tok"))
+        inter = int(_need(cfg, where, "moe_intermediate_size"))
+        shared = int(_get(cfg, "shared_expert_intermediate_size", default=0) or 0)
+        ffn = (FFN(layers, _swiglu(hidden, shared) + hidden, experts, k, _swiglu(hidden, inter),
+                   float(hidden * experts), hidden, inter),)
+    else:
+        ffn = (FFN(layers, _swiglu(hidden, int(_need(cfg, where, "intermediate_size")))),)
+    # Multi-token-prediction layers are loaded but only run with speculative decoding.
+    return Architecture(str(cfg.get("model_type", "qwen3_next")), hidden, vocab, layers, attn, rec, ffn, _tied(cfg),
+                        _max_len(cfg))
 
 
 def _deepseek(cfg: dict, where: str) -> Architecture:

@@ -117,7 +117,8 @@ class ModelCard:
         return {
             "embed": a.embed_params * 2,  # a BF16 lookup table
             "lm_head": 0.0 if a.tied_embeddings else a.lm_head_params * q.lm_head.bits / 8,
-            "linear": (a.attention_params + a.dense_ffn_params) * q.linear.bits / 8,
+            "attention": a.attention_params * q.attention.bits / 8,
+            "linear": a.dense_ffn_params * q.linear.bits / 8,
             "recurrent": a.recurrent_params * q.recurrent.bits / 8,
             "experts": a.expert_params_total * q.experts.bits / 8,
             "extra": self.extra_loaded_b * 1e9 * q.linear.bits / 8,
@@ -136,7 +137,8 @@ class ModelCard:
     def bits_per_weight(self) -> float:
         """Average stored bits of the weights one token reads (for display)."""
         a, q = self.arch, self.quant
-        parts = [(a.lm_head_params, q.lm_head.bits), (a.attention_params + a.dense_ffn_params, q.linear.bits),
+        parts = [(a.lm_head_params, q.lm_head.bits), (a.attention_params, q.attention.bits),
+                 (a.dense_ffn_params, q.linear.bits),
                  (a.recurrent_params, q.recurrent.bits), (a.expert_params_active, q.experts.bits)]
         n = sum(p for p, _ in parts)
         return round(sum(p * b for p, b in parts) / n, 2) if n else 16.0
@@ -218,7 +220,7 @@ def _load_card(path: Path) -> ModelCard:
     if isinstance(q, str):
         q = {"scheme": q}
     quant = Quantization.of(q.get("scheme", "bf16"), q.get("experts"), q.get("linear"), q.get("lm_head"),
-                            q.get("recurrent"))
+                            q.get("recurrent"), q.get("attention"))
     arch = read_config(cfg_path)
     pub = d.get("published") or {}
     return ModelCard(

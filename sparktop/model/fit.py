@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,10 +68,11 @@ SERVING = {
 # The build the article ran where it differs from the checkpoint as published:
 # gpt-oss ran the community MXFP4 image (data/gb10-sources.md §2).
 ARTICLE_QUANT = {"gpt-oss-120b": "mxfp4-spark"}
-GLOBAL = ("bandwidth_efficiency", "moe_efficiency", "attention_efficiency", "activation_passes", "step_overhead_s",
+GLOBAL = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "activation_passes",
+          "step_overhead_s",
           "layer_overhead_s", "seq_overhead_s", "allreduce_latency_s", "link_efficiency", "ray_step_overhead_s",
           "request_overhead_s", "router_overhead_s", "expert_batch_exponent")
-CAPPED = ("bandwidth_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency",
+CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency",
           "expert_batch_exponent")
 
 
@@ -126,42 +128,78 @@ def _topology_of(fig: dict) -> str | None:
 
 def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
     """Figures of the gathered reference file that name a known model, a
-    layout the model covers and a workload it can replay."""
+    layout the model covers and a workload it can replay. Left out, with the
+    reason: speculative decoding and multi-turn prefix reuse (not modelled),
+    open-loop arrivals that never saturate the engine (they measure the
+    offered load, not the engine), figures their source marks suspect."""
     if not path.exists():
         return []
     data = yaml.safe_load(path.read_text()) or {}
     sources = data.get("sources") or {}
     cells = []
+
+    def skip(where: str, why: str) -> None:
+        if skipped is not None:
+            skipped.append(f"{where}: {why}")
+
     for i, fig in enumerate(data.get("figures") or []):
-        where = f"{path.name} figure {i + 1} ({fig.get('source')})"
+        where = f"{path.name} figure {i + 1} ({fig.get('source')}, {fig.get('model')})"
         src = sources.get(fig.get("source"), {})
         engine = str(fig.get("engine") or src.get("engine") or "vllm").lower()
+        if fig.get("suspect"):
+            skip(where, "marked suspect by its source")
+            continue
         try:
             card = find_card(str(fig.get("card") or fig.get("model")))
         except UnknownModel:
-            if skipped is not None:
-                skipped.append(f"{where}: no card for {fig.get('model')}")
+            skip(where, "no model card")
             continue
         topology = _topology_of(fig)
         wl = fig.get("workload") or {}
+        sv = fig.get("serving") or {}
         tool = str(wl.get("tool", "custom")).lower()
-        c = int(wl.get("concurrency") or 1)
+        c = int(wl.get("concurrency") or wl.get("max_concurrency") or 1)
         pp, tg = wl.get("input_tokens"), wl.get("output_tokens")
-        if topology is None or tool not in ("llama-benchy", "vllm-bench-serve", "single-stream") or not pp or not tg:
-            if skipped is not None:
-                skipped.append(f"{where}: workload or layout not replayable ({tool}, nodes {fig.get('nodes')})")
+        if tool in ("custom", "single-stream") and c == 1 and fig.get("decode_tps") is not None:
+            tool, pp, tg = "single-stream", pp or 128, tg or 512  # c1 decode hardly depends on the lengths
+        if topology is None:
+            skip(where, f"layout not modelled (nodes {fig.get('nodes')}, tp {fig.get('tp')})")
             continue
-        requests = int(wl.get("num_requests") or (c if tool != "vllm-bench-serve" else c * 4))
-        serving = Serving().with_flags(fig.get("serving") or {}, where)
+        if sv.get("speculative") or sv.get("speculative_config"):
+            skip(where, "speculative decoding is not modelled")
+            continue
+        if wl.get("depth_turns") or wl.get("depth"):
+            skip(where, "multi-turn context reuse is not replayed")
+            continue
+        if tool == "vllm-bench-serve" and not wl.get("max_concurrency"):
+            skip(where, "open-loop arrivals below saturation measure the offered load")
+            continue
+        if tool not in ("llama-benchy", "vllm-bench-serve", "single-stream") or not pp or not tg:
+            skip(where, f"workload {tool} not replayed")
+            continue
+        requests = int(wl.get("num_requests") or c)
+        try:
+            serving = Serving().with_flags({k: v for k, v in sv.items() if k != "speculative"}, where)
+        except SparktopError as exc:
+            skip(where, str(exc))
+            continue
         quant = str(fig.get("quantization") or "")
+        try:
+            Quantization.of(quant)
+        except SparktopError:
+            quant = ""
         for metric in _MORE_METRICS:
             if fig.get(metric) is None:
                 continue
             if tool != "vllm-bench-serve" and metric == "request_throughput":
                 continue
+            if tool == "vllm-bench-serve" and metric not in ("output_tps", "request_throughput", "wall_s"):
+                # Poisson arrivals queue differently from a closed loop: only
+                # the saturated throughput is comparable.
+                continue
             cells.append(Cell(card.name, topology, metric, c, float(fig[metric]), source=str(fig.get("source")),
-                              engine=engine, workload=(tool, int(pp), int(tg), requests), serving=serving,
-                              quant=quant))
+                              engine=engine, workload=("llama-benchy" if tool == "single-stream" else tool, int(pp),
+                                                       int(tg), requests), serving=serving, quant=quant))
     return cells
 
 
@@ -226,17 +264,67 @@ def predicted(cell: Cell, k: Constants) -> tuple[float | None, bool]:
     return getattr(p.stats, METRICS[cell.metric]), p.fits
 
 
-def evaluate(k: Constants, cells: list[Cell]) -> list[tuple[Cell, float | None, bool]]:
-    return [(cell, *predicted(cell, k)) for cell in cells]
+def _evaluate_chunk(args) -> list[tuple[float | None, bool]]:
+    k, cells = args
+    return [predicted(cell, k) for cell in cells]
+
+
+_POOL = None
+
+
+def evaluate(k: Constants, cells: list[Cell], workers: int = 1) -> list[tuple[Cell, float | None, bool]]:
+    """Every cell's prediction; with workers > 1 the cells are shared out
+    between processes (a fit evaluates every cell hundreds of times)."""
+    global _POOL
+    if workers <= 1 or len(cells) < 50:
+        return [(cell, *predicted(cell, k)) for cell in cells]
+    if _POOL is None:
+        import multiprocessing
+
+        _POOL = multiprocessing.get_context("fork").Pool(workers)
+    # Cells of one model and workload share a simulation: keep them together.
+    order = sorted(range(len(cells)), key=lambda i: (cells[i].model, cells[i].workload, cells[i].concurrency))
+    chunks = [[cells[i] for i in order[len(order) * w // workers:len(order) * (w + 1) // workers]]
+              for w in range(workers)]
+    results = _POOL.map(_evaluate_chunk, [(k, chunk) for chunk in chunks])
+    by_cell = {}
+    for chunk, res in zip(chunks, results):
+        for cell, r in zip(chunk, res):
+            by_cell[id(cell)] = r
+    return [(cell, *by_cell[id(cell)]) for cell in cells]
+
+
+ROBUST = 0.3  # log-error scale past which a cell counts less and less (soft L1)
+
+
+def _cost(e: float) -> float:
+    """Soft-L1 of a log error: squared below ROBUST, linear above, so a
+    figure its source measured under conditions nobody can replay (another
+    job on the box, a warm-up still running) cannot drag every constant."""
+    return 2 * ROBUST ** 2 * (math.sqrt(1 + (e / ROBUST) ** 2) - 1)
 
 
 def loss(rows) -> float:
-    errs = [math.log(pred / cell.published) ** 2 for cell, pred, _ in rows
-            if cell.fitted and cell.published and pred and pred > 0]
-    # A published out-of-memory case that the model says fits costs as much
-    # as a cell off by 2x; so does a cell it wrongly says does not fit.
-    errs += [math.log(2) ** 2 for cell, _, fits in rows if cell.fitted and (cell.published is None) == fits]
-    return sum(errs) / len(errs) if errs else 0.0
+    """Mean robust log error. Each (source, model, format) group weighs the
+    square root of its size, so one source's hundreds of rows do not drown
+    an article's table."""
+    groups: dict[tuple, int] = {}
+    for cell, _, _ in rows:
+        groups[(cell.source, cell.model, cell.quant)] = groups.get((cell.source, cell.model, cell.quant), 0) + 1
+    total = weight = 0.0
+    for cell, pred, fits in rows:
+        if not cell.fitted:
+            continue
+        w = groups[(cell.source, cell.model, cell.quant)] ** -0.5
+        if cell.published and pred and pred > 0:
+            total += w * _cost(math.log(pred / cell.published))
+            weight += w
+        # A published out-of-memory case that the model says fits costs as much
+        # as a cell off by 2x; so does a cell it wrongly says does not fit.
+        if (cell.published is None) == fits:
+            total += w * _cost(math.log(2))
+            weight += w
+    return total / weight if weight else 0.0
 
 
 def _vector(k: Constants) -> list[float]:
@@ -289,7 +377,8 @@ def refit(cells: list[Cell] | None = None, iterations: int = 150, progress=None,
     start = start or load_constants()
     # Start inside the range (capped constants stall the simplex at 1).
     start = replace(start, **{n: min(getattr(start, n), 0.95) for n in CAPPED})
-    best, _ = nelder_mead(lambda v: loss(evaluate(_constants(v), cells)), _vector(start), step=step,
+    workers = min(4, os.cpu_count() or 1)
+    best, _ = nelder_mead(lambda v: loss(evaluate(_constants(v), cells, workers)), _vector(start), step=step,
                           iterations=iterations, progress=progress)
     return _constants(best)
 

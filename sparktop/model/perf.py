@@ -103,20 +103,19 @@ class PerfModel:
         a, q = card.arch, card.quant
         self._bw = hw.bandwidth_gbs * 1e9 * k.bandwidth_efficiency
         peak = lambda precision: hw.achieved(precision) * 1e12 * k.compute_efficiency  # noqa: E731
-        self._lin_bytes = (a.attention_params + a.dense_ffn_params) * q.linear.bits / 8 / tp
-        self._lin_flops = 2 * (a.attention_params + a.dense_ffn_params) / tp
-        self._lin_peak = peak(q.linear.compute)
-        self._lin_tile = q.linear.tile_m
-        self._rlin_bytes = a.recurrent_params * q.recurrent.bits / 8 / tp
-        self._rlin_flops = 2 * a.recurrent_params / tp
-        self._rlin_peak = peak(q.recurrent.compute)
-        self._rlin_tile = q.recurrent.tile_m
+        # Dense GEMMs by part: (bytes, FLOPs per row, rate, tile rows) for
+        # attention projections, dense MLPs and shared experts, and
+        # recurrent-mixer projections, each in its own format.
+        self._dense = [(params * f.bits / 8 / tp, 2 * params / tp, peak(f.compute), f.tile_m)
+                       for params, f in ((a.attention_params, q.attention), (a.dense_ffn_params, q.linear),
+                                         (a.recurrent_params, q.recurrent)) if params]
         self._head_bytes = a.lm_head_params * q.lm_head.bits / 8 / tp
         self._head_flops = 2 * a.lm_head_params / tp
         self._head_peak = peak(q.lm_head.compute)
         self._head_tile = q.lm_head.tile_m
         moe = a.moe
         self._moe_layers = sum(f.layers for f in a.ffn if f.experts)
+        self._experts = (moe.experts, moe.experts_active) if moe else (0, 0)
         self._expert_bytes = (a.expert_params_total / moe.experts if moe else 0.0) * q.experts.bits / 8 / tp
         self._expert_flops = 2 * (moe.expert_params if moe else 0.0) / tp  # one expert, one layer, one token
         self._exp_peak = hw.achieved(q.experts.moe_compute) * 1e12 * k.moe_efficiency
@@ -184,15 +183,15 @@ class PerfModel:
     def _roof(self, nbytes: float, flops: float, peak: float) -> float:
         return max(nbytes / self._bw, flops / peak if peak else 0.0)
 
-    def _attention(self, decode_ctx: Sequence[int], prefill: Sequence[tuple[int, int]]) -> float:
+    def _attention(self, decode_sums: Sequence[float], prefill: Sequence[tuple[int, int]]) -> float:
+        """decode_sums: per attention group, the context all decoding
+        sequences attend to (a sliding group counts at most its window each)."""
         kv = flops = 0.0
-        for layers, per, window, score in self._attn:
+        for (layers, per, window, score), ctx in zip(self._attn, decode_sums):
             if window:
-                ctx = sum(min(c, window) for c in decode_ctx)
                 pre = sum(n * min(c + n / 2, window) for n, c in prefill)
                 pre_read = sum(min(c + n, window + n) for n, c in prefill)
             else:
-                ctx = sum(decode_ctx)
                 pre = sum(n * (c + n / 2) for n, c in prefill)
                 pre_read = sum(c + n for n, c in prefill)
             kv += layers * per * (ctx + pre_read)
@@ -205,26 +204,38 @@ class PerfModel:
         decode_ctx: context length of every sequence decoding one token.
         prefill: (new tokens, context already computed) for every prefill chunk.
         """
+        total = sum(decode_ctx)
+        sums = [sum(min(c, w) for c in decode_ctx) if w and decode_ctx and min(decode_ctx) < w else
+                (len(decode_ctx) * w if w else total) for _, _, w, _ in self._attn]
+        return self._step(len(decode_ctx), sums, prefill)
+
+    def decode_time(self, n: int, ctx_sum: float, min_ctx: int) -> float | None:
+        """A pure decode step of n sequences whose contexts add up to ctx_sum,
+        without the list (the virtual clock's fast path); None when some
+        sequence is still shorter than a sliding window (use step_time)."""
+        if any(w and min_ctx < w for _, _, w, _ in self._attn):
+            return None
+        return self._step(n, [n * w if w else ctx_sum for _, _, w, _ in self._attn], ())
+
+    def _step(self, n_decode: int, decode_sums: Sequence[float], prefill: Sequence[tuple[int, int]]) -> float:
         k = self.k
-        n_decode = len(decode_ctx)
         n_prefill = sum(n for n, _ in prefill)
         tokens = n_decode + n_prefill
         if tokens == 0:
             return 0.0
         seqs = n_decode + len(prefill)
-        t = self._roof(self._lin_bytes, self._lin_flops * _padded(tokens, self._lin_tile), self._lin_peak)
-        if self._rlin_bytes:
-            t += self._roof(self._rlin_bytes, self._rlin_flops * _padded(tokens, self._rlin_tile), self._rlin_peak)
+        t = sum(self._roof(nbytes, flops * _padded(tokens, tile), rate) for nbytes, flops, rate, tile in self._dense)
         t += self._roof(self._head_bytes, self._head_flops * _padded(seqs, self._head_tile), self._head_peak)
         if self._moe_layers:
-            card = self.card
-            touched = card.touched_experts(tokens ** k.expert_batch_exponent)
+            e, active = self._experts
+            # E(1 - (1 - k/E)^B) experts per layer for B tokens routing alike (B = tokens^γ).
+            touched = e * (1.0 - (1.0 - active / e) ** (tokens ** k.expert_batch_exponent))
             # Each touched expert multiplies its share of the tokens, padded to a tile.
-            per_expert = tokens * card.experts_active / touched if touched else 0.0
+            per_expert = tokens * active / touched if touched else 0.0
             padded = touched * max(per_expert, TILE_M)
             t += self._roof(touched * self._expert_bytes, self._expert_flops * self._moe_layers * padded,
                             self._exp_peak)
-        t += self._attention(decode_ctx, prefill)
+        t += self._attention(decode_sums, prefill)
         if self._rec_state:
             state = 2 * self._rec_state * seqs
             flops = self._rec_decode_flops * n_decode + self._rec_prefill_flops * n_prefill
@@ -259,7 +270,8 @@ class PerfModel:
         card = self.card
         experts = card.touched_experts(batch ** self.k.expert_batch_exponent) * self._expert_bytes
         kv = sum(layers * per * (min(ctx, window) if window else ctx) for layers, per, window, _ in self._attn)
-        return self._lin_bytes + self._rlin_bytes + self._head_bytes + experts + batch * (kv + 2 * self._rec_state)
+        dense = sum(nbytes for nbytes, *_ in self._dense)
+        return dense + self._head_bytes + experts + batch * (kv + 2 * self._rec_state)
 
     def roofline_decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
         """Upper bound: every byte read at the full nominal bandwidth, nothing else."""

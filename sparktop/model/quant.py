@@ -17,7 +17,7 @@ format each part of the model is stored in (`Quantization`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sparktop.errors import SparktopError
 
@@ -56,7 +56,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("int8", 8.16, "bf16", "Marlin W8A16", "bf16", "Marlin MoE W8A16"),
 )}
 
-ALIASES = {"gptq-int4": "int4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
+ALIASES = {"gptq-int4": "int4", "int4-gptq": "int4", "int4-awq": "int4", "int4-w4a16": "int4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
            "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "modelopt": "fp8", "bfloat16": "bf16", "float16": "fp16",
            "auto": "bf16", "none": "bf16", "mxfp4-moe": "mxfp4", "compressed-tensors-fp8": "fp8"}
 
@@ -75,13 +75,15 @@ class Quantization:
 
     scheme: str  # what the checkpoint is called by (mxfp4, nvfp4, fp8, bf16, gptq-int4 ...)
     experts: Format
-    linear: Format  # attention projections, dense MLPs, shared experts
+    linear: Format  # dense MLPs, shared experts
     lm_head: Format
     recurrent: Format  # Mamba / gated-delta projections (often left at higher precision)
+    attention: Format  # attention projections (some exports keep them in BF16)
 
     @classmethod
     def of(cls, scheme: str, experts: str | None = None, linear: str | None = None,
-           lm_head: str | None = None, recurrent: str | None = None) -> "Quantization":
+           lm_head: str | None = None, recurrent: str | None = None,
+           attention: str | None = None) -> "Quantization":
         """Defaults: a checkpoint quantizes every linear layer in its format but
         the unembedding, which stays BF16 (true of ModelOpt, llm-compressor,
         GPTQ and AWQ exports); gpt-oss's MXFP4 covers only the experts."""
@@ -89,17 +91,34 @@ class Quantization:
             # The community MXFP4 image (eugr --exp-mxfp4): FP8xFP4 MoE, and
             # attention and lm_head stored in MXFP4 too (Marlin W4A16).
             return cls(scheme, fmt(experts or "mxfp4-w4a8"), fmt(linear or "mxfp4"), fmt(lm_head or "mxfp4"),
-                       fmt(recurrent or linear or "mxfp4"))
+                       fmt(recurrent or linear or "mxfp4"), fmt(attention or linear or "mxfp4"))
         base = fmt(scheme)
         if experts is None:
             experts = base.name
         if linear is None:
             linear = "bf16" if base.name == "mxfp4" else base.name
-        return cls(scheme, fmt(experts), fmt(linear), fmt(lm_head or "bf16"), fmt(recurrent or linear))
+        return cls(scheme, fmt(experts), fmt(linear), fmt(lm_head or "bf16"), fmt(recurrent or linear),
+                   fmt(attention or linear))
+
+    def on_backend(self, moe_backend: str = "auto", linear_backend: str = "auto") -> "Quantization":
+        """The same weights through the kernels `--moe-backend` /
+        `--linear-backend` force: Marlin dequantizes to BF16 (W4A16/W8A16)
+        and handles small batches with 16-row tiles."""
+        def marlin(f: Format) -> Format:
+            return replace(f, compute="bf16", moe_compute="bf16", tile_m=16, kernel=f"Marlin ({f.name} weights)",
+                           moe_kernel=f"Marlin MoE ({f.name} weights)")
+
+        q = self
+        if moe_backend == "marlin" and q.experts.name not in ("bf16", "fp16"):
+            q = replace(q, experts=marlin(q.experts))
+        if linear_backend == "marlin":
+            q = replace(q, **{part: marlin(getattr(q, part)) for part in ("linear", "attention", "recurrent")
+                              if getattr(q, part).name not in ("bf16", "fp16")})
+        return q
 
     def describe(self) -> str:
-        parts = {"experts": self.experts.name, "linear": self.linear.name, "recurrent": self.recurrent.name,
-                 "lm_head": self.lm_head.name}
+        parts = {"experts": self.experts.name, "attention": self.attention.name, "linear": self.linear.name,
+                 "recurrent": self.recurrent.name, "lm_head": self.lm_head.name}
         if len(set(parts.values())) == 1:
             return self.scheme
         return f"{self.scheme} (" + ", ".join(f"{k} {v}" for k, v in parts.items()) + ")"

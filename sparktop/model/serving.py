@@ -33,6 +33,10 @@ class Serving:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False
+    # The kernels vLLM 0.25+ is told to use (`--moe-backend`, `--linear-backend`):
+    # `marlin` dequantizes to BF16, which Spark recipes use around SM121 gaps.
+    moe_backend: str = "auto"
+    linear_backend: str = "auto"
 
     @property
     def kv_dtype_bytes(self) -> int | None:

@@ -24,6 +24,7 @@ serve --max-concurrency c`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ ROUTED = ("shuffle", "least-busy")
 def perf_for(card: ModelCard, topology: str, k: Constants = DEFAULT_CONSTANTS,
              serving: Serving = Serving()) -> PerfModel:
     tp = 2 if topology.startswith("cluster") else 1
+    if serving.moe_backend != "auto" or serving.linear_backend != "auto":
+        card = dataclasses.replace(card, quant=card.quant.on_backend(serving.moe_backend, serving.linear_backend))
     return PerfModel(card, tp=tp, k=k, kv_dtype_bytes=serving.kv_dtype_bytes, ray=topology == "cluster-ray",
                      enforce_eager=serving.enforce_eager)
 
@@ -69,7 +72,8 @@ def _template(perf: PerfModel) -> list[int]:
 
 def _prompt(template: list[int], pp: int, i: int) -> list[int]:
     body = max(1, pp - len(template))
-    return (template + [1_000_000 * (i + 1) + j for j in range(body)])[:max(pp, len(template) + 1)]
+    base = 1_000_000 * (i + 1)
+    return (template + list(range(base, base + body)))[:max(pp, len(template) + 1)]
 
 
 def _warm(eng: Scheduler, perf: PerfModel, clock: list[float], pp: int) -> None:
@@ -80,11 +84,21 @@ def _warm(eng: Scheduler, perf: PerfModel, clock: list[float], pp: int) -> None:
     _run(eng, perf, clock)
 
 
+@dataclass
+class TokenTimes:
+    """Many tokens of one sequence at once (the decode fast path)."""
+
+    times: list[float]
+
+
 def _outcome(seq: Sequence, start: float) -> Outcome:
-    times, error = [], None
+    times: list[float] = []
+    error = None
     while not seq.events.empty():
         ev = seq.events.get_nowait()
-        if isinstance(ev, TokenEvent):
+        if isinstance(ev, TokenTimes):
+            times.extend(ev.times)
+        elif isinstance(ev, TokenEvent):
             times.append(ev.t)
         elif isinstance(ev, FinishEvent) and ev.reason == "error":
             error = ev.message or "error"
@@ -156,7 +170,8 @@ def run_closed_loop(perf: PerfModel, serving: Serving, requests: int, c: int, pp
 def _run(eng: Scheduler, perf: PerfModel, clock: list[float]) -> None:
     """Step the engine on the virtual clock until everything submitted is done."""
     while eng.running or eng.waiting:
-        if not eng.waiting and all(q.prefill_remaining == 0 and q.output_count > 0 for q in eng.running):
+        # A decoding sequence has one token (its last) left to compute.
+        if not eng.waiting and all(q.prefill_remaining <= 1 and q.output_count > 0 for q in eng.running):
             _decode_to_end(perf, eng, clock)
             break
         plan = eng.schedule()
@@ -187,21 +202,35 @@ def _decode_to_end(perf: PerfModel, eng: Scheduler, clock: list[float]) -> None:
             clock[0] += perf.step_time(decode, prefill)
             eng.apply(work, preempted, clock[0])
         return
-    t = clock[0]
-    while running:
-        t += perf.step_time(ctx)
-        keep_r, keep_c, keep_l = [], [], []
-        for q, c, n in zip(running, ctx, left):
-            q.output_count += 1
-            q.events.put_nowait(TokenEvent(1, t, False, "length" if n == 1 else None))
-            if n == 1:
-                q.finished = True
-                q.events.put_nowait(FinishEvent("length", t, q.prompt_len, q.output_count))
-            else:
-                keep_r.append(q)
-                keep_c.append(c + 1)
-                keep_l.append(n - 1)
-        running, ctx, left = keep_r, keep_c, keep_l
+    # Sequences leave in order of the tokens they have left; between two
+    # departures the batch is the same, so each step's time is one call on
+    # the batch's size and total context, not a walk over its sequences.
+    order = sorted(range(len(running)), key=lambda i: left[i])
+    n, ctx_sum, min_ctx = len(running), sum(ctx), min(ctx)
+    times: list[float] = []
+    t, step, gone = clock[0], 0, 0
+    active = list(ctx)
+    while n:
+        dt = perf.decode_time(n, ctx_sum, min_ctx)
+        if dt is None:
+            dt = perf.step_time([c + step for i, c in enumerate(active) if left[i] > step])
+        t += dt
+        times.append(t)
+        step += 1
+        ctx_sum += n
+        min_ctx += 1
+        while gone < len(order) and left[order[gone]] == step:
+            i = order[gone]
+            gone += 1
+            n -= 1
+            ctx_sum -= ctx[i] + step
+        if n and gone:
+            min_ctx = min(ctx[i] for i in order[gone:]) + step
+    for i, q in enumerate(running):
+        q.events.put_nowait(TokenTimes(times[:left[i]]))
+        q.output_count += left[i]
+        q.finished = True
+        q.events.put_nowait(FinishEvent("length", times[left[i] - 1], q.prompt_len, q.output_count))
     eng.running.clear()
     clock[0] = t
 
@@ -253,7 +282,7 @@ def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 12
         n = max(busiest, c - busiest)
     else:
         n = c  # solo and clusters take all; least-busy sends a lockstep batch to its first node
-        stats = level_stats(c, [_records(_engine(perf, serving, n, pp, tg), c, pp, router)], 0.0, pp)
+        stats = level_stats(c, [_records(_engine(perf, serving, n, pp, tg), c, pp, router)], 0.0, pp, peak=False)
     kv = kv_usage(perf, serving, n, pp + tg)
     preempted = kv > 1.0 and n > 0
     return Prediction(topology, c, stats, kv <= 1.0, kv, preempted)
@@ -275,7 +304,28 @@ class ServePrediction:
 
 
 def predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
-                  k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving()) -> ServePrediction:
+                  k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving(),
+                  replay: int | None = None) -> ServePrediction:
+    """N requests kept c in flight. Long runs are replayed for `replay`
+    requests (default 4 per slot, where the engine has reached its steady
+    state) and the wall time scaled up to all N."""
+    key = (card.name, card.quant, topology, requests, c, pp, tg, repr(k), serving, replay)
+    if key not in _SERVE_CACHE:
+        if len(_SERVE_CACHE) > 2000:
+            _SERVE_CACHE.clear()
+        n = min(requests, replay or 4 * c)
+        p = _predict_serve(card, topology, n, c, pp, tg, k, serving)
+        if n < requests:
+            p = dataclasses.replace(p, requests=requests, wall_s=p.wall_s * requests / n)
+        _SERVE_CACHE[key] = p
+    return _SERVE_CACHE[key]
+
+
+_SERVE_CACHE: dict[tuple, "ServePrediction"] = {}
+
+
+def _predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
+                   k: Constants, serving: Serving) -> ServePrediction:
     if topology in ROUTED:
         # Two engines, each with half the requests and half the concurrency.
         perf = perf_for(card, "solo", k, serving)
@@ -340,7 +390,7 @@ def _expected(make, c: int) -> LevelStats:
     weight = 0.0
     base = None
     for a, w in _split_points(c):
-        lv = level_stats(c, [make(a)], 0.0, 0)
+        lv = level_stats(c, [make(a)], 0.0, 0, peak=False)
         base = base or lv
         for key in keys:
             v = getattr(lv, key)
