@@ -74,6 +74,12 @@ GLOBAL = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "atten
           "request_overhead_s", "router_overhead_s", "expert_batch_exponent")
 CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency",
           "expert_batch_exponent")
+# Physical ranges the fit may not leave. A two-node NCCL all-reduce of a few
+# KiB over RoCE costs tens of microseconds (two ring hops, NIC and PCIe
+# latency); left free, the simplex parks it near 90 µs to absorb misses of
+# other cells, which makes TP=2 no faster than one node at c1 — against
+# every article (data/gb10-sources.md §1.4).
+BOUNDS = {"allreduce_latency_s": (5e-6, 40e-6)}
 
 
 @dataclass(frozen=True)
@@ -335,6 +341,8 @@ def _constants(v: list[float], base: Constants = DEFAULT_CONSTANTS) -> Constants
     g = {name: math.exp(x) for name, x in zip(GLOBAL, v)}
     for name in CAPPED:
         g[name] = min(g[name], 1.0)
+    for name, (lo, hi) in BOUNDS.items():
+        g[name] = min(max(g[name], lo), hi)
     return replace(base, **g)
 
 
@@ -377,6 +385,7 @@ def refit(cells: list[Cell] | None = None, iterations: int = 150, progress=None,
     start = start or load_constants()
     # Start inside the range (capped constants stall the simplex at 1).
     start = replace(start, **{n: min(getattr(start, n), 0.95) for n in CAPPED})
+    start = replace(start, **{n: min(max(getattr(start, n), lo), hi * 0.9) for n, (lo, hi) in BOUNDS.items()})
     workers = min(4, os.cpu_count() or 1)
     best, _ = nelder_mead(lambda v: loss(evaluate(_constants(v), cells, workers)), _vector(start), step=step,
                           iterations=iterations, progress=progress)
