@@ -137,27 +137,17 @@ def cmd_twin_cards(args) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sparktop",
-        description="Watch, launch and benchmark vLLM on NVIDIA DGX Spark nodes.",
-    )
-    parser.add_argument("--version", action="version", version=f"sparktop {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _watch_options(p, interval: bool = True) -> None:
+    p.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: "
+                   "$XDG_CONFIG_HOME/sparktop/cluster.yaml; none: this node only)")
+    p.add_argument("--engine", action="append", metavar="URL",
+                   help="also watch this OpenAI-compatible endpoint (repeatable)")
+    if interval:
+        p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
 
-    def add(name: str, help_text: str, func):
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
-        return p
 
-    def watch_options(p, interval=True):
-        p.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: "
-                       "$XDG_CONFIG_HOME/sparktop/cluster.yaml; none: this node only)")
-        p.add_argument("--engine", action="append", metavar="URL",
-                       help="also watch this OpenAI-compatible endpoint (repeatable)")
-        if interval:
-            p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
-
+def _add_watching(add, watch_options) -> None:
+    """`sparktop monitor and demo`."""
     monitor = add("monitor", "watch nodes and engines live (the default)", cmd_monitor)
     watch_options(monitor)
     monitor.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
@@ -170,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
     demo.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
     demo.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
+
+
+def _add_launching(add) -> None:
+    """`sparktop launch and stop`."""
     launch = add("launch", "launch a recipe in a topology (prints the plan, runs preflight, starts it)", cmd_launch)
     launch.add_argument("recipe", help="a recipe's name (see `sparktop recipes`) or a YAML file")
     launch.add_argument("--topology", "-t", default="solo",
@@ -190,11 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--all", action="store_true", help="stop every launch")
     stop.add_argument("--inventory", metavar="FILE")
     stop.add_argument("--nodes", metavar="A,B")
+
+
+def _add_status(add, watch_options) -> None:
+    """`sparktop status`."""
     status = add("status", "print one snapshot of nodes and engines (table or --json)", cmd_status)
     watch_options(status, interval=False)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.add_argument("--seconds", type=float, default=2.2,
                         help="how long to watch before printing (rates need two scrapes; default 2.2)")
+
+
+def _add_sweeping(add) -> None:
+    """`sparktop sweep, compare and runs`."""
     sweep = add("sweep", "run a concurrency sweep against an endpoint (live progress, results kept as they "
                 "arrive)", cmd_sweep)
     sweep.add_argument("--endpoint", "-e", metavar="URL", help="http://HOST:PORT or http://HOST:PORT/v1")
@@ -240,11 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--import", dest="import_file", metavar="FILE", help="a llama-benchy --format json output")
     runs.add_argument("--label", help="name for the imported run")
     runs.add_argument("--json", action="store_true")
+
+
+def _add_recipes_and_predict(add) -> None:
+    """`sparktop recipes and predict`."""
     recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
     recipes.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     recipes.add_argument("--json", action="store_true")
     pred = add("predict", "predict decode, prefill and TTFT per topology before launching", cmd_predict)
-    pred.add_argument("recipe", nargs="?", help="a recipe's name or a YAML file")
+    pred.add_argument("recipe", nargs="?", help="a recipe (name or YAML file), a model card, or a config.json")
     pred.add_argument("--model", help="a model card instead of a recipe (see `sparktop twin cards`), or a path "
                       "to any model's config.json")
     pred.add_argument("--topology", help="comma-separated topologies, or all (default: what the recipe allows "
@@ -259,10 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "gpu_memory_utilization=0.8, enforce_eager=true ...); the recipe's own by default")
     pred.add_argument("--quant", help="the checkpoint's format instead of the card's (bf16, fp8, nvfp4, mxfp4, int4)")
     pred.add_argument("--json", action="store_true")
+
+
+def _add_replay(add) -> None:
+    """`sparktop replay`."""
     replay = add("replay", "play back a recorded monitor session (sparktop --record FILE)", cmd_replay)
     replay.add_argument("file", help="a recording made with --record")
     replay.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1)")
 
+
+def _add_twin(sub) -> None:
+    """`sparktop twin serve, node, fit and cards`."""
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
                           description="the digital twin of a Spark node running vLLM")
     twin_sub = twin.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND", required=True)
@@ -289,6 +302,29 @@ def build_parser() -> argparse.ArgumentParser:
     fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
     cards.set_defaults(func=cmd_twin_cards)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparktop",
+        description="Watch, launch and benchmark vLLM on NVIDIA DGX Spark nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"sparktop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help_text: str, func):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    # In the order `sparktop --help` lists them.
+    _add_watching(add, _watch_options)
+    _add_launching(add)
+    _add_status(add, _watch_options)
+    _add_sweeping(add)
+    _add_recipes_and_predict(add)
+    _add_replay(add)
+    _add_twin(sub)
     return parser
 
 

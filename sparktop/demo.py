@@ -53,11 +53,12 @@ async def run_demo(args) -> int:
     if args.no_wait:
         print(f"Starting a two-node twin cluster serving {args.model} ...", flush=True)
         cluster, urls = await start_demo_cluster(args.model, args.speed)
-        for node, url in zip(cluster.nodes, urls):
+        for node, url in zip(cluster.nodes, urls, strict=False):
             print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
         print(f"Left running; stop with: sparktop demo --stop  (state in {cluster.root})")
         return 0
 
+    from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import NodeTarget, Poller
     from sparktop.ui.run import run_monitor
 
@@ -65,7 +66,7 @@ async def run_demo(args) -> int:
     cluster, urls = await start_demo_cluster(args.model, args.speed, wait=False)
     load = start_load(urls)
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes],
-                    interval=args.interval, default_port=None)
+                    interval=args.interval, default_port=None, router_key=api_key_for)
     try:
         await run_monitor(cluster.inventory(), [], label=f"demo: twin cluster serving {args.model}",
                           poller=poller, record=args.record)

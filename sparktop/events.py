@@ -17,8 +17,8 @@ stops iterating (or is cancelled) the work is cancelled with it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 E = TypeVar("E")
 R = TypeVar("R")
@@ -32,10 +32,10 @@ class Outcome:
         self.done = False
 
 
-async def emitting(work: Callable[[Callable[[E], None]], Awaitable[R]],
+async def emitting(work: Callable[[Callable[[E], None]], Coroutine[Any, Any, R]],
                    outcome: Outcome | None = None) -> AsyncIterator[E]:
     queue: asyncio.Queue[E] = asyncio.Queue()
-    runner = asyncio.create_task(work(queue.put_nowait))
+    runner: asyncio.Task[R] = asyncio.create_task(work(queue.put_nowait))
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())

@@ -204,6 +204,54 @@ def load_sparkrun_cluster(doc: dict, path: Path) -> Inventory:
     return Inventory(nodes=nodes, defaults=defaults, path=path)
 
 
+def _read_defaults(doc: dict, path: Path) -> Defaults:
+    defaults = Defaults()
+    raw_defaults = doc.get("defaults") or {}
+    if not isinstance(raw_defaults, dict):
+        raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
+    check_keys(raw_defaults, DEFAULT_KEYS, path, "defaults")
+    for key, value in raw_defaults.items():
+        if key == "container_env":
+            if not isinstance(value, dict):
+                raise ConfigError(str(path), line_of(raw_defaults, key), "defaults.container_env", "must be a mapping")
+            defaults.container_env = {str(k): str(v) for k, v in value.items()}
+            continue
+        kind = int if key.endswith("port") else str
+        setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))
+    return defaults
+
+
+def _read_node(raw, raw_nodes: list, index: int, path: Path) -> Node:
+    """One entry of `nodes:`: a host name, or a mapping."""
+    where = f"nodes[{index}]"
+    if isinstance(raw, str):
+        raw = {"name": raw, "host": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), line_of(raw_nodes, index), where, "must be a mapping or a host name")
+    check_keys(raw, NODE_KEYS, path, where)
+    name = raw.get("name") or raw.get("host")
+    if not name:
+        raise ConfigError(str(path), line_of(raw_nodes, index), f"{where}.name", "a node needs a name or a host")
+    node = Node(name=str(name), host=str(raw.get("host", name)))
+    for key in ("user", "fabric_ip", "eth_if", "bind"):
+        if key in raw and raw[key] is not None:
+            setattr(node, key, _typed(raw[key], str, str(path), line_of(raw, key), f"{where}.{key}"))
+    if "port" in raw:
+        node.port = _typed(raw["port"], int, str(path), line_of(raw, "port"), f"{where}.port")
+    ib = raw.get("ib_if")
+    if isinstance(ib, str):
+        node.ib_if = [part.strip() for part in ib.split(",") if part.strip()]
+    elif isinstance(ib, list):
+        node.ib_if = [str(part) for part in ib]
+    elif ib is not None:
+        raise ConfigError(str(path), line_of(raw, "ib_if"), f"{where}.ib_if", "must be a name or a list of names")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(str(path), line_of(raw, "env"), f"{where}.env", "must be a mapping")
+    node.env = {str(k): str(v) for k, v in env.items()}
+    return node
+
+
 def load_inventory(path: str | Path | None = None) -> Inventory:
     """Read cluster.yaml (or a sparkrun cluster file, or eugr's .env); with no
     file, sparkrun's default cluster if there is one, else this node only."""
@@ -226,55 +274,15 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     if not isinstance(doc, dict):
         raise ConfigError(str(path), line_of(doc, 0), None, "must be a mapping with 'nodes:'")
     check_keys(doc, ("nodes", "defaults"), path)
-
-    defaults = Defaults()
-    raw_defaults = doc.get("defaults") or {}
-    if not isinstance(raw_defaults, dict):
-        raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
-    check_keys(raw_defaults, DEFAULT_KEYS, path, "defaults")
-    for key, value in raw_defaults.items():
-        if key == "container_env":
-            if not isinstance(value, dict):
-                raise ConfigError(str(path), line_of(raw_defaults, key), "defaults.container_env", "must be a mapping")
-            defaults.container_env = {str(k): str(v) for k, v in value.items()}
-            continue
-        kind = int if key.endswith("port") else str
-        setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))
-
+    defaults = _read_defaults(doc, path)
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ConfigError(str(path), line_of(doc, "nodes"), "nodes", "must be a non-empty list of nodes")
     nodes: list[Node] = []
-    seen: set[str] = set()
     for index, raw in enumerate(raw_nodes):
-        where = f"nodes[{index}]"
-        if isinstance(raw, str):
-            raw = {"name": raw, "host": raw}
-        if not isinstance(raw, dict):
-            raise ConfigError(str(path), line_of(raw_nodes, index), where, "must be a mapping or a host name")
-        check_keys(raw, NODE_KEYS, path, where)
-        name = raw.get("name") or raw.get("host")
-        if not name:
-            raise ConfigError(str(path), line_of(raw_nodes, index), f"{where}.name", "a node needs a name or a host")
-        if name in seen:
-            raise ConfigError(str(path), line_of(raw, "name"), f"{where}.name", f"duplicate node name {name!r}")
-        seen.add(name)
-        node = Node(name=str(name), host=str(raw.get("host", name)))
-        for key in ("user", "fabric_ip", "eth_if", "bind"):
-            if key in raw and raw[key] is not None:
-                setattr(node, key, _typed(raw[key], str, str(path), line_of(raw, key), f"{where}.{key}"))
-        if "port" in raw:
-            node.port = _typed(raw["port"], int, str(path), line_of(raw, "port"), f"{where}.port")
-        ib = raw.get("ib_if")
-        if isinstance(ib, str):
-            node.ib_if = [part.strip() for part in ib.split(",") if part.strip()]
-        elif isinstance(ib, list):
-            node.ib_if = [str(part) for part in ib]
-        elif ib is not None:
-            raise ConfigError(str(path), line_of(raw, "ib_if"), f"{where}.ib_if", "must be a name or a list of names")
-        env = raw.get("env") or {}
-        if not isinstance(env, dict):
-            raise ConfigError(str(path), line_of(raw, "env"), f"{where}.env", "must be a mapping")
-        node.env = {str(k): str(v) for k, v in env.items()}
+        node = _read_node(raw, raw_nodes, index, path)
+        if node.name in {n.name for n in nodes}:
+            raise ConfigError(str(path), line_of(raw, "name"), f"nodes[{index}].name",
+                              f"duplicate node name {node.name!r}")
         nodes.append(node)
     return Inventory(nodes=nodes, defaults=defaults, path=path)

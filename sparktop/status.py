@@ -12,18 +12,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 from rich.console import Console
 from rich.table import Table
 
-import time
-
-from sparktop.launch.state import LaunchRecord, LaunchState
+from sparktop.launch.state import LaunchRecord, LaunchState, api_key_for
 from sparktop.observe.poller import Poller
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
 from sparktop.settings import Inventory
+from sparktop.units import ago
 
 
 async def collect(poller: Poller, seconds: float) -> ClusterState:
@@ -94,15 +94,6 @@ def launch_health(record: LaunchRecord, state: ClusterState) -> str:
     return "partial" if running else "gone"
 
 
-def ago(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
 
 
 def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
@@ -170,7 +161,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
 
 def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=1.0,
-                    default_port=inventory.defaults.port)
+                    default_port=inventory.defaults.port, router_key=api_key_for)
     state = asyncio.run(collect(poller, seconds))
     launches = LaunchState(inventory).active()
     if as_json:

@@ -8,8 +8,9 @@ forgets positions once it builds Python objects, so this loader builds
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 

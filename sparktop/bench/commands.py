@@ -16,54 +16,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sparktop.bench import compare as cmp
 from sparktop.bench import export
+from sparktop.bench.events import LevelDone, LevelStarted, RequestDone, SweepEvent, SweepFinished, SweepStarted
 from sparktop.bench.results import import_llama_benchy, list_runs, load_run
-from sparktop.bench.sweep import (LevelDone, LevelStarted, RequestDone, Sweep, SweepError, SweepFinished,
-                                  SweepSettings, SweepStarted)
+from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
+from sparktop.units import eta_text, fmt
 
 EXIT_ERROR_RATE = 3
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise SweepError(f"-c {text!r}: expected concurrency levels like 1,2,4,8") from None
-    if not levels or any(c < 1 for c in levels):
-        raise SweepError(f"-c {text!r}: levels must be positive integers")
-    return levels
-
-
-def parse_extra_body(items: list[str] | None) -> dict:
-    """`--extra-body reasoning_effort=low` (repeatable; values are JSON when
-    they parse as JSON) or one JSON object."""
-    body: dict = {}
-    for item in items or []:
-        item = item.strip()
-        if item.startswith("{"):
-            try:
-                obj = json.loads(item)
-            except ValueError as e:
-                raise SweepError(f"--extra-body {item!r}: not a JSON object ({e})") from None
-            if not isinstance(obj, dict):
-                raise SweepError(f"--extra-body {item!r}: expected a JSON object")
-            body.update(obj)
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SweepError(f"--extra-body {item!r}: expected KEY=VALUE (e.g. reasoning_effort=low) or a JSON object")
-        try:
-            body[key.strip()] = json.loads(value)
-        except ValueError:
-            body[key.strip()] = value
-    return body
-
-
-def eta_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "ETA …"
-    seconds = int(seconds)
-    return f"ETA {seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"ETA {seconds}s"
 
 
 def cmd_sweep(args) -> int:
@@ -77,7 +36,7 @@ def cmd_sweep(args) -> int:
         if previous.imported_levels is not None:
             raise SweepError(f"--resume {args.resume}: an imported llama-benchy file cannot be resumed")
         stored = dict(previous.meta.get("settings") or {})
-        settings = SweepSettings(endpoint=args.endpoint or previous.meta.get("endpoint"),
+        settings = SweepSettings(endpoint=args.endpoint or previous.meta.get("endpoint") or "",
                                  **{k: v for k, v in stored.items() if k in SweepSettings.__dataclass_fields__
                                     and k != "endpoint"})
         resume = previous.path
@@ -97,29 +56,34 @@ def cmd_sweep(args) -> int:
     overall = progress.add_task("sweep", total=1, info="")
     level_task = progress.add_task("level", total=1, info="", visible=False)
 
-    def on_event(e) -> None:
-        if isinstance(e, SweepStarted):
-            progress.update(overall, total=e.total_requests, completed=e.resumed_requests,
-                            description=f"sweep {e.model}")
-            console.print(f"[bold]{e.run_id}[/] → {e.path}/requests.jsonl")
-        elif isinstance(e, LevelStarted):
-            progress.update(level_task, visible=True, completed=0, total=None if e.warmup else settings.runs * e.concurrency,
-                            description=f"c{e.concurrency}" + (" warm-up" if e.warmup else ""), info="")
-        elif isinstance(e, RequestDone):
-            progress.update(overall, completed=e.done, info=eta_text(e.eta_s))
-            live = f"{e.live_tps:,.0f} t/s" if e.live_tps else ""
-            progress.update(level_task, completed=e.level_done, total=e.level_total, info=live)
-        elif isinstance(e, LevelDone):
-            lv = e.stats
-            err = f"  [red]{lv.errors} errors[/]" if lv.errors else ""
-            console.print(f"c{lv.concurrency:<4} tg {cmp.fmt(lv.tg_tps_total)} t/s  pp {cmp.fmt(lv.pp_tps_total)} t/s"
-                          f"  TTFT {cmp.fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
+    def show(event: SweepEvent) -> None:
+        match event:
+            case SweepStarted():
+                progress.update(overall, total=event.total_requests, completed=event.resumed_requests,
+                                description=f"sweep {event.model}")
+                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl")
+            case LevelStarted(concurrency=c, warmup=warmup):
+                progress.update(level_task, visible=True, completed=0, total=None if warmup else settings.runs * c,
+                                description=f"c{c}" + (" warm-up" if warmup else ""), info="")
+            case RequestDone():
+                progress.update(overall, completed=event.done, info=eta_text(event.eta_s))
+                live = f"{event.live_tps:,.0f} t/s" if event.live_tps else ""
+                progress.update(level_task, completed=event.level_done, total=event.level_total, info=live)
+            case LevelDone(stats=lv):
+                err = f"  [red]{lv.errors} errors[/]" if lv.errors else ""
+                console.print(f"c{lv.concurrency:<4} tg {fmt(lv.tg_tps_total)} t/s  pp {fmt(lv.pp_tps_total)} t/s"
+                              f"  TTFT {fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
 
-    sweep = Sweep(settings, root, on_event=on_event, resume=resume, api_key=api_key)
+    sweep = Sweep(settings, root, resume=resume, api_key=api_key)
 
     async def go() -> SweepFinished:
+        finished = None
         with progress:
-            return await sweep.run()
+            async for event in sweep.events():
+                show(event)
+                finished = event
+        assert isinstance(finished, SweepFinished)
+        return finished
 
     try:
         with _runner() as runner:
@@ -165,7 +129,7 @@ def cmd_compare(args) -> int:
     if args.label:
         if len(args.label) != len(runs):
             raise SparktopError(f"--label given {len(args.label)} times for {len(runs)} runs")
-        for run, label in zip(runs, args.label):
+        for run, label in zip(runs, args.label, strict=False):
             run.meta["label"] = label
     if args.json:
         print(json.dumps(cmp.as_json(runs), indent=2, default=str))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sparktop.bench.results import Run
 from sparktop.bench.stats import LevelStats
+from sparktop.units import fmt
 
 TIE = 0.01  # closer than 1 % is a tie (the articles call 156.40 vs 156.02 one)
 
@@ -33,7 +34,6 @@ METRICS = (
     Metric("ttft_ms_p95", "TTFT p95 (ms)", "TTFT p95", False, "ms"),
     Metric("peak_tps", "Peak throughput (t/s, 1-s window)", "peak", True, "t/s"),
 )
-BY_KEY = {m.key: m for m in METRICS}
 
 
 def labels(runs: list[Run]) -> list[str]:
@@ -49,7 +49,7 @@ def labels(runs: list[Run]) -> list[str]:
 
 def table(runs: list[Run]) -> tuple[list[str], list[int], dict[str, dict[int, LevelStats]]]:
     names = labels(runs)
-    by_run = {name: {lv.concurrency: lv for lv in run.levels()} for name, run in zip(names, runs)}
+    by_run = {name: {lv.concurrency: lv for lv in run.levels()} for name, run in zip(names, runs, strict=False)}
     levels = sorted({c for lv in by_run.values() for c in lv})
     return names, levels, by_run
 
@@ -78,15 +78,6 @@ def winner(values: dict[str, float | None], metric: Metric) -> Winner:
     if abs(margin) < TIE:
         return Winner(None, margin, tie=True)
     return Winner(name, margin)
-
-
-def fmt(value: float | None, unit: str = "t/s") -> str:
-    """The articles' style: 16.29 t/s, 1,328 t/s, 777 ms."""
-    if value is None:
-        return "—"
-    if abs(value) >= 1000 or (unit == "ms" and abs(value) >= 10):
-        return f"{value:,.0f}"
-    return f"{value:.2f}"
 
 
 def crossovers(runs: list[Run], metrics: tuple[Metric, ...] = METRICS[:4]) -> list[str]:
@@ -147,7 +138,7 @@ def as_json(runs: list[Run]) -> dict:
                             "margin": w.margin, "values": vals})
     return {
         "runs": [{"id": r.id, "label": n, "path": str(r.path) if r.path else None, **_meta(r)}
-                 for n, r in zip(names, runs)],
+                 for n, r in zip(names, runs, strict=False)],
         "levels": {n: [lv.as_dict() for lv in runs[i].levels()] for i, n in enumerate(names)},
         "winners": winners,
         "crossovers": crossovers(runs),

@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import io
 
+from rich.console import JustifyMethod
 from rich.table import Table
 
-from sparktop.bench.compare import fmt
 from sparktop.bench.results import Run
 from sparktop.bench.stats import LevelStats, knee
+from sparktop.units import fmt
 
-COLUMNS = (  # key, header, justify
+COLUMNS: tuple[tuple[str, str, JustifyMethod], ...] = (  # key, header, justify
     ("concurrency", "c", "right"),
     ("pp_tps_total", "pp t/s", "right"),
     ("pp_tps_req", "pp/req", "right"),
@@ -47,7 +48,7 @@ def cell(lv: LevelStats, key: str) -> str:
 
 def rich_table(run: Run, title: str | None = None) -> Table:
     t = Table(title=title, header_style="bold", box=None, pad_edge=False, padding=(0, 1, 0, 1))
-    for key, head, justify in COLUMNS:
+    for _key, head, justify in COLUMNS:
         t.add_column(head, justify=justify, no_wrap=True, min_width=len(head))
     for lv in run.levels():
         t.add_row(*(cell(lv, k) for k, _, _ in COLUMNS), style="red" if lv.errors else None)
@@ -60,7 +61,7 @@ def summary_lines(run: Run) -> list[str]:
     k = knee(levels)
     if k and len(levels) > 1:
         out.append(k.describe("decode"))
-    best = max((lv for lv in levels if lv.tg_tps_total), key=lambda lv: lv.tg_tps_total, default=None)
+    best = max((lv for lv in levels if lv.tg_tps_total), key=lambda lv: lv.tg_tps_total or 0.0, default=None)
     if best:
         out.append(f"best decode {fmt(best.tg_tps_total)} t/s total at c{best.concurrency}")
     return out

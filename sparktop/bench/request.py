@@ -103,7 +103,7 @@ class RequestRecord:
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RequestRecord":
+    def from_dict(cls, d: dict) -> RequestRecord:
         rec = cls(**{k: v for k, v in d.items() if k in _FIELDS and k != "token_times"})
         rec.token_times = [rec.start + us / 1e6 for us in d.get("token_times") or []]
         return rec
@@ -117,7 +117,7 @@ def spread(times: list[float], counts: list[int], start: float) -> list[float]:
     between the previous chunk and its own arrival."""
     out: list[float] = []
     last = start
-    for t, n in zip(times, counts):
+    for t, n in zip(times, counts, strict=False):
         if n == 1:
             out.append(t)
         elif n > 1:

@@ -10,6 +10,7 @@ JSON output is read as a run too, so older measurements can be compared.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -59,11 +60,11 @@ class Run:
         for r in self.records:
             groups[(r.level, r.run, r.attempt)].append(r)
         chosen: dict[tuple[int, int], list[RequestRecord]] = {}
-        for (level, run, attempt), recs in sorted(groups.items()):
+        for (level, run, _attempt), recs in sorted(groups.items()):
             if len(recs) >= level:
                 chosen[(level, run)] = sorted(recs, key=lambda r: r.index)
         out: dict[int, list[list[RequestRecord]]] = defaultdict(list)
-        for (level, run), recs in sorted(chosen.items()):
+        for (level, _run), recs in sorted(chosen.items()):
             out[level].append(recs)
         return dict(out)
 
@@ -96,8 +97,9 @@ class RunWriter:
             old["status"] = "running"
             self.meta = old
         self._write_meta()
-        self._requests = open(self.dir / REQUESTS, "a", encoding="utf-8")
-        self._engine = open(self.dir / ENGINE, "a", encoding="utf-8")
+        # Kept open for the run's life: each record is appended (and flushed) as it finishes.
+        self._requests = open(self.dir / REQUESTS, "a", encoding="utf-8")  # noqa: SIM115
+        self._engine = open(self.dir / ENGINE, "a", encoding="utf-8")  # noqa: SIM115
 
     def _write_meta(self) -> None:
         tmp = self.dir / (META + ".tmp")
@@ -119,19 +121,17 @@ class RunWriter:
     def close(self, status: str, reason: str | None = None) -> None:
         self.update(status=status, reason=reason, ended=time.time())
         for f in (self._requests, self._engine):
-            try:
+            with contextlib.suppress(OSError):
                 os.fsync(f.fileno())
-            except OSError:
-                pass
             f.close()
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    out = []
+    out: list[dict] = []
     if not path.exists():
         return out
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+        for _n, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue

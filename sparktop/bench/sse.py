@@ -14,7 +14,7 @@ import asyncio
 import json
 import ssl
 import time
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 Line = Callable[[bytes, float], None]  # an SSE line and the perf_counter time its bytes arrived
@@ -80,7 +80,8 @@ class _Stream(asyncio.Protocol):
 
     def _dechunk(self, data: bytes, t: float) -> None:
         buf = self.raw + data if self.raw else data
-        pos, out = 0, []
+        pos = 0
+        out: list[bytes] = []
         while True:
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
@@ -171,5 +172,5 @@ async def post_sse(url: str, payload: dict, on_line: Line, headers: dict | None 
             text = err.get("message", text) if isinstance(err, dict) else (str(err) if err else text)
         except (ValueError, AttributeError):
             pass
-        raise HTTPError(proto.status, text)
+        raise HTTPError(proto.status or 0, text)  # 0: the connection closed before a status line
     return proto.status

@@ -77,12 +77,15 @@ class BatchStats:
 def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0,
                 peak: bool = True) -> BatchStats:
     ok = [r for r in records if r.ok and r.first_token is not None]
-    pp_req, tg_req, ttft = [], [], []
+    first = {id(r): r.first_token for r in ok if r.first_token is not None}  # every one, typed as such
+    pp_req: list[float] = []
+    tg_req: list[float] = []
+    ttft: list[float] = []
     prompt_sum = 0
     for r in ok:
         prompt = r.prompt_tokens or expected_prompt
         prompt_sum += prompt
-        ttft.append(r.first_token - r.start)
+        ttft.append(first[id(r)] - r.start)
         if r.first_response is not None:
             est = r.first_response - r.start - latency
             if est > 0 and prompt:
@@ -92,28 +95,30 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
             span = r.token_times[-1] - r.token_times[0]
             if span > 0:
                 tg_req.append(decode / span)
-    want_peak, pp_total, tg_total, peak = peak, None, None, None
-    if ok:
-        pp_span = max(r.first_token for r in ok) - min(r.start for r in ok)
+    pp_total: float | None = None
+    tg_total: float | None = None
+    peak_tps: float | None = None
+    lasts = [t for r in ok if (t := r.last_token or r.end) is not None]
+    if ok and lasts:
+        pp_span = max(first.values()) - min(r.start for r in ok)
         if pp_span > 0 and prompt_sum:
             pp_total = prompt_sum / pp_span
-        lasts = [r.last_token or r.end for r in ok]
-        tg_span = max(t for t in lasts if t is not None) - min(r.first_token for r in ok)
+        tg_span = max(lasts) - min(first.values())
         decode_sum = sum(r.decode_tokens for r in ok)
         if tg_span > 0 and decode_sum:
             tg_total = decode_sum / tg_span
-        if want_peak:  # a prediction has no use for it, and it is the costly part
-            peak = peak_rate([t for r in ok for t in r.token_times])
-    e2e_total = wall = None
-    e2e_req = []
-    ends = [(r.start, r.last_token or r.end, r.completion_tokens) for r in ok]
-    ends = [(s, e, n) for s, e, n in ends if e is not None]
+        if peak:  # a prediction has no use for it, and it is the costly part
+            peak_tps = peak_rate([t for r in ok for t in r.token_times])
+    e2e_total: float | None = None
+    wall: float | None = None
+    e2e_req: list[float] = []
+    ends = [(r.start, e, r.completion_tokens) for r in ok if (e := r.last_token or r.end) is not None]
     if ends:
         wall = max(e for _, e, _ in ends) - min(s for s, _, _ in ends)
         if wall > 0:
             e2e_total = sum(n for _, _, n in ends) / wall
         e2e_req = [n / (e - s) for s, e, n in ends if e > s and n]
-    return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak, pp_req, tg_req, ttft,
+    return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak_tps, pp_req, tg_req, ttft,
                       e2e_total, e2e_req, wall)
 
 
@@ -156,10 +161,6 @@ class LevelStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
 
 
 def _reason(error: str) -> str:
@@ -227,7 +228,7 @@ def knee(levels: list[LevelStats], key: str = "tg_tps_total", min_gain: float = 
            if getattr(lv, key)]
     if not pts:
         return None
-    for (c, v), (_, nxt) in zip(pts, pts[1:]):
+    for (c, v), (_, nxt) in zip(pts, pts[1:], strict=False):
         gain = nxt / v - 1
         if gain < min_gain:
             best = max(x for _, x in pts)

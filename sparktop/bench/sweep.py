@@ -6,29 +6,40 @@ previous one has finished (llama-benchy's model). Every finished request is
 appended to the run's requests.jsonl at once; the engine's /metrics is read
 alongside so each level also says how full the KV cache and the queue got.
 
-Progress goes out as typed events to one callback (the CLI draws a rich
-progress display from them, the app its sweep screen); the sweep itself
-never draws anything.
+`Sweep.events()` is the sweep as an async iterator of `bench.events`
+(the CLI draws a rich progress display from them, the app its sweep
+screen); the sweep itself never draws anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from sparktop import __version__
+from sparktop.bench.events import (
+    EngineSample,
+    LevelDone,
+    LevelStarted,
+    RequestDone,
+    SweepEvent,
+    SweepFinished,
+    SweepStarted,
+)
 from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, now, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
 from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
 from sparktop.errors import SparktopError
+from sparktop.events import emitting
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -98,72 +109,75 @@ class SweepSettings:
         return d
 
 
-# -- events -------------------------------------------------------------------
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise SweepError(f"-c {text!r}: expected concurrency levels like 1,2,4,8") from None
+    if not levels or any(c < 1 for c in levels):
+        raise SweepError(f"-c {text!r}: levels must be positive integers")
+    return levels
 
 
-@dataclass
-class SweepStarted:
-    run_id: str
-    path: Path
-    model: str
-    settings: SweepSettings
-    total_requests: int
-    resumed_requests: int = 0
-
-
-@dataclass
-class LevelStarted:
-    concurrency: int
-    warmup: bool
-
-
-@dataclass
-class RequestDone:
-    record: RequestRecord
-    done: int  # recorded requests so far, whole sweep
-    total: int
-    level_done: int
-    level_total: int
-    live_tps: float | None  # aggregate decode tokens/s of the batch so far
-    eta_s: float | None
-
-
-@dataclass
-class EngineSample:
-    kv_cache_usage: float | None
-    running: float | None
-    waiting: float | None
-
-
-@dataclass
-class LevelDone:
-    stats: LevelStats
-
-
-@dataclass
-class SweepFinished:
-    status: str  # done | stopped | cancelled | failed
-    reason: str | None
-    levels: list[LevelStats]
-    path: Path
-
-
-Event = SweepStarted | LevelStarted | RequestDone | EngineSample | LevelDone | SweepFinished
+def parse_extra_body(items: list[str] | None) -> dict:
+    """`--extra-body reasoning_effort=low` (repeatable; values are JSON when
+    they parse as JSON) or one JSON object."""
+    body: dict = {}
+    for item in items or []:
+        item = item.strip()
+        if item.startswith("{"):
+            try:
+                obj = json.loads(item)
+            except ValueError as e:
+                raise SweepError(f"--extra-body {item!r}: not a JSON object ({e})") from None
+            if not isinstance(obj, dict):
+                raise SweepError(f"--extra-body {item!r}: expected a JSON object")
+            body.update(obj)
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SweepError(f"--extra-body {item!r}: expected KEY=VALUE (e.g. reasoning_effort=low) or a JSON object")
+        try:
+            body[key.strip()] = json.loads(value)
+        except ValueError:
+            body[key.strip()] = value
+    return body
 
 
 # -- the sweep ----------------------------------------------------------------
 
 
-class Sweep:
-    """`await Sweep(settings, results_root).run()` -> SweepFinished."""
+@dataclass
+class _Target:
+    """What every request of the sweep goes to, and with."""
 
-    def __init__(self, settings: SweepSettings, results_root: Path, on_event: Callable[[Event], None] | None = None,
+    session: aiohttp.ClientSession
+    url: str
+    model: str
+    prompts: PromptMaker
+    context: PromptMaker | None
+    attempt: int  # 1, or one more than the run being resumed
+
+
+@dataclass
+class _Level:
+    index: int
+    concurrency: int
+    timeout: float
+    done: int  # requests recorded at this level so far
+
+
+class Sweep:
+    """`async for event in Sweep(settings, results_root).events()`, or
+    `await Sweep(...).run()` for the SweepFinished alone."""
+
+    def __init__(self, settings: SweepSettings, results_root: Path,
                  resume: str | Path | None = None, api_key: str | None = None):
         settings.endpoint = normalize_endpoint(settings.endpoint)
         settings.validate()
         self.s = settings
         self.root = Path(results_root)
-        self.on_event = on_event or (lambda e: None)
+        self._emit: Callable[[SweepEvent], None] = lambda event: None
         self.resume = resume
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.levels: list[LevelStats] = []
@@ -176,12 +190,6 @@ class Sweep:
         # Complete batches per level: a resumed run's from disk, then this
         # session's as they finish (the level figures need no re-read).
         self._batches: dict[int, list[list[RequestRecord]]] = {}
-
-    def _emit(self, event: Event) -> None:
-        try:
-            self.on_event(event)
-        except Exception:  # noqa: BLE001 - a drawing bug must not kill a measurement
-            pass
 
     # -- server facts -----------------------------------------------------------
 
@@ -207,7 +215,7 @@ class Sweep:
                 data = await r.json(content_type=None)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise SweepError(f"{self.s.endpoint}: cannot reach the endpoint ({type(e).__name__}: {e})") from None
-        models = [m.get("id") for m in (data or {}).get("data") or [] if isinstance(m, dict)]
+        models = [str(m["id"]) for m in (data or {}).get("data") or [] if isinstance(m, dict) and m.get("id")]
         if not models:
             raise SweepError(f"{self.s.endpoint}/v1/models lists no model")
         return models[0]
@@ -298,34 +306,31 @@ class Sweep:
             eta += per * math.sqrt(nxt / c) * (self.s.runs + (1 if self.s.warmup else 0))
         return eta
 
-    async def _batch(self, session, url: str, model: str, c: int, run: int, attempt: int,
-                     prompts: PromptMaker, context: PromptMaker | None, timeout: float, record: bool,
-                     level_index: int, level_done: list[int]) -> list[RequestRecord]:
+    async def _batch(self, to: _Target, level: _Level, run: int, record: bool) -> list[RequestRecord]:
+        c = level.concurrency
         decoded = 0
         first: float | None = None
-        records: list[RequestRecord] = []
 
         # Every prompt is made before the first request leaves, so the batch
         # reaches the server together (as llama-benchy's does).
-        payloads = [self._payload(model, prompts, context) for _ in range(c)]
+        payloads = [self._payload(to.model, to.prompts, to.context) for _ in range(c)]
         batch_start = time.perf_counter()
 
         async def one(i: int) -> RequestRecord:
             nonlocal decoded, first
-            rec = RequestRecord(level=c, run=run, index=i, attempt=attempt)
-            await stream_chat(url, payloads[i], rec, timeout, self._headers)
+            rec = RequestRecord(level=c, run=run, index=i, attempt=to.attempt)
+            await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers)
             if not record:
                 return rec
-            self.writer.append(rec)
-            records.append(rec)
+            self._out.append(rec)
             self._done += 1
-            level_done[0] += 1
+            level.done += 1
             if rec.ok and rec.first_token is not None:
                 first = rec.first_token if first is None else min(first, rec.first_token)
                 decoded += rec.decode_tokens
             live = decoded / (now() - first) if first is not None and now() > first else None
-            self._emit(RequestDone(rec, self._done, self._total, level_done[0], c * self.s.runs, live,
-                                   self._eta(level_index, c, self.s.runs - run)))
+            self._emit(RequestDone(rec, self._done, self._total, level.done, c * self.s.runs, live,
+                                   self._eta(level.index, c, self.s.runs - run)))
             return rec
 
         done = await asyncio.gather(*(one(i) for i in range(c)))
@@ -334,87 +339,39 @@ class Sweep:
 
     # -- the whole sweep --------------------------------------------------------
 
+    def events(self) -> AsyncIterator[SweepEvent]:
+        """The sweep, as its events; the last is SweepFinished. Closing the
+        iterator (or cancelling its consumer) cancels the sweep: finished
+        requests stay in requests.jsonl and the run is marked cancelled."""
+        return emitting(self._sweep)
+
     async def run(self) -> SweepFinished:
+        """The sweep without watching it: its last event."""
+        finished = None
+        async for event in self.events():
+            finished = event
+        assert isinstance(finished, SweepFinished)
+        return finished
+
+    async def _sweep(self, emit: Callable[[SweepEvent], None]) -> SweepFinished:
+        self._emit = emit
         s = self.s
-        previous: Run | None = None
-        if self.resume is not None:
-            previous = load_run(self.resume)
+        previous = load_run(self.resume) if self.resume is not None else None
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=600)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-            model = await self._model(session)
-            version = (await self._get_json(session, "/version") or {}).get("version")
-            self.latency = await self._latency(session)
-            tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
-            try:
-                prompts = await calibrate(s.pp, lambda text: self._probe(session, model, text), tokenizer)
-            except ValueError as e:
-                raise SweepError(str(e)) from None
-            context = None
-            if s.depth:
-                per_word = prompts.words / max(1, s.pp - prompts.template)
-                context = PromptMaker(s.depth, max(1, round(s.depth * per_word)), 0, False)
-
-            started = time.time()
-            meta = {
-                "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
-                "recipe": s.recipe, "topology": s.topology, "nodes": s.nodes, "label": s.label,
-                "settings": s.public(), "started": started, "latency_s": self.latency,
-                "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
-                                       "exact": prompts.exact, "tokenizer": bool(tokenizer)},
-                "status": "running",
-            }
-            done_batches: dict[int, int] = {}
-            attempt = 1
-            if previous is not None:
-                run_id = previous.id
-                self._batches = previous.batches()
-                done_batches = {c: len(bs) for c, bs in self._batches.items()}
-                attempt = max((r.attempt for r in previous.records), default=0) + 1
-                self.writer = RunWriter(self.root if previous.path is None else previous.path.parent, run_id,
-                                        meta, resume=True)
-            else:
-                run_id = new_run_id(model, s.topology or s.label, started)
-                self.writer = RunWriter(self.root, run_id, meta)
-            self._total = sum(c * s.runs for c in s.levels)
-            self._done = sum(min(done_batches.get(c, 0), s.runs) * c for c in s.levels)
-            self._emit(SweepStarted(run_id, self.writer.dir, model, s, self._total, self._done))
-
-            url = s.endpoint + "/v1/chat/completions"
+            to, meta = await self._prepare(session, previous)
+            done_batches = self._open_run(to, meta, previous)
             status, reason = "done", None
             watcher = asyncio.ensure_future(self._watch_metrics(session)) if s.metrics else None
             try:
-                for li, c in enumerate(s.levels):
+                for index, c in enumerate(s.levels):
                     have = min(done_batches.get(c, 0), s.runs)
-                    if have >= s.runs:
-                        continue
-                    timeout = s.timeout or request_timeout(s.pp + s.depth, s.tg, c)
-                    self._engine = EngineWatch()
-                    level_done = [have * c]
-                    if s.warmup:
-                        self._emit(LevelStarted(c, True))
-                        await self._batch(session, url, model, c, 0, attempt, prompts, context, timeout, False,
-                                          li, level_done)
-                    self._emit(LevelStarted(c, False))
-                    errors = requests = 0
-                    for run in range(have + 1, s.runs + 1):
-                        batch = await self._batch(session, url, model, c, run, attempt, prompts, context,
-                                                  timeout, True, li, level_done)
-                        self._batches.setdefault(c, []).append(batch)
-                        errors += sum(1 for r in batch if not r.ok)
-                        requests += len(batch)
-                        if requests and errors / requests > s.max_error_rate:
-                            first = next(r.error for r in batch if r.error) if any(not r.ok for r in batch) \
-                                else "errors"
-                            reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
-                                      f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
+                    if have < s.runs:
+                        level = _Level(index, c, s.timeout or request_timeout(s.pp + s.depth, s.tg, c), have * c)
+                        reason = await self._measure(to, level, have)
+                        if reason is not None:
                             status = "stopped"
                             break
-                    self.writer.engine_level(c, self._engine)
-                    stats = self._level(c)
-                    self.levels = [lv for lv in self.levels if lv.concurrency != c] + [stats]
-                    self._emit(LevelDone(stats))
-                    if status != "done":
-                        break
             except asyncio.CancelledError:
                 status, reason = "cancelled", "cancelled by the user; finished requests are kept"
                 self._finish(status, reason)
@@ -424,13 +381,90 @@ class Sweep:
                     watcher.cancel()
             return self._finish(status, reason)
 
+    async def _prepare(self, session: aiohttp.ClientSession, previous: Run | None) -> tuple[_Target, dict]:
+        """What the server is, its latency, prompts of the right length; the run's metadata."""
+        s = self.s
+        model = await self._model(session)
+        version = (await self._get_json(session, "/version") or {}).get("version")
+        self.latency = await self._latency(session)
+        tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
+        try:
+            prompts = await calibrate(s.pp, lambda text: self._probe(session, model, text), tokenizer)
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        context = None
+        if s.depth:
+            per_word = prompts.words / max(1, s.pp - prompts.template)
+            context = PromptMaker(s.depth, max(1, round(s.depth * per_word)), 0, False)
+        attempt = max((r.attempt for r in previous.records), default=0) + 1 if previous is not None else 1
+        meta = {
+            "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
+            "recipe": s.recipe, "topology": s.topology, "nodes": s.nodes, "label": s.label,
+            "settings": s.public(), "started": time.time(), "latency_s": self.latency,
+            "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
+                                   "exact": prompts.exact, "tokenizer": bool(tokenizer)},
+            "status": "running",
+        }
+        return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, context, attempt), meta
+
+    def _open_run(self, to: _Target, meta: dict, previous: Run | None) -> dict[int, int]:
+        """Open the run's files (a new run, or the one resumed); complete batches per level."""
+        s = self.s
+        done_batches: dict[int, int] = {}
+        if previous is not None:
+            run_id = previous.id
+            self._batches = previous.batches()
+            done_batches = {c: len(bs) for c, bs in self._batches.items()}
+            self.writer = RunWriter(self.root if previous.path is None else previous.path.parent, run_id,
+                                    meta, resume=True)
+        else:
+            run_id = new_run_id(to.model, s.topology or s.label, meta["started"])
+            self.writer = RunWriter(self.root, run_id, meta)
+        self._total = sum(c * s.runs for c in s.levels)
+        self._done = sum(min(done_batches.get(c, 0), s.runs) * c for c in s.levels)
+        self._emit(SweepStarted(run_id, self.writer.dir, to.model, s, self._total, self._done))
+        return done_batches
+
+    async def _measure(self, to: _Target, level: _Level, have: int) -> str | None:
+        """One level: a warm-up, then the batches still missing. The reason it
+        stopped the sweep (too many errors), else None."""
+        s, c = self.s, level.concurrency
+        self._engine = EngineWatch()
+        if s.warmup:
+            self._emit(LevelStarted(c, True))
+            await self._batch(to, level, 0, record=False)
+        self._emit(LevelStarted(c, False))
+        errors = requests = 0
+        reason = None
+        for run in range(have + 1, s.runs + 1):
+            batch = await self._batch(to, level, run, record=True)
+            self._batches.setdefault(c, []).append(batch)
+            errors += sum(1 for r in batch if not r.ok)
+            requests += len(batch)
+            if requests and errors / requests > s.max_error_rate:
+                first = next((r.error for r in batch if r.error), None) or "errors"
+                reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
+                          f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
+                break
+        self._out.engine_level(c, self._engine)
+        stats = self._level(c)
+        self.levels = [lv for lv in self.levels if lv.concurrency != c] + [stats]
+        self._emit(LevelDone(stats))
+        return reason
+
     def _level(self, c: int) -> LevelStats:
         return level_stats(c, self._batches.get(c, []), self.latency, self.s.pp + self.s.depth, self._engine)
 
+    @property
+    def _out(self) -> RunWriter:
+        """The run's files, open from the start of the sweep on."""
+        assert self.writer is not None, "the sweep has not started"
+        return self.writer
+
     def _finish(self, status: str, reason: str | None) -> SweepFinished:
-        self.writer.close(status, reason)
-        run = load_run(self.writer.dir)
+        self._out.close(status, reason)
+        run = load_run(self._out.dir)
         levels = run.levels()
-        event = SweepFinished(status, reason, levels, self.writer.dir)
+        event = SweepFinished(status, reason, levels, self._out.dir)
         self._emit(event)
         return event

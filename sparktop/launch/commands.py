@@ -8,34 +8,27 @@ non-zero after everything started has been removed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from sparktop.bench.commands import parse_levels
-from sparktop.bench.compare import fmt
-from sparktop.errors import SparktopError
-from sparktop.launch.executor import (
-    DEFAULT_TIMEOUT,
-    Executor,
-    Failed,
-    LaunchFailed,
-    LogLine,
-    Ready,
-    Stage,
-    StepDone,
-    StepStarted,
-    TornDown,
-)
+from sparktop.bench.sweep import parse_levels
+from sparktop.errors import ConfigError, SparktopError
+from sparktop.launch.catalog import discover, find_recipe
+from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
+from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
 from sparktop.launch.preflight import run_preflight
-from sparktop.launch.recipe import Recipe, discover, find_recipe
+from sparktop.launch.recipe import Recipe
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.model.cards import ModelCard
 from sparktop.model.simulate import TOPOLOGIES
 from sparktop.remote import transport_for
 from sparktop.settings import Inventory
+from sparktop.units import fmt
 
 
 def parse_sets(items: list[str] | None) -> dict:
@@ -117,26 +110,27 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
             await t.close()
 
 
-def print_event(event, plan, console: Console) -> None:
-    if isinstance(event, StepStarted):
-        console.print(f"[dim]{event.index + 1}/{len(plan.steps)}[/] {event.step.title} …", highlight=False)
-    elif isinstance(event, StepDone):
-        console.print(f"[green]✓[/] {event.step.title} [dim]({event.seconds:.1f}s)[/]", highlight=False)
-    elif isinstance(event, Stage):
-        console.print(f"    [cyan]{event.node}[/] {event.stage}", highlight=False)
-    elif isinstance(event, LogLine):
-        pass  # the stage lines say enough on a terminal; the app shows the log tail
-    elif isinstance(event, Failed):
-        console.print(f"[bold red]launch failed:[/] {event.reason}", highlight=False)
-        for line in event.lines:
-            console.print(f"    [dim]{line}[/]", highlight=False, markup=False)
-    elif isinstance(event, TornDown):
-        console.print(f"removed {event.removed} container(s) of {event.launch_id} on {', '.join(event.nodes)}")
-    elif isinstance(event, Ready):
-        console.print(f"[bold green]ready[/] in {event.seconds:.0f}s:")
-        for e in plan.endpoints:
-            key = f"  (key: {e.api_key_env} in sparktop's state)" if e.api_key_env else ""
-            console.print(f"  {e.url}/v1  {e.kind} {e.model}{key}", highlight=False)
+def print_event(event: LaunchEvent, plan, console: Console) -> None:
+    match event:
+        case StepStarted(index=index, step=step):
+            console.print(f"[dim]{index + 1}/{len(plan.steps)}[/] {step.title} …", highlight=False)
+        case StepDone(step=step, seconds=seconds):
+            console.print(f"[green]✓[/] {step.title} [dim]({seconds:.1f}s)[/]", highlight=False)
+        case Stage(node=node, stage=stage):
+            console.print(f"    [cyan]{node}[/] {stage}", highlight=False)
+        case LogLine():
+            pass  # the stage lines say enough on a terminal; the app shows the log tail
+        case Failed(reason=reason, lines=lines):
+            console.print(f"[bold red]launch failed:[/] {reason}", highlight=False)
+            for line in lines:
+                console.print(f"    [dim]{line}[/]", highlight=False, markup=False)
+        case TornDown(launch_id=lid, nodes=nodes, removed=removed):
+            console.print(f"removed {removed} container(s) of {lid} on {', '.join(nodes)}")
+        case Ready(seconds=seconds):
+            console.print(f"[bold green]ready[/] in {seconds:.0f}s:")
+            for e in plan.endpoints:
+                key = f"  (key: {e.api_key_env} in sparktop's state)" if e.api_key_env else ""
+                console.print(f"  {e.url}/v1  {e.kind} {e.model}{key}", highlight=False)
 
 
 def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] | None = None,
@@ -177,17 +171,26 @@ def cmd_stop(inventory: Inventory, launch_id: str | None, everything: bool) -> i
     return asyncio.run(_stop(inventory, launch_id, everything, Console()))
 
 
-def cmd_predict(args) -> int:
-    from sparktop.model.cards import find_card
-    from sparktop.model.hardware import GB10
-    from sparktop.model.predict import crossover_lines, recommend, rows_for, uncertainty
+def _predict_subject(args) -> tuple[Recipe | None, ModelCard]:
+    """What `predict` was given: a recipe (its card), a card's name, or a config.json."""
+    from sparktop.model.cards import UnknownModel, find_card
     from sparktop.model.quant import Quantization
-    from sparktop.model.serving import Serving
-    from sparktop.settings import load_inventory
 
     if bool(args.recipe) == bool(args.model):
         raise SparktopError("predict: give a RECIPE or --model CARD (one of them)")
-    recipe = find_recipe(args.recipe, args.recipes) if args.recipe else None
+    if args.recipe and args.recipe.endswith(".json"):
+        args.model, args.recipe = args.recipe, None  # a model's config.json, not a recipe
+    recipe = None
+    if args.recipe:
+        try:
+            recipe = find_recipe(args.recipe, args.recipes)
+        except ConfigError:
+            try:  # a model card's name works as well as a recipe's
+                find_card(args.recipe)
+            except UnknownModel:
+                raise SparktopError(f"predict: {args.recipe!r} is neither a recipe nor a model card "
+                                    "(see `sparktop recipes` and `sparktop twin cards`)") from None
+            args.model = args.recipe
     if recipe is not None:
         card = recipe.twin_card()
         if card is None:
@@ -196,12 +199,14 @@ def cmd_predict(args) -> int:
     else:
         card = find_card(args.model)
     if getattr(args, "quant", None):
-        import dataclasses
-
         card = dataclasses.replace(card, quant=Quantization.of(args.quant), measured_weights_gib=None)
-    overrides = parse_sets(getattr(args, "set", None))
-    inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
-    nodes = len(inventory.nodes)
+    return recipe, card
+
+
+def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int) -> tuple[list[str], str | None]:
+    """The topologies to predict, and a note on why, when it is not obvious."""
+    from sparktop.model.hardware import GB10
+
     note = None
     if args.topology == "all":
         topologies = [t for t in TOPOLOGIES if recipe is None or t in recipe.allowed_topologies(2)]
@@ -220,11 +225,21 @@ def cmd_predict(args) -> int:
         elif nodes < 2:
             note = "this inventory has one node; --topology all adds the two-node topologies"
     if not topologies:
-        raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s); try --topology all")
-    if recipe is not None:
-        serving = lambda t: recipe.serving(t, overrides)  # noqa: E731
-    else:
-        serving = Serving.from_flags(overrides)
+        raise SparktopError(f"{recipe.id if recipe else card.name}: no topology fits {nodes} node(s); "
+                            "try --topology all")
+    return topologies, note
+
+
+def cmd_predict(args) -> int:
+    from sparktop.model.predict import crossover_lines, recommend, rows_for, uncertainty
+    from sparktop.model.serving import Serving
+    from sparktop.settings import load_inventory
+
+    recipe, card = _predict_subject(args)
+    overrides = parse_sets(getattr(args, "set", None))
+    inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
+    topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
+    serving = (lambda t: recipe.serving(t, overrides)) if recipe is not None else Serving.from_flags(overrides)
     rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving)
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
@@ -234,17 +249,7 @@ def cmd_predict(args) -> int:
                           "uncertainty": unsure}, indent=2))
         return 0
     console = Console()
-    table = Table(title=f"{card.name} · {card.quant.describe()} · pp{args.pp} tg{args.tg} · predicted", box=None,
-                  header_style="bold", title_justify="left")
-    for col in ("topology", "c", "decode t/s", "per req", "prefill t/s", "TTFT", "e2e t/s", "wall", "KV", "fits"):
-        table.add_column(col, justify="left" if col == "topology" else "right")
-    for i, r in enumerate(rows):
-        fits = "yes" if r.fits else "[red]KV full: preempts[/]"
-        table.add_row(r.topology, f"c{r.concurrency}", fmt(r.decode_tps), fmt(r.per_request_tps),
-                      fmt(r.prefill_tps), fmt(r.ttft_ms, "ms"), fmt(r.e2e_tps_total),
-                      f"{r.wall_s_mean:.1f} s" if r.wall_s_mean else "—", f"{r.kv_cache_usage:.0%}", fits,
-                      end_section=i + 1 < len(rows) and rows[i + 1].topology != r.topology)
-    console.print(table)
+    console.print(_prediction_table(card, rows, args.pp, args.tg))
     for rec in recs:
         margin = f" (+{rec['margin']:.0%} over the next)" if rec["margin"] and rec["metric"] != "ttft_ms" else \
             (f" ({-rec['margin']:.0%} lower than the next)" if rec["margin"] else "")
@@ -256,3 +261,19 @@ def cmd_predict(args) -> int:
         console.print(f"[dim]{note}[/]")
     console.print(f"[dim]{unsure}[/]")
     return 0
+
+
+def _prediction_table(card: ModelCard, rows: list, pp: int, tg: int) -> Table:
+    table = Table(title=f"{card.name} · {card.quant_text()} · pp{pp} tg{tg} · predicted", box=None,
+                  header_style="bold", title_justify="left")
+    for col in ("topology", "c", "decode t/s", "per req", "prefill t/s", "TTFT", "e2e t/s", "wall", "KV", "fits"):
+        # The topology never wraps or shortens: "cluster…" could be either cluster.
+        table.add_column(col, justify="left" if col == "topology" else "right", no_wrap=col == "topology",
+                         min_width=11 if col == "topology" else None)
+    for i, r in enumerate(rows):
+        fits = "yes" if r.fits else "[red]KV full: preempts[/]"
+        table.add_row(r.topology, f"c{r.concurrency}", fmt(r.decode_tps), fmt(r.per_request_tps),
+                      fmt(r.prefill_tps), fmt(r.ttft_ms, "ms"), fmt(r.e2e_tps_total),
+                      f"{r.wall_s_mean:.1f} s" if r.wall_s_mean else "—", f"{r.kv_cache_usage:.0%}", fits,
+                      end_section=i + 1 < len(rows) and rows[i + 1].topology != r.topology)
+    return table

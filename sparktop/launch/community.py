@@ -20,10 +20,11 @@ A user points `--recipes` at their existing folder and sees their recipes.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sparktop.errors import ConfigError
 from sparktop.launch.recipe import RESERVED_FLAGS, SECRET_NAMES, Recipe
@@ -50,10 +51,6 @@ def parse_community(doc: dict, path: Path) -> Recipe | None:
         return _sparkrun_v2(doc, path)
     raise ConfigError(str(path), line_of(doc, "recipe_version"), "recipe_version",
                       f"unknown recipe_version {version!r} (sparktop reads eugr's \"1\" and sparkrun's 2)")
-
-
-def _value(v: Any) -> Any:
-    return v
 
 
 def split_vllm_command(argv: list[str]) -> tuple[str | None, dict[str, Any], list[str]]:
@@ -130,14 +127,16 @@ def _eugr_v1(doc: dict, path: Path) -> Recipe:
     template = str(doc["command"])
     for match in _PLACEHOLDER.finditer(template):
         if match.group(1) not in defaults:
-            line = line_of(doc, "command") + template[: match.start()].count("\n") + 1
+            start = line_of(doc, "command")
+            line = start + template[: match.start()].count("\n") + 1 if start is not None else None
             raise ConfigError(str(path), line, f"command.{{{match.group(1)}}}",
                               f"placeholder has no value in defaults (known: {', '.join(defaults) or 'none'})")
     command = _PLACEHOLDER.sub(lambda m: str(defaults[m.group(1)]), template)
     try:
         argv = shlex.split(command.replace("\\\n", " "))
     except ValueError as exc:
-        raise ConfigError(str(path), line_of(doc, "command"), "command", f"cannot be split into arguments: {exc}")
+        raise ConfigError(str(path), line_of(doc, "command"), "command",
+                          f"cannot be split into arguments: {exc}") from None
     model, flags, extra = split_vllm_command(argv)
     model = model or doc.get("model")
     if not model:
@@ -160,9 +159,9 @@ def _eugr_v1(doc: dict, path: Path) -> Recipe:
         recipe.min_nodes = 2
     if "port" in defaults:
         try:
-            recipe.port = int(defaults["port"])
+            recipe.port = int(cast(Any, defaults["port"]))  # a bad value raises, and is reported, below
         except (TypeError, ValueError):
-            raise ConfigError(str(path), line_of(defaults, "port"), "defaults.port", "must be a port number")
+            raise ConfigError(str(path), line_of(defaults, "port"), "defaults.port", "must be a port number") from None
     if served := flags.pop("served_model_name", None):
         recipe.served_model_name = str(served)
     return recipe
@@ -202,7 +201,8 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
         template = str(doc["command"])
         for match in _PLACEHOLDER.finditer(template):
             if match.group(1) not in values:
-                line = line_of(doc, "command") + template[: match.start()].count("\n") + 1
+                start = line_of(doc, "command")
+                line = start + template[: match.start()].count("\n") + 1 if start is not None else None
                 raise ConfigError(str(path), line, f"command.{{{match.group(1)}}}",
                                   f"placeholder has no value in defaults (known: {', '.join(values)})")
         command = template
@@ -211,7 +211,7 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
         try:
             argv = shlex.split(command.replace("\\\n", " "))
         except ValueError as exc:
-            raise ConfigError(str(path), line_of(doc, "command"), "command", f"cannot be split: {exc}")
+            raise ConfigError(str(path), line_of(doc, "command"), "command", f"cannot be split: {exc}") from None
         model, flags, extra = split_vllm_command(argv)
     else:
         model = doc["model"]
@@ -246,14 +246,12 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
     recipe.solo_only = bool(doc.get("solo_only")) or mode == "solo" or recipe.max_nodes == 1
     recipe.cluster_only = bool(doc.get("cluster_only")) or mode == "cluster" or recipe.min_nodes > 1
     if recipe.cluster_only:
-        recipe.min_nodes = max(2, recipe.min_nodes, int(tp) if str(tp or "").isdigit() else 2)
+        recipe.min_nodes = max(2, recipe.min_nodes, int(str(tp)) if str(tp or "").isdigit() else 2)
     if "port" in defaults:
         recipe.port = int(defaults["port"])
     recipe.params_b = _params_b(metadata.get("model_params"))
     recipe.bits = _DTYPE_BITS.get(str(metadata.get("model_dtype") or "").lower())
     if metadata.get("model_vram"):
-        try:
+        with contextlib.suppress(ValueError):
             recipe.weights_gib = float(str(metadata["model_vram"]).lower().removesuffix("gib").removesuffix("gb"))
-        except ValueError:
-            pass
     return recipe

@@ -1,8 +1,8 @@
 """Running a plan, watching it start, and tearing it down.
 
-`Executor.run()` is an async iterator of plain events (StepStarted,
-StepDone, LogLine, Stage, Ready, Failed, TornDown) that the CLI prints and
-the app turns into messages. Steps run in order; each waits for what it
+`Executor.run()` is an async iterator of `launch.events.LaunchEvent`
+(StepStarted, StepDone, LogLine, Stage, Ready, Failed, TornDown) that the
+CLI prints and the app turns into messages. Steps run in order; each waits for what it
 declares (a container running, Ray members, the API answering /health with
 the model listed in /v1/models). While waiting, every container the plan
 started is watched: one that exits fails the launch at once, with the lines
@@ -14,16 +14,18 @@ reports it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets as pysecrets
 import shlex
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
+from sparktop.events import emitting
+from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.plan import Home, Plan, Step
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import ROUTER_KEY_ENV
@@ -31,52 +33,6 @@ from sparktop.observe.vllm_log import startup_state, strip_prefix
 from sparktop.remote import Transport, TransportError
 
 DEFAULT_TIMEOUT = 30 * 60.0  # a 120B model takes ~15 minutes to load on a Spark; leave room
-
-
-@dataclass
-class StepStarted:
-    index: int
-    step: Step
-
-
-@dataclass
-class StepDone:
-    index: int
-    step: Step
-    seconds: float
-
-
-@dataclass
-class LogLine:
-    node: str
-    container: str
-    line: str
-
-
-@dataclass
-class Stage:
-    node: str
-    container: str
-    stage: str
-
-
-@dataclass
-class Ready:
-    plan: Plan
-    seconds: float
-
-
-@dataclass
-class Failed:
-    reason: str
-    lines: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TornDown:
-    launch_id: str
-    nodes: list[str]
-    removed: int
 
 
 class LaunchFailed(Exception):
@@ -104,7 +60,7 @@ class Executor:
         self.timeout = timeout
         self.poll = poll
         self.router_key = pysecrets.token_urlsafe(24) if ROUTER_KEY_ENV in plan.secrets else None
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._emit: Callable[[LaunchEvent], None] = lambda event: None
         self._logs: dict[str, deque] = {}
         self._stages: dict[str, str] = {}
         self._followers: list[asyncio.Task] = []
@@ -125,24 +81,11 @@ class Executor:
 
     # -- running ---------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[object]:
-        runner = asyncio.create_task(self._run())
-        while True:
-            getter = asyncio.create_task(self._events.get())
-            done, _ = await asyncio.wait({getter, runner}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                yield getter.result()
-                continue
-            getter.cancel()
-            while not self._events.empty():
-                yield self._events.get_nowait()
-            exc = runner.exception()
-            if exc is not None:
-                raise exc
-            return
-
-    def _emit(self, event) -> None:
-        self._events.put_nowait(event)
+    def run(self) -> AsyncIterator[LaunchEvent]:
+        """The launch, as its events. Ends after Ready, or raises LaunchFailed
+        after Failed and TornDown; closing the iterator early (or cancelling
+        its consumer) cancels the launch, which removes what it started."""
+        return emitting(self._run)
 
     def _record(self) -> LaunchRecord:
         return LaunchRecord(
@@ -152,7 +95,8 @@ class Executor:
                         "container": e.container, "api_key_env": e.api_key_env} for e in self.plan.endpoints],
         )
 
-    async def _run(self) -> None:
+    async def _run(self, emit: Callable[[LaunchEvent], None]) -> None:
+        self._emit = emit
         if self.state is not None:
             self.state.save(self._record())
             if self.router_key:
@@ -164,7 +108,7 @@ class Executor:
                 await self._do(step)
                 await self._wait(step)
                 self._emit(StepDone(index, step, time.monotonic() - began))
-        except (LaunchFailed, TransportError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, LaunchFailed, TransportError) as exc:
             reason = exc.reason if isinstance(exc, LaunchFailed) else str(exc) or "timed out"
             lines = exc.lines if isinstance(exc, LaunchFailed) else []
             self._emit(Failed(reason, lines))
@@ -222,18 +166,19 @@ class Executor:
 
     async def _satisfied(self, step: Step, http: aiohttp.ClientSession) -> bool:
         wait = step.wait
+        container = wait.container or ""  # running and ray-nodes waits always name one
         if wait.kind == "running":
-            return await self._running(step.node, wait.container)
+            return await self._running(step.node, container)
         if wait.kind == "ray-nodes":
-            head = next(n for n, cs in self.plan.containers.items() if wait.container in cs)
-            r = await self.transports[head].run(["docker", "exec", wait.container, "ray", "status"], timeout=30)
-            return r.ok and r.stdout.count(" node_") >= wait.count
+            head = next(n for n, cs in self.plan.containers.items() if container in cs)
+            ray = await self.transports[head].run(["docker", "exec", container, "ray", "status"], timeout=30)
+            return ray.ok and ray.stdout.count(" node_") >= wait.count
         if wait.kind == "http":
             headers = {}
             if wait.api_key_env:
                 headers["Authorization"] = f"Bearer {self._secret(wait.api_key_env)}"
             try:
-                base = wait.url
+                base = wait.url or ""
                 if await self._reachable(http, base + "/health", headers):
                     async with http.get(base + "/v1/models", headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
@@ -241,7 +186,7 @@ class Executor:
                             data = await r.json()
                             names = [m.get("id") for m in data.get("data", [])]
                             return wait.model in names
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            except (TimeoutError, aiohttp.ClientError, ValueError):
                 pass
             return False
         return True
@@ -251,14 +196,14 @@ class Executor:
             async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=3)) as r:
                 if r.status == 200:
                     return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass
         if url.endswith("/health"):  # LiteLLM answers readiness here
             try:
                 async with http.get(url + "/liveliness", headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=3)) as r:
                     return r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 return False
         return False
 
@@ -292,9 +237,9 @@ class Executor:
         r = await self.transports[node].run(["docker", "logs", "--tail", "200", container], timeout=30)
         lines = (r.stdout + r.stderr).splitlines() or list(self._logs.get(container, []))
         state = startup_state(lines)
-        why = state.reason or next((strip_prefix(l) for l in reversed(lines) if "error" in l.lower()), None)
+        why = state.reason or next((strip_prefix(line) for line in reversed(lines) if "error" in line.lower()), None)
         reason = f"{node}: {container} exited with code {code}" + (f": {why}" if why else "")
-        return LaunchFailed(reason, [strip_prefix(l) for l in lines if l.strip()][-12:])
+        return LaunchFailed(reason, [strip_prefix(line) for line in lines if line.strip()][-12:])
 
     # -- logs ------------------------------------------------------------------
 
@@ -339,10 +284,8 @@ async def teardown(launch_id: str, nodes: list[str], transports: dict[str, Trans
     results = await asyncio.gather(*(transports[n].run(teardown_command(launch_id, state_dir), timeout=120)
                                      for n in nodes), return_exceptions=True)
     for result in results:
-        if isinstance(result, Exception):
+        if isinstance(result, BaseException):
             continue
-        try:
+        with contextlib.suppress(ValueError, IndexError):
             removed += int(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            pass
     return removed

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Union
 
 
 class Home(str):
@@ -24,7 +23,7 @@ class Home(str):
         return '"$HOME"/' + shlex.quote(rest)
 
 
-Arg = Union[str, Home]
+Arg = str | Home
 
 
 def render(argv: list[Arg]) -> str:
@@ -113,7 +112,8 @@ class Plan:
             if step.wait.kind == "running":
                 lines.append(f"#    then wait until container {step.wait.container} is running")
             elif step.wait.kind == "ray-nodes":
-                lines.append(f"#    then wait until `ray status` in {step.wait.container} shows {step.wait.count} nodes")
+                lines.append(f"#    then wait until `ray status` in {step.wait.container} shows "
+                             f"{step.wait.count} nodes")
             elif step.wait.kind == "http":
                 lines.append(f"#    then wait for {step.wait.url}/health and {step.wait.model!r} in /v1/models")
         lines.append("\n# endpoints:")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
@@ -87,128 +87,162 @@ def port_taken(listeners: list[tuple[str, int]], port: int, addresses: set[str])
     return False
 
 
-async def _run(t: Transport, cmd, timeout: float = 20.0):
-    return await t.run(cmd, timeout=timeout)
+@dataclass(frozen=True)
+class Want:
+    """What the plan asks of every node."""
+
+    recipe: Recipe
+    image: str
+    util: float  # gpu_memory_utilization
+    max_model_len: int | None
+    hf_cache: str
+    cluster: bool
+    weights_per_node: float | None  # GiB
+    kv_per_node_token: float | None  # bytes
+    seq_state_gib: float | None
 
 
-async def check_node(node: Node, t: Transport, recipe: Recipe, image: str, util: float,
-                     max_model_len: int | None, hf_cache: str, ports: list[int], cluster: bool,
-                     weights_per_node: float | None, kv_per_node_token: float | None,
-                     seq_state_gib: float | None) -> list[Check]:
-    checks: list[Check] = []
-    name = node.name
+@dataclass
+class NodeChecks:
+    """One node's checks as they are made: where, what is wanted, what was found."""
+
+    node: Node
+    transport: Transport
+    want: Want
+    ports: list[int]
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, status: str, message: str) -> None:
+        self.checks.append(Check(name, self.node.name, status, message))
+
+    async def run(self, cmd, timeout: float = 20.0):
+        return await self.transport.run(cmd, timeout=timeout)
+
+
+async def check_node(node: Node, transport: Transport, want: Want, ports: list[int]) -> list[Check]:
+    on = NodeChecks(node, transport, want, ports)
     try:
-        await _run(t, "true", timeout=15)
+        await on.run("true", timeout=15)
     except TransportError as exc:
-        return [Check("reachable", name, "fail", exc.message)]
-    checks.append(Check("reachable", name, "pass", "answers"))
+        return [Check("reachable", node.name, "fail", exc.message)]
+    on.add("reachable", "pass", "answers")
+    for check in (_memory, _image, _weights, _ports, _fabric, _already_running):
+        await check(on)
+    return on.checks
 
-    # Memory: what vLLM will take against what the node can give.
-    r = await _run(t, 'cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo"')
+
+async def _memory(on: NodeChecks) -> None:
+    """What vLLM will take against what the node can give, and whether the model fits in it."""
+    w = on.want
+    r = await on.run('cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo"')
     try:
         mem = parse_meminfo(r.stdout)
     except ValueError:
-        checks.append(Check("memory", name, "warn", "cannot read /proc/meminfo"))
-        mem = None
-    if mem is not None:
-        total = mem.total / GIB
-        want = util * total
-        left = mem.available / GIB - want
-        share = f"gpu_memory_utilization {util:g} x {total:.1f} GiB = {want:.1f} GiB"
-        if left < HEADROOM_FAIL:
-            checks.append(Check("memory", name, "fail", f"{share}, but only {mem.available / GIB:.1f} GiB is "
-                                                        "available: lower gpu_memory_utilization or stop what holds "
-                                                        "memory"))
-        elif left < HEADROOM_WARN:
-            checks.append(Check("memory", name, "warn", f"{share} leaves {left:.1f} GiB free: a GB10 freezes when "
-                                                        "memory runs out"))
+        on.add("memory", "warn", "cannot read /proc/meminfo")
+        return
+    total = mem.total / GIB
+    want = w.util * total
+    left = mem.available / GIB - want
+    share = f"gpu_memory_utilization {w.util:g} x {total:.1f} GiB = {want:.1f} GiB"
+    if left < HEADROOM_FAIL:
+        on.add("memory", "fail", f"{share}, but only {mem.available / GIB:.1f} GiB is available: lower "
+                                 "gpu_memory_utilization or stop what holds memory")
+    elif left < HEADROOM_WARN:
+        on.add("memory", "warn", f"{share} leaves {left:.1f} GiB free: a GB10 freezes when memory runs out")
+    else:
+        on.add("memory", "pass", f"{share}; {left:.1f} GiB stays free")
+    if w.weights_per_node is None:
+        return
+    kv = want - w.weights_per_node - 2.5
+    if kv <= 0:
+        on.add("fit", "fail", f"weights ({w.weights_per_node:.1f} GiB on this node) do not fit in the {want:.1f} "
+                              "GiB share: raise gpu_memory_utilization or use two nodes")
+    elif w.kv_per_node_token and w.max_model_len:
+        state = w.seq_state_gib or 0
+        need = (w.max_model_len * w.kv_per_node_token) / GIB + state
+        if need > kv:
+            fits = int(max(0.0, kv - state) * GIB / w.kv_per_node_token)
+            on.add("fit", "fail", f"one {w.max_model_len}-token request needs {need:.1f} GiB of KV cache, "
+                                  f"{kv:.1f} GiB is left: lower max_model_len (to about {fits}) or raise "
+                                  "gpu_memory_utilization")
         else:
-            checks.append(Check("memory", name, "pass", f"{share}; {left:.1f} GiB stays free"))
-        if weights_per_node is not None:
-            kv = want - weights_per_node - 2.5
-            if kv <= 0:
-                checks.append(Check("fit", name, "fail", f"weights ({weights_per_node:.1f} GiB on this node) do not "
-                                                         f"fit in the {want:.1f} GiB share: raise "
-                                                         "gpu_memory_utilization or use two nodes"))
-            elif kv_per_node_token and max_model_len:
-                need = (max_model_len * kv_per_node_token) / GIB + (seq_state_gib or 0)
-                if need > kv:
-                    fits = int(max(0.0, kv - (seq_state_gib or 0)) * GIB / kv_per_node_token)
-                    checks.append(Check("fit", name, "fail", f"one {max_model_len}-token request needs {need:.1f} GiB "
-                                                             f"of KV cache, {kv:.1f} GiB is left: lower max_model_len"
-                                                             f" (to about {fits}) or raise gpu_memory_utilization"))
-                else:
-                    checks.append(Check("fit", name, "pass", f"weights {weights_per_node:.1f} GiB, KV cache "
-                                                             f"{kv:.1f} GiB ({int(kv * GIB / kv_per_node_token):,} "
-                                                             "tokens)"))
-            else:
-                checks.append(Check("fit", name, "pass", f"weights {weights_per_node:.1f} GiB, KV cache ~{kv:.1f} GiB"))
+            on.add("fit", "pass", f"weights {w.weights_per_node:.1f} GiB, KV cache {kv:.1f} GiB "
+                                  f"({int(kv * GIB / w.kv_per_node_token):,} tokens)")
+    else:
+        on.add("fit", "pass", f"weights {w.weights_per_node:.1f} GiB, KV cache ~{kv:.1f} GiB")
 
-    # The image, by ID (compared across nodes by the caller).
-    r = await _run(t, ["docker", "image", "inspect", "--format", "{{.Id}}", image])
+
+async def _image(on: NodeChecks) -> None:
+    """The image, by ID (compared across nodes by the caller)."""
+    image = on.want.image
+    r = await on.run(["docker", "image", "inspect", "--format", "{{.Id}}", image])
     if r.ok and r.stdout.strip():
-        checks.append(Check("image", name, "pass", f"{image} {r.stdout.strip()[:19]}"))
+        on.add("image", "pass", f"{image} {r.stdout.strip()[:19]}")
     elif "command not found" in r.stderr or r.exit_status == 127:
-        checks.append(Check("image", name, "fail", "docker is not installed"))
+        on.add("image", "fail", "docker is not installed")
     else:
-        checks.append(Check("image", name, "fail", f"{image} is not on this node: docker pull {image} (or copy "
-                                                   f"it: docker save {image} | ssh {node.host} docker load)"))
+        on.add("image", "fail", f"{image} is not on this node: docker pull {image} (or copy it: docker save "
+                                f"{image} | ssh {on.node.host} docker load)")
 
-    # Weights in the HF cache.
-    cache = Home(f"{hf_cache}/hub/{hf_dir(recipe.model)}") if hf_cache.startswith("~/") else \
-        f"{hf_cache}/hub/{hf_dir(recipe.model)}"
-    test = f"test -d {cache.render() if isinstance(cache, Home) else shlex.quote(cache)}/snapshots"
-    r = await _run(t, test)
+
+async def _weights(on: NodeChecks) -> None:
+    """The weights in the Hugging Face cache."""
+    model, hf_cache = on.want.recipe.model, on.want.hf_cache
+    where = f"{hf_cache}/hub/{hf_dir(model)}"
+    cache = Home(where).render() if hf_cache.startswith("~/") else shlex.quote(where)
+    r = await on.run(f"test -d {cache}/snapshots")
     if r.ok:
-        checks.append(Check("weights", name, "pass", f"{recipe.model} is in {hf_cache}"))
+        on.add("weights", "pass", f"{model} is in {hf_cache}")
     else:
-        size = f"~{weights_per_node:.0f} GiB" if weights_per_node else "the weights"
-        checks.append(Check("weights", name, "warn", f"{recipe.model} is not in {hf_cache}: vLLM will download "
-                                                     f"{size} at startup (or run `hf download {recipe.model}` "
-                                                     "there first)"))
+        size = f"~{on.want.weights_per_node:.0f} GiB" if on.want.weights_per_node else "the weights"
+        on.add("weights", "warn", f"{model} is not in {hf_cache}: vLLM will download {size} at startup (or run "
+                                  f"`hf download {model}` there first)")
 
-    # Ports on the address the engines bind.
-    r = await _run(t, "ss -Hltn 2>/dev/null || netstat -ltn 2>/dev/null")
+
+async def _ports(on: NodeChecks) -> None:
+    """The ports the engines listen on, on the address they bind."""
+    r = await on.run("ss -Hltn 2>/dev/null || netstat -ltn 2>/dev/null")
     listeners = _listeners(r.stdout)
-    addresses = {node.bind, node.address}
-    busy = [p for p in ports if port_taken(listeners, p, addresses)]
+    busy = [p for p in on.ports if port_taken(listeners, p, {on.node.bind, on.node.address})]
     if busy:
-        checks.append(Check("ports", name, "fail", f"port{'s' if len(busy) > 1 else ''} "
-                                                   f"{', '.join(map(str, busy))} already in use on {node.bind}"))
+        on.add("ports", "fail", f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use "
+                                f"on {on.node.bind}")
     elif r.stdout.strip() or r.ok:
-        checks.append(Check("ports", name, "pass", f"{', '.join(map(str, ports))} free"))
+        on.add("ports", "pass", f"{', '.join(map(str, on.ports))} free")
     else:
-        checks.append(Check("ports", name, "warn", "cannot list listening ports (no ss or netstat)"))
+        on.add("ports", "warn", "cannot list listening ports (no ss or netstat)")
 
-    # The fabric interface, for cluster topologies.
-    if cluster:
-        if not node.eth_if:
-            checks.append(Check("fabric", name, "warn", "no eth_if in the inventory: NCCL and Gloo will pick an "
-                                                        "interface themselves"))
-        else:
-            iface = shlex.quote(node.eth_if)
-            r = await _run(t, f'cat "${{SPARKTOP_SYS_ROOT:-/sys}}"/class/net/{iface}/operstate')
-            state = r.stdout.strip()
-            if not r.ok:
-                checks.append(Check("fabric", name, "fail", f"interface {node.eth_if} does not exist here (check "
-                                                            "eth_if in the inventory)"))
-            elif state in ("up", "unknown"):
-                checks.append(Check("fabric", name, "pass", f"{node.eth_if} is {state}"))
-            else:
-                checks.append(Check("fabric", name, "fail", f"{node.eth_if} is {state}: is the QSFP cable in?"))
 
-    # What sparktop already runs there.
-    r = await _run(t, ["docker", "ps", "--filter", "label=sparktop.launch",
-                       "--format", '{{.Label "sparktop.launch"}} {{.Names}}'])
+async def _fabric(on: NodeChecks) -> None:
+    """The fabric interface, for cluster topologies."""
+    if not on.want.cluster:
+        return
+    eth = on.node.eth_if
+    if not eth:
+        on.add("fabric", "warn", "no eth_if in the inventory: NCCL and Gloo will pick an interface themselves")
+        return
+    r = await on.run(f'cat "${{SPARKTOP_SYS_ROOT:-/sys}}"/class/net/{shlex.quote(eth)}/operstate')
+    state = r.stdout.strip()
+    if not r.ok:
+        on.add("fabric", "fail", f"interface {eth} does not exist here (check eth_if in the inventory)")
+    elif state in ("up", "unknown"):
+        on.add("fabric", "pass", f"{eth} is {state}")
+    else:
+        on.add("fabric", "fail", f"{eth} is {state}: is the QSFP cable in?")
+
+
+async def _already_running(on: NodeChecks) -> None:
+    """What sparktop already runs there."""
+    r = await on.run(["docker", "ps", "--filter", "label=sparktop.launch",
+                      "--format", '{{.Label "sparktop.launch"}} {{.Names}}'])
     running = sorted({line.split()[0] for line in r.stdout.splitlines() if line.strip()})
     if running:
-        checks.append(Check("running", name, "warn", f"already running: {', '.join(running)} — stop with "
-                                                     f"`sparktop stop {running[0]}`, or run next to it if ports and "
-                                                     "memory allow"))
-    return checks
+        on.add("running", "warn", f"already running: {', '.join(running)} — stop with `sparktop stop "
+                                  f"{running[0]}`, or run next to it if ports and memory allow")
 
 
-async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory, transports: dict[str, Transport]) -> Preflight:
+async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
+                        transports: dict[str, Transport]) -> Preflight:
     from sparktop.model.perf import PerfModel
 
     vllm, image = plan.vllm, plan.image or inventory.defaults.image
@@ -227,6 +261,8 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory, transp
         seq_state = model.seq_state_bytes / GIB
         if max_model_len is None:
             max_model_len = card.max_model_len
+    want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
+                kv_token, seq_state)
     head = plan.nodes[0]
     jobs = []
     for node_name in plan.nodes:
@@ -236,8 +272,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory, transp
             ports.append(inventory.defaults.master_port)
         if plan.topology == "cluster-ray" and node_name == head:
             ports.append(inventory.defaults.ray_port)
-        jobs.append(check_node(node, transports[node_name], recipe, image, util, max_model_len,
-                               inventory.defaults.hf_cache, ports, cluster, weights_per_node, kv_token, seq_state))
+        jobs.append(check_node(node, transports[node_name], want, ports))
     results = await asyncio.gather(*jobs)
     checks = [c for node_checks in results for c in node_checks]
     if cluster or plan.topology in ("shuffle", "least-busy"):

@@ -11,29 +11,21 @@ any time, and it keeps running when nobody is looking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shlex
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from sparktop.errors import SparktopError
-from sparktop.launch.executor import (
-    DEFAULT_TIMEOUT,
-    Executor,
-    Failed,
-    LaunchFailed,
-    LogLine,
-    Ready,
-    Stage,
-    StepDone,
-    StepStarted,
-    TornDown,
-    teardown,
-)
+from sparktop.launch.catalog import discover
+from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
+from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, teardown
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight, run_preflight
-from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map, discover
+from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
 from sparktop.remote import Transport, TransportError, transport_for
@@ -128,7 +120,7 @@ class LaunchRun:
     version: int = 0
 
     @classmethod
-    def for_plan(cls, plan: Plan) -> "LaunchRun":
+    def for_plan(cls, plan: Plan) -> LaunchRun:
         return cls(plan, [StepProgress(s.title, s.node) for s in plan.steps])
 
     @property
@@ -143,30 +135,31 @@ class LaunchRun:
                 return self.stages[endpoint.container]
         return next(reversed(self.stages.values()), None) if self.stages else None
 
-    def apply(self, event) -> None:
+    def apply(self, event: LaunchEvent) -> None:
         self.version += 1
-        if isinstance(event, StepStarted):
-            self.steps[event.index].status = "running"
-        elif isinstance(event, StepDone):
-            self.steps[event.index].status = "done"
-            self.steps[event.index].seconds = event.seconds
-        elif isinstance(event, Stage):
-            self.stages[event.container] = event.stage
-            self.stage_nodes[event.container] = event.node
-        elif isinstance(event, LogLine):
-            self.log.append((event.node, event.container, event.line))
-            self.log_total += 1
-        elif isinstance(event, Failed):
-            self.status, self.reason, self.lines = "failed", event.reason, list(event.lines)
-            for step in self.steps:
-                if step.status == "running":
-                    step.status = "failed"
-            self.seconds = time.monotonic() - self.started
-        elif isinstance(event, TornDown):
-            self.removed = event.removed
-        elif isinstance(event, Ready):
-            self.status = "ready"
-            self.seconds = event.seconds
+        match event:
+            case StepStarted(index=i):
+                self.steps[i].status = "running"
+            case StepDone(index=i, seconds=seconds):
+                self.steps[i].status = "done"
+                self.steps[i].seconds = seconds
+            case Stage(node=node, container=container, stage=stage):
+                self.stages[container] = stage
+                self.stage_nodes[container] = node
+            case LogLine(node=node, container=container, line=line):
+                self.log.append((node, container, line))
+                self.log_total += 1
+            case Failed(reason=reason, lines=lines):
+                self.status, self.reason, self.lines = "failed", reason, list(lines)
+                for step in self.steps:
+                    if step.status == "running":
+                        step.status = "failed"
+                self.seconds = time.monotonic() - self.started
+            case TornDown(removed=removed):
+                self.removed = removed
+            case Ready(seconds=seconds):
+                self.status = "ready"
+                self.seconds = seconds
 
 
 class Launcher:
@@ -177,7 +170,8 @@ class Launcher:
         self.state = LaunchState(inventory)
         self._transports: dict[str, Transport] = {}
         self.run: LaunchRun | None = None
-        self._task: asyncio.Task | None = None
+        self._executor: Executor | None = None
+        self._task: asyncio.Task | None = None  # the task following the launch, to cancel it
 
     # -- choosing --------------------------------------------------------------
 
@@ -213,33 +207,37 @@ class Launcher:
     def busy(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def start(self, plan: Plan) -> LaunchRun:
-        """Start the launch in the background; follow it through `self.run`."""
-        if self.busy:
+    def begin(self, plan: Plan) -> LaunchRun:
+        """Make the launch of `plan` the current one; `follow()` runs it."""
+        if self.run is not None and (self.busy or (self._executor is not None and self.run.status == "running")):
             raise SparktopError(f"{self.run.plan.launch_id} is still launching")
-        self.run = run = LaunchRun.for_plan(plan)
-        executor = Executor(plan, self.transports(plan.nodes), self.state, timeout=self.timeout)
-
-        async def go():
-            try:
-                async for event in executor.run():
-                    run.apply(event)
-            except LaunchFailed:
-                pass  # already in the run as a Failed event
-            except asyncio.CancelledError:
-                run.status, run.reason = "cancelled", "cancelled"
-                raise
-            except Exception as exc:  # a launch must never take the app down
-                run.status, run.reason = "failed", f"{type(exc).__name__}: {exc}"
-                await executor.teardown()
-
-        self._task = asyncio.create_task(go())
-        return run
-
-    async def wait(self) -> LaunchRun | None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        self.run = LaunchRun.for_plan(plan)
+        self._executor = Executor(plan, self.transports(plan.nodes), self.state, timeout=self.timeout)
         return self.run
+
+    async def follow(self) -> AsyncIterator[LaunchEvent]:
+        """Run the launch `begin()` made, as its events, folding each into
+        `self.run` first. A failure ends the iterator (the run says why);
+        cancelling the consumer cancels the launch, which removes what it
+        started."""
+        run, executor = self.run, self._executor
+        if run is None or executor is None:
+            raise SparktopError("nothing to launch: begin() a plan first")
+        self._task = asyncio.current_task()
+        try:
+            async for event in executor.run():
+                run.apply(event)
+                yield event
+        except LaunchFailed:
+            pass  # already in the run as a Failed event
+        except asyncio.CancelledError:
+            run.status, run.reason = "cancelled", "cancelled"
+            raise
+        except Exception as exc:  # a launch must never take the app down
+            run.status, run.reason = "failed", f"{type(exc).__name__}: {exc}"
+            await executor.teardown()
+        finally:
+            self._task, self._executor = None, None
 
     # -- stopping --------------------------------------------------------------
 
@@ -248,21 +246,19 @@ class Launcher:
 
     async def stop(self, launch_ids: list[str]) -> dict[str, int]:
         """Tear down each launch on every node of the inventory; removed containers per launch."""
-        if self.busy and self.run.plan.launch_id in launch_ids:
+        if self._task is not None and self.busy and self.run is not None and self.run.plan.launch_id in launch_ids:
             self._task.cancel()  # the executor tears down what it started
             await asyncio.gather(self._task, return_exceptions=True)
         names = [n.name for n in self.inventory.nodes]
         return await stop_launches(self.state, launch_ids, self.transports(names))
 
     async def close(self) -> None:
-        if self.busy:
+        if self._task is not None and self.busy:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for transport in self._transports.values():
-            try:
+            with contextlib.suppress(TransportError):
                 await transport.close()
-            except TransportError:
-                pass
         self._transports.clear()
 
 

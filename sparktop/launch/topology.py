@@ -292,10 +292,7 @@ def _home_mount(state_dir: str, file: str) -> _HomeMount:
 def make_plan(recipe: Recipe, topology: str, inventory: Inventory, node_names: list[str] | None = None,
               overrides: dict | None = None, port: int | None = None, lid: str | None = None) -> Plan:
     """The plan for `recipe` as `topology` on the inventory's nodes (or `node_names`)."""
-    if node_names:
-        nodes = [inventory.node(n) for n in node_names]
-    else:
-        nodes = list(inventory.nodes)
+    nodes = [inventory.node(n) for n in node_names] if node_names else list(inventory.nodes)
     wanted = 1 if topology == "solo" else 2
     if topology not in recipe.allowed_topologies(len(nodes)):
         raise PlanError(f"{recipe.id}: {recipe.why_not(topology, len(nodes))}")

@@ -37,12 +37,14 @@ class EngineUnreachable(Exception):
 
 def _os_errors(exc: BaseException) -> list[OSError]:
     """The OS errors behind a client error, outermost first."""
-    found, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError):
-            found.append(exc)
-        exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__
+    found: list[OSError] = []
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, OSError):
+            found.append(at)
+        at = getattr(at, "os_error", None) or at.__cause__ or at.__context__
     return found
 
 

@@ -23,7 +23,7 @@ def na(value: str | None) -> bool:
 
 def number(value: str | None) -> float | None:
     """A number from an nvidia-smi field, with or without units; None for N/A."""
-    if na(value):
+    if value is None or na(value):
         return None
     match = re.match(r"\s*(-?\d+(?:\.\d+)?)", value)
     return float(match.group(1)) if match else None
@@ -54,33 +54,6 @@ def parse_meminfo(text: str) -> Memory:
     return Memory(
         total=total, available=available, free=free, buffers=values.get("Buffers", 0),
         cached=values.get("Cached", 0), swap_total=values.get("SwapTotal", 0), swap_free=values.get("SwapFree", 0),
-    )
-
-
-def parse_free(text: str) -> Memory:
-    """`free` or `free -b` output (KiB unless every value is large enough to be bytes)."""
-    rows = {}
-    header = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if header is None and "total" in line and ":" not in line:
-            header = line.split()
-            continue
-        label, _, rest = line.partition(":")
-        rows[label.strip()] = [int(v) for v in rest.split()]
-    if "Mem" not in rows:
-        raise ValueError("no Mem: row")
-    header = header or ["total", "used", "free", "shared", "buff/cache", "available"]
-    mem = dict(zip(header, rows["Mem"]))
-    swap = dict(zip(header, rows.get("Swap", [0, 0, 0])))
-    # `free` prints KiB by default, `free -b` bytes: a total above 8 Gi can only
-    # be bytes (8 Gi KiB would be an 8 TiB machine).
-    scale = 1 if mem["total"] > 8 * 1024**3 else 1024
-    return Memory(
-        total=mem["total"] * scale, available=mem.get("available", mem["free"]) * scale, free=mem["free"] * scale,
-        cached=mem.get("buff/cache", 0) * scale, swap_total=swap.get("total", 0) * scale,
-        swap_free=swap.get("free", 0) * scale,
     )
 
 
@@ -126,7 +99,7 @@ def parse_csv_query(text: str, fields: list[str]) -> list[dict[str, str | None]]
             extra = len(parts) - len(fields)
             idx = fields.index("process_name") if "process_name" in fields else 0
             parts = parts[:idx] + [", ".join(parts[idx:idx + extra + 1])] + parts[idx + extra + 1:]
-        rows.append({f: (None if na(v) else v) for f, v in zip(fields, parts)})
+        rows.append({f: (None if na(v) else v) for f, v in zip(fields, parts, strict=False)})
     return rows
 
 
@@ -154,37 +127,6 @@ def parse_compute_apps(text: str) -> list[GpuProcess]:
         used = number(row["used_memory"])
         out.append(GpuProcess(int(pid), row["process_name"] or "?", int(used) if used is not None else None))
     return out
-
-
-_TABLE_GPU = re.compile(r"^\|\s*(?:N/A|\d+%)\s+(\d+)C\s+(P\d+)\s+(?:(\d+(?:\.\d+)?)W|N/A)\s*/.*?\|\s*(\d+)%")
-_TABLE_PROC = re.compile(r"^\|\s+\d+\s+\S+\s+\S+\s+(\d+)\s+([CGM+]+)\s+(.+?)\s+(\d+)MiB\s*\|$")
-_TABLE_NAME = re.compile(r"^\|\s+\d+\s+(.+?)\s+(On|Off)\s+\|")
-
-
-def parse_smi_table(text: str) -> tuple[Gpu, list[GpuProcess]]:
-    """The default `nvidia-smi` table (what people paste); GPU 0 only."""
-    gpu = Gpu()
-    procs = []
-    for line in text.splitlines():
-        line = line.rstrip()
-        if gpu.name is None:
-            m = _TABLE_NAME.match(line)
-            if m and "NVIDIA" in m.group(1):
-                gpu.name = m.group(1).strip()
-                continue
-        m = _TABLE_GPU.match(line)
-        if m and gpu.temp is None:
-            gpu.temp = float(m.group(1))
-            gpu.pstate = m.group(2)
-            gpu.power = float(m.group(3)) if m.group(3) else None
-            gpu.util = float(m.group(4))
-            continue
-        m = _TABLE_PROC.match(line)
-        if m:
-            procs.append(GpuProcess(int(m.group(1)), m.group(3).strip(), int(m.group(4))))
-    if gpu.temp is None and gpu.name is None:
-        raise ValueError("not an nvidia-smi table")
-    return gpu, procs
 
 
 # -- docker -----------------------------------------------------------------------

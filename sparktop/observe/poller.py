@@ -22,23 +22,24 @@ only once they have answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import aiohttp
 
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
 from sparktop.observe.host_probe import HostProbe, engines_in
-from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot
+from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
 from sparktop.observe.vllm_log import startup_state
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
 
 
-Event = NodeSnapshot | EngineSnapshot | EngineGone
+Event = ObserveEvent  # the poller yields observation events
 
 
 @dataclass
@@ -122,12 +123,16 @@ class _EngineWorker:
 class Poller:
     def __init__(self, nodes: list[NodeTarget], engines: list[EngineTarget] | None = None, *,
                  interval: float = 1.0, down_after: float = 10.0, discover: bool = True,
-                 default_port: int | None = 8000, api_key: str | None = None):
+                 default_port: int | None = 8000, api_key: str | None = None,
+                 router_key: Callable[[str], str | None] | None = None):
+        """`router_key(url)` finds the key of a router this poller did not
+        launch (sparktop's launch state keeps them; observe never reads it)."""
         self._interval = interval
         self.down_after = down_after
         self.discover = discover
         self.default_port = default_port
         self.api_key = api_key
+        self.router_key = router_key
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._client: aiohttp.ClientSession | None = None
         self._nodes: dict[str, _NodeWorker] = {}
@@ -161,15 +166,15 @@ class Poller:
     def resume(self) -> None:
         self._running.set()
 
-    async def start(self) -> "Poller":
+    async def start(self) -> Poller:
         self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30))
-        for target in self._node_targets:
-            self._add_node(target)
-        for target in self._engine_targets:
-            self._add_engine(target)
+        for node in self._node_targets:
+            self._add_node(node)
+        for engine in self._engine_targets:
+            self._add_engine(engine)
         if self.default_port:
-            for target in self._node_targets:
-                self._add_engine(EngineTarget(f"http://{target.address}:{self.default_port}", node=target.name,
+            for node in self._node_targets:
+                self._add_engine(EngineTarget(f"http://{node.address}:{self.default_port}", node=node.name,
                                               origin="candidate"))
         self._watchdog = asyncio.create_task(self._watch(), name="poller-watchdog")
         return self
@@ -185,19 +190,12 @@ class Poller:
         if self._client:
             await self._client.close()
         for target in self._node_targets:
-            try:
+            with contextlib.suppress(Exception):  # closing is best effort
                 await target.transport.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
 
     async def events(self) -> AsyncIterator[Event]:
         while not self._closed:
             yield await self._queue.get()
-
-    def snapshot_now(self) -> tuple[list[NodeSnapshot], list[EngineSnapshot]]:
-        nodes = [w.last for w in self._nodes.values() if w.last]
-        engines = [w.last for w in self._engines.values() if w.last and self._visible(w)]
-        return nodes, engines
 
     # -- workers --------------------------------------------------------------
 
@@ -221,10 +219,9 @@ class Poller:
             return
         node = self._nodes.get(target.node) if target.node else None
         api_key = self.api_key
-        if target.kind == "router" and api_key is None:
-            from sparktop.launch.state import api_key_for  # a router sparktop launched keeps its key
-
-            api_key = api_key_for(key)
+        if target.kind == "router" and api_key is None and self.router_key is not None:
+            api_key = self.router_key(key)
+        assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key,
                             kind=target.kind or "vllm")
@@ -252,7 +249,7 @@ class Poller:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
             # Interval changed: keep the original deadline unless it got shorter.
             deadline = min(deadline, loop.time() + self._interval)
@@ -402,7 +399,7 @@ class Poller:
         try:
             result = await node.target.transport.run(
                 ["docker", "logs", "--tail", "80", w.target.container], timeout=5)
-        except (TransportError, asyncio.TimeoutError):
+        except (TimeoutError, TransportError):
             return False
         if not result.ok:
             return False

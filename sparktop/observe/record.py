@@ -12,13 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, TextIO
+from typing import TextIO
 
 from sparktop import __version__
 from sparktop.errors import SparktopError
-from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, engine_from_dict, node_from_dict, to_dict
+from sparktop.observe.snapshot import (
+    EngineGone,
+    EngineSnapshot,
+    NodeSnapshot,
+    engine_from_dict,
+    node_from_dict,
+    to_dict,
+)
 from sparktop.observe.state import Reset
 
 
@@ -46,7 +54,7 @@ class Recorder:
     def __init__(self, path: str | Path, interval: float):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = open(self.path, "a", encoding="utf-8")
+        self._file: TextIO = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open while recording
         self._write({"sparktop": __version__, "recording": 1, "started": time.time(), "interval": interval})
 
     def _write(self, row: dict) -> None:
@@ -75,7 +83,7 @@ class Recording:
         return self.rows[-1][0] if self.rows else 0.0
 
     @classmethod
-    def load(cls, path: str | Path) -> "Recording":
+    def load(cls, path: str | Path) -> Recording:
         path = Path(path)
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -156,7 +164,7 @@ class ReplaySource:
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def events(self) -> AsyncIterator[object]:

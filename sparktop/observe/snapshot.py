@@ -152,3 +152,7 @@ def node_from_dict(d: dict) -> NodeSnapshot:
 
 def engine_from_dict(d: dict) -> EngineSnapshot:
     return EngineSnapshot(**d)
+
+
+# What the poller (and a replay) yields: the observation events.
+ObserveEvent = NodeSnapshot | EngineSnapshot | EngineGone

@@ -7,14 +7,13 @@ events; the UI only reads it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot
+from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
 
-NODE_SERIES = ("mem_used_gib", "mem_frac", "gpu_util", "cpu", "power")
-ENGINE_SERIES = ("kv", "running", "waiting", "gen_tps", "prompt_tps", "ttft_p50", "itl_p50")
 
 
 @dataclass
@@ -49,9 +48,10 @@ class History:
 
     def points(self, name: str) -> tuple[list[float], list[float]]:
         """(t, value) pairs without gaps, for charts."""
-        data = self.series.get(name, [])
-        xs, ys = [], []
-        for t, v in zip(self.t, data):
+        data: Iterable = self.series.get(name, ())
+        xs: list[float] = []
+        ys: list[float] = []
+        for t, v in zip(self.t, data, strict=False):
             if v is not None:
                 xs.append(t)
                 ys.append(float(v))
@@ -60,6 +60,9 @@ class History:
 
 class ClusterState:
     def __init__(self, history: int = HISTORY):
+        self._clear(history)
+
+    def _clear(self, history: int) -> None:
         self.history_len = history
         self.nodes: dict[str, NodeSnapshot] = {}
         self.engines: dict[str, EngineSnapshot] = {}
@@ -67,7 +70,7 @@ class ClusterState:
         self.engine_history: dict[str, History] = {}
         self.version = 0  # bumps on every change, so a view can skip redraws
 
-    def apply(self, event) -> None:
+    def apply(self, event: ObserveEvent | Reset) -> None:
         self.version += 1
         if isinstance(event, NodeSnapshot):
             self.nodes[event.name] = event
@@ -80,7 +83,7 @@ class ClusterState:
         elif isinstance(event, EngineGone):
             self.engines.pop(event.key, None)
         elif isinstance(event, Reset):
-            self.__init__(self.history_len)
+            self._clear(self.history_len)
 
     def _node_point(self, s: NodeSnapshot) -> None:
         h = self.node_history.setdefault(s.name, History(self.history_len))

@@ -33,8 +33,8 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total
 PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate",)  # v0 gauge, -1 when unknown
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 REQUESTS = ("vllm:request_success_total",)
-TTFT = ("vllm:time_to_first_token_seconds",)
-ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+TTFT: tuple[str, ...] = ("vllm:time_to_first_token_seconds",)
+ITL: tuple[str, ...] = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
 
 WANTED = {
@@ -92,7 +92,7 @@ def relevant_lines(text: str, histograms: bool = True) -> str:
     return "\n".join(_FILTERS[histograms].findall(text)) + "\n"
 
 
-def _clean(value: float) -> float | None:
+def _clean(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
@@ -104,7 +104,7 @@ class Scrape:
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str, t: float, everything: bool = False, histograms: bool = True) -> "Scrape":
+    def parse(cls, text: str, t: float, everything: bool = False, histograms: bool = True) -> Scrape:
         """`histograms=False` skips the latency buckets (most of the parse
         work); percentiles then come from the scrapes that have them."""
         scrape = cls(t)
@@ -279,8 +279,8 @@ class EngineMetrics:
             self._percentiles = {}
             hist_oldest = next((s for s in self.scrapes if s.has_histograms), None)
             if hist_oldest is not None and hist_oldest is not scrape:
-                for names, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
-                    new, old = scrape.histogram(names), hist_oldest.histogram(names)
+                for hist, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
+                    new, old = scrape.histogram(hist), hist_oldest.histogram(hist)
                     if new is not None and old is not None:
                         window = _sub(new, old)
                         if window:

@@ -8,8 +8,9 @@ A command is either a shell command line (`str`, which the caller built with
 from __future__ import annotations
 
 import shlex
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from sparktop.errors import SparktopError
 

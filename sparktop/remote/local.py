@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from typing import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 from sparktop.remote.base import Command, CommandResult, CommandTimeout, TransportError, as_shell
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     # Commands run in their own session so a timeout takes their children too.
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class LocalTransport:
@@ -45,7 +44,7 @@ class LocalTransport:
         try:
             out, err = await asyncio.wait_for(proc.communicate(input.encode() if input is not None else None),
                                               timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _kill_group(proc)
             await proc.wait()
             raise CommandTimeout(self.name, line, timeout or 0) from None

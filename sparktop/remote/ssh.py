@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import AsyncIterator, Sequence
 
 import asyncssh
 
@@ -35,7 +36,7 @@ _CONNECTION_ERRORS = (
 
 
 class _Client(asyncssh.SSHClient):
-    def __init__(self, transport: "SSHTransport"):
+    def __init__(self, transport: SSHTransport):
         self._transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -131,10 +132,11 @@ class SSHTransport:
             except asyncssh.HostKeyNotVerifiable as exc:
                 raise HostKeyError(self.name, self._host_key_hint(str(exc))) from None
             except asyncssh.PermissionDenied:
-                raise TransportError(self.name, "ssh authentication failed (check your key and User in ~/.ssh/config)") from None
+                raise TransportError(self.name, "ssh authentication failed "
+                                     "(check your key and User in ~/.ssh/config)") from None
             except asyncssh.DisconnectError as exc:
                 raise TransportError(self.name, f"ssh disconnected: {exc.reason}") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TransportError(self.name, f"ssh connect timed out after {self._connect_timeout:g}s") from None
             except ConnectionRefusedError:
                 raise TransportError(self.name, "cannot connect: connection refused (is sshd running?)") from None
@@ -142,7 +144,7 @@ class SSHTransport:
                 reason = exc.strerror or str(exc) or type(exc).__name__
                 raise TransportError(self.name, f"cannot connect: {reason}") from None
             self._conn = conn
-            self._client = client
+            self._client = client_holder[0]  # the same object as `client`, typed as ours
             self.connects += 1
             self.last_error = None
             return conn
@@ -164,10 +166,6 @@ class SSHTransport:
         self._listeners.clear()
         if conn is not None:
             conn.abort()
-
-    @property
-    def connected(self) -> bool:
-        return self._conn is not None
 
     # -- Transport ----------------------------------------------------------
 
@@ -194,7 +192,7 @@ class SSHTransport:
             proc.stdin.write_eof()
         try:
             completed = await asyncio.wait_for(proc.wait(check=False), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._abandon(proc)
             raise CommandTimeout(self.name, line, timeout or 0) from None
         except asyncio.CancelledError:
@@ -207,14 +205,12 @@ class SSHTransport:
         if status is None:
             # Killed by a signal, or the channel closed without a status.
             status = 128 + 9 if completed.exit_signal else 255
-        return CommandResult(status, completed.stdout or "", completed.stderr or "")
+        return CommandResult(status, str(completed.stdout or ""), str(completed.stderr or ""))
 
     @staticmethod
     def _abandon(proc: asyncssh.SSHClientProcess) -> None:
-        try:
+        with contextlib.suppress(OSError, asyncssh.Error, ValueError):
             proc.send_signal("KILL")
-        except (OSError, asyncssh.Error, ValueError):
-            pass
         proc.close()
 
     async def stream(self, cmd: Command) -> AsyncIterator[str]:
@@ -256,10 +252,8 @@ class SSHTransport:
         self._listeners.clear()
         if conn is not None:
             conn.close()
-            try:
+            with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
                 await asyncio.wait_for(conn.wait_closed(), 5)
-            except (asyncio.TimeoutError, OSError, asyncssh.Error):
-                pass
 
     def __repr__(self) -> str:
         return f"SSHTransport({self.name!r})"

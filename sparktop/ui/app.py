@@ -1,9 +1,12 @@
-"""The Textual app: turns a stream of observation events into screens.
+"""The Textual app: turns streams of core events into screens.
 
-The app does not poll anything itself. A source (the live Poller or a
-ReplaySource) yields plain events; a worker applies them to a ClusterState
-(and a Recorder, when recording) and the visible screen repaints from that
-state at most a few times a second.
+The app polls nothing itself. A source (the live Poller or a ReplaySource)
+yields plain events; a worker applies them to a ClusterState (and a
+Recorder, when recording) and the visible screen gets a `StateChanged`
+message, at most once per `repaint` seconds however many events arrive. A
+launch runs in an app worker too (it outlives the screen that started
+it): its events become `LaunchProgress` messages for the progress screen.
+Screens ask the app for things with messages (`ui/messages.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +17,20 @@ from pathlib import Path
 from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
-from textual.css.query import NoMatches
+from textual.timer import Timer
 
+from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
-from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen, clock
+from sparktop.ui.messages import (
+    LaunchProgress,
+    LaunchRequested,
+    LaunchSeen,
+    RepaintRequested,
+    StateChanged,
+    StopRequested,
+    pump,
+)
+from sparktop.ui.screens import HelpScreen, LiveScreen, MonitorScreen, clock
 
 INTERVALS = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0]
 SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0]
@@ -62,13 +75,14 @@ class SparktopApp(App):
         self.state = ClusterState()
         self._repaint = repaint
         self._painted_version = -1
+        self._painted_at = 0.0
+        self._paint_timer: Timer | None = None
         self.first_frame_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
     def on_mount(self) -> None:
         self.push_screen(MonitorScreen())
-        self.set_interval(self._repaint, self._paint)
         self.call_after_refresh(self._paint)
         self.call_after_refresh(lambda: self.run_worker(self._consume(), name="events", group="observe",
                                                         exclusive=True))
@@ -81,22 +95,30 @@ class SparktopApp(App):
             self.state.apply(event)
             if self.recorder is not None:
                 self.recorder.write(event)
+            self._schedule_paint()
+
+    def _schedule_paint(self) -> None:
+        """Paint once the last paint is `repaint` seconds old: a burst of
+        events (a poll of every node and engine) makes one paint."""
+        if self._paint_timer is not None:
+            return
+        wait = max(0.01, self._painted_at + self._repaint - time.monotonic())  # Textual: a 0 s timer divides by 0
+        self._paint_timer = self.set_timer(wait, self._paint_due)
+
+    def _paint_due(self) -> None:
+        self._paint_timer = None
+        self._paint(force=True)  # something happened since the last paint
 
     def _paint(self, force: bool = False) -> None:
         screen = self.screen
-        if not hasattr(screen, "refresh_state") or not screen.is_mounted:
+        if not isinstance(screen, LiveScreen) or not screen.is_mounted:
             return
-        if not force and self.state.version == self._painted_version and not isinstance(screen, DetailScreen):
+        if not force and self.state.version == self._painted_version:
             return
         self._painted_version = self.state.version
+        self._painted_at = time.monotonic()
         self._notice_launch()
-        try:
-            screen.refresh_state(self.state, self.status_text())
-        except NoMatches:
-            # The screen is still being composed or already being torn down
-            # (a tick can land in between); the next tick paints it.
-            self._painted_version = -1
-            return
+        screen.post_message(StateChanged(self.state, self.status_text()))
         if self.first_frame_at is None:
             self.first_frame_at = time.monotonic()
 
@@ -208,9 +230,41 @@ class SparktopApp(App):
 
         self.push_screen(StopScreen(self.launcher))
 
-    def stop_launches(self, launch_ids: list[str]) -> None:
-        self.notify(f"stopping {', '.join(launch_ids)}…", title="Stop")
-        self.run_worker(self._stop(launch_ids), group="stop", name="stop")
+    def on_launch_requested(self, message: LaunchRequested) -> None:
+        from sparktop.ui.launcher import ProgressScreen
+
+        try:
+            run = self.launcher.begin(message.plan)
+        except SparktopError as exc:
+            self.notify(str(exc), title="cannot launch", severity="error")
+            return
+        self.pop_screen()  # the launch screen that asked
+        self.push_screen(ProgressScreen(self.launcher, run))
+        # An app worker: the launch goes on when its screen is closed.
+        self.run_worker(pump(self.launcher.follow(), self, lambda event: LaunchProgress(event, run)),
+                        group="launch", name="launch", exclusive=True)
+
+    def on_launch_progress(self, message: LaunchProgress) -> None:
+        from sparktop.ui.launcher import ProgressScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, ProgressScreen):
+                screen.post_message(LaunchProgress(message.event, message.run))
+        if message.run.status != "running":
+            self._paint(force=True)  # say how it ended, wherever the user is
+        else:
+            self._schedule_paint()  # the status line's "launching …" moves on
+
+    def on_launch_seen(self, message: LaunchSeen) -> None:
+        if message.run.status != "running":
+            self._looked_at.add(id(message.run))
+
+    def on_repaint_requested(self, message: RepaintRequested) -> None:
+        self.call_after_refresh(self._paint, True)
+
+    def on_stop_requested(self, message: StopRequested) -> None:
+        self.notify(f"stopping {', '.join(message.launch_ids)}…", title="Stop")
+        self.run_worker(self._stop(message.launch_ids), group="stop", name="stop")
 
     async def _stop(self, launch_ids: list[str]) -> None:
         try:
@@ -239,10 +293,6 @@ class SparktopApp(App):
             self.notify(f"{run.plan.recipe_id}: {run.reason}", title=f"launch {run.status}", severity="error",
                         timeout=15)
 
-    def looked_at(self, run) -> None:
-        if run.status != "running":
-            self._looked_at.add(id(run))
-
     async def on_unmount(self) -> None:
         if self._launcher is not None:
             await self._launcher.close()
@@ -259,5 +309,3 @@ class SparktopApp(App):
         default = getattr(focused, "key", None) if getattr(focused, "kind", None) == "engine" else None
         self.push_screen(SweepScreen(engines, self.results_root or results_dir(), default_url=default))
 
-    def repaint_now(self) -> None:
-        self._paint(force=True)

@@ -9,6 +9,9 @@ card every second, so this is most of what watching costs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.strip import Strip
@@ -17,6 +20,9 @@ from textual.widget import Widget
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import History
 from sparktop.ui import render as r
+
+if TYPE_CHECKING:
+    from sparktop.model.perf import PerfModel  # imported when first needed: it is slow to load
 
 LOW_MEMORY_WARN = 0.20  # MemAvailable below this share of MemTotal: yellow
 LOW_MEMORY_DANGER = 0.10  # ... below this: red (a GB10 freezes when it runs out)
@@ -45,7 +51,7 @@ class Card(Widget, can_focus=True):
         self.spark_height = 1  # rows per sparkline; the screen raises it when there is room
         self._card_lines: list[Text] = []
         self._card_strips: list[Strip] | None = None
-        self._card_strips_key: tuple | None = None
+        self._card_strips_key: int | None = None  # the width they were cut to
 
     def _paint(self, title: str, subtitle: Text, lines: list[Text]) -> None:
         if (title, subtitle) != self._titles:  # setting them repaints the border: only on change
@@ -74,7 +80,7 @@ class Card(Widget, can_focus=True):
             return self._card_strips[y]
         return Strip.blank(width, self._card_style)
 
-    _card_style = None
+    _card_style: Style | None = None
     _titles: tuple | None = None
 
     def _restyle(self) -> None:
@@ -91,6 +97,14 @@ class Card(Widget, can_focus=True):
 
     def on_resize(self) -> None:
         # The first paint can happen before layout; draw again at the real size.
+        self.redraw()
+
+    def show(self, snap, history: History | None) -> None:
+        """Draw a snapshot and its history (each card kind draws its own)."""
+        raise NotImplementedError
+
+    def redraw(self) -> None:
+        """Draw the last figures again (the size or the sparkline height changed)."""
         if self._last is not None:
             self.show(*self._last)
 
@@ -144,8 +158,8 @@ class NodeCard(Card):
                                           max(4, width - 4 - len(label)), used_style))
             line.append(label)
             lines.append(line)
-            parts = [Text("   "), Text("avail ", style="dim") + Text(f"{r.gib(mem.available)}G",
-                                                                          style="" if used_style == "blue" else used_style),
+            avail_style = "" if used_style == "blue" else used_style
+            parts = [Text("   "), Text("avail ", style="dim") + Text(f"{r.gib(mem.available)}G", style=avail_style),
                      Text("vllm ", style="dim") + Text(f"{snap.vllm_mib / 1024:.1f}G", style="magenta"),
                      Text("cache ", style="dim") + Text(f"{r.gib(mem.page_cache)}G")]
             if mem.swap_used:
@@ -191,7 +205,7 @@ class NodeCard(Card):
         return lines
 
 
-_ROOFLINE_CACHE: dict[tuple, object] = {}
+_ROOFLINE_CACHE: dict[tuple, PerfModel | None] = {}
 
 
 def roofline_share(snap) -> float | None:
@@ -261,7 +275,7 @@ class EngineCard(Card):
         waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
         wait = r.field("wait", r.num(snap.waiting), waiting_style)
         if history is not None:
-            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"))]
+            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"), strict=False)]
             wait.append(" ")
             wait.append_text(r.spark(queue, 6, style="yellow"))
         parts = [r.field("run", r.num(snap.running)), wait,

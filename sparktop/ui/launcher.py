@@ -8,6 +8,7 @@ which keeps running a launch when its screen is closed.
 from __future__ import annotations
 
 import re
+import time
 
 from rich.markup import escape
 from rich.text import Text
@@ -20,18 +21,22 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList,
 from textual.widgets.option_list import Option
 
 from sparktop.errors import SparktopError
+from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import (
+    OVERRIDE_FLAGS,
+    Launcher,
     LaunchRequest,
     LaunchRun,
-    Launcher,
     parse_extra_args,
     parse_overrides,
     parse_port,
 )
 from sparktop.observe.vllm_log import strip_prefix
+from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested
 from sparktop.ui.screens import LiveScreen, StatusLine
+from sparktop.units import ago, fmt
 
 TOPOLOGY_TEXT = {"solo": "one node", "cluster-ray": "TP=2 over Ray", "cluster-mp": "TP=2, no Ray",
                  "shuffle": "solo x2 + LiteLLM shuffle", "least-busy": "solo x2 + LiteLLM least-busy"}
@@ -84,7 +89,6 @@ _PREDICTED: dict[tuple[str, str], list] = {}
 
 def prediction_text(recipe: Recipe, topology: str) -> Text | None:
     """What `sparktop predict` says for this recipe and topology (pp1024 tg128)."""
-    from sparktop.bench.compare import fmt
     from sparktop.model.predict import rows_for
 
     card = recipe.twin_card()
@@ -120,7 +124,7 @@ class LaunchScreen(LiveScreen):
         self.recipes: dict[str, Recipe] = {}
         self.recipe: Recipe | None = None
         self.request: LaunchRequest | None = None
-        self.plan = None
+        self.plan: Plan | None = None
         self.preflight: Preflight | None = None
         self.preflight_for: str | None = None  # the plan text preflight checked
         self.error: str | None = None
@@ -176,9 +180,6 @@ class LaunchScreen(LiveScreen):
         if recipes:
             self.choose(sorted(recipes)[0])
 
-    def refresh_state(self, state, status: Text) -> None:
-        self.query_one(StatusLine).update(status)
-
     # -- choosing --------------------------------------------------------------
 
     @on(DataTable.RowHighlighted, "#recipes")
@@ -200,7 +201,7 @@ class LaunchScreen(LiveScreen):
             if topologies:
                 select.value = topologies[0]
         vllm, _, _, _, port = recipe.settings(topologies[0] if topologies else "solo")
-        for key in ("gpu_memory_utilization", "max_model_len", "max_num_seqs"):
+        for key in OVERRIDE_FLAGS:
             box = self.query_one(f"#{key}", Input)
             box.value = ""
             box.placeholder = f"{PLACEHOLDER[key]} {vllm.get(key, '—')}"
@@ -247,13 +248,19 @@ class LaunchScreen(LiveScreen):
         nodes = None
         if node is not Select.NULL:
             names = [n.name for n in self.launcher.inventory.nodes]
-            nodes = [node] + [n for n in names if n != node]  # the chosen node leads (solo runs there)
+            nodes = [str(node)] + [n for n in names if n != node]  # the chosen node leads (solo runs there)
         overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value
-                                     for key in ("gpu_memory_utilization", "max_model_len", "max_num_seqs")})
+                                     for key in OVERRIDE_FLAGS})
         port = parse_port(self.query_one("#port", Input).value)
         extra = parse_extra_args(self.query_one("#extra_args", Input).value)
         launch_id = self.request.launch_id if self.request and self.request.topology == topology else None
         return LaunchRequest(self.recipe, str(topology), nodes, port, overrides, extra, launch_id)
+
+    @property
+    def launcher_plan(self) -> Plan:
+        """The plan on screen (there is one once a recipe is chosen)."""
+        assert self.plan is not None
+        return self.plan
 
     def replan(self) -> None:
         plan_box = self.query_one("#plan", Static)
@@ -266,7 +273,7 @@ class LaunchScreen(LiveScreen):
             self.query_one("#preflight", Static).update(Text(""))
             return
         self.error = None
-        plan_box.update(Text(self.plan.render()))
+        plan_box.update(Text(self.launcher_plan.render()))
         self.check()
 
     # -- preflight -------------------------------------------------------------
@@ -323,13 +330,11 @@ class LaunchScreen(LiveScreen):
             self.notify(f"{first.node}: {first.name}: {first.message}", title="preflight failed",
                         severity="error", timeout=8)
             return
-        try:
-            run = self.launcher.start(self.plan)
-        except SparktopError as exc:
-            self.notify(str(exc), title="cannot launch", severity="error")
+        if self.launcher.busy and self.launcher.run is not None:
+            self.notify(f"{self.launcher.run.plan.launch_id} is still launching", title="cannot launch",
+                        severity="error")
             return
-        self.app.pop_screen()
-        self.app.push_screen(ProgressScreen(self.launcher, run))
+        self.app.post_message(LaunchRequested(self.plan))  # the app runs it and shows its progress
 
 
 class ProgressScreen(LiveScreen):
@@ -359,13 +364,14 @@ class ProgressScreen(LiveScreen):
     def on_mount(self) -> None:
         self.query_one("#steps").border_title = "steps"
         self.query_one("#log").border_title = "container logs"
-        self.set_interval(0.25, self.draw)
+        self.set_interval(1.0, self._draw_title)  # a clock: the elapsed seconds tick between events
         self.draw()
 
-    def refresh_state(self, state, status: Text) -> None:
-        self.query_one(StatusLine).update(status)
+    def on_launch_progress(self, message: LaunchProgress) -> None:
+        if message.run is self.run:
+            self.draw()
 
-    def draw(self) -> None:
+    def _draw_title(self) -> None:
         run = self.run
         plan = run.plan
         title = Text()
@@ -373,6 +379,10 @@ class ProgressScreen(LiveScreen):
         title.append(f" as {plan.topology} on {', '.join(plan.nodes)}")
         title.append(f" · launch {plan.launch_id} · {run.elapsed:.0f}s", style="dim")
         self.query_one("#run-title", Static).update(title)
+
+    def draw(self) -> None:
+        run = self.run
+        self._draw_title()
         # The log is appended to, not redrawn.
         log = self.query_one("#log", RichLog)
         total = run.log_total
@@ -403,7 +413,8 @@ class ProgressScreen(LiveScreen):
         outcome = self.query_one("#outcome")
         outcome.set_class(run.status == "ready", "-ready")
         outcome.set_class(run.status in ("failed", "cancelled"), "-failed")
-        self.app.looked_at(run)
+        if run.status != "running":
+            self.app.post_message(LaunchSeen(run))
 
     def action_stop(self) -> None:
         self.app.push_screen(ConfirmStop([self.run.plan.launch_id], self.launcher))
@@ -447,10 +458,6 @@ class StopScreen(ModalScreen):
             yield OptionList(id="launches")
 
     def on_mount(self) -> None:
-        import time
-
-        from sparktop.status import ago
-
         options = self.query_one("#launches", OptionList)
         active = self.launcher.active()
         now = time.time()
@@ -467,7 +474,7 @@ class StopScreen(ModalScreen):
 
     @on(OptionList.OptionSelected)
     def _picked(self, event: OptionList.OptionSelected) -> None:
-        ids = [r.id for r in self.launcher.active()] if event.option_id == "*all*" else [event.option_id]
+        ids = [r.id for r in self.launcher.active()] if event.option_id == "*all*" else [str(event.option_id)]
         self.app.pop_screen()
         self.app.push_screen(ConfirmStop(ids, self.launcher))
 
@@ -489,5 +496,5 @@ class ConfirmStop(ModalScreen):
                          "[b]y[/b] stop    [b]n[/b] keep running")
 
     def action_yes(self) -> None:
+        self.app.post_message(StopRequested(self.launch_ids))
         self.app.pop_screen()
-        self.app.stop_launches(self.launch_ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 from sparktop.settings import Inventory
@@ -16,11 +17,12 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
 
     async def start_source():
         # Imported here, after the first frame: aiohttp and friends take a while.
+        from sparktop.launch.state import api_key_for
         from sparktop.observe.poller import Poller
         from sparktop.observe.targets import engine_targets, node_targets
 
         source = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
-                                  default_port=inventory.defaults.port)
+                                  default_port=inventory.defaults.port, router_key=api_key_for)
         await source.start()
         started.append(source)
         return source
@@ -58,10 +60,8 @@ def _exit_on_signals(app: SparktopApp) -> None:
     started (the demo's twins, a recording) is stopped and flushed."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGHUP, signal.SIGTERM):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, app.exit)
-        except (NotImplementedError, RuntimeError):
-            pass
 
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Grid
+from textual.css.query import NoMatches
+from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
 from sparktop.ui.cards import Card, EngineCard, NodeCard
+from sparktop.ui.messages import RepaintRequested, StateChanged
 
 CARD_WIDTH = 40
 
@@ -25,11 +29,19 @@ class StatusLine(Static):
 
 
 class LiveScreen(Screen):
-    """A screen drawn from the cluster state: painted as soon as it shows,
-    not at the next tick (ScreenResume does not reach the app)."""
+    """A screen drawn from the cluster state (`StateChanged` messages),
+    painted as soon as it shows, not at the next event."""
 
     def on_screen_resume(self) -> None:
-        self.app.call_after_refresh(self.app.repaint_now)
+        self.post_message(RepaintRequested())  # bubbles to the app
+
+    def on_state_changed(self, message: StateChanged) -> None:
+        with contextlib.suppress(NoMatches):  # composing or being torn down: the next change paints it
+            self.show_state(message.state, message.status)
+
+    def show_state(self, state: ClusterState, status: Text) -> None:
+        """Draw the screen from the state (the status line at least)."""
+        self.query_one(StatusLine).update(status)
 
 
 class MonitorScreen(LiveScreen):
@@ -67,9 +79,11 @@ class MonitorScreen(LiveScreen):
         spare = (self.size.height - 2) - rows * 10
         height = max(1, min(12, 1 + spare // max(1, rows)))
         for card in self.query(Card):
-            card.spark_height = height
+            if card.spark_height != height:
+                card.spark_height = height
+                card.redraw()
 
-    def refresh_state(self, state: ClusterState, status: Text) -> None:
+    def show_state(self, state: ClusterState, status: Text) -> None:
         self.query_one(StatusLine).update(status)
         self._sync(self.query_one("#nodes", Grid), NodeCard, {n.name: n for n in state.ordered_nodes()},
                    state.node_history)
@@ -122,7 +136,7 @@ class DetailScreen(LiveScreen):
         yield Static(id="charts")
         yield Footer()
 
-    def refresh_state(self, state: ClusterState, status: Text) -> None:
+    def show_state(self, state: ClusterState, status: Text) -> None:
         self.query_one(StatusLine).update(status)
         if state.version == self._drawn_version and self._drawn_size == self.size:
             return
@@ -149,8 +163,8 @@ class DetailScreen(LiveScreen):
                                                ymin=0))
         else:
             history = state.engine_history.get(self.key)
-            snap = state.engines.get(self.key)
-            title = f"{snap.model if snap else self.key} at {self.key}"
+            engine = state.engines.get(self.key)
+            title = f"{engine.model if engine else self.key} at {self.key}"
             if history:
                 height = max(6, (self.size.height - 2 - 3) // 4)
                 parts.append(charts.line_chart(f"{title}: generation tokens/s",
@@ -174,7 +188,7 @@ class DetailScreen(LiveScreen):
         text = Text("\n\n").join(parts)
         self.query_one("#charts", Static).update(text)
 
-    _drawn_size = None
+    _drawn_size: Size | None = None
 
 
 HELP = """\

@@ -13,18 +13,19 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
 
 from sparktop.bench import compare as cmp
+from sparktop.bench.events import EngineSample, LevelDone, LevelStarted, RequestDone, SweepFinished, SweepStarted
 from sparktop.bench.export import COLUMNS, cell
 from sparktop.bench.results import Run, list_runs, load_run
-from sparktop.bench.sweep import (EngineSample, LevelDone, LevelStarted, RequestDone, Sweep, SweepFinished,
-                                  SweepSettings, SweepStarted)
-from sparktop.bench.commands import eta_text, parse_extra_body, parse_levels
+from sparktop.bench.stats import LevelStats, knee
+from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
+from sparktop.ui.messages import SweepProgress, pump
 from sparktop.ui.screens import LiveScreen, StatusLine
+from sparktop.units import eta_text, fmt
 
 CHARTS = (("tg_tps_total", "decode t/s (total)"), ("pp_tps_total", "prefill t/s (total)"),
           ("ttft_ms_mean", "TTFT ms (mean)"))
@@ -52,12 +53,6 @@ def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, 
     if levels:
         plt.xticks(list(range(len(levels))), [f"c{c}" for c in levels])
     return Text.from_ansi(plt.build())
-
-
-class SweepEvent(Message):
-    def __init__(self, event) -> None:
-        super().__init__()
-        self.event = event
 
 
 class SweepScreen(LiveScreen):
@@ -120,9 +115,6 @@ class SweepScreen(LiveScreen):
             "Enter starts the sweep · Esc cancels it (finished requests are kept) · ctrl+r past runs")
         self.query_one("#start", Button).focus()
 
-    def refresh_state(self, state, status: Text) -> None:
-        self.query_one(StatusLine).update(status)
-
     # -- starting ----------------------------------------------------------------
 
     def _settings(self) -> SweepSettings:
@@ -158,7 +150,7 @@ class SweepScreen(LiveScreen):
             return
         try:
             settings = self._settings()
-            sweep = Sweep(settings, self.results_root, on_event=lambda e: self.post_message(SweepEvent(e)))
+            sweep = Sweep(settings, self.results_root)
         except SparktopError as e:
             self.notify(str(e), title="Sweep", severity="error")
             return
@@ -172,13 +164,19 @@ class SweepScreen(LiveScreen):
     @work(group="sweep", exclusive=True, exit_on_error=False)
     async def _run(self, sweep: Sweep) -> None:
         try:
-            await sweep.run()
+            await pump(sweep.events(), self, SweepProgress)
         except SparktopError as e:
             self.notify(str(e), title="Sweep", severity="error", timeout=10)
             self.query_one("#sweep-progress", Static).update(Text(str(e), style="red"))
-        finally:
-            self.running = False
-            self.query_one("#start", Button).disabled = False
+            self._ended()
+        except BaseException:
+            self._ended()  # cancelled: no SweepFinished will come
+            raise
+        # Ended normally: the SweepFinished message, still queued, ends it on screen.
+
+    def _ended(self) -> None:
+        self.running = False
+        self.query_one("#start", Button).disabled = False
 
     def action_cancel_or_back(self) -> None:
         if self.running:
@@ -192,81 +190,93 @@ class SweepScreen(LiveScreen):
 
     # -- live ------------------------------------------------------------------
 
-    def on_sweep_event(self, message: SweepEvent) -> None:
-        e = message.event
-        bar = self.query_one("#overall", ProgressBar)
+    def on_sweep_progress(self, message: SweepProgress) -> None:
         line = self.query_one("#sweep-progress", Static)
-        if isinstance(e, SweepStarted):
-            self.model = e.model
-            bar.update(total=e.total_requests, progress=e.resumed_requests)
-            self.earlier = self._earlier_runs(e.model, e.run_id)
-            line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}"))
-            self._draw_charts()
-        elif isinstance(e, LevelStarted):
-            what = "warm-up" if e.warmup else "measuring"
-            line.update(Text.assemble((f"c{e.concurrency} ", "bold yellow"), what, f" · {self.model}"))
-        elif isinstance(e, RequestDone):
-            bar.update(progress=e.done)
-            if e.live_tps:
-                self.tps = (self.tps + [e.live_tps])[-200:]
-                self.query_one("#live-tps", Sparkline).data = list(self.tps)
-            err = " · errors in this level" if not e.record.ok else ""
-            line.update(Text.assemble(
-                (f"c{e.record.level} ", "bold yellow"), f"run {e.record.run} · level {e.level_done}/{e.level_total}"
-                f" · total {e.done}/{e.total} · {eta_text(e.eta_s)}",
-                (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
-        elif isinstance(e, EngineSample):
-            parts = []
-            if e.kv_cache_usage is not None:
-                parts.append(f"KV {e.kv_cache_usage:.0%}")
-            if e.running is not None:
-                parts.append(f"running {e.running:.0f}")
-            if e.waiting is not None:
-                parts.append(f"waiting {e.waiting:.0f}")
-            self.query_one("#engine-line", Static).update(Text("engine  " + " · ".join(parts), style="cyan"))
-        elif isinstance(e, LevelDone):
-            self.levels = [lv for lv in self.levels if lv.concurrency != e.stats.concurrency] + [e.stats]
-            table = self.query_one("#levels-table", DataTable)
-            key = str(e.stats.concurrency)
-            if key in table.rows:
-                table.remove_row(key)
-            table.add_row(*(cell(e.stats, k) for k, _, _ in COLUMNS), "…", key=key)
-            self._draw_charts()
-            self._predict_level(e.stats.concurrency)
-        elif isinstance(e, SweepFinished):
-            self.finished = e
-            self.levels = e.levels
-            self._draw_charts()
-            from sparktop.bench.stats import knee
+        match message.event:
+            case SweepStarted() as e:
+                self.model = e.model
+                self.query_one("#overall", ProgressBar).update(total=e.total_requests, progress=e.resumed_requests)
+                self.earlier = self._earlier_runs(e.model, e.run_id)
+                line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}"))
+                self._draw_charts()
+            case LevelStarted(concurrency=c, warmup=warmup):
+                line.update(Text.assemble((f"c{c} ", "bold yellow"), "warm-up" if warmup else "measuring",
+                                          f" · {self.model}"))
+            case RequestDone() as e:
+                self._request_done(e, line)
+            case EngineSample() as e:
+                self._engine_sample(e)
+            case LevelDone(stats=stats):
+                self._level_done(stats)
+            case SweepFinished() as e:
+                self._finished(e, line)
 
-            k = knee(e.levels)
-            summary = [Text(f"{e.status}: {e.reason}" if e.reason else "done", style="green" if e.status == "done"
-                            else "bold red")]
-            if k and len(e.levels) > 1:
-                summary.append(Text(k.describe("decode")))
-            summary.append(Text(f"saved in {e.path}", style="dim"))
-            self.query_one("#sweep-summary", Static).update(Text("\n").join(summary))
-            line.update(Text.assemble(("finished ", "bold green" if e.status == "done" else "bold red"),
-                                      f"{e.status} · {len(e.levels)} levels · ctrl+r compares with past runs"))
+    def _request_done(self, e: RequestDone, line: Static) -> None:
+        self.query_one("#overall", ProgressBar).update(progress=e.done)
+        if e.live_tps:
+            self.tps = (self.tps + [e.live_tps])[-200:]
+            self.query_one("#live-tps", Sparkline).data = list(self.tps)
+        err = " · errors in this level" if not e.record.ok else ""
+        line.update(Text.assemble(
+            (f"c{e.record.level} ", "bold yellow"), f"run {e.record.run} · level {e.level_done}/{e.level_total}"
+            f" · total {e.done}/{e.total} · {eta_text(e.eta_s)}",
+            (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
+
+    def _engine_sample(self, e: EngineSample) -> None:
+        parts = []
+        if e.kv_cache_usage is not None:
+            parts.append(f"KV {e.kv_cache_usage:.0%}")
+        if e.running is not None:
+            parts.append(f"running {e.running:.0f}")
+        if e.waiting is not None:
+            parts.append(f"waiting {e.waiting:.0f}")
+        self.query_one("#engine-line", Static).update(Text("engine  " + " · ".join(parts), style="cyan"))
+
+    def _level_done(self, stats: LevelStats) -> None:
+        self.levels = [lv for lv in self.levels if lv.concurrency != stats.concurrency] + [stats]
+        table = self.query_one("#levels-table", DataTable)
+        key = str(stats.concurrency)
+        if key in table.rows:
+            table.remove_row(key)
+        table.add_row(*(cell(stats, k) for k, _, _ in COLUMNS), "…", key=key)
+        self._draw_charts()
+        self._predict_level(stats.concurrency)
+
+    def _finished(self, e: SweepFinished, line: Static) -> None:
+        self._ended()
+        self.finished = e
+        self.levels = e.levels
+        self._draw_charts()
+        k = knee(e.levels)
+        summary = [Text(f"{e.status}: {e.reason}" if e.reason else "done", style="green" if e.status == "done"
+                        else "bold red")]
+        if k and len(e.levels) > 1:
+            summary.append(Text(k.describe("decode")))
+        summary.append(Text(f"saved in {e.path}", style="dim"))
+        self.query_one("#sweep-summary", Static).update(Text("\n").join(summary))
+        levels = f"{len(e.levels)} level{'s' if len(e.levels) != 1 else ''}"
+        line.update(Text.assemble(("finished" if e.status == "done" else e.status, "bold green" if e.status == "done"
+                                   else "bold red"), f" · {levels} · ctrl+r compares with past runs"))
 
     @work(group="predict", exit_on_error=False)
     async def _predict_level(self, c: int) -> None:
         """The prediction beside the measurement (the twin's model, fitted)."""
         import asyncio
 
-        from sparktop.bench.compare import fmt
         from sparktop.model.cards import UnknownModel, find_card
         from sparktop.model.fit import load_constants
         from sparktop.model.simulate import TOPOLOGIES, predict
 
-        s = self.sweep.s if self.sweep else None
+        if self.sweep is None:
+            return
+        s = self.sweep.s
         table = self.query_one("#levels-table", DataTable)
         try:
             card = find_card(self.model or "")
         except UnknownModel:
             table.update_cell(str(c), "predicted", "—")
             return
-        topology = s.topology if s and s.topology in TOPOLOGIES else "solo"
+        topology = s.topology if s.topology in TOPOLOGIES else "solo"
         p = await asyncio.to_thread(predict, card, topology, c, s.pp, s.tg, load_constants())
         if str(c) in table.rows:
             table.update_cell(str(c), "predicted", fmt(p.stats.tg_tps_total))
@@ -327,7 +337,7 @@ class RunsScreen(Screen):
         t = self.query_one(DataTable)
         if not self.runs:
             return
-        rid = t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value
+        rid = str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
         self.marked ^= {rid}
         t.update_cell(rid, "mark", "✓" if rid in self.marked else "")
 
@@ -340,8 +350,8 @@ class RunsScreen(Screen):
         if not self.runs:
             return
         ids = [rid for rid in self.runs if rid in self.marked] or \
-              [t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value]
-        self.app.push_screen(CompareScreen([load_run(self.runs[i].path) for i in ids]))
+              [str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)]
+        self.app.push_screen(CompareScreen([load_run(path) for i in ids if (path := self.runs[i].path) is not None]))
 
 
 class CompareScreen(Screen):

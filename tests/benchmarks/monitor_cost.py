@@ -34,6 +34,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import contextlib  # noqa: E402
+
 from sparktop.twin.cluster import TwinCluster, wait_ready  # noqa: E402
 
 
@@ -109,10 +111,8 @@ async def main(args) -> None:
         finally:
             os.write(fd, b"q")
             time.sleep(1.0)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
             load.terminate()
             await cluster.stop_all()
     samples.sort()

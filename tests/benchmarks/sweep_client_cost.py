@@ -54,7 +54,8 @@ def start_twin(tok: Path, port: int, speed: float, cpu: str | None = None) -> su
 
 def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: int, out: Path):
     env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1")
-    cpu, wall, _ = child_cpu(["taskset", "-c", "0", str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer",
+    cpu, wall, _ = child_cpu(["taskset", "-c", "0", str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b",
+                              "--tokenizer",
                               str(tok), "--book-url", BOOK_URL, "--pp", "64", "--tg", str(tg), "--concurrency",
                               str(c), "--runs", str(runs), "--exact-tg", "--skip-coherence", "--format", "json",
                               "--save-result", str(out)], env=env)

@@ -81,7 +81,7 @@ class Lab:
 
     # -- set up ------------------------------------------------------------------
 
-    def start(self) -> "Lab":
+    def start(self) -> Lab:
         self.ssh_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
         install(self.bin)
@@ -89,7 +89,7 @@ class Lab:
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         venv_bin = str(Path(sys.executable).parent)
         known, config = [], []
-        for name, address in zip(NAMES, ADDRESSES):
+        for name, address in zip(NAMES, ADDRESSES, strict=False):
             root = self.root / name
             twin = TwinHost(root / "twin")
             twin.setup(name, speed=self.speed, startup_speed=self.startup_speed, address=address,
@@ -114,10 +114,11 @@ class Lab:
                 f"SPARKTOP_PROC_ROOT={twin.home / 'proc'} SPARKTOP_SYS_ROOT={twin.home / 'sys'}\n"
             )
             host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
-                                         stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"))
+                                         stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"))  # noqa: SIM115
             pub = (key.with_suffix(".pub")).read_text().split()
             known.append(f"[{address}]:{host.port} {pub[0]} {pub[1]}")
-            config.append(f"Host lab-{name}\n  HostName {address}\n  Port {host.port}\n  User {os.environ.get('USER') or 'root'}\n"
+            user = os.environ.get("USER") or "root"
+            config.append(f"Host lab-{name}\n  HostName {address}\n  Port {host.port}\n  User {user}\n"
                           f"  IdentityFile {self.key}\n")
             self.hosts.append(host)
         (self.ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")

@@ -20,8 +20,8 @@ from sparktop.observe.targets import node_targets
 from sparktop.settings import load_inventory
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
-from tests.helpers.pilot import until as _until
 from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat
+from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -99,7 +99,8 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
                 await until(pilot, lambda: urls <= set(app.state.engines) and
                             all(app.state.engines[u].state == "ready" for u in urls))
             except AssertionError:
-                raise AssertionError({u: (e.state, e.reason, e.topology) for u, e in app.state.engines.items()})
+                raise AssertionError({u: (e.state, e.reason, e.topology)
+                                      for u, e in app.state.engines.items()}) from None
             assert {app.state.engines[u].topology for u in urls} == {topology}
 
             await pilot.press("x")

@@ -158,7 +158,7 @@ def test_a_small_model_runs_next_to_a_big_one_and_each_stops_alone(lab):
         assert engines["http://127.0.0.2:8000"]["model"] == "gpt-oss-120b"
         assert engines["http://127.0.0.2:8002"]["model"] == "nemotron-nano-9b"
         assert all(e["state"] == "ready" for e in engines.values())
-        launches = {l["recipe"]: l["id"] for l in status["launches"]}
+        launches = {row["recipe"]: row["id"] for row in status["launches"]}
         assert set(launches) == {"gpt-oss-120b", "nemotron-nano-9b-v2"}
         [node_a] = [n for n in status["nodes"] if n["name"] == "spark-a"]
         assert node_a["memory_gib"]["available"] > 4  # both shares fit with room left

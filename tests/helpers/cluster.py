@@ -9,6 +9,7 @@ import random
 
 import httpx
 
+from sparktop.launch.state import api_key_for
 from sparktop.observe.poller import NodeTarget, Poller
 from sparktop.twin.cluster import TwinCluster, wait_ready
 
@@ -22,7 +23,7 @@ async def start_cluster(root, model: str = "llama-3.1-8b", speed: float = 4.0) -
 
 def poller_for(cluster: TwinCluster, interval: float = 0.5, **kw) -> Poller:
     return Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=interval,
-                  default_port=None, **kw)
+                  default_port=None, router_key=api_key_for, **kw)
 
 
 @contextlib.asynccontextmanager

@@ -10,24 +10,23 @@ is how monitor tests make the server look like a GB10 node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import asyncssh
 
 
 def _killpg(proc) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, fixture: "SSHServerFixture"):
+    def __init__(self, fixture: SSHServerFixture):
         self.fixture = fixture
 
     def connection_made(self, conn):
@@ -74,7 +73,7 @@ class SSHServerFixture:
         self.config = self.root / "ssh_config"
         self._server = None
 
-    async def start(self) -> "SSHServerFixture":
+    async def start(self) -> SSHServerFixture:
         self._server = await asyncssh.create_server(
             lambda: _Server(self), "127.0.0.1", self.port, server_host_keys=[self.host_key],
             process_factory=self._process, keepalive_interval=0,

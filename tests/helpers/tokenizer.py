@@ -10,12 +10,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-NOUNS = ("node memory model cache token engine batch prompt layer expert link cluster router queue "
-         "request stream kernel weight tensor river mountain city house garden window letter story").split()
-VERBS = ("reads writes moves holds waits streams grows falls sends returns finds keeps shares builds").split()
-OTHER = ("the a one every each this that some no its their our".split(),
-         "quickly slowly again soon never always often still".split(),
-         "and but so while because when after before".split())
+NOUNS = ["node", "memory", "model", "cache", "token", "engine", "batch", "prompt", "layer", "expert", "link", "cluster", "router", "queue", "request", "stream", "kernel", "weight", "tensor", "river", "mountain", "city", "house", "garden", "window", "letter", "story"]
+VERBS = ["reads", "writes", "moves", "holds", "waits", "streams", "grows", "falls", "sends", "returns", "finds", "keeps", "shares", "builds"]
+OTHER = (["the", "a", "one", "every", "each", "this", "that", "some", "no", "its", "their", "our"],
+         ["quickly", "slowly", "again", "soon", "never", "always", "often", "still"],
+         ["and", "but", "so", "while", "because", "when", "after", "before"])
 
 
 def book_text(words: int = 40000, seed: int = 7) -> str:

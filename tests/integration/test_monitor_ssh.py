@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from sparktop.observe.host_probe import PROBE_SCRIPT
 from sparktop.observe.poller import NodeTarget, Poller
 from sparktop.observe.snapshot import NodeSnapshot
 from sparktop.remote import SSHTransport
 from tests.helpers import gb10
 from tests.helpers.sshd import SSHServerFixture
+from tests.helpers.wait import eventually
 
 
 class Spark:
@@ -116,34 +116,37 @@ async def test_polls_never_pile_up_on_a_slow_node(spark):
 
 
 async def test_a_dead_node_goes_stale_then_down_and_comes_back_by_itself(spark):
+    """The order a user sees: ok, stale, down (with the reason), ok again, with
+    nothing done by hand. How fast each comes is measured by
+    tests/benchmarks/node_death.py, not asserted on a shared machine."""
     interval = 0.5
     poller = Poller([NodeTarget("spark-a", transport(spark))], interval=interval, down_after=3.0,
                     default_port=None)
     await poller.start()
-    events = []
+    events: list[tuple[int, str, str | None]] = []
+    phase = 0  # 0 alive, 1 killed, 2 restarted
 
     async def run():
         async for event in poller.events():
             if isinstance(event, NodeSnapshot):
-                events.append((time.monotonic(), event.state, event.reason))
+                events.append((phase, event.state, event.reason))
+
+    def seen(in_phase: int, state: str) -> bool:
+        return any(p == in_phase and st == state for p, st, _ in events)
 
     task = asyncio.create_task(run())
     try:
-        await asyncio.sleep(1.2)
-        assert events[-1][1] == "ok"
-        killed = time.monotonic()
+        await eventually(lambda: seen(0, "ok"), what="the node answering")
+        phase = 1
         await spark.stop()
-        await asyncio.sleep(4.0)
-        stale_at = next(t for t, state, _ in events if t > killed and state == "stale")
-        down = [(t, reason) for t, state, reason in events if t > killed and state == "down"]
-        assert stale_at - killed <= 2 * interval + 0.3  # seen within two intervals
-        assert down and down[0][0] - killed <= 3.0 + interval + 0.5
-        assert "connect" in (down[0][1] or "").lower() or "connection" in (down[0][1] or "").lower()
-        back = time.monotonic()
+        await eventually(lambda: seen(1, "down"), timeout=30, what="the node marked down")
+        states = [st for p, st, _ in events if p == 1]
+        assert states.index("stale") < states.index("down")  # stale first, then down
+        reason = next(r for p, st, r in events if p == 1 and st == "down") or ""
+        assert "connect" in reason.lower() or "connection" in reason.lower()
+        phase = 2
         await spark.start()
-        await asyncio.sleep(5.0)
-        ok_at = next(t for t, state, _ in events if t > back and state == "ok")
-        assert ok_at - back <= 5.0
+        await eventually(lambda: seen(2, "ok"), timeout=30, what="the node back")
     finally:
         task.cancel()
         await poller.close()

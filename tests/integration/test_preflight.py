@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
+from sparktop.launch.catalog import find_recipe
 from sparktop.launch.preflight import run_preflight
-from sparktop.launch.recipe import find_recipe
 from sparktop.launch.topology import make_plan
 from sparktop.settings import Defaults
 from sparktop.twin.cluster import TwinCluster, loopback_aliases_work
@@ -166,7 +166,8 @@ async def test_an_unreachable_node_fails_reachable_and_nothing_else_is_tried(clu
     gone = Node("spark-b", "127.0.0.1", port=dead_port)
     inventory.nodes[1] = gone
     plan = make_plan(recipe, "shuffle", inventory)
-    transports = {"spark-a": cluster.nodes[0].transport(), "spark-b": SSHTransport("127.0.0.1", port=dead_port, name="spark-b")}
+    transports = {"spark-a": cluster.nodes[0].transport(),
+                  "spark-b": SSHTransport("127.0.0.1", port=dead_port, name="spark-b")}
     result = await run_preflight(plan, recipe, inventory, transports)
     b = [c for c in result.checks if c.node == "spark-b"]
     assert [c.name for c in b] == ["reachable"] and b[0].status == "fail"

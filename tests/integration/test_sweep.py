@@ -13,11 +13,11 @@ import time
 import pytest
 from aiohttp import web
 
+from sparktop.bench.events import SweepFinished
 from sparktop.bench.request import RequestRecord, stream_chat
 from sparktop.bench.results import load_run
 from sparktop.bench.sweep import Sweep, SweepSettings, request_timeout
 from sparktop.cli import main
-
 from tests.conftest import free_port
 from tests.helpers.twin_process import start_twin_process
 
@@ -113,9 +113,10 @@ def test_the_timeout_grows_with_concurrency_and_output():
 
 async def test_sweep_measures_a_twin_with_prompts_of_the_exact_length(twin, tmp_path):
     server = await twin("llama-3.1-8b", speed=10)
-    events = []
-    result = await Sweep(SweepSettings(server.url + "/v1", levels=[1, 4], runs=2, pp=300, tg=48),
-                         tmp_path, on_event=events.append).run()
+    sweep = Sweep(SweepSettings(server.url + "/v1", levels=[1, 4], runs=2, pp=300, tg=48), tmp_path)
+    events = [event async for event in sweep.events()]
+    result = events[-1]
+    assert isinstance(result, SweepFinished)
     assert result.status == "done"
     run = load_run(result.path)
     ok = [r for r in run.records]
@@ -134,10 +135,11 @@ async def test_cancelled_sweep_keeps_what_finished_and_resumes(twin, tmp_path):
     settings = SweepSettings(server.url, levels=[1, 2, 4], runs=2, pp=128, tg=24)
     seen = []
 
-    def on_event(e):
-        seen.append(e)
+    async def watch():
+        async for event in Sweep(settings, tmp_path).events():
+            seen.append(event)
 
-    task = asyncio.ensure_future(Sweep(settings, tmp_path, on_event=on_event).run())
+    task = asyncio.ensure_future(watch())
     # Cancel while the first measured batch of level 4 is in flight.
     while not any(type(e).__name__ == "LevelStarted" and e.concurrency == 4 and not e.warmup for e in seen):
         await asyncio.sleep(0.001)

@@ -54,7 +54,7 @@ async def test_docker_runs_lists_logs_and_removes_a_vllm_container(cluster):
     pid, name, used = [part.strip() for part in smi.stdout.strip().split(",")]
     assert name == "VLLM::EngineCore" and int(used) > 90_000  # 0.9 x 119.6 GiB
     meminfo = (a.host.home / "proc" / "meminfo").read_text()
-    available_kb = int(next(l for l in meminfo.splitlines() if l.startswith("MemAvailable")).split()[1])
+    available_kb = int(next(line for line in meminfo.splitlines() if line.startswith("MemAvailable")).split()[1])
     assert available_kb < 30 * 1024 * 1024
 
     logs = await sh(a, "docker", "logs", "--tail", "50", "engine-1")
@@ -68,7 +68,7 @@ async def test_docker_runs_lists_logs_and_removes_a_vllm_container(cluster):
     assert (await sh(a, "docker", "rm", "-f", "engine-1")).ok
     # The memory is free the moment `docker rm` returns, as on a real node.
     meminfo = (a.host.home / "proc" / "meminfo").read_text()
-    available_kb = int(next(l for l in meminfo.splitlines() if l.startswith("MemAvailable")).split()[1])
+    available_kb = int(next(line for line in meminfo.splitlines() if line.startswith("MemAvailable")).split()[1])
     assert available_kb > 110 * 1024 * 1024
     assert (await sh(a, "docker", "ps", "-aq")).stdout == ""
     assert (await sh(a, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")).stdout == ""

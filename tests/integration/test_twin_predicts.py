@@ -13,7 +13,6 @@ import pytest
 from sparktop.model.cards import find_card
 from sparktop.model.fit import SERVING, load_constants
 from sparktop.model.simulate import predict
-
 from tests.helpers.twin_process import start_twin_process
 
 pytestmark = pytest.mark.slow

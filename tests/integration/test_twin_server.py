@@ -15,12 +15,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparktop.twin.args import parse_serve_args
-from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from sparktop.model.fit import load_constants
 from sparktop.model.perf import PerfModel
+from sparktop.twin.args import parse_serve_args
+from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from sparktop.twin.server import TwinServer
-
 from tests.conftest import free_port
 
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from textual.widgets import DataTable, Input, Static
 
+from sparktop.launch.state import api_key_for
 from sparktop.observe.poller import NodeTarget, Poller
 from sparktop.settings import Defaults
 from sparktop.twin.cluster import TwinCluster, loopback_aliases_work
@@ -45,7 +46,7 @@ async def cluster(tmp_path, monkeypatch):
 
 def app_for(cluster) -> tuple[SparktopApp, Poller]:
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=0.5,
-                    default_port=None)
+                    default_port=None, router_key=api_key_for)
 
     async def start():
         await poller.start()

@@ -14,8 +14,8 @@ from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard, NodeCard
 from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen
 from tests.conftest import free_port
-from tests.helpers.pilot import until
 from tests.helpers.cluster import load, poller_for, start_cluster
+from tests.helpers.pilot import until
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +37,15 @@ async def test_shows_both_nodes_memory_and_both_engines_kv_and_tokens(cluster):
     await poller.start()
     app = SparktopApp(poller)
     try:
-        async with load(cluster.urls):
-            async with app.run_test(size=(80, 24)) as pilot:
-                def live():
-                    engines = cards(app, EngineCard)
-                    return (len(cards(app, NodeCard)) == 2 and len(engines) == 2
-                            and all("gen " in c.text and " t/s" in c.text and "gen — t/s" not in c.text
-                                    and "gen 0.0 t/s" not in c.text for c in engines))
-                await until(pilot, live, timeout=20)
-                nodes = {c.key: c.text for c in cards(app, NodeCard)}
-                engines = [c.text for c in cards(app, EngineCard)]
+        async with load(cluster.urls), app.run_test(size=(80, 24)) as pilot:
+            def live():
+                engines = cards(app, EngineCard)
+                return (len(cards(app, NodeCard)) == 2 and len(engines) == 2
+                        and all("gen " in c.text and " t/s" in c.text and "gen — t/s" not in c.text
+                                and "gen 0.0 t/s" not in c.text for c in engines))
+            await until(pilot, live, timeout=20)
+            nodes = {c.key: c.text for c in cards(app, NodeCard)}
+            engines = [c.text for c in cards(app, EngineCard)]
     finally:
         await poller.close()
     assert set(nodes) == {"spark-a", "spark-b"}
@@ -149,7 +148,8 @@ async def test_a_crashed_engine_container_stays_on_screen_with_the_reason(cluste
             await until(pilot, lambda: len(cards(app, EngineCard)) == 2)
             # Kill the engine process inside the container: the container exits.
             r = await a.transport().run("docker inspect --format '{{.State.Pid}}' sparktop-vllm")
-            import os, signal
+            import os
+            import signal
             os.killpg(int(r.stdout.strip()), signal.SIGKILL)
             key = f"http://{a.address}:{cluster.port_for(0, 8000)}"
             card = lambda: next(c for c in cards(app, EngineCard) if c.key == key)  # noqa: E731

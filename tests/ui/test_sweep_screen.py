@@ -12,12 +12,12 @@ from sparktop.observe.poller import EngineTarget, Poller
 from sparktop.twin.args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from sparktop.ui.app import SparktopApp
+from sparktop.ui.cards import EngineCard
 from sparktop.ui.screens import MonitorScreen
 from sparktop.ui.sweep import CompareScreen, RunsScreen, SweepScreen
 from tests.conftest import free_port
 from tests.helpers.pilot import until
 from tests.ui.test_monitor_app import cards
-from sparktop.ui.cards import EngineCard
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 async def engine():
     port = free_port()
     server = TwinServer(parse_serve_args(["llama-3.1-8b", "--host", "127.0.0.1", "--port", str(port),
-                                          "--startup-speed", "1e6", "--speed", "10"]), log=io.StringIO())
+                                          "--startup-speed", "1e6", "--speed", "3"]),  # slow enough to watch
+                        log=io.StringIO())
     await server.start()
     poller = Poller([], [EngineTarget(server.url)], interval=0.3, down_after=3.0, default_port=None)
     await poller.start()
@@ -57,7 +58,7 @@ async def test_sweep_runs_live_and_fills_the_table_and_charts(engine, tmp_path):
         fill(screen, levels="1,2,4", runs="2", pp="256", tg="32")
         await pilot.press("enter")
         await until(pilot, lambda: screen.query_one("#levels-table").row_count >= 1, timeout=30)
-        assert screen.running
+        assert screen.running  # the first level is in while the others still run
         await until(pilot, lambda: screen.finished is not None, timeout=60)
         table = screen.query_one("#levels-table")
         assert table.row_count == 3

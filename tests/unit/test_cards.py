@@ -39,10 +39,10 @@ def test_node_card_lines_say_what_the_node_is_doing():
 def test_engine_card_shows_starting_stage_and_unreachable_reason():
     card = EngineCard("http://a:8000")
     starting = EngineSnapshot(key="k", url="http://10.0.0.1:8000", t=1, state="starting", stage="loading weights")
-    assert "starting: loading weights" in "\n".join(l.plain for l in card._lines(starting, None, 40))
+    assert "starting: loading weights" in "\n".join(line.plain for line in card._lines(starting, None, 40))
     down = EngineSnapshot(key="k", url="http://10.0.0.1:8000", t=1, state="unreachable", reason="connection refused",
                           kv_usage=0.5)
-    assert "connection refused" in "\n".join(l.plain for l in card._lines(down, None, 40))
+    assert "connection refused" in "\n".join(line.plain for line in card._lines(down, None, 40))
 
 
 def test_sparklines_have_a_baseline_and_a_fixed_scale_when_asked():
@@ -57,4 +57,4 @@ def test_flow_wraps_between_fields_not_inside_them():
     from rich.text import Text
 
     lines = render.flow([Text("aaaa"), Text("bbbb"), Text("cccc")], 10)
-    assert [l.plain for l in lines] == ["aaaa  bbbb", "cccc"]
+    assert [line.plain for line in lines] == ["aaaa  bbbb", "cccc"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from sparktop.model.cards import find_card
-from sparktop.twin.engine import BLOCK, BlockPool, Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
 from sparktop.model.perf import PerfModel
+from sparktop.twin.engine import BLOCK, BlockPool, Engine, EngineConfig, FinishEvent, Sequence, TokenEvent
 
 
 def make_engine(util=0.9, **config) -> Engine:

@@ -14,7 +14,6 @@ hostile value must arrive as exactly one argument, unchanged.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparktop.launch.recipe import load_recipe_file
+from sparktop.launch.catalog import load_recipe_file
 from sparktop.launch.topology import make_plan
 from sparktop.settings import Inventory, Node
 
@@ -71,7 +70,7 @@ RECORDER = textwrap.dedent("""\
 
 PAYLOADS = [
     "; touch {marker}", "$(touch {marker})", "`touch {marker}`", "'; touch {marker}; '", "\"; touch {marker}; \"",
-    "\n touch {marker}\n", "| touch {marker}", "&& touch {marker}", "' \"$(touch {marker})\" '", "${{IFS}}touch${{IFS}}{marker}",
+    "\n touch {marker}\n", "| touch {marker}", "&& touch {marker}", "' \"$(touch {marker})\" '", "${{IFS}}touch${{IFS}}{marker}",  # noqa: E501
     "x\\'; touch {marker} #", "$'\\x3b' touch {marker}", "*", "-- ; rm -rf ~",
 ]
 

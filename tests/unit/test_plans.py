@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sparktop.launch.catalog import discover, find_recipe
 from sparktop.launch.plan import Home, render
-from sparktop.launch.recipe import discover, find_recipe
 from sparktop.launch.topology import PlanError, make_plan
 from sparktop.settings import Inventory, Node
 

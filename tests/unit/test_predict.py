@@ -72,7 +72,7 @@ def test_fit_report_lists_every_published_cell_and_the_error_per_metric(capsys):
 
 
 def test_predict_works_for_every_shipped_recipe(capsys):
-    from sparktop.launch.recipe import discover
+    from sparktop.launch.catalog import discover
 
     recipes, errors = discover()
     assert recipes and not errors

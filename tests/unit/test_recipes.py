@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparktop.errors import ConfigError
-from sparktop.launch.recipe import discover, find_recipe, flag_args, load_recipe_file
+from sparktop.launch.catalog import discover, find_recipe, load_recipe_file
+from sparktop.launch.recipe import flag_args
 
 COMMUNITY = Path(__file__).resolve().parents[1] / "fixtures" / "community"
 SHIPPED = ["gpt-oss-120b", "gemma4-26b-a4b", "nemotron-3-super-120b-a12b", "qwen3-235b-a22b",

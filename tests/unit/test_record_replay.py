@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparktop.errors import SparktopError
-from sparktop.observe.snapshot import EngineGone
 from sparktop.observe.record import Recorder, Recording, ReplaySource
-from sparktop.observe.snapshot import EngineSnapshot, Memory, NodeSnapshot
+from sparktop.observe.snapshot import EngineGone, EngineSnapshot, Memory, NodeSnapshot
 from sparktop.observe.state import ClusterState, Reset
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "recording-demo.jsonl"

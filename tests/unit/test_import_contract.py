@@ -1,0 +1,119 @@
+"""The import rules docs/ARCHITECTURE.md writes down, checked on the source.
+
+Every import counts, at module level or inside a function: a function-level
+import is still a dependency, only a later one."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import sparktop
+
+PACKAGE = Path(sparktop.__file__).parent
+
+# What each part of sparktop may import (besides itself and the foundation).
+FOUNDATION = {"errors", "yamlfile", "units", "events", "settings", "__init__"}
+ALLOWED = {
+    "remote": set(),
+    "observe": {"remote"},
+    "bench": {"observe"},
+    "model": {"bench"},
+    "launch": {"remote", "observe", "bench", "model"},
+    "twin": {"remote", "model"},
+    "status": {"remote", "observe", "launch"},
+    "ui": {"remote", "observe", "bench", "model", "launch"},
+    "demo": {"remote", "observe", "launch", "twin", "ui"},
+    "cli": {"remote", "observe", "bench", "model", "launch", "twin", "ui", "status", "demo"},
+    "__main__": {"cli"},
+}
+
+
+def part(module: str) -> str:
+    """sparktop.observe.poller -> observe; sparktop.cli -> cli."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(absolute sparktop module, line) for every import in the file."""
+    here = module_name(path)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("sparktop")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - node.level + (1 if path.name == "__init__.py" else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("sparktop"):
+                out.append((target, node.lineno))
+    return out
+
+
+def edges() -> list[tuple[str, str, str, int]]:
+    """(importing module, imported module, file, line) across the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for target, line in imports(path):
+            found.append((module_name(path), target, str(path.relative_to(PACKAGE.parent)), line))
+    return found
+
+
+def test_each_part_imports_only_what_the_architecture_allows():
+    offenders = []
+    for source, target, where, line in edges():
+        a, b = part(source), part(target)
+        if a == b or b in FOUNDATION:
+            continue
+        if a in FOUNDATION:
+            offenders.append(f"{where}:{line}: the foundation imports {target}")
+        elif b not in ALLOWED.get(a, set()):
+            offenders.append(f"{where}:{line}: {a} may not import {target}")
+    assert offenders == []
+
+
+def test_no_cycles_between_packages():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for source, target, _, _ in edges():
+        if part(source) != part(target):
+            graph[part(source)].add(part(target))
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]) if nxt in trail else f"{node}->{nxt}")
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(list(graph)):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_only_the_cli_imports_a_commands_module():
+    offenders = [f"{where}:{line}: {target}" for source, target, where, line in edges()
+                 if target.rsplit(".", 1)[-1] == "commands" and source != "sparktop.cli"]
+    assert offenders == []
+
+
+def test_no_cycles_between_modules_of_the_launch_package():
+    """recipe -> community -> recipe was one; catalog now loads both."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for source, target, _, _ in edges():
+        if source.startswith("sparktop.launch.") and target.startswith("sparktop.launch."):
+            graph[source].add(target)
+    assert not any(a in graph.get(b, set()) for a in graph for b in graph[a])
