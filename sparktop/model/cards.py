@@ -17,7 +17,7 @@ Any other model can be described on the fly from its config.json
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -57,6 +57,13 @@ class ModelCard:
     extra_loaded_b: float = 0.0  # parameters loaded but not run per token (vision tower, MTP head)
 
     # -- what the config says ---------------------------------------------------
+
+    def quant_text(self) -> str:
+        """The checkpoint's formats, naming only the parts this model has."""
+        a = self.arch
+        present = {"attention", "lm_head"} | ({"experts"} if a.moe else set()) | \
+            ({"linear"} if a.dense_ffn_params else set()) | ({"recurrent"} if a.recurrent_params else set())
+        return self.quant.describe(present)
 
     @property
     def layers(self) -> int:
@@ -160,7 +167,7 @@ class ModelCard:
     def describe(self) -> str:
         kind = f"{self.experts}x{self.experts_active} MoE" if self.is_moe else "dense"
         return (f"{self.name} ({self.hf_id}): {self.total_params_b:.1f}B total, {self.active_params_b:.2f}B active, "
-                f"{kind}, {self.quant.describe()}, {self.weights_gib:g} GiB weights")
+                f"{kind}, {self.quant_text()}, {self.weights_gib:g} GiB weights")
 
 
 # -- loading ---------------------------------------------------------------------
@@ -209,7 +216,9 @@ def card_from_config(path: str | Path, name: str | None = None, quant: str | Non
         raise UnknownModel(f"{path}: not JSON ({exc})") from None
     arch = from_config(cfg, str(path))
     q = Quantization.of(quant) if quant else _quant_from_config(cfg)
-    return ModelCard(name=name or path.parent.name or path.stem, hf_id=str(cfg.get("_name_or_path") or path),
+    # A folder's config.json is named after the folder; qwen3-8b.json after itself.
+    default = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+    return ModelCard(name=name or default, hf_id=str(cfg.get("_name_or_path") or path),
                      arch=arch, quant=q, max_model_len=arch.max_position_embeddings, config_path=str(path))
 
 

@@ -20,7 +20,7 @@ def cmd_fit(args) -> int:
     if args.cross_validate:
         cv = fit.cross_validate(start=k, iterations=max(20, args.iterations // 2),
                                 progress=lambda line: console.print(line))
-    if args.refit:
+    if k is not None:  # refitted
         fit.save_constants(k, rep.summary(), cross=cv)
         console.print(f"saved {fit.FITTED}")
     if args.json:

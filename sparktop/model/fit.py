@@ -31,9 +31,10 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import yaml
 
@@ -112,7 +113,7 @@ def _article_cells(path: Path) -> list[Cell]:
         levels = run["concurrency"]
         for metric in HEADLINE:
             for topology, values in (run.get(metric) or {}).items():
-                for c, v in zip(levels, values):
+                for c, v in zip(levels, values, strict=True):  # one value per level
                     cells.append(Cell(run["model"], topology, metric, c, v, source=str(run.get("source", "")),
                                       serving=SERVING.get(run["model"], Serving()),
                                       quant=ARTICLE_QUANT.get(run["model"], "")))
@@ -261,11 +262,11 @@ def predicted(cell: Cell, k: Constants) -> tuple[float | None, bool]:
     card = _card(cell)
     tool, pp, tg, requests = cell.workload
     if tool == "vllm-bench-serve":
-        p = predict_serve(card, cell.topology, requests, cell.concurrency, pp, tg, k, cell.serving)
-        value = {"output_tps": p.output_tps, "request_throughput": p.request_throughput,
-                 "ttft_ms": p.ttft_ms_mean, "decode_tps": p.output_tps, "wall_s": p.wall_s,
-                 "decode_tps_per_request": 1000 / p.tpot_ms_mean if p.tpot_ms_mean else None}.get(cell.metric)
-        return value, p.errors == 0
+        sp = predict_serve(card, cell.topology, requests, cell.concurrency, pp, tg, k, cell.serving)
+        value = {"output_tps": sp.output_tps, "request_throughput": sp.request_throughput,
+                 "ttft_ms": sp.ttft_ms_mean, "decode_tps": sp.output_tps, "wall_s": sp.wall_s,
+                 "decode_tps_per_request": 1000 / sp.tpot_ms_mean if sp.tpot_ms_mean else None}.get(cell.metric)
+        return value, sp.errors == 0
     p = predict(card, cell.topology, cell.concurrency, pp, tg, k, cell.serving)
     return getattr(p.stats, METRICS[cell.metric]), p.fits
 
@@ -294,8 +295,8 @@ def evaluate(k: Constants, cells: list[Cell], workers: int = 1) -> list[tuple[Ce
               for w in range(workers)]
     results = _POOL.map(_evaluate_chunk, [(k, chunk) for chunk in chunks])
     by_cell = {}
-    for chunk, res in zip(chunks, results):
-        for cell, r in zip(chunk, res):
+    for chunk, res in zip(chunks, results, strict=True):
+        for cell, r in zip(chunk, res, strict=True):
             by_cell[id(cell)] = r
     return [(cell, *by_cell[id(cell)]) for cell in cells]
 
@@ -338,7 +339,8 @@ def _vector(k: Constants) -> list[float]:
 
 
 def _constants(v: list[float], base: Constants = DEFAULT_CONSTANTS) -> Constants:
-    g = {name: math.exp(x) for name, x in zip(GLOBAL, v)}
+    # Any: keyword arguments of replace(), which mypy checks against every field (model_factors too).
+    g: dict[str, Any] = {name: math.exp(x) for name, x in zip(GLOBAL, v, strict=True)}
     for name in CAPPED:
         g[name] = min(g[name], 1.0)
     for name, (lo, hi) in BOUNDS.items():
@@ -358,22 +360,22 @@ def nelder_mead(f, x0: list[float], step: float = 0.3, iterations: int = 200, pr
             progress(it, vals[0])
         centroid = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
         worst = pts[-1]
-        refl = [c + (c - w) for c, w in zip(centroid, worst)]
+        refl = [c + (c - w) for c, w in zip(centroid, worst, strict=True)]
         fr = f(refl)
         if fr < vals[0]:
-            exp = [c + 2 * (c - w) for c, w in zip(centroid, worst)]
+            exp = [c + 2 * (c - w) for c, w in zip(centroid, worst, strict=True)]
             fe = f(exp)
             pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
         elif fr < vals[-2]:
             pts[-1], vals[-1] = refl, fr
         else:
-            con = [c + 0.5 * (w - c) for c, w in zip(centroid, worst)]
+            con = [c + 0.5 * (w - c) for c, w in zip(centroid, worst, strict=True)]
             fc = f(con)
             if fc < vals[-1]:
                 pts[-1], vals[-1] = con, fc
             else:
                 best = pts[0]
-                pts = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p)] for p in pts[1:]]
+                pts = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in pts[1:]]
                 vals = [vals[0]] + [f(p) for p in pts[1:]]
     i = min(range(n + 1), key=lambda i: vals[i])
     return pts[i], vals[i]
@@ -485,7 +487,7 @@ class Report:
 
     def summary(self) -> dict:
         same, total, _ = self.winners()
-        out = {f"mape_{m}": round(v, 4) for m in HEADLINE if (v := self.mape(m)) is not None}
+        out: dict[str, float | str] = {f"mape_{m}": round(v, 4) for m in HEADLINE if (v := self.mape(m)) is not None}
         out.update({"same_winner": f"{same}/{total}", "cells": len(self.rows),
                     "fitted_cells": len(self.fitted_rows())})
         return out

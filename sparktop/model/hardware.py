@@ -12,7 +12,7 @@ themselves are never fitted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -47,7 +47,7 @@ class Hardware:
             raise SparktopError(f"{self.name}: no tensor throughput for {precision!r}") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str = "gb10") -> Hardware:
     path = DATA / f"{name}.yaml"
     try:

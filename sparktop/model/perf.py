@@ -36,8 +36,8 @@ peaks they scale (`hardware`) are the vendor's, never fitted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from sparktop.model.cards import GIB, ModelCard
 from sparktop.model.hardware import GB10, Hardware
@@ -187,7 +187,7 @@ class PerfModel:
         """decode_sums: per attention group, the context all decoding
         sequences attend to (a sliding group counts at most its window each)."""
         kv = flops = 0.0
-        for (layers, per, window, score), ctx in zip(self._attn, decode_sums):
+        for (layers, per, window, score), ctx in zip(self._attn, decode_sums, strict=True):
             if window:
                 pre = sum(n * min(c + n / 2, window) for n, c in prefill)
                 pre_read = sum(min(c + n, window + n) for n, c in prefill)

@@ -10,8 +10,8 @@ then the recommendation per workload shape, with the crossovers.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from sparktop.bench.compare import Metric, crossovers
 from sparktop.bench.results import Run
@@ -134,4 +134,4 @@ def uncertainty(card: ModelCard) -> str:
                 f"on average on its {len(errs)} figures ({FITTED.name}); {unseen or 'no cross-validation saved'}")
     return (f"no published source measured {card.name}: this comes from the same physics and constants "
             f"({card.architecture}, {card.active_params_b:.1f}B active of {card.total_params_b:.1f}B, "
-            f"{card.quant.describe()}); " + (unseen or "expect ±25 % or more, most on prefill and TTFT"))
+            f"{card.quant_text()}); " + (unseen or "expect ±25 % or more, most on prefill and TTFT"))

@@ -56,7 +56,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("int8", 8.16, "bf16", "Marlin W8A16", "bf16", "Marlin MoE W8A16"),
 )}
 
-ALIASES = {"gptq-int4": "int4", "int4-gptq": "int4", "int4-awq": "int4", "int4-w4a16": "int4", "awq": "int4", "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
+ALIASES = {"gptq-int4": "int4", "int4-gptq": "int4", "int4-awq": "int4", "int4-w4a16": "int4", "awq": "int4",
+           "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
            "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "modelopt": "fp8", "bfloat16": "bf16", "float16": "fp16",
            "auto": "bf16", "none": "bf16", "mxfp4-moe": "mxfp4", "compressed-tensors-fp8": "fp8"}
 
@@ -83,7 +84,7 @@ class Quantization:
     @classmethod
     def of(cls, scheme: str, experts: str | None = None, linear: str | None = None,
            lm_head: str | None = None, recurrent: str | None = None,
-           attention: str | None = None) -> "Quantization":
+           attention: str | None = None) -> Quantization:
         """Defaults: a checkpoint quantizes every linear layer in its format but
         the unembedding, which stays BF16 (true of ModelOpt, llm-compressor,
         GPTQ and AWQ exports); gpt-oss's MXFP4 covers only the experts."""
@@ -100,7 +101,7 @@ class Quantization:
         return cls(scheme, fmt(experts), fmt(linear), fmt(lm_head or "bf16"), fmt(recurrent or linear),
                    fmt(attention or linear))
 
-    def on_backend(self, moe_backend: str = "auto", linear_backend: str = "auto") -> "Quantization":
+    def on_backend(self, moe_backend: str = "auto", linear_backend: str = "auto") -> Quantization:
         """The same weights through the kernels `--moe-backend` /
         `--linear-backend` force: Marlin dequantizes to BF16 (W4A16/W8A16)
         and handles small batches with 16-row tiles."""
@@ -108,17 +109,23 @@ class Quantization:
             return replace(f, compute="bf16", moe_compute="bf16", tile_m=16, kernel=f"Marlin ({f.name} weights)",
                            moe_kernel=f"Marlin MoE ({f.name} weights)")
 
+        def forced(f: Format) -> Format:  # BF16/FP16 layers are not quantized: Marlin leaves them be
+            return f if f.name in ("bf16", "fp16") else marlin(f)
+
         q = self
         if moe_backend == "marlin" and q.experts.name not in ("bf16", "fp16"):
             q = replace(q, experts=marlin(q.experts))
         if linear_backend == "marlin":
-            q = replace(q, **{part: marlin(getattr(q, part)) for part in ("linear", "attention", "recurrent")
-                              if getattr(q, part).name not in ("bf16", "fp16")})
+            q = replace(q, linear=forced(q.linear), attention=forced(q.attention), recurrent=forced(q.recurrent))
         return q
 
-    def describe(self) -> str:
+    def describe(self, present: set[str] | None = None) -> str:
+        """The scheme, and the format of each part where they differ; only
+        the parts in `present` (a model without experts has no "experts")."""
         parts = {"experts": self.experts.name, "attention": self.attention.name, "linear": self.linear.name,
                  "recurrent": self.recurrent.name, "lm_head": self.lm_head.name}
+        if present is not None:
+            parts = {k: v for k, v in parts.items() if k in present}
         if len(set(parts.values())) == 1:
             return self.scheme
         return f"{self.scheme} (" + ", ".join(f"{k} {v}" for k, v in parts.items()) + ")"

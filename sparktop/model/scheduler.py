@@ -23,8 +23,9 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from sparktop.model.perf import PerfModel, ceil_div
 
@@ -308,7 +309,7 @@ class Scheduler:
         self.total_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self):
+    def schedule(self) -> tuple[list[tuple[Sequence, int]], int] | None:
         """Pick this step's work: a list of (sequence, tokens to compute)."""
         budget = self.config.max_num_batched_tokens
         work: list[tuple[Sequence, int]] = []

@@ -14,8 +14,9 @@ step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from sparktop.errors import SparktopError
 
@@ -43,7 +44,7 @@ class Serving:
         """KV element size the flag asks for (None: the model's own dtype)."""
         return 1 if self.kv_cache_dtype.startswith("fp8") else None
 
-    def with_flags(self, flags: Mapping[str, Any], where: str = "--set") -> "Serving":
+    def with_flags(self, flags: Mapping[str, Any], where: str = "--set") -> Serving:
         """These settings with vLLM flags applied (`max_num_seqs: 64`,
         `--kv-cache-dtype fp8`, `no_enable_prefix_caching: true` ...)."""
         changes: dict[str, Any] = {}
@@ -81,7 +82,7 @@ class Serving:
         return out
 
     @classmethod
-    def from_flags(cls, flags: Mapping[str, Any] | None = None, where: str = "--set") -> "Serving":
+    def from_flags(cls, flags: Mapping[str, Any] | None = None, where: str = "--set") -> Serving:
         return cls().with_flags(flags or {}, where)
 
 

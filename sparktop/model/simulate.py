@@ -37,10 +37,11 @@ from sparktop.model.serving import Serving
 
 TOPOLOGIES = ("solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy")
 ROUTED = ("shuffle", "least-busy")
+DEFAULT_SERVING = Serving()  # vLLM's defaults (frozen: one instance serves every call)
 
 
 def perf_for(card: ModelCard, topology: str, k: Constants = DEFAULT_CONSTANTS,
-             serving: Serving = Serving()) -> PerfModel:
+             serving: Serving = DEFAULT_SERVING) -> PerfModel:
     tp = 2 if topology.startswith("cluster") else 1
     if serving.moe_backend != "auto" or serving.linear_backend != "auto":
         card = dataclasses.replace(card, quant=card.quant.on_backend(serving.moe_backend, serving.linear_backend))
@@ -191,7 +192,7 @@ def _decode_to_end(perf: PerfModel, eng: Scheduler, clock: list[float]) -> None:
     running = list(eng.running)
     ctx = [q.num_computed for q in running]
     left = [q.max_tokens - q.output_count for q in running]
-    need = sum(eng._blocks_for(c + n) - q.num_blocks for q, c, n in zip(running, ctx, left))
+    need = sum(eng._blocks_for(c + n) - q.num_blocks for q, c, n in zip(running, ctx, left, strict=True))
     if need > eng.pool.free + len(eng.pool.evictable):
         while eng.running or eng.waiting:
             plan = eng.schedule()
@@ -271,7 +272,7 @@ def kv_usage(perf: PerfModel, serving: Serving, n: int, tokens: int) -> float:
 
 
 def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 128,
-            k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving()) -> Prediction:
+            k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING) -> Prediction:
     """One lockstep batch of c requests (a llama-benchy level), as measured."""
     perf = perf_for(card, topology, k, serving)
     router = k.request_overhead_s + (k.router_overhead_s if topology in ROUTED else 0.0)
@@ -304,7 +305,7 @@ class ServePrediction:
 
 
 def predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
-                  k: Constants = DEFAULT_CONSTANTS, serving: Serving = Serving(),
+                  k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING,
                   replay: int | None = None) -> ServePrediction:
     """N requests kept c in flight. Long runs are replayed for `replay`
     requests (default 4 per slot, where the engine has reached its steady
@@ -321,7 +322,7 @@ def predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int
     return _SERVE_CACHE[key]
 
 
-_SERVE_CACHE: dict[tuple, "ServePrediction"] = {}
+_SERVE_CACHE: dict[tuple, ServePrediction] = {}
 
 
 def _predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
@@ -397,6 +398,7 @@ def _expected(make, c: int) -> LevelStats:
             if v is not None:
                 acc[key] += w * v
         weight += w
+    assert base is not None  # _split_points always gives at least one split
     for key in keys:
         setattr(base, key, acc[key] / weight if weight else None)
     return base

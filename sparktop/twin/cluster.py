@@ -72,7 +72,7 @@ class TwinCluster:
     images: list[str] = field(default_factory=lambda: [DEFAULT_IMAGE])
     nodes: list[TwinNode] = field(default_factory=list)
 
-    def setup(self, fresh: bool = True) -> "TwinCluster":
+    def setup(self, fresh: bool = True) -> TwinCluster:
         if fresh and self.root.exists():
             shutil.rmtree(self.root)
         aliases = loopback_aliases_work()

@@ -211,14 +211,14 @@ def follow_log(containers: Containers, c: dict, tail: int | None, follow: bool, 
 def inspect_container(c: dict) -> dict:
     return {
         "Id": c["id"],
-        "Created": dt.datetime.fromtimestamp(c["created"], dt.timezone.utc).isoformat(),
+        "Created": dt.datetime.fromtimestamp(c["created"], dt.UTC).isoformat(),
         "Path": c["command"][0],
         "Args": c["command"][1:],
         "State": {
             "Status": c["state"], "Running": c["state"] == "running", "Pid": c.get("pid", 0),
             "ExitCode": c.get("exit_code") or 0,
-            "StartedAt": dt.datetime.fromtimestamp(c["started"], dt.timezone.utc).isoformat(),
-            "FinishedAt": (dt.datetime.fromtimestamp(c["finished"], dt.timezone.utc).isoformat()
+            "StartedAt": dt.datetime.fromtimestamp(c["started"], dt.UTC).isoformat(),
+            "FinishedAt": (dt.datetime.fromtimestamp(c["finished"], dt.UTC).isoformat()
                            if c.get("finished") else "0001-01-01T00:00:00Z"),
         },
         "Image": c["image_id"],

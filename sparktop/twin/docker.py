@@ -72,9 +72,7 @@ def cmd_ps(host: TwinHost, argv: list[str]) -> int:
         ok = True
         for f in filters:
             key, _, val = f.partition("=")
-            if key == "name" and val not in c["name"]:
-                ok = False
-            elif key == "status" and val != c["state"]:
+            if key == "name" and val not in c["name"] or key == "status" and val != c["state"]:
                 ok = False
             elif key == "label":
                 lk, _, lv = val.partition("=")
@@ -156,7 +154,7 @@ def cmd_inspect(host: TwinHost, argv: list[str], kind: str = "container") -> int
         else:
             try:
                 results.append(inspect_container(Containers(host).find(ref)))
-            except DockerError as exc:
+            except DockerError:
                 if fmt is None:
                     print("[]")
                 print(f"Error: No such object: {ref}", file=sys.stderr)
@@ -174,7 +172,9 @@ def cmd_images(host: TwinHost, argv: list[str]) -> int:
     for entry in host.images:
         name = entry["name"] if isinstance(entry, dict) else entry
         repo, _, tag = name.partition(":")
-        print(f"{repo:<40}{tag or 'latest':<20}{image_id(host, name)[7:19]:<15}20GB")
+        iid = image_id(host, name)
+        assert iid is not None  # name is one of host.images
+        print(f"{repo:<40}{tag or 'latest':<20}{iid[7:19]:<15}20GB")
     return 0
 
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             if image_id(host, image):
                 print(f"Status: Image is up to date for {image}")
                 return 0
-            raise DockerError(f"Error response from daemon: Get \"https://registry-1.docker.io/v2/\": dial tcp: "
+            raise DockerError("Error response from daemon: Get \"https://registry-1.docker.io/v2/\": dial tcp: "
                               "lookup registry-1.docker.io: no such host", 1)
         if cmd in ("version", "--version"):
             print("Docker version 28.2.2, build sparktop-twin")

@@ -9,6 +9,7 @@ process group and wait for everything in it to go, as Docker does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -114,11 +115,12 @@ def cmd_run(host: TwinHost, argv: list[str]) -> int:
         raise DockerError("Error response from daemon: No command specified", 125)
     env = _env_from_opts(opts)
     cid = secrets.token_hex(32)
+    log_path = host.home / "logs" / f"{name}.log"
     labels = dict(item.partition("=")[::2] for item in opts.get("--label", []) + opts.get("-l", []))
     record = {
         "id": cid, "name": name, "image": image, "image_id": image_id(host, image), "command": command,
         "env": env, "labels": labels, "created": time.time(), "started": time.time(), "state": "created",
-        "exit_code": None, "finished": None, "pid": 0, "log": str(host.home / "logs" / f"{name}.log"),
+        "exit_code": None, "finished": None, "pid": 0, "log": str(log_path),
         "network": (opts.get("--network") or opts.get("--net") or ["bridge"])[-1],
         "gpus": (opts.get("--gpus") or [""])[-1], "rm": "--rm" in opts, "execs": [],
     }
@@ -127,8 +129,8 @@ def cmd_run(host: TwinHost, argv: list[str]) -> int:
                           f'shim task: OCI runtime create failed: exec: "{command[0]}": executable file not '
                           "found in $PATH: unknown", 127)
     containers.save(record)
-    Path(record["log"]).parent.mkdir(parents=True, exist_ok=True)
-    Path(record["log"]).write_bytes(b"")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparktop.twin.docker", "_supervise", str(host.home), name],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -150,20 +152,19 @@ def supervise(home: str, name: str) -> int:
     if not record:
         return 1
     env = container_env(host, record["env"], name)
-    log = open(record["log"], "ab", buffering=0)
-    try:
-        child = subprocess.Popen(record["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
-    except OSError as exc:
-        log.write(f"exec {record['command'][0]}: {exc.strerror}\n".encode())
-        record.update(state="exited", exit_code=127, finished=time.time())
-        containers.save(record)
-        return 127
+    # The child gets its own copy of the log's descriptor: ours is only for an exec failure.
+    with open(record["log"], "ab", buffering=0) as log:
+        try:
+            child = subprocess.Popen(record["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        except OSError as exc:
+            log.write(f"exec {record['command'][0]}: {exc.strerror}\n".encode())
+            record.update(state="exited", exit_code=127, finished=time.time())
+            containers.save(record)
+            return 127
 
     def forward(signum, _frame):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -189,10 +190,8 @@ def _kill(record: dict, sig: int) -> None:
     for pid in pids:
         if pid <= 0:
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def cmd_rm(host: TwinHost, argv: list[str]) -> int:
@@ -272,10 +271,8 @@ def cmd_stop(host: TwinHost, argv: list[str], sig: int = signal.SIGTERM) -> int:
             code = 1
             continue
         if c["state"] == "running":
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(c["pid"]), sig)  # the supervisor forwards it
-            except ProcessLookupError:
-                pass
             if sig == signal.SIGKILL or not _wait_gone(c, timeout):
                 _kill(c, signal.SIGKILL)
                 _wait_gone(c)

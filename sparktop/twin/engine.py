@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sparktop.model.perf import PerfModel
 from sparktop.model.scheduler import (  # noqa: F401  (re-exported for the server and tests)
@@ -56,10 +57,8 @@ class Engine(Scheduler):
         task, self._task = self._task, None
         if task:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         for seq in list(self.running) + list(self.waiting):
             self._finish(seq, "abort", self.clock())
 
@@ -101,10 +100,8 @@ class Engine(Scheduler):
             if plan is None:
                 # Nothing can run (e.g. a request larger than the cache): wait for change.
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.5)
-                except asyncio.TimeoutError:
-                    pass
                 continue
             work, preempted = plan
             decode, prefill = self.split(work)

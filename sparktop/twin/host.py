@@ -18,6 +18,7 @@ Files are replaced atomically (write then rename) so readers never see half.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -78,7 +79,7 @@ class TwinHost:
         self.home = Path(home)
 
     @classmethod
-    def from_env(cls) -> "TwinHost | None":
+    def from_env(cls) -> TwinHost | None:
         home = os.environ.get(ENV_HOME)
         return cls(home) if home else None
 
@@ -155,10 +156,8 @@ class TwinHost:
             write_json(path, data)
 
     def unregister(self, pid: int) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.home / "procs" / f"{pid}.json").unlink()
-        except FileNotFoundError:
-            pass
         self.write_meminfo()
 
     def processes(self) -> list[GpuProcess]:

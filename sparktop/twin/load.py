@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -19,8 +20,9 @@ import random
 import httpx
 
 SHARED = "You are a careful assistant for a team that runs vLLM on two DGX Spark nodes. " * 40
-WORDS = ("memory bandwidth decode prefill expert cache token batch latency node cluster router kernel "
-         "tensor parallel ray engine queue spark unified weights attention context sequence").split()
+WORDS = ["memory", "bandwidth", "decode", "prefill", "expert", "cache", "token", "batch", "latency", "node", "cluster",
+         "router", "kernel", "tensor", "parallel", "ray", "engine", "queue", "spark", "unified", "weights",
+         "attention", "context", "sequence"]
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, rng: random.Random) -> None:
@@ -98,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--period", type=float, default=90.0, help="seconds per load cycle")
     ap.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
     args = ap.parse_args(argv)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main_async(args.urls, args.min, args.max, args.period, args.parent))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -21,7 +21,8 @@ ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 
 def buckets_1_2_5(maximum: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to `maximum` (vLLM's build_1_2_5_buckets)."""
-    out, exponent = [], 0
+    out: list[int] = []
+    exponent = 0
     while True:
         for mantissa in (1, 2, 5):
             value = mantissa * 10**exponent

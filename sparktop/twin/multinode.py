@@ -14,15 +14,39 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from sparktop.twin.rendezvous import HeadRendezvous, join
 from sparktop.twin.startup import StartupError, StartupPlan
+
+if TYPE_CHECKING:
+    from sparktop.twin.args import ServeArgs
+    from sparktop.twin.engine import Engine
+    from sparktop.twin.host import TwinHost
+    from sparktop.twin.ray import RayDriver
+    from sparktop.twin.vlog import VllmLog
 
 HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
 
 
 class MultiNode:
     """Distributed start-up for the head and for headless workers."""
+
+    # The server's state this mixin works on (TwinServer.__init__ sets it).
+    args: ServeArgs
+    log: VllmLog
+    host: TwinHost | None
+    engine: Engine | None
+    startup_speed: float
+    stage: str
+    ready: asyncio.Event
+    _tasks: list[asyncio.Task]
+    _rdv: HeadRendezvous | None
+    _ray: RayDriver | None
+    _registered: bool
+
+    if TYPE_CHECKING:
+        def _fail(self, message: str) -> None: ...
 
     async def _start_distributed(self, plan: StartupPlan) -> None:
         args, log = self.args, self.log
@@ -42,10 +66,11 @@ class MultiNode:
             driver = RayDriver(address, f"{self.host.name if self.host else 'twin'}-{os.getpid()}")
             try:
                 workers = await driver.connect(tp, used_mib)
-            except (OSError, asyncio.TimeoutError) as exc:
-                raise StartupError(f"ConnectionError: could not connect to the Ray cluster at {address}: {exc}")
+            except (TimeoutError, OSError) as exc:
+                raise StartupError(
+                    f"ConnectionError: could not connect to the Ray cluster at {address}: {exc}") from exc
             except RuntimeError as exc:
-                raise StartupError(f"ValueError: {exc}")
+                raise StartupError(f"ValueError: {exc}") from exc
             self._ray = driver
             log.info("ray_distributed_executor.py:180",
                      f"RayWorkerWrapper placed on: {', '.join(workers) or 'this node'}")
@@ -64,17 +89,18 @@ class MultiNode:
         try:
             await self._rdv.start()
         except OSError as exc:
-            raise StartupError(f"torch.distributed.DistNetworkError: failed to bind {init}: {exc.strerror}")
+            raise StartupError(f"torch.distributed.DistNetworkError: failed to bind {init}: {exc.strerror}") from exc
         log.engine("parallel_state.py:1410", f"Waiting for {args.nnodes - 1} more node(s) to join at {init}")
         self.stage = "waiting for workers"
         wait = HEAD_WAIT_SECONDS / self.startup_speed
         try:
             await self._rdv.wait(wait, {"used_mib": used_mib})
-        except asyncio.TimeoutError:
+        except TimeoutError:
+            # The timeout carries nothing more than this message says.
             raise StartupError(
                 f"torch.distributed.DistStoreError: Timed out after {HEAD_WAIT_SECONDS:.0f} seconds waiting "
                 f"for clients. 1/{args.nnodes} clients joined."
-            )
+            ) from None
         hosts = ", ".join(p.host for p in self._rdv.peers)
         log.engine("parallel_state.py:1715", f"all {args.nnodes} nodes joined (workers on {hosts})")
 
@@ -105,9 +131,9 @@ class MultiNode:
                 "rank": rank, "model": args.model, "host": self.host.name if self.host else socket.gethostname(),
             }, wait)
         except TimeoutError as exc:
-            raise StartupError(f"torch.distributed.DistNetworkError: {exc}")
+            raise StartupError(f"torch.distributed.DistNetworkError: {exc}") from exc
         except RuntimeError as exc:
-            raise StartupError(f"RuntimeError: {exc}")
+            raise StartupError(f"RuntimeError: {exc}") from exc
         self._peer_writer = writer  # keep the connection open while we serve
         used = int(reply.get("used_mib", 0))
         if self.host:

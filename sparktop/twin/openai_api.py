@@ -11,16 +11,26 @@ once start-up has reached the API server stage.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import secrets
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from sparktop import __version__
 from sparktop.twin.engine import FinishEvent, Sequence, TokenEvent
-from sparktop.twin.text import OutputText, chat_prompt_ids, natural_lengths
+from sparktop.twin.text import OutputText, Tokenizer, chat_prompt_ids, natural_lengths
+
+if TYPE_CHECKING:
+    from sparktop.model.cards import ModelCard
+    from sparktop.twin.args import ServeArgs
+    from sparktop.twin.engine import Engine
+    from sparktop.twin.metrics import VllmMetrics
+    from sparktop.twin.startup import StartupPlan
+    from sparktop.twin.vlog import VllmLog
 
 VLLM_VERSION = f"0.20.1+sparktop.twin{__version__.replace('.', '')}"
 
@@ -33,6 +43,20 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> we
 
 class OpenAIRoutes:
     """The request handlers of a TwinServer."""
+
+    # The server's state the handlers read (TwinServer.__init__ sets it;
+    # engine, metrics and plan exist once start-up reaches the API server).
+    args: ServeArgs
+    card: ModelCard
+    log: VllmLog
+    tokenizer: Tokenizer
+    engine: Engine | None
+    metrics: VllmMetrics | None
+    plan: StartupPlan | None
+    speed: float
+    failure: str | None
+    _ids: itertools.count[int]
+    _created: int
 
     def _application(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -67,18 +91,21 @@ class OpenAIRoutes:
 
     async def load(self, request: web.Request) -> web.Response:
         engine = self.engine
+        assert engine is not None, "the API server starts after the engine"
         return web.json_response({"server_load": len(engine.running) + len(engine.waiting)})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        self.metrics.set_idle(len(engine.running), len(engine.waiting), engine.kv_usage)
-        return web.Response(body=self.metrics.render(),
+        engine, metrics = self.engine, self.metrics
+        assert engine is not None and metrics is not None, "the API server starts after the engine"
+        metrics.set_idle(len(engine.running), len(engine.waiting), engine.kv_usage)
+        return web.Response(body=metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized"}, status=401)
         self._access(request, 200)
+        assert self.plan is not None, "the API server starts after the plan"
         return web.json_response({"object": "list", "data": [{
             "id": self.args.name, "object": "model", "created": self._created, "owned_by": "vllm",
             "root": self.args.model, "parent": None, "max_model_len": self.plan.max_model_len,
@@ -91,6 +118,8 @@ class OpenAIRoutes:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        engine, plan = self.engine, self.plan
+        assert engine is not None and plan is not None, "the API server starts after the engine"
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized"}, status=401)
         try:
@@ -102,8 +131,9 @@ class OpenAIRoutes:
         model = body.get("model")
         if model not in (None, self.args.name):
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if self.failure or (self.engine and self.engine.failed):
-            return _error(500, self.failure or self.engine.failed, "InternalServerError")
+        failure = self.failure or engine.failed
+        if failure:
+            return _error(500, failure, "InternalServerError")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -119,7 +149,7 @@ class OpenAIRoutes:
             else:
                 return _error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
             seed_text = str(prompt)
-        max_len = self.plan.max_model_len
+        max_len = plan.max_model_len
         prompt_len = len(prompt_ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is None:
@@ -146,8 +176,8 @@ class OpenAIRoutes:
         # vLLM's API server takes its time per request (chat template,
         # tokenizing, scheduling hand-off) before the engine sees it: the
         # same constant `predict` adds, so the twin measures what it predicts.
-        await asyncio.sleep(self.plan.perf.k.request_overhead_s / self.speed)
-        self.engine.submit(seq)
+        await asyncio.sleep(plan.perf.k.request_overhead_s / self.speed)
+        engine.submit(seq)
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         try:
@@ -158,17 +188,17 @@ class OpenAIRoutes:
             return await self._complete(request, seq, out, chat, bool(body.get("return_token_ids")))
         except ConnectionResetError:
             # The client went away mid-stream: what it asked for is dropped, as in vLLM.
-            self.engine.abort(seq)
+            engine.abort(seq)
             return web.Response(status=499)
         except asyncio.CancelledError:
-            self.engine.abort(seq)
+            engine.abort(seq)
             raise
         finally:
             if not seq.finished:
-                self.engine.abort(seq)
+                engine.abort(seq)
 
     def _chunk(self, seq: Sequence, chat: bool, choice: dict | None, usage: dict | None = None) -> bytes:
-        data = {
+        data: dict[str, object] = {
             "id": seq.request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()),
@@ -181,7 +211,8 @@ class OpenAIRoutes:
 
     @staticmethod
     def _usage(prompt: int, completion: int, cached: int) -> dict:
-        usage = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+        usage: dict[str, int | dict[str, int]] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                                                  "completion_tokens": completion}
         if cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,10 +94,8 @@ class Gcs:
                 self.placements.pop(engine)
                 driver = self.drivers.get(engine)
                 if driver:
-                    try:
+                    with contextlib.suppress(ConnectionError, OSError):
                         await wire.send(driver, {"op": "node_dead", "node": msg.get("name")})
-                    except (ConnectionError, OSError):
-                        pass
 
     async def _driver(self, msg, reader, writer) -> None:
         engine = str(msg.get("engine"))
@@ -124,24 +123,20 @@ class Gcs:
             if m.get("op") == "util" and engine in self.placements:
                 node = self.nodes.get(self.placements[engine])
                 if node and node["writer"] is not None:
-                    try:
+                    with contextlib.suppress(ConnectionError, OSError):
                         await wire.send(node["writer"], {"op": "util", "engine": engine, "util": m.get("util", 0)})
-                    except (ConnectionError, OSError):
-                        pass
         self.drivers.pop(engine, None)
-        nid = self.placements.pop(engine, None)
-        node = self.nodes.get(nid) if nid else None
+        placed_on = self.placements.pop(engine, None)
+        node = self.nodes.get(placed_on) if placed_on else None
         if node and node["writer"] is not None:
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await wire.send(node["writer"], {"op": "release", "engine": engine})
-            except (ConnectionError, OSError):
-                pass
 
 
 async def member(host: TwinHost, head_ip: str, head_port: int, ip: str) -> int:
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(head_ip, head_port), 10)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         print(f"ConnectionError: Unable to connect to GCS at {head_ip}:{head_port}: {exc}", file=sys.stderr, flush=True)
         return 1
     await wire.send(writer, {"op": "join", "name": host.name, "ip": ip, "gpus": 1})
@@ -177,6 +172,9 @@ async def member(host: TwinHost, head_ip: str, head_port: int, ip: str) -> int:
 
 def _daemon_main(argv: list[str]) -> int:
     host = TwinHost.from_env()
+    if host is None:  # `ray start` checked it and passes its environment on; this is a daemon run by hand
+        print("ray (sparktop twin): SPARKTOP_TWIN_HOME is not set", file=sys.stderr)
+        return 2
     role, ip, port = argv[0], argv[1], int(argv[2])
     loop_exit = 0
 
@@ -223,21 +221,25 @@ class RayDriver:
     def __init__(self, address: str, engine: str):
         self.address = address
         self.engine = engine
-        self.reader = self.writer = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
 
     async def connect(self, gpus: int, used_mib: int) -> list[str]:
         ip, port = self.address.rsplit(":", 1)
-        self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(ip, int(port)), 10)
-        await wire.send(self.writer, {"op": "driver", "engine": self.engine, "gpus": gpus, "used_mib": used_mib})
-        reply = await wire.recv(self.reader)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, int(port)), 10)
+        self.reader, self.writer = reader, writer
+        await wire.send(writer, {"op": "driver", "engine": self.engine, "gpus": gpus, "used_mib": used_mib})
+        reply = await wire.recv(reader)
         if not reply or not reply.get("ok"):
             raise RuntimeError((reply or {}).get("error", "the Ray GCS closed the connection"))
         return reply.get("workers", [])
 
     async def watch(self) -> str:
         """Returns the reason when the cluster loses our worker."""
+        reader = self.reader
+        assert reader is not None, "watch() after connect()"
         while True:
-            msg = await wire.recv(self.reader)
+            msg = await wire.recv(reader)
             if msg is None:
                 return "the Ray GCS is gone"
             if msg.get("op") == "node_dead":
@@ -245,10 +247,8 @@ class RayDriver:
 
     async def util(self, value: float) -> None:
         if self.writer is not None:
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await wire.send(self.writer, {"op": "util", "util": value})
-            except (ConnectionError, OSError):
-                pass
 
     def close(self) -> None:
         if self.writer is not None:
@@ -259,14 +259,15 @@ class RayDriver:
 
 
 def _spawn_daemon(host: TwinHost, args: list[str]) -> subprocess.Popen:
-    log = open(host.home / "logs" / "ray.log", "ab")
-    # Inside a (twin) container the daemon stays in the container's process
-    # group, so removing the container stops Ray, as with real containers.
-    return subprocess.Popen(
-        [sys.executable, "-m", "sparktop.twin.ray", "_daemon", *args],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        start_new_session=not os.environ.get("SPARKTOP_TWIN_CONTAINER"),
-    )
+    # The daemon gets its own copy of the log's descriptor; ours can close.
+    with open(host.home / "logs" / "ray.log", "ab") as log:
+        # Inside a (twin) container the daemon stays in the container's process
+        # group, so removing the container stops Ray, as with real containers.
+        return subprocess.Popen(
+            [sys.executable, "-m", "sparktop.twin.ray", "_daemon", *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=not os.environ.get("SPARKTOP_TWIN_CONTAINER"),
+        )
 
 
 def _wait_state(host: TwinHost, role: str, proc: subprocess.Popen, timeout: float = 15) -> bool:
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         ip, port = address.rsplit(":", 1)
         try:
             reply = asyncio.run(wire.request(ip, int(port), {"op": "status"}))
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             print(f"ConnectionError: GCS at {address} is not reachable: {exc}", file=sys.stderr)
             return 1
         nodes = (reply or {}).get("nodes", [])
@@ -364,10 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     os.killpg(int(data["pid"]), signal.SIGKILL if ns.force else signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(int(data["pid"]), signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
                 stopped += 1
             _state(host, role).unlink(missing_ok=True)
         print(f"Stopped all {stopped} Ray processes." if stopped else "Did not find any active Ray processes.")

@@ -10,8 +10,9 @@ goes away the other fails, as an NCCL communicator would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from sparktop.twin import wire
 
@@ -71,10 +72,8 @@ class HeadRendezvous:
 
     async def broadcast(self, message: dict) -> None:
         for peer in list(self.peers):
-            try:
+            with contextlib.suppress(ConnectionError, OSError):
                 await wire.send(peer.writer, message)
-            except (ConnectionError, OSError):
-                pass
 
     async def close(self) -> None:
         for peer in self.peers:
@@ -92,7 +91,7 @@ async def join(master_addr: str, master_port: int, hello: dict, timeout: float):
     while loop.time() < deadline:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(master_addr, master_port), 2)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             last = exc
             await asyncio.sleep(0.2)
             continue

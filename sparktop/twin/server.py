@@ -183,12 +183,13 @@ class TwinServer(MultiNode, OpenAIRoutes):
     async def _serve_http(self) -> None:
         self._runner = web.AppRunner(self._application(), access_log=None, handle_signals=False)
         await self._runner.setup()
+        assert self.sock is not None, "start() binds the port before the API server starts"
         site = web.SockSite(self._runner, self.sock)
         await site.start()
         self.log.info("api_server.py:602", f"Starting vLLM API server 0 on http://{self.args.host}:{self.port}")
         for route in ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions"):
             self.log.info("launcher.py:46", f"Route: {route}, Methods: {'POST' if 'completions' in route else 'GET'}")
-        self.log.raw("INFO:     Started server process [%d]" % os.getpid())
+        self.log.raw(f"INFO:     Started server process [{os.getpid()}]")
         self.log.raw("INFO:     Waiting for application startup.")
         self.log.raw("INFO:     Application startup complete.")
 
@@ -207,6 +208,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
     async def _stats_log(self) -> None:
         """vLLM's periodic 'Engine 000: Avg prompt throughput ...' line."""
         engine = self.engine
+        assert engine is not None, "the stats log starts once the engine has"
         last = (time.monotonic(), engine.total_prompt_tokens, engine.total_generation_tokens)
         while True:
             await asyncio.sleep(10)

@@ -17,16 +17,14 @@ from typing import Protocol
 
 _PIECE = re.compile(r"\s*[A-Za-z]{1,6}|\s*\d{1,3}|\s*[^\sA-Za-z\d]|\s+")
 
-WORDS = (
-    "the model reads every expert weight once per step and the cache grows with each token so "
-    "memory bandwidth sets the pace while compute waits for data to arrive from unified memory "
-    "two nodes share the work over the link and each layer ends with an all reduce before the "
-    "next one starts tokens stream back to the client as soon as they are sampled"
-).split()
-REASONING = (
-    "let me think about this step by step first I need to understand what is being asked then "
-    "consider the options and check each one against the constraints before I answer"
-).split()
+WORDS = ["the", "model", "reads", "every", "expert", "weight", "once", "per", "step", "and", "the", "cache", "grows",
+         "with", "each", "token", "so", "memory", "bandwidth", "sets", "the", "pace", "while", "compute", "waits",
+         "for", "data", "to", "arrive", "from", "unified", "memory", "two", "nodes", "share", "the", "work", "over",
+         "the", "link", "and", "each", "layer", "ends", "with", "an", "all", "reduce", "before", "the", "next", "one",
+         "starts", "tokens", "stream", "back", "to", "the", "client", "as", "soon", "as", "they", "are", "sampled"]
+REASONING = ["let", "me", "think", "about", "this", "step", "by", "step", "first", "I", "need", "to", "understand",
+             "what", "is", "being", "asked", "then", "consider", "the", "options", "and", "check", "each", "one",
+             "against", "the", "constraints", "before", "I", "answer"]
 
 
 class Tokenizer(Protocol):
