@@ -83,11 +83,11 @@ class Engine(Scheduler):
                 self._wake.clear()
                 await self._wake.wait()
                 if self.config.join_window > 0 and self.waiting:
+                    target = self.clock()
                     # An idle engine takes a moment before its first step, so
                     # a batch sent together starts together. The wait is part
                     # of that step's time (target starts at the arrival), and
                     # never longer than a lone request's own step.
-                    target = self.clock()
                     first = self.waiting[0]
                     alone = self.perf.step_time([], [(min(first.prefill_remaining,
                                                           self.config.max_num_batched_tokens), 0)])

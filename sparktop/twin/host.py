@@ -121,12 +121,6 @@ class TwinHost:
     def images(self) -> list[str]:
         return list(self.config.get("images", []))
 
-    def add_image(self, image: str) -> None:
-        config = self.config
-        images = config.setdefault("images", [])
-        if image not in images:
-            images.append(image)
-        write_json(self.home / "config.json", config)
 
     def set_interface(self, interface: str, state: str) -> None:
         """Bring a simulated interface up or down (`operstate`: up, down, unknown)."""

@@ -173,10 +173,6 @@ class OpenAIRoutes:
             natural_len=natural,
         )
         out = OutputText(seed, think, self.card.vocab_size)
-        # vLLM's API server takes its time per request (chat template,
-        # tokenizing, scheduling hand-off) before the engine sees it: the
-        # same constant `predict` adds, so the twin measures what it predicts.
-        await asyncio.sleep(plan.perf.k.request_overhead_s / self.speed)
         engine.submit(seq)
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}

@@ -306,72 +306,79 @@ def main(argv: list[str] | None = None) -> int:
     stop.add_argument("-g", "--grace-period", type=int, default=16)
     ns, _unknown = parser.parse_known_args(argv)
 
-    if ns.cmd == "start":
-        ip = ns.node_ip_address or host.address
-        if ns.head:
-            args = ["head", ip, str(ns.port)]
-            role = "head"
-        elif ns.address:
-            head_ip, _, head_port = ns.address.rpartition(":")
-            args = ["member", ip, "0", head_ip, head_port or str(DEFAULT_PORT)]
-            role = "member"
-        else:
-            print("ray start: one of --head or --address is required", file=sys.stderr)
-            return 2
-        existing = read_json(_state(host, role))
-        if existing and pid_alive(int(existing["pid"])):
-            print("ConnectionError: Ray is already running on this node; run `ray stop` first.", file=sys.stderr)
-            return 1
-        if ns.block:
-            return _daemon_main(args)
-        proc = _spawn_daemon(host, args)
-        if not _wait_state(host, role, proc):
-            print("Failed to start the Ray runtime; see the log in "
-                  f"{host.home / 'logs' / 'ray.log'}", file=sys.stderr)
-            return 1
-        print(f"Local node IP: {ip}\n--------------------\nRay runtime started.\n--------------------")
-        return 0
+    return {"start": _start, "status": _status, "stop": _stop}[ns.cmd](host, ns)
 
-    if ns.cmd == "status":
-        address = ns.address or head_address(host)
-        if not address:
-            print("ConnectionError: Could not find any running Ray instance. Please specify the one to "
-                  "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.",
-                  file=sys.stderr)
-            return 1
-        ip, port = address.rsplit(":", 1)
-        try:
-            reply = asyncio.run(wire.request(ip, int(port), {"op": "status"}))
-        except (TimeoutError, OSError) as exc:
-            print(f"ConnectionError: GCS at {address} is not reachable: {exc}", file=sys.stderr)
-            return 1
-        nodes = (reply or {}).get("nodes", [])
-        gpus = sum(n["gpus"] for n in nodes)
-        used = len((reply or {}).get("placements", {})) * 2
-        print(f"======== Autoscaler status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========")
-        print("Node status\n" + "-" * 63 + "\nActive:")
-        for n in nodes:
-            print(f" 1 {n['id']} ({n['ip']})")
-        print("Pending:\n (no pending nodes)\nRecent failures:\n (no failures)\n")
-        print("Resources\n" + "-" * 63 + "\nUsage:")
-        print(f" 0.0/{20.0 * len(nodes):.1f} CPU\n {min(used, gpus):.1f}/{gpus:.1f} GPU")
-        return 0
 
-    if ns.cmd == "stop":
-        stopped = 0
-        for role in ("head", "member"):
-            data = read_json(_state(host, role))
-            if data and pid_alive(int(data["pid"])):
-                try:
-                    os.killpg(int(data["pid"]), signal.SIGKILL if ns.force else signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(data["pid"]), signal.SIGTERM)
-                stopped += 1
-            _state(host, role).unlink(missing_ok=True)
-        print(f"Stopped all {stopped} Ray processes." if stopped else "Did not find any active Ray processes.")
-        return 0
-    return 2
+def _start(host: TwinHost, ns: argparse.Namespace) -> int:
+    """`ray start --head` or `ray start --address HEAD:PORT`."""
+    ip = ns.node_ip_address or host.address
+    if ns.head:
+        args = ["head", ip, str(ns.port)]
+        role = "head"
+    elif ns.address:
+        head_ip, _, head_port = ns.address.rpartition(":")
+        args = ["member", ip, "0", head_ip, head_port or str(DEFAULT_PORT)]
+        role = "member"
+    else:
+        print("ray start: one of --head or --address is required", file=sys.stderr)
+        return 2
+    existing = read_json(_state(host, role))
+    if existing and pid_alive(int(existing["pid"])):
+        print("ConnectionError: Ray is already running on this node; run `ray stop` first.", file=sys.stderr)
+        return 1
+    if ns.block:
+        return _daemon_main(args)
+    proc = _spawn_daemon(host, args)
+    if not _wait_state(host, role, proc):
+        print("Failed to start the Ray runtime; see the log in "
+              f"{host.home / 'logs' / 'ray.log'}", file=sys.stderr)
+        return 1
+    print(f"Local node IP: {ip}\n--------------------\nRay runtime started.\n--------------------")
+    return 0
+
+
+def _status(host: TwinHost, ns: argparse.Namespace) -> int:
+    """`ray status`: the cluster's nodes and GPUs, as Ray prints them."""
+    address = ns.address or head_address(host)
+    if not address:
+        print("ConnectionError: Could not find any running Ray instance. Please specify the one to "
+              "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.",
+              file=sys.stderr)
+        return 1
+    ip, port = address.rsplit(":", 1)
+    try:
+        reply = asyncio.run(wire.request(ip, int(port), {"op": "status"}))
+    except (TimeoutError, OSError) as exc:
+        print(f"ConnectionError: GCS at {address} is not reachable: {exc}", file=sys.stderr)
+        return 1
+    nodes = (reply or {}).get("nodes", [])
+    gpus = sum(n["gpus"] for n in nodes)
+    used = len((reply or {}).get("placements", {})) * 2
+    print(f"======== Autoscaler status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========")
+    print("Node status\n" + "-" * 63 + "\nActive:")
+    for n in nodes:
+        print(f" 1 {n['id']} ({n['ip']})")
+    print("Pending:\n (no pending nodes)\nRecent failures:\n (no failures)\n")
+    print("Resources\n" + "-" * 63 + "\nUsage:")
+    print(f" 0.0/{20.0 * len(nodes):.1f} CPU\n {min(used, gpus):.1f}/{gpus:.1f} GPU")
+    return 0
+
+
+def _stop(host: TwinHost, ns: argparse.Namespace) -> int:
+    """`ray stop`: every Ray process of this host."""
+    stopped = 0
+    for role in ("head", "member"):
+        data = read_json(_state(host, role))
+        if data and pid_alive(int(data["pid"])):
+            try:
+                os.killpg(int(data["pid"]), signal.SIGKILL if ns.force else signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(data["pid"]), signal.SIGTERM)
+            stopped += 1
+        _state(host, role).unlink(missing_ok=True)
+    print(f"Stopped all {stopped} Ray processes." if stopped else "Did not find any active Ray processes.")
+    return 0
 
 
 if __name__ == "__main__":
