@@ -63,7 +63,7 @@ class Serving:
                 elif "float" in str(kind):
                     changes[key] = float(value)
                 elif key == "max_model_len":
-                    changes[key] = _length(value)
+                    changes[key] = parse_length(value)
                 elif "int" in str(kind):
                     changes[key] = int(value)
                 else:
@@ -97,7 +97,7 @@ def _truthy(value: Any, where: str, key: Any) -> bool:
     raise SparktopError(f"{where} {key}={value!r}: expected true or false")
 
 
-def _length(value: Any) -> int:
+def parse_length(value: Any) -> int:
     """vLLM's `--max-model-len` forms: 32768, 32k, 1m."""
     text = str(value).strip().lower()
     scale = 1

@@ -152,14 +152,9 @@ def run_closed_loop(perf: PerfModel, serving: Serving, requests: int, c: int, pp
     for i in range(min(c, requests)):
         send(i)
     while eng.running or eng.waiting:
-        plan = eng.schedule()
-        if plan is None:
-            break
-        work, preempted = plan
-        decode, prefill = eng.split(work)
-        clock[0] += perf.step_time(decode, prefill)
         before = sum(1 for s, _ in sent if s.finished)
-        eng.apply(work, preempted, clock[0])
+        if not _step(eng, perf, clock):
+            break
         done = sum(1 for s, _ in sent if s.finished) - before
         for _ in range(done):
             if len(sent) < requests:
@@ -194,14 +189,8 @@ def _decode_to_end(perf: PerfModel, eng: Scheduler, clock: list[float]) -> None:
     left = [q.max_tokens - q.output_count for q in running]
     need = sum(eng._blocks_for(c + n) - q.num_blocks for q, c, n in zip(running, ctx, left, strict=True))
     if need > eng.pool.free + len(eng.pool.evictable):
-        while eng.running or eng.waiting:
-            plan = eng.schedule()
-            if plan is None:
-                break
-            work, preempted = plan
-            decode, prefill = eng.split(work)
-            clock[0] += perf.step_time(decode, prefill)
-            eng.apply(work, preempted, clock[0])
+        while (eng.running or eng.waiting) and _step(eng, perf, clock):
+            pass
         return
     # Sequences leave in order of the tokens they have left; between two
     # departures the batch is the same, so each step's time is one call on
@@ -269,6 +258,18 @@ def kv_usage(perf: PerfModel, serving: Serving, n: int, tokens: int) -> float:
         return math.inf
     per_seq = tokens + perf.seq_state_bytes / perf.kv_bytes_per_token
     return n * per_seq / cap
+
+
+def _step(eng: Scheduler, perf: PerfModel, clock: list[float]) -> bool:
+    """One scheduler step on the virtual clock; False when nothing can run."""
+    plan = eng.schedule()
+    if plan is None:
+        return False
+    work, preempted = plan
+    decode, prefill = eng.split(work)
+    clock[0] += perf.step_time(decode, prefill)
+    eng.apply(work, preempted, clock[0])
+    return True
 
 
 def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 128,

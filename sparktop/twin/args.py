@@ -13,7 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from sparktop.model.serving import DEFAULT_MAX_NUM_SEQS
+from sparktop.model.serving import DEFAULT_MAX_NUM_SEQS, parse_length
 
 
 @dataclass
@@ -91,18 +91,6 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     return p
 
 
-def _max_len(value: str | None) -> int | None:
-    if value is None:
-        return None
-    text = value.strip().lower()
-    scale = 1
-    if text.endswith("k"):
-        scale, text = 1024, text[:-1]
-    elif text.endswith("m"):
-        scale, text = 1024 * 1024, text[:-1]
-    return int(float(text) * scale)
-
-
 def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
     parser = build_parser(prog)
     ns, extra = parser.parse_known_args(argv)
@@ -124,7 +112,7 @@ def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
         served_model_name=ns.served_model_name[0] if ns.served_model_name else None,
         tensor_parallel_size=ns.tensor_parallel_size,
         gpu_memory_utilization=ns.gpu_memory_utilization,
-        max_model_len=_max_len(ns.max_model_len),
+        max_model_len=parse_length(ns.max_model_len) if ns.max_model_len is not None else None,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         kv_cache_dtype=ns.kv_cache_dtype,
