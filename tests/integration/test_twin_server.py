@@ -22,9 +22,23 @@ from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from sparktop.twin.server import TwinServer
 from tests.conftest import free_port
 
+_clients: list[openai.AsyncOpenAI] = []
+
 
 def client(server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    oa = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    _clients.append(oa)
+    return oa
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients():
+    # An AsyncOpenAI client left to the garbage collector closes its pool from
+    # __del__ at an arbitrary moment, and that can swallow a response of a
+    # client still in use (seen with openai 2.54 and 3.54): close each one.
+    yield
+    while _clients:
+        await _clients.pop().close()
 
 
 def metric_families(text: str) -> dict:
