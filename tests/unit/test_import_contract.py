@@ -23,9 +23,10 @@ ALLOWED = {
     "launch": {"remote", "observe", "bench", "model"},
     "twin": {"remote", "model"},
     "status": {"remote", "observe", "launch"},
-    "ui": {"remote", "observe", "bench", "model", "launch"},
+    "study": {"remote", "observe", "bench", "model", "launch"},
+    "ui": {"remote", "observe", "bench", "model", "launch", "study"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
-    "cli": {"remote", "observe", "bench", "model", "launch", "twin", "ui", "status", "demo"},
+    "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo"},
     "__main__": {"cli"},
 }
 

@@ -1,0 +1,1 @@
+"""Studies: every topology of a recipe launched, swept, stopped and reported, unattended."""
