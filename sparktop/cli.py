@@ -81,6 +81,24 @@ def cmd_twin_fit(args) -> int:
     return run(args)
 
 
+def cmd_study(args) -> int:
+    from sparktop.study.commands import cmd_study as run
+
+    return run(args)
+
+
+def cmd_studies(args) -> int:
+    from sparktop.study.commands import cmd_studies as run
+
+    return run(args)
+
+
+def cmd_report(args) -> int:
+    from sparktop.study.commands import cmd_report as run
+
+    return run(args)
+
+
 def cmd_recipes(args) -> int:
     from sparktop.launch.commands import cmd_recipes as run
 
@@ -244,6 +262,42 @@ def _add_sweeping(add) -> None:
     runs.add_argument("--json", action="store_true")
 
 
+def _add_studying(add) -> None:
+    """`sparktop study, studies and report`."""
+    study = add("study", "launch, sweep and stop every topology of a recipe in turn, unattended and resumable; "
+                "then report which serves best", cmd_study)
+    study.add_argument("recipe", nargs="?", help="a recipe's name (see `sparktop recipes`) or a YAML file")
+    study.add_argument("--topologies", default="all", metavar="all|solo,cluster-mp,...",
+                       help="which topologies (default: all the recipe allows on the nodes)")
+    study.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
+                       help="concurrency levels (default 1,2,4,8,16,32,64)")
+    study.add_argument("--runs", type=int, default=5, help="batches per level (default 5)")
+    study.add_argument("--pp", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    study.add_argument("--tg", type=int, default=128, help="tokens to generate per request (default 128)")
+    study.add_argument("--extra-body", action="append", metavar="KEY=VALUE",
+                       help="add to every request, e.g. reasoning_effort=low (repeatable)")
+    study.add_argument("--set", action="append", metavar="FLAG=VALUE",
+                       help="override a vLLM argument for every topology (repeatable)")
+    study.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: sparktop's cluster.yaml)")
+    study.add_argument("--nodes", metavar="A,B", help="the nodes to use (default: the inventory's)")
+    study.add_argument("--port", type=int, help="the API port (default: the recipe's, else the inventory's)")
+    study.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
+    study.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each start-up (default 1800)")
+    study.add_argument("--max-error-rate", type=float, default=0.10,
+                       help="a topology fails when more than this fraction of a level fails (default 0.10)")
+    study.add_argument("--resume", metavar="ID", help="continue a study that was interrupted (removes what it "
+                       "left running first; nothing measured is measured again)")
+    study.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    studies = add("studies", "list studies and their state", cmd_studies)
+    studies.add_argument("--json", action="store_true")
+    report = add("report", "a study's report: tables per metric, winners, crossovers, charts, what ran", cmd_report)
+    report.add_argument("study", help="a study id (see `sparktop studies`) or directory")
+    rout = report.add_mutually_exclusive_group()
+    rout.add_argument("--md", action="store_true", help="Markdown with chart files (the default)")
+    rout.add_argument("--html", metavar="FILE", help="one self-contained HTML file")
+    rout.add_argument("--json", action="store_true")
+
+
 def _add_recipes_and_predict(add) -> None:
     """`sparktop recipes and predict`."""
     recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
@@ -298,6 +352,10 @@ def _add_twin(sub) -> None:
     fitp.add_argument("--cross-validate", action="store_true",
                       help="leave each model out, fit, predict it: the error to expect for an unmeasured model "
                            "(minutes; saved beside the constants with --refit)")
+    fitp.add_argument("--runs", nargs="+", metavar="STUDY",
+                      help="also fit to these studies' measurements (weighted above the published figures) and "
+                           "save the constants for their inventory")
+    fitp.add_argument("--inventory", metavar="FILE", help="the inventory the fitted constants are for")
     fitp.add_argument("--json", action="store_true")
     fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
@@ -322,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launching(add)
     _add_status(add, _watch_options)
     _add_sweeping(add)
+    _add_studying(add)
     _add_recipes_and_predict(add)
     _add_replay(add)
     _add_twin(sub)

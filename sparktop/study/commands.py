@@ -1,0 +1,235 @@
+"""`sparktop study`, `sparktop studies` and `sparktop report` for the terminal.
+
+A study prints one line per thing that happened (it is meant to run
+unattended, under nohup or tmux, and be read afterwards), asks once before
+it starts, and on Ctrl-C stops what it started and says how to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sparktop.bench.events import LevelDone, SweepStarted
+from sparktop.bench.sweep import parse_extra_body, parse_levels
+from sparktop.errors import SparktopError
+from sparktop.launch.catalog import find_recipe, load_recipe_file
+from sparktop.launch.events import Stage
+from sparktop.launch.recipe import Recipe
+from sparktop.settings import Inventory
+from sparktop.study.events import (
+    LaunchUpdate,
+    StageChanged,
+    StudyEvent,
+    StudyFinished,
+    StudyStarted,
+    SweepUpdate,
+    TopologyFinished,
+    TopologyStarted,
+)
+from sparktop.study.planning import Estimate, choose_topologies, new_study
+from sparktop.study.runner import StudyRunner
+from sparktop.study.state import DONE, FAILED, Study, list_studies, load_study
+from sparktop.units import ago, fmt
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return ago(seconds) if seconds >= 1 else "<1s"
+
+
+def plan_table(study: Study, estimates: dict[str, Estimate | None]) -> Table:
+    table = Table(title=f"study {study.id}: {study.recipe} · c{','.join(map(str, study.levels))} · "
+                        f"{study.runs} runs · pp{study.pp} tg{study.tg}", title_justify="left", box=None,
+                  header_style="bold")
+    for col in ("#", "topology", "start-up", "sweep", f"decode c{study.levels[0]} → c{study.levels[-1]} (predicted)"):
+        table.add_column(col, justify="left" if col in ("#", "topology") else "right", no_wrap=True)
+    for i, t in enumerate(study.topologies, 1):
+        e = estimates.get(t.name)
+        first, last = t.predicted.get(str(study.levels[0]), {}), t.predicted.get(str(study.levels[-1]), {})
+        decode = f"{fmt(first.get('tg_tps_total'))} → {fmt(last.get('tg_tps_total'))} t/s" if t.predicted else "—"
+        table.add_row(str(i), t.name, _duration(e.startup_s) if e else "—", _duration(e.sweep_s) if e else "—",
+                      decode)
+    return table
+
+
+def _resolve_recipe(study: Study, recipe_dirs: list[str] | None) -> Recipe:
+    if study.recipe_path and Path(study.recipe_path).exists():
+        try:
+            return load_recipe_file(Path(study.recipe_path))
+        except SparktopError:
+            pass
+    return find_recipe(study.recipe, recipe_dirs)
+
+
+def _inventory_for(study: Study | None, args) -> Inventory:
+    from sparktop.settings import inventory_from_hosts, load_inventory
+
+    path = args.inventory or (study.inventory if study else None)
+    if getattr(args, "nodes", None) and not path:
+        return inventory_from_hosts([h.strip() for h in args.nodes.split(",") if h.strip()])
+    return load_inventory(path) if path else load_inventory()
+
+
+def print_event(event: StudyEvent, console: Console) -> None:
+    match event:
+        case StudyStarted(study=study, resumed=resumed, removed=removed):
+            if resumed:
+                console.print(f"resuming {study.id}" + (f": removed {removed} container(s) it left running"
+                                                         if removed else ""))
+        case TopologyStarted(name=name, index=index, total=total):
+            console.print(f"[bold]{index + 1}/{total} {name}[/]", highlight=False)
+        case StageChanged(name=name, stage=stage):
+            if not stage.startswith(("sweeping", "launching:")):
+                console.print(f"    {name}: {stage}", highlight=False)
+        case LaunchUpdate(name=name, event=Stage(node=node, stage=stage)):
+            console.print(f"    {name}: {node} {stage}", highlight=False)
+        case LaunchUpdate():
+            pass
+        case SweepUpdate(name=name, event=SweepStarted(path=path, resumed_requests=resumed)):
+            console.print(f"    {name}: sweeping → {path}" + (f" (resumed: {resumed} requests kept)"
+                                                                if resumed else ""), highlight=False)
+        case SweepUpdate(name=name, event=LevelDone(stats=s)):
+            warn = ""
+            if getattr(s, "contaminated", False):
+                warn = f"  [yellow]contaminated: {getattr(s, 'contamination', None) or 'foreign traffic'}[/]"
+            console.print(f"    {name} c{s.concurrency}: decode {fmt(s.tg_tps_total)} t/s · per request "
+                          f"{fmt(s.tg_tps_req)} · prefill {fmt(s.pp_tps_total)} t/s · TTFT "
+                          f"{fmt(s.ttft_ms_mean, 'ms')}{warn}", highlight=False)
+        case SweepUpdate():
+            pass
+        case TopologyFinished(name=name, status=status, reason=reason, lines=lines):
+            if status == DONE:
+                console.print(f"[green]✓[/] {name} measured", highlight=False)
+            else:
+                console.print(f"[red]✗ {name} failed:[/] {reason}", highlight=False)
+                for line in lines[-8:]:
+                    console.print(f"      [dim]{line}[/]", highlight=False, markup=False)
+        case StudyFinished():
+            pass
+
+
+async def _run(runner: StudyRunner, console: Console) -> StudyFinished:
+    finished = None
+    async for event in runner.events():
+        print_event(event, console)
+        if isinstance(event, StudyFinished):
+            finished = event
+    assert finished is not None
+    return finished
+
+
+def _write_reports(study: Study, console: Console) -> None:
+    try:
+        from sparktop.study import report
+    except ImportError:
+        return
+    try:
+        out = study.report_dir
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(report.markdown(study, out))
+        (out / "report.html").write_text(report.html(study))
+        console.print(f"report: {out / 'report.md'} and {out / 'report.html'}", highlight=False)
+    except Exception as exc:  # noqa: BLE001 - the measurements are safe on disk; the report can be redone
+        console.print(f"[yellow]the report could not be written ({type(exc).__name__}: {exc}); "
+                      f"run `sparktop report {study.id}`[/]", highlight=False)
+
+
+def cmd_study(args) -> int:
+    # Lines, not a live display: a study runs for hours, often under nohup; a
+    # log must not be hard-wrapped at 80 columns.
+    console = Console(soft_wrap=True)
+    if args.resume:
+        study = load_study(args.resume)
+        if study.running_here():
+            raise SparktopError(f"{study.id} is running (pid {study.pid}); attach with `sparktop --study {study.id}`")
+        recipe = _resolve_recipe(study, args.recipes)
+        inventory = _inventory_for(study, args)
+        done = sum(1 for t in study.topologies if t.finished)
+        console.print(f"resuming {study.id}: {done} of {len(study.topologies)} topologies finished")
+    else:
+        if not args.recipe:
+            raise SparktopError("study: name a RECIPE (see `sparktop recipes`), or --resume ID")
+        recipe = find_recipe(args.recipe, args.recipes)
+        inventory = _inventory_for(None, args)
+        nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if args.nodes and args.inventory \
+            else None
+        count = len(nodes) if nodes else len(inventory.nodes)
+        from sparktop.launch.commands import parse_sets
+
+        study, estimates = new_study(
+            recipe, inventory, choose_topologies(recipe, args.topologies, count),
+            levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
+            extra_body=parse_extra_body(args.extra_body), overrides=parse_sets(args.set), nodes=nodes,
+            inventory_path=str(Path(args.inventory).resolve()) if args.inventory else None)
+        console.print(plan_table(study, estimates))
+        total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
+        console.print(f"estimated wall time at GB10 speed: {total}; results in {study.dir}", highlight=False)
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise SparktopError("not starting without confirmation: add --yes (or run in a terminal)")
+            if input("Start the study? [y/N] ").strip().lower() not in ("y", "yes"):
+                console.print("Not started.")
+                return 1
+        study.save()
+    runner = StudyRunner(study, recipe, inventory, timeout=args.timeout, port=args.port,
+                         max_error_rate=args.max_error_rate)
+    try:
+        finished = asyncio.run(_run(runner, console))
+    except KeyboardInterrupt:
+        console.print(f"\ninterrupted: everything it started was removed; resume with "
+                      f"`sparktop study --resume {study.id}`", highlight=False)
+        return 130
+    failed = [t for t in finished.study.topologies if t.status == FAILED]
+    console.print(f"study {study.id}: {len(study.topologies) - len(failed)} measured, {len(failed)} failed, "
+                  f"in {_duration((study.ended or time.time()) - study.created)}", highlight=False)
+    _write_reports(study, console)
+    return 0 if len(failed) < len(study.topologies) else 1
+
+
+def cmd_studies(args) -> int:
+    studies = list_studies()
+    if args.json:
+        print(json.dumps([{"id": s.id, "recipe": s.recipe, "state": s.state, "stage": s.stage,
+                           "topologies": {t.name: t.status for t in s.topologies}, "created": s.created,
+                           "path": str(s.dir)} for s in studies], indent=2))
+        return 0
+    if not studies:
+        print("No studies yet: `sparktop study RECIPE` starts one.")
+        return 0
+    table = Table(box=None, header_style="bold")
+    for col in ("study", "state", "topologies", "now", "started"):
+        table.add_column(col, no_wrap=col != "now")
+    for s in studies:
+        marks = " ".join(f"{t.name}:{'✓' if t.status == DONE else '✗' if t.status == FAILED else '·'}"
+                         for t in s.topologies)
+        table.add_row(s.id, s.state, marks, s.stage or "", ago(time.time() - s.created))
+    Console().print(table)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from sparktop.study import report
+
+    study = load_study(args.study)
+    if args.json:
+        print(json.dumps(report.build(study), indent=2, default=str))
+        return 0
+    if args.html:
+        Path(args.html).write_text(report.html(study))
+        print(f"wrote {args.html}")
+        return 0
+    out = study.report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.markdown(study, out)
+    (out / "report.md").write_text(text)
+    sys.stdout.write(text)
+    return 0
+

@@ -1,0 +1,111 @@
+"""Making a study: which topologies, the predictions beside them, and how long it will take.
+
+The estimate is what a person plans an overnight run with: per topology,
+the start-up the model's weights imply (read from the nodes' local disk at
+GB10's measured rate, then vLLM's compile and graph capture), the sweep the
+performance model predicts (warm-up plus `runs` batches per level, each
+batch as long as its predicted wall time) and a stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sparktop.errors import SparktopError
+from sparktop.launch.recipe import Recipe
+from sparktop.model.perf import Constants
+from sparktop.model.simulate import TOPOLOGIES, perf_for
+from sparktop.settings import Inventory
+from sparktop.study.state import Study, TopologyState, new_study_id, studies_dir
+
+STOP_S = 15.0  # removing containers and checking every node
+CALIBRATE_S = 5.0  # the sweep's latency probes and prompt calibration, per topology
+EXTRA_START_S = {"cluster-ray": 20.0, "shuffle": 10.0, "least-busy": 10.0}  # Ray's start, the router's
+
+
+@dataclass
+class Estimate:
+    startup_s: float
+    sweep_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.startup_s + self.sweep_s + STOP_S
+
+
+def choose_topologies(recipe: Recipe, text: str, nodes: int) -> list[str]:
+    """`all` (what the recipe allows on these nodes) or a comma list, checked."""
+    allowed = recipe.allowed_topologies(nodes)
+    if text.strip() in ("", "all"):
+        if not allowed:
+            raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s)")
+        return [t for t in TOPOLOGIES if t in allowed]
+    out = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name:
+            continue
+        if name not in TOPOLOGIES:
+            raise SparktopError(f"--topologies {name!r}: one of {', '.join(TOPOLOGIES)} or all")
+        if name not in allowed:
+            raise SparktopError(f"--topologies {name}: {recipe.why_not(name, nodes)}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def constants_for_inventory(inventory: Inventory) -> tuple[Constants | None, str | None]:
+    """The constants fitted to this inventory's own measurements, when there are any."""
+    try:
+        from sparktop.model import fit
+    except ImportError:  # pragma: no cover
+        return None, None
+    key_of = getattr(fit, "inventory_key", None)
+    constants_for = getattr(fit, "constants_for", None)
+    if key_of is None or constants_for is None:
+        return None, None
+    key = key_of(inventory)
+    return constants_for(key), key
+
+
+def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constants | None) -> Estimate | None:
+    """Fill `t.predicted` and `t.serving`; the time it should take (None: no model card)."""
+    from sparktop.model.fit import load_constants
+    from sparktop.model.predict import rows_for
+
+    serving = recipe.serving(t.name, study.overrides)
+    t.serving = dataclasses.asdict(serving)
+    card = recipe.twin_card()
+    if card is None:
+        return None
+    k = k or load_constants()
+    rows = rows_for(card, [t.name], list(study.levels), study.pp, study.tg, serving, k)
+    t.predicted = {str(r.concurrency): {"tg_tps_total": r.decode_tps, "tg_tps_req": r.per_request_tps,
+                                        "pp_tps_total": r.prefill_tps, "ttft_ms_mean": r.ttft_ms}
+                   for r in rows}
+    perf = perf_for(card, t.name, k, serving)
+    startup = sum(s for _, s in perf.startup_stages()) + EXTRA_START_S.get(t.name, 0.0)
+    batches = study.runs + 1  # the warm-up batch is as long as one measured
+    sweep = CALIBRATE_S + sum(batches * (r.wall_s_mean or 0.0) for r in rows)
+    return Estimate(startup, sweep)
+
+
+def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str], *, levels: list[int], runs: int,
+              pp: int, tg: int, extra_body: dict, overrides: dict, nodes: list[str] | None,
+              inventory_path: str | None) -> tuple[Study, dict[str, Estimate | None]]:
+    """A planned study (not yet on disk) and the estimate per topology."""
+    card = recipe.twin_card()
+    study = Study(
+        id=new_study_id(recipe.id), recipe=recipe.id, model=recipe.served_name,
+        topologies=[TopologyState(t) for t in topologies], levels=list(levels), runs=runs, pp=pp, tg=tg,
+        extra_body=dict(extra_body), overrides=dict(overrides), recipe_path=str(recipe.path),
+        card=card.name if card is not None else None, inventory=inventory_path, nodes=list(nodes or []),
+        image=recipe.image or inventory.defaults.image,
+    )
+    k, key = constants_for_inventory(inventory)
+    study.inventory_key = key
+    estimates = {t.name: predict_topology(recipe, t, study, k) for t in study.topologies}
+    known = [e for e in estimates.values() if e is not None]
+    study.estimate_s = sum(e.total_s for e in known) if len(known) == len(estimates) else None
+    study.path = studies_dir() / study.id
+    return study, estimates
