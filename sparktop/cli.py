@@ -84,6 +84,15 @@ def cmd_twin_fit(args) -> int:
 def cmd_study(args) -> int:
     from sparktop.study.commands import cmd_study as run
 
+    demo = args.demo
+    if args.resume and not demo:
+        from sparktop.study.state import load_study
+
+        demo = load_study(args.resume).inventory == "demo"
+    if demo:
+        from sparktop.demo import demo_inventory
+
+        return run(args, demo_inventory(args.speed))
     return run(args)
 
 
@@ -280,6 +289,9 @@ def _add_studying(add) -> None:
                        help="override a vLLM argument for every topology (repeatable)")
     study.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: sparktop's cluster.yaml)")
     study.add_argument("--nodes", metavar="A,B", help="the nodes to use (default: the inventory's)")
+    study.add_argument("--demo", action="store_true", help="study on the demo's two twin nodes (127.0.0.2/.3) "
+                       "instead of an inventory")
+    study.add_argument("--speed", type=float, default=1.0, help="with --demo: run the twins this many times faster")
     study.add_argument("--port", type=int, help="the API port (default: the recipe's, else the inventory's)")
     study.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     study.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each start-up (default 1800)")
@@ -348,7 +360,7 @@ def _add_twin(sub) -> None:
     fitp = twin_sub.add_parser("fit", help="the performance model fitted to the published Spark figures")
     fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
     fitp.add_argument("--refit", action="store_true", help="run the fit again and save the constants")
-    fitp.add_argument("--iterations", type=int, default=120)
+    fitp.add_argument("--iterations", type=int, help="fit iterations (default 120; 40 with --runs)")
     fitp.add_argument("--cross-validate", action="store_true",
                       help="leave each model out, fit, predict it: the error to expect for an unmeasured model "
                            "(minutes; saved beside the constants with --refit)")

@@ -36,6 +36,16 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
     return cluster, urls
 
 
+def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
+    """The demo's two twin nodes as an inventory (set up when they are not),
+    for `sparktop study --demo`: the study launches on them as on Sparks."""
+    defaults = Defaults()
+    root = demo_root()
+    cluster = TwinCluster(root, speed=speed, startup_speed=startup_speed,
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image])
+    return cluster.setup(fresh=not root.exists()).inventory()
+
+
 def start_load(urls: list[str], low: int = 1, high: int = 6) -> subprocess.Popen:
     # Same process group as the app, and it exits when its parent does, so a
     # closed terminal never leaves load running against the next demo.

@@ -13,6 +13,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sparktop.bench.sweep import parse_levels
@@ -21,7 +22,7 @@ from sparktop.launch.catalog import discover, find_recipe
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
 from sparktop.launch.preflight import run_preflight
-from sparktop.launch.recipe import Recipe
+from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
 from sparktop.model.cards import ModelCard
@@ -29,21 +30,6 @@ from sparktop.model.simulate import TOPOLOGIES
 from sparktop.remote import transport_for
 from sparktop.settings import Inventory
 from sparktop.units import fmt
-
-
-def parse_sets(items: list[str] | None) -> dict:
-    """`--set max_num_seqs=64 --set enforce_eager=true` -> vLLM overrides."""
-    import yaml
-
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SparktopError(f"--set {item!r}: expected FLAG=VALUE (e.g. --set max_num_seqs=64)")
-        out[key.strip().lstrip("-").replace("-", "_")] = yaml.safe_load(value) if value else True
-    from sparktop.launch.recipe import _vllm_map  # same validation as recipe files
-
-    return _vllm_map(out, "--set", {}, None, "--set")
 
 
 def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | None = None) -> int:
@@ -231,6 +217,7 @@ def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int
 
 
 def cmd_predict(args) -> int:
+    from sparktop.model.fit import FITTED, constants_for, fitted_summary, inventory_key
     from sparktop.model.predict import crossover_lines, recommend, rows_for, uncertainty
     from sparktop.model.serving import Serving
     from sparktop.settings import load_inventory
@@ -240,13 +227,20 @@ def cmd_predict(args) -> int:
     inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
     topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
     serving = (lambda t: recipe.serving(t, overrides)) if recipe is not None else Serving.from_flags(overrides)
-    rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving)
+    key = inventory_key(inventory)
+    fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
+    sources = [str(s) for s in (fitted or {}).get("sources") or []]
+    rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
+                    k=constants_for(key))
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
     unsure = uncertainty(card)
+    used = (f"constants fitted to your measurements (study {', '.join(sources) or '?'})" if fitted is not None
+            else f"the published constants ({FITTED.name}; `sparktop twin fit --runs STUDY` fits them to yours)")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "recommendation": recs, "crossovers": cross,
-                          "uncertainty": unsure}, indent=2))
+                          "uncertainty": unsure, "constants": {"inventory_key": key, "fitted": fitted is not None,
+                                                               "sources": sources, "text": used}}, indent=2))
         return 0
     console = Console()
     console.print(_prediction_table(card, rows, args.pp, args.tg))
@@ -260,6 +254,7 @@ def cmd_predict(args) -> int:
     if note:
         console.print(f"[dim]{note}[/]")
     console.print(f"[dim]{unsure}[/]")
+    console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)
     return 0
 
 

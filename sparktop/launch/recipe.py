@@ -345,3 +345,16 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         if arg.startswith("--") and arg[2:].split("=")[0] in RESERVED_FLAGS:
             raise _err(path, doc, "extra_args", "extra_args", f"{arg} is set by sparktop from the topology")
     return recipe
+
+
+def parse_sets(items: list[str] | None) -> dict:
+    """`--set max_num_seqs=64 --set enforce_eager=true` -> vLLM overrides."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SparktopError(f"--set {item!r}: expected FLAG=VALUE (e.g. --set max_num_seqs=64)")
+        out[key.strip().lstrip("-").replace("-", "_")] = yaml.safe_load(value) if value else True
+    return _vllm_map(out, "--set", {}, None, "--set")

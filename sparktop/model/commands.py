@@ -11,14 +11,16 @@ def cmd_fit(args) -> int:
     from sparktop.model import fit
 
     console = Console(stderr=True)
+    if getattr(args, "runs", None):
+        return _fit_runs(args, console)
     k = None
     if args.refit:
-        k = fit.refit(iterations=args.iterations,
+        k = fit.refit(iterations=args.iterations or 120,
                       progress=lambda it, v: console.print(f"iteration {it}: loss {v:.4f}") if it % 10 == 0 else None)
     rep = fit.report(k)
     cv = None
     if args.cross_validate:
-        cv = fit.cross_validate(start=k, iterations=max(20, args.iterations // 2),
+        cv = fit.cross_validate(start=k, iterations=max(20, (args.iterations or 120) // 2),
                                 progress=lambda line: console.print(line))
     if k is not None:  # refitted
         fit.save_constants(k, rep.summary(), cross=cv)
@@ -36,6 +38,31 @@ def cmd_fit(args) -> int:
         print()
         print("leave one model out (fit without it, predict it):")
         print(fit.cross_validation_text(cv))
+    return 0
+
+
+def _fit_runs(args, console: Console) -> int:
+    """`twin fit --runs STUDY...`: the shipped constants refitted with the
+    user's own measurements, saved for their inventory only."""
+    from sparktop.model import fit
+
+    key = None
+    if getattr(args, "inventory", None):
+        from sparktop.settings import load_inventory
+
+        key = fit.inventory_key(load_inventory(args.inventory))
+    # Each iteration predicts every published cell again: 40 take a few minutes on a Spark's CPU.
+    iterations = getattr(args, "iterations", None) or 40
+    result = fit.fit_studies(list(args.runs), key=key, iterations=iterations,
+                             progress=lambda it, v: console.print(f"iteration {it}: loss {v:.4f}")
+                             if it % 10 == 0 else None)
+    if getattr(args, "json", False):
+        print(json.dumps({"inventory_key": result.key, "sources": result.sources, "cells": result.cells,
+                          "path": str(result.path) if result.path else None, "before": result.before,
+                          "after": result.after}, indent=2))
+        return 0
+    print(result.text())
+    print(f"`sparktop predict` uses these constants for inventory {result.key}; everywhere else the published ones")
     return 0
 
 

@@ -27,14 +27,15 @@ states. The result of both is kept in `data/fitted-constants.json`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -44,6 +45,9 @@ from sparktop.model.perf import DEFAULT_CONSTANTS, Constants
 from sparktop.model.quant import Quantization, fmt
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import TOPOLOGIES, predict, predict_serve
+
+if TYPE_CHECKING:
+    from sparktop.settings import Inventory
 
 DATA = Path(__file__).parent / "data"
 PUBLISHED = DATA / "published-benchmarks.yaml"
@@ -95,6 +99,7 @@ class Cell:
     workload: tuple = ("llama-benchy", 1024, 128, 0)  # (tool, input, output, requests)
     serving: Serving = Serving()
     quant: str = ""  # the figure's checkpoint format when it differs from the card's
+    weight: float = 1.0  # how much the cell counts in the fit, beside its group's share (see study_cells)
 
     @property
     def fitted(self) -> bool:
@@ -322,7 +327,7 @@ def loss(rows) -> float:
     for cell, pred, fits in rows:
         if not cell.fitted:
             continue
-        w = groups[(cell.source, cell.model, cell.quant)] ** -0.5
+        w = cell.weight * groups[(cell.source, cell.model, cell.quant)] ** -0.5
         if cell.published and pred and pred > 0:
             total += w * _cost(math.log(pred / cell.published))
             weight += w
@@ -545,5 +550,260 @@ def expected_error(metric: str = "decode_tps") -> float | None:
     return (cv.get("mean") or {}).get(metric)
 
 
-__all__ = ["Cell", "TOPOLOGIES", "cross_validate", "evaluate", "load_constants", "published_cells", "refit",
-           "report"]
+# -- the user's own measurements -------------------------------------------------------
+#
+# A study (`sparktop.study`, read here as plain JSON: the model part may not
+# import it) measured a recipe in several topologies on the user's nodes.
+# Its levels become cells like the published ones, and a fit over both gives
+# constants for that inventory only, kept beside the user's data; `predict`
+# and the study's planner use them for that inventory (`constants_for`).
+
+STUDY = "study.json"
+
+# A published figure was measured on another Spark, with another vLLM build,
+# by someone else's harness; a study's figure was measured on these nodes,
+# with the software the user runs, by this sweep — what the constants of
+# this inventory are for. So each of the user's cells counts three times
+# what a published cell of a group its size counts, and the user's group
+# is not shrunk by the square root the published groups are (that guards
+# against one source drowning the others; here the user's source is the
+# point). The published cells stay in the fit with their usual weight: they
+# hold what the user did not measure (other models, other shapes) where it was.
+STUDY_WEIGHT = 3.0
+
+
+def inventory_key(inventory: Inventory) -> str:
+    """A short key for an inventory's hardware: its nodes' hosts (a node on
+    this machine by its name), sorted, hashed. The same nodes listed in
+    another order or another file get the same key."""
+    names = sorted(f"local:{n.name}" if n.is_local else n.host for n in inventory.nodes)
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
+
+
+def fitted_path(key: str) -> Path:
+    from sparktop.settings import data_dir
+
+    return data_dir() / "fitted" / f"{key}.json"
+
+
+def fitted_summary(key: str | None) -> dict | None:
+    """The saved fit for an inventory (constants, `fit`, `sources`), or None."""
+    if not key:
+        return None
+    path = fitted_path(key)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
+
+
+def constants_for(key: str | None) -> Constants:
+    """The constants fitted to this inventory's own measurements, where there
+    are any; else the shipped ones."""
+    if fitted_summary(key) is not None:
+        assert key is not None
+        return load_constants(fitted_path(key))
+    return load_constants()
+
+
+def save_fitted(key: str, k: Constants, summary: dict, sources: list[str]) -> Path:
+    """Constants fitted for one inventory, in the shipped file's format, with
+    the studies they were fitted to."""
+    path = fitted_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d: dict[str, Any] = {name: getattr(k, name) for name in GLOBAL}
+    d["fit"] = summary
+    d["sources"] = sources
+    d["inventory_key"] = key
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(d, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def find_study(ref: str | Path) -> Path:
+    """A study by directory or by id (under the data dir's `studies`)."""
+    from sparktop.settings import data_dir
+
+    p = Path(ref)
+    if (p / STUDY).is_file():
+        return p
+    q = data_dir() / "studies" / str(ref)
+    if (q / STUDY).is_file():
+        return q
+    raise SparktopError(f"{ref}: no such study (not a directory with {STUDY}, nor an id under "
+                        f"{data_dir() / 'studies'}; see `sparktop studies`)")
+
+
+def _read_study(path: Path) -> dict:
+    try:
+        data = json.loads((path / STUDY).read_text())
+    except ValueError as e:
+        raise SparktopError(f"{path / STUDY}:{getattr(e, 'lineno', 1)}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise SparktopError(f"{path / STUDY}: not a study (expected a JSON object)")
+    return data
+
+
+# Metric -> the level statistic that measures it. Per request only past c1,
+# where it is not the decode figure again.
+_STUDY_METRICS = (("decode_tps", "tg_tps_total"), ("prefill_tps", "pp_tps_total"), ("ttft_ms", "ttft_ms_mean"),
+                  ("decode_tps_per_request", "tg_tps_req"))
+
+
+def _cells_of_study(path: Path) -> tuple[str, list[Cell]]:
+    """(study id, its measured cells): every complete, uncontaminated level of
+    every finished topology, each metric one cell."""
+    from sparktop.bench.results import load_run
+
+    data = _read_study(path)
+    sid = str(data.get("id") or path.name)
+    name = data.get("card")
+    if not name:
+        raise SparktopError(f"{path / STUDY}: the study names no model card (`card`), so it cannot be predicted")
+    try:
+        card = find_card(str(name))
+    except UnknownModel as e:
+        raise SparktopError(f"{sid}: {e}") from None
+    pp, tg = int(data.get("pp") or 1024), int(data.get("tg") or 128)
+    known = set(Serving.__dataclass_fields__)
+    cells: list[Cell] = []
+    for t in data.get("topologies") or []:
+        if not isinstance(t, dict) or t.get("status") not in ("done", "failed") or not t.get("run"):
+            continue
+        topology = str(t.get("name"))
+        if topology not in TOPOLOGIES:
+            continue
+        run_dir = path / "runs" / str(t["run"])
+        if not run_dir.exists():
+            continue
+        try:
+            serving = Serving(**{k: v for k, v in (t.get("serving") or {}).items() if k in known})
+        except TypeError as e:
+            raise SparktopError(f"{path / STUDY}: topology {topology}: serving settings not understood ({e})") \
+                from None
+        bad = set(t.get("contaminated") or [])
+        for lv in load_run(run_dir).levels():
+            if getattr(lv, "contaminated", False) or lv.concurrency in bad:
+                continue
+            for metric, stat in _STUDY_METRICS:
+                if metric == "decode_tps_per_request" and lv.concurrency <= 1:
+                    continue
+                value = getattr(lv, stat, None)
+                if value is None or not value > 0:
+                    continue
+                cells.append(Cell(card.name, topology, metric, lv.concurrency, float(value), source=f"study {sid}",
+                                  workload=("llama-benchy", pp, tg, 0), serving=serving))
+    return sid, cells
+
+
+def study_cells(paths: Sequence[str | Path]) -> list[Cell]:
+    """The measured cells of these studies (ids or directories). A study
+    without a finished topology, or whose card is unknown, is an error."""
+    cells: list[Cell] = []
+    for ref in paths:
+        path = find_study(ref)
+        sid, own = _cells_of_study(path)
+        if not own:
+            raise SparktopError(f"{sid}: no finished topology with measured levels yet "
+                                "(see `sparktop studies`; a study is fitted once a topology is done)")
+        cells += own
+    return _ungrouped(cells)
+
+
+def _ungrouped(cells: list[Cell]) -> list[Cell]:
+    """Study cells, their weight raised by the square root `loss` takes off
+    each group's cells (see STUDY_WEIGHT)."""
+    sizes: dict[tuple, int] = {}
+    for c in cells:
+        sizes[(c.source, c.model, c.quant)] = sizes.get((c.source, c.model, c.quant), 0) + 1
+    return [replace(c, weight=STUDY_WEIGHT * sizes[(c.source, c.model, c.quant)] ** 0.5) for c in cells]
+
+
+def headline_mape(rows) -> dict[str, float]:
+    """MAPE per headline metric (decode, prefill, TTFT) of evaluated rows."""
+    return {m: round(v, 4) for m in HEADLINE if (v := _mape([r for r in rows if r[0].fitted], m)) is not None}
+
+
+def prediction_error(study_dir: str | Path, k: Constants) -> dict:
+    """How far predictions made with `k` are from what the study measured:
+    {metric: MAPE} for decode, prefill and TTFT, and "cells". A study with
+    nothing measured yet gives {"cells": 0}."""
+    _, cells = _cells_of_study(find_study(study_dir))
+    out: dict[str, Any] = headline_mape(evaluate(k, cells)) if cells else {}
+    out["cells"] = len(cells)
+    return out
+
+
+@dataclass
+class StudyFit:
+    """What `fit_studies` did: the constants, where they went, the errors
+    before (shipped constants) and after, on the user's and the published cells."""
+
+    key: str
+    constants: Constants
+    sources: list[str]
+    path: Path | None
+    cells: int
+    before: dict[str, dict[str, float]]  # {"yours": {metric: MAPE}, "published": {...}}
+    after: dict[str, dict[str, float]]
+
+    def text(self) -> str:
+        names = {"decode_tps": "decode", "prefill_tps": "prefill", "ttft_ms": "TTFT"}
+        lines = [f"fitted to {self.cells} measured cells of {', '.join(self.sources)} (inventory {self.key})",
+                 f"{'MAPE':26} {'before':>8} {'after':>8}"]
+        for which, label in (("yours", "your measurements"), ("published", "published figures")):
+            for m in HEADLINE:
+                b, a = self.before[which].get(m), self.after[which].get(m)
+                if b is None and a is None:
+                    continue
+                lines.append(f"{label + ' ' + names[m]:26} " + " ".join(f"{'—':>8}" if v is None else f"{v:8.1%}"
+                                                                        for v in (b, a)))
+        if self.path:
+            lines.append(f"saved {self.path}")
+        return "\n".join(lines)
+
+
+def fit_studies(refs: Sequence[str | Path], key: str | None = None, iterations: int = 120,
+                progress: Callable[[int, float], None] | None = None, save: bool = True) -> StudyFit:
+    """Refit from the shipped constants on the published cells and the
+    studies' cells; save the result for the inventory `key` (by default the
+    one the studies recorded)."""
+    paths = [find_study(r) for r in refs]
+    mine = study_cells(paths)
+    if key is None:
+        keys = {str(k) for p in paths if (k := _read_study(p).get("inventory_key"))}
+        if len(keys) > 1:
+            raise SparktopError(f"the studies were measured on different inventories ({', '.join(sorted(keys))}): "
+                                "fit them one inventory at a time, or name one with --inventory FILE")
+        if not keys:
+            raise SparktopError("the studies do not say which inventory they measured: name it with --inventory FILE")
+        key = str(keys.pop())
+    sources = []
+    for p in paths:
+        sid = str(_read_study(p).get("id") or p.name)
+        if sid not in sources:
+            sources.append(sid)
+    published = published_cells()
+    start = load_constants()
+    cells = published + mine
+
+    def errors(k: Constants) -> dict[str, dict[str, float]]:
+        rows = evaluate(k, cells, min(4, os.cpu_count() or 1))
+        return {"yours": headline_mape(rows[len(published):]), "published": headline_mape(rows[:len(published)])}
+
+    before = errors(start)
+    k = refit(cells, iterations=iterations, start=start, step=0.2, progress=progress)
+    after = errors(k)
+    path = None
+    if save:
+        summary = {"cells": len(mine), "published_cells": len(published), "iterations": iterations,
+                   "before": before, "after": after}
+        path = save_fitted(key, k, summary, sources)
+    return StudyFit(key, k, sources, path, len(mine), before, after)
+
+
+__all__ = ["Cell", "TOPOLOGIES", "constants_for", "cross_validate", "evaluate", "fit_studies", "inventory_key",
+           "load_constants", "prediction_error", "published_cells", "refit", "report", "study_cells"]

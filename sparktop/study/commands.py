@@ -15,13 +15,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sparktop.bench.events import LevelDone, SweepStarted
 from sparktop.bench.sweep import parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
 from sparktop.launch.catalog import find_recipe, load_recipe_file
 from sparktop.launch.events import Stage
-from sparktop.launch.recipe import Recipe
+from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.settings import Inventory
 from sparktop.study.events import (
     LaunchUpdate,
@@ -111,7 +112,7 @@ def print_event(event: StudyEvent, console: Console) -> None:
             else:
                 console.print(f"[red]✗ {name} failed:[/] {reason}", highlight=False)
                 for line in lines[-8:]:
-                    console.print(f"      [dim]{line}[/]", highlight=False, markup=False)
+                    console.print(Text("      " + line, style="dim"), highlight=False)
         case StudyFinished():
             pass
 
@@ -142,7 +143,7 @@ def _write_reports(study: Study, console: Console) -> None:
                       f"run `sparktop report {study.id}`[/]", highlight=False)
 
 
-def cmd_study(args) -> int:
+def cmd_study(args, inventory: Inventory | None = None) -> int:
     # Lines, not a live display: a study runs for hours, often under nohup; a
     # log must not be hard-wrapped at 80 columns.
     console = Console(soft_wrap=True)
@@ -151,24 +152,23 @@ def cmd_study(args) -> int:
         if study.running_here():
             raise SparktopError(f"{study.id} is running (pid {study.pid}); attach with `sparktop --study {study.id}`")
         recipe = _resolve_recipe(study, args.recipes)
-        inventory = _inventory_for(study, args)
+        inventory = inventory or _inventory_for(study, args)
         done = sum(1 for t in study.topologies if t.finished)
         console.print(f"resuming {study.id}: {done} of {len(study.topologies)} topologies finished")
     else:
         if not args.recipe:
             raise SparktopError("study: name a RECIPE (see `sparktop recipes`), or --resume ID")
         recipe = find_recipe(args.recipe, args.recipes)
-        inventory = _inventory_for(None, args)
-        nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if args.nodes and args.inventory \
-            else None
+        demo = inventory is not None
+        inventory = inventory or _inventory_for(None, args)
+        picked = args.nodes and (args.inventory or demo)
+        nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if picked else None
         count = len(nodes) if nodes else len(inventory.nodes)
-        from sparktop.launch.commands import parse_sets
-
         study, estimates = new_study(
             recipe, inventory, choose_topologies(recipe, args.topologies, count),
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
             extra_body=parse_extra_body(args.extra_body), overrides=parse_sets(args.set), nodes=nodes,
-            inventory_path=str(Path(args.inventory).resolve()) if args.inventory else None)
+            inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
         console.print(f"estimated wall time at GB10 speed: {total}; results in {study.dir}", highlight=False)

@@ -227,13 +227,23 @@ def _pgids(record: dict) -> set[int]:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. A zombie does not: it
+    holds no memory, and where nothing reaps orphans (a container's PID 1
+    that is not an init) it would otherwise keep `docker kill` waiting."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _wait_gone(record: dict, timeout: float = 5.0) -> bool:

@@ -121,10 +121,10 @@ def test_a_killed_study_resumes_without_measuring_anything_twice(lab):
                 study_dir = only_study(lab, before)
             if study_dir is not None:
                 t = read(study_dir)["topologies"][2]
-                if t["status"] == "sweeping" and t["run"] and (study_dir / "runs" / t["run"] / "requests.jsonl"
-                                                              ).exists():
-                    if sum(requests_by_batch(study_dir / "runs" / t["run"]).values()) >= 3:
-                        break
+                requests = study_dir / "runs" / (t["run"] or "-") / "requests.jsonl"
+                if t["status"] == "sweeping" and requests.exists() and \
+                        sum(requests_by_batch(requests.parent).values()) >= 3:
+                    break
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.2)
         else:
