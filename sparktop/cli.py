@@ -240,6 +240,13 @@ def _add_sweeping(add) -> None:
     sweep.add_argument("--max-error-rate", type=float, default=0.10,
                        help="stop when more than this fraction of a level fails (default 0.10)")
     sweep.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch per level")
+    sweep.add_argument("--guard-url", action="append", metavar="URL",
+                       help="the vLLM engine(s) whose /metrics prove the sweep had the engine to itself (default: "
+                            "the endpoint; give the engines when the endpoint is a router; repeatable)")
+    sweep.add_argument("--idle-timeout", type=float, default=60.0,
+                       help="seconds to wait for an idle engine before each level (default 60)")
+    sweep.add_argument("--no-remeasure", action="store_true",
+                       help="report a level with foreign traffic as contaminated without measuring it again")
     sweep.add_argument("--exact-tg", action="store_true", help="ask for exactly --tg tokens (ignore_eos)")
     sweep.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json for exact prompt lengths "
                        "(default: calibrate against the server)")
@@ -291,7 +298,8 @@ def _add_studying(add) -> None:
     study.add_argument("--nodes", metavar="A,B", help="the nodes to use (default: the inventory's)")
     study.add_argument("--demo", action="store_true", help="study on the demo's two twin nodes (127.0.0.2/.3) "
                        "instead of an inventory")
-    study.add_argument("--speed", type=float, default=1.0, help="with --demo: run the twins this many times faster")
+    study.add_argument("--speed", type=float, default=1.0, help="with --demo: run the twins this many times faster "
+                       "(their figures are then that many times a GB10's)")
     study.add_argument("--port", type=int, help="the API port (default: the recipe's, else the inventory's)")
     study.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     study.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each start-up (default 1800)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,14 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
     root = demo_root()
     cluster = TwinCluster(root, speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image])
-    return cluster.setup(fresh=not root.exists()).inventory()
+    cluster.setup(fresh=not root.exists())
+    # The router topologies run the real LiteLLM proxy inside the twin's
+    # "container": the one on this machine's PATH, when there is one.
+    litellm = shutil.which("litellm")
+    link = cluster.root / "bin" / "litellm"
+    if litellm and not link.exists():
+        link.symlink_to(litellm)
+    return cluster.inventory()
 
 
 def start_load(urls: list[str], low: int = 1, high: int = 6) -> subprocess.Popen:

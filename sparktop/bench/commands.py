@@ -16,7 +16,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sparktop.bench import compare as cmp
 from sparktop.bench import export
-from sparktop.bench.events import LevelDone, LevelStarted, RequestDone, SweepEvent, SweepFinished, SweepStarted
+from sparktop.bench.events import (
+    LevelContaminated,
+    LevelDone,
+    LevelStarted,
+    RequestDone,
+    SweepEvent,
+    SweepFinished,
+    SweepStarted,
+    WaitingForIdle,
+)
 from sparktop.bench.results import import_llama_benchy, list_runs, load_run
 from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
@@ -49,6 +58,7 @@ def cmd_sweep(args) -> int:
             max_error_rate=args.max_error_rate, warmup=not args.no_warmup, exact_tg=args.exact_tg,
             tokenizer=args.tokenizer, latency_mode=args.latency_mode, recipe=args.recipe, topology=args.topology,
             nodes=[n for n in (args.nodes or "").split(",") if n], label=args.label)
+    _guard_options(args, settings)
     machine = args.json or args.md or args.csv
     console = Console(stderr=bool(machine))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -65,14 +75,23 @@ def cmd_sweep(args) -> int:
             case LevelStarted(concurrency=c, warmup=warmup):
                 progress.update(level_task, visible=True, completed=0, total=None if warmup else settings.runs * c,
                                 description=f"c{c}" + (" warm-up" if warmup else ""), info="")
+            case WaitingForIdle(concurrency=c):
+                progress.update(level_task, visible=True, completed=0, total=None,
+                                description=f"c{c} waiting for an idle engine",
+                                info=f"{event.running:.0f} running, {event.waiting:.0f} waiting · "
+                                     f"{event.waited_s:.0f}/{event.timeout_s:.0f} s")
+            case LevelContaminated(concurrency=c, remeasuring=True):
+                console.print(f"[yellow]c{c} contaminated: {event.reason}; measuring it again[/]")
             case RequestDone():
-                progress.update(overall, completed=event.done, info=eta_text(event.eta_s))
+                progress.update(overall, completed=event.done, total=event.total, info=eta_text(event.eta_s))
                 live = f"{event.live_tps:,.0f} t/s" if event.live_tps else ""
                 progress.update(level_task, completed=event.level_done, total=event.level_total, info=live)
             case LevelDone(stats=lv):
                 err = f"  [red]{lv.errors} errors[/]" if lv.errors else ""
                 console.print(f"c{lv.concurrency:<4} tg {fmt(lv.tg_tps_total)} t/s  pp {fmt(lv.pp_tps_total)} t/s"
                               f"  TTFT {fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
+                if lv.contaminated:
+                    console.print(f"[yellow]⚠ c{lv.concurrency} contaminated: {lv.contamination}[/]")
 
     sweep = Sweep(settings, root, resume=resume, api_key=api_key)
 
@@ -95,7 +114,7 @@ def cmd_sweep(args) -> int:
         return 130
     run = load_run(result.path)
     if args.json:
-        print(json.dumps(export.as_json(run), indent=2, default=str))
+        print(json.dumps(with_guard(export.as_json(run), run), indent=2, default=str))
     elif args.md:
         print(export.markdown(run), end="")
     elif args.csv:
@@ -104,10 +123,47 @@ def cmd_sweep(args) -> int:
         console.print(export.rich_table(run, title=f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg}"))
         for line in export.summary_lines(run):
             console.print(line)
+    for line in guard_lines(run):
+        console.print(f"[yellow]{line}[/]")
     if result.status != "done":
         console.print(f"[red]sweep {result.status}: {result.reason}[/]")
         return EXIT_ERROR_RATE
     return 0
+
+
+def _guard_options(args, settings: SweepSettings) -> None:
+    """The guard's options, where the parser has them (--guard-url, --idle-timeout, --no-remeasure)."""
+    urls = getattr(args, "guard_url", None)
+    if urls:
+        settings.guard_urls = [u for item in urls for u in str(item).split(",") if u.strip()]
+    idle = getattr(args, "idle_timeout", None)
+    if idle is not None:
+        settings.idle_timeout = float(idle)
+    if getattr(args, "no_remeasure", False):
+        settings.remeasure_contaminated = False
+
+
+GUARD_KEYS = ("contaminated", "foreign_requests", "contamination", "remeasured")
+
+
+def with_guard(report: dict, run) -> dict:
+    """`sparktop sweep --json`: each level says whether foreign traffic spoiled it."""
+    by_c = {lv.concurrency: lv for lv in run.levels()}
+    for row in report.get("levels") or []:
+        lv = by_c.get(row.get("concurrency"))
+        if lv is not None:
+            row.update({k: getattr(lv, k) for k in GUARD_KEYS})
+    report.setdefault("contaminated_levels", [c for c, lv in sorted(by_c.items()) if lv.contaminated])
+    return report
+
+
+def guard_lines(run) -> list[str]:
+    """Warnings for a person: levels measured with foreign traffic, or no guard at all."""
+    out = [f"⚠ c{lv.concurrency} is contaminated: {lv.contamination}" for lv in run.levels() if lv.contaminated]
+    guard = str(run.meta.get("guard") or "")
+    if guard.startswith("off:") and "not read" not in guard:
+        out.append(f"no clean-measurement guard ({guard[4:].strip()}): foreign traffic would go unnoticed")
+    return out
 
 
 def _runner() -> asyncio.Runner:

@@ -53,6 +53,31 @@ class EngineSample:
 
 
 @dataclass(frozen=True)
+class WaitingForIdle:
+    """Before a level: the engine is still serving something, so the level
+    waits (up to `timeout_s`) for it to have nothing running or waiting."""
+
+    concurrency: int
+    running: float
+    waiting: float
+    waited_s: float
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class LevelContaminated:
+    """An attempt at a level saw foreign traffic (or a busy engine before
+    it). `remeasuring`: the level is measured again, and this attempt's
+    figures are set aside; else the level is reported as contaminated."""
+
+    concurrency: int
+    attempt: int
+    foreign_requests: int | None
+    reason: str
+    remeasuring: bool
+
+
+@dataclass(frozen=True)
 class LevelDone:
     stats: LevelStats
 
@@ -65,4 +90,5 @@ class SweepFinished:
     path: Path
 
 
-SweepEvent = SweepStarted | LevelStarted | RequestDone | EngineSample | LevelDone | SweepFinished
+SweepEvent = (SweepStarted | LevelStarted | RequestDone | EngineSample | WaitingForIdle | LevelContaminated
+              | LevelDone | SweepFinished)

@@ -124,12 +124,20 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
 
 @dataclass
 class EngineWatch:
-    """What the engine's /metrics said during a level (None: not readable)."""
+    """What the engine's /metrics said during a level (None: not readable),
+    and whether the level was measured on an engine with nothing else to do
+    (the sweep's clean-measurement guard; see `bench.sweep`)."""
 
     kv_cache_usage_max: float | None = None
     running_max: float | None = None
     waiting_max: float | None = None
     preemptions: float | None = None
+    contaminated: bool = False  # foreign traffic, or an engine busy before the level
+    foreign_requests: int | None = None  # None: the guard could not tell (off, or no readings)
+    contamination: str | None = None  # what was seen, as a sentence
+    remeasured: bool = False  # a first attempt was contaminated and set aside
+    idle_wait_s: float | None = None  # waited before the level for the engine to go idle
+    attempt: int | None = None  # the records' attempt this line describes
 
 
 @dataclass
@@ -158,6 +166,13 @@ class LevelStats:
     waiting_max: float | None = None
     preemptions: float | None = None
     error_reasons: dict[str, int] = field(default_factory=dict)
+    # The clean-measurement guard: the engine served something besides the
+    # sweep during the level (or was busy before it). `foreign_requests`
+    # is None when nothing could tell (no vLLM metrics to watch).
+    contaminated: bool = False
+    foreign_requests: int | None = None
+    contamination: str | None = None  # e.g. "7 foreign requests between 0.4 s and 3.1 s into the level"
+    remeasured: bool = False  # measured twice: the first attempt was contaminated
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -202,6 +217,8 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         kv_cache_usage_max=eng.kv_cache_usage_max, running_max=eng.running_max,
         waiting_max=eng.waiting_max, preemptions=eng.preemptions,
         error_reasons=dict(reasons),
+        contaminated=eng.contaminated, foreign_requests=eng.foreign_requests, contamination=eng.contamination,
+        remeasured=eng.remeasured,
     )
 
 

@@ -6,6 +6,18 @@ previous one has finished (llama-benchy's model). Every finished request is
 appended to the run's requests.jsonl at once; the engine's /metrics is read
 alongside so each level also says how full the KV cache and the queue got.
 
+The clean-measurement guard: a level counts only when the engine had
+nothing else to do. Before each level the sweep waits (up to
+`idle_timeout`) until the engines report nothing running or waiting; during
+the level their running + waiting must never exceed what the sweep itself
+had in flight while the /metrics answer was read (the server counts a
+request only after it arrives and drops it before the client sees its end,
+so an honest sweep never exceeds it). Anything more is foreign traffic: the
+level is *contaminated*, measured once more under a new attempt number,
+and reported as contaminated if that happens again. The engines watched are
+`guard_urls` (vLLM engines behind a router), else the endpoint itself; an
+endpoint without vLLM metrics means no guard, said once in the run's meta.
+
 `Sweep.events()` is the sweep as an async iterator of `bench.events`
 (the CLI draws a rich progress display from them, the app its sweep
 screen); the sweep itself never draws anything.
@@ -17,9 +29,11 @@ import asyncio
 import json
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -27,12 +41,14 @@ import aiohttp
 from sparktop import __version__
 from sparktop.bench.events import (
     EngineSample,
+    LevelContaminated,
     LevelDone,
     LevelStarted,
     RequestDone,
     SweepEvent,
     SweepFinished,
     SweepStarted,
+    WaitingForIdle,
 )
 from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, now, stream_chat
@@ -41,7 +57,19 @@ from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
 from sparktop.errors import SparktopError
 from sparktop.events import emitting
 
+if TYPE_CHECKING:
+    from sparktop.observe.vllm_metrics import Scrape
+
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+METRICS_INTERVAL = 0.25  # s between /metrics reads during the sweep
+IDLE_POLL = 0.5  # s between /metrics reads while waiting for an idle engine
+# A /metrics answer is compared with the most requests the sweep had in flight
+# from this long before its GET until its answer: room for an engine whose
+# gauges trail its requests by a step.
+GUARD_SLACK = 0.25
+# A request that failed on the client's side (a timeout, a cut connection)
+# may still be on the server for a moment: it stays counted this long.
+FAILED_LINGER = 5.0
 
 
 class SweepError(SparktopError):
@@ -84,7 +112,12 @@ class SweepSettings:
     exact_tg: bool = False
     tokenizer: str | None = None
     latency_mode: str = "api"  # api: mean of three GET /v1/models; none: 0
-    metrics: bool = True
+    metrics: bool = True  # read the engines' /metrics (False: no engine figures, no guard)
+    # The guard: base URLs (http://host:port) of the vLLM engines whose /metrics
+    # to watch, when the endpoint is a router without them; None: the endpoint.
+    guard_urls: list[str] | None = None
+    idle_timeout: float = 60.0  # s to wait before each level for the engines to go idle
+    remeasure_contaminated: bool = True  # measure a contaminated level once more
     # What ran, for the record (the launcher or the user says; not measured).
     recipe: str | None = None
     topology: str | None = None
@@ -102,6 +135,8 @@ class SweepSettings:
             raise SweepError("--tg must be at least 2: decode speed needs two tokens")
         if not 0 <= self.max_error_rate <= 1:
             raise SweepError(f"--max-error-rate must be between 0 and 1, got {self.max_error_rate}")
+        if self.idle_timeout < 0:
+            raise SweepError(f"--idle-timeout must not be negative, got {self.idle_timeout}")
 
     def public(self) -> dict:
         d = asdict(self)
@@ -165,6 +200,126 @@ class _Level:
     concurrency: int
     timeout: float
     done: int  # requests recorded at this level so far
+    attempt: int  # on its records: a re-measurement gets a new one
+
+
+# -- the guard ------------------------------------------------------------------
+
+
+class _InFlight:
+    """How many requests the sweep has on the wire, and the most it had
+    within a stretch of time (a /metrics answer is from some instant between
+    its GET and its answer)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sent = 0  # requests sent, ever
+        self._log: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+
+    def _set(self, n: int) -> None:
+        self.n = n
+        t = time.monotonic()
+        self._log.append((t, n))
+        while len(self._log) > 1 and self._log[1][0] < t - 10.0:
+            self._log.popleft()
+
+    def add(self) -> None:
+        self.sent += 1
+        self._set(self.n + 1)
+
+    def remove(self, linger: float = 0.0) -> None:
+        if linger > 0:
+            asyncio.get_running_loop().call_later(linger, self._set_less)
+        else:
+            self._set_less()
+
+    def _set_less(self) -> None:
+        self._set(max(0, self.n - 1))
+
+    def peak(self, since: float, until: float) -> int:
+        """The most in flight at any moment of [since, until]."""
+        best = 0
+        for t, n in reversed(self._log):
+            if t > until:
+                continue
+            best = max(best, n)
+            if t <= since:  # the count as the stretch began
+                break
+        return best
+
+
+@dataclass
+class _Reading:
+    """The watched engines' /metrics, summed, and the sweep's own peak in flight meanwhile."""
+
+    sent: float  # monotonic
+    got: float
+    running: float | None
+    waiting: float | None
+    finished: float | None  # vllm:request_success_total
+    kv: float | None
+    preemptions: float | None
+    peak: int
+
+    @property
+    def busy(self) -> float | None:
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
+
+
+@dataclass
+class _Window:
+    """One attempt at a level, as the guard sees it: from the idle reading
+    before its warm-up to the reading after its last batch."""
+
+    t0: float
+    sent0: int
+    base: _Reading | None
+    busy_before: str | None
+    idle_wait: float
+    preempt0: float | None = None
+    samples: int = 0
+    peak_excess: float = 0.0
+    first: float | None = None  # s into the level of the first reading with foreign requests
+    last: float | None = None
+
+    def observe(self, r: _Reading) -> None:
+        busy = r.busy
+        if busy is None:
+            return
+        self.samples += 1
+        excess = busy - r.peak
+        if excess >= 0.5:  # gauges are floats
+            at = max(0.0, (r.sent + r.got) / 2 - self.t0)
+            self.first = at if self.first is None else self.first
+            self.last = at
+            self.peak_excess = max(self.peak_excess, excess)
+
+    def verdict(self, end: _Reading | None, own: int, watch: EngineWatch) -> None:
+        """Fill the guard's fields of `watch`: `own` requests were the sweep's."""
+        counted: int | None = None
+        base = self.base
+        if (end is not None and base is not None and end.finished is not None and base.finished is not None
+                and end.finished >= base.finished):  # a counter that went down: the engine restarted
+            counted = max(0, round(end.finished - base.finished) - own)
+        seen = round(self.peak_excess) if self.samples else None
+        known = [n for n in (counted, seen) if n is not None]
+        # Both are lower bounds: the counter misses foreign requests still
+        # running at the end, the gauges the ones that came and went between reads.
+        foreign = max(known) if known else None
+        watch.foreign_requests = foreign
+        watch.idle_wait_s = round(self.idle_wait, 2)
+        parts = [self.busy_before] if self.busy_before else []
+        if foreign:
+            what = f"{foreign} foreign request{'s' if foreign != 1 else ''}"
+            if self.first is not None and self.last is not None:
+                parts.append(f"{what} between {self.first:.1f} s and {self.last:.1f} s into the level"
+                             if self.last - self.first >= 0.05 else f"{what} at {self.first:.1f} s into the level")
+            else:
+                parts.append(f"{what} finished during the level (the engine's request counter)")
+        watch.contaminated = bool(parts)
+        watch.contamination = "; ".join(parts) if parts else None
 
 
 class Sweep:
@@ -174,6 +329,12 @@ class Sweep:
     def __init__(self, settings: SweepSettings, results_root: Path,
                  resume: str | Path | None = None, api_key: str | None = None):
         settings.endpoint = normalize_endpoint(settings.endpoint)
+        if settings.guard_urls is not None:
+            try:
+                urls = [normalize_endpoint(u) for u in settings.guard_urls]
+            except SweepError as e:
+                raise SweepError(f"guard: {e}".replace("--endpoint ", "")) from None
+            settings.guard_urls = list(dict.fromkeys(urls)) or None
         settings.validate()
         self.s = settings
         self.root = Path(results_root)
@@ -187,6 +348,13 @@ class Sweep:
         self._batch_secs: dict[int, float] = {}
         self._engine = EngineWatch()
         self.writer: RunWriter | None = None
+        # The guard: the engines watched (none: no guard), why not, and the
+        # current attempt's window.
+        self._flight = _InFlight()
+        self._watched: list[str] = []
+        self.guard = "off: not started"
+        self._window: _Window | None = None
+        self._attempt = 1  # the newest attempt number in use
         # Complete batches per level: a resumed run's from disk, then this
         # session's as they finish (the level figures need no re-read).
         self._batches: dict[int, list[list[RequestRecord]]] = {}
@@ -234,6 +402,7 @@ class Sweep:
         payload = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
         payload.update(self.s.extra_body)
         payload["stream"] = False
+        self._flight.add()
         try:
             async with session.post(self.s.endpoint + "/v1/chat/completions", json=payload, headers=self._headers,
                                     timeout=aiohttp.ClientTimeout(total=120)) as r:
@@ -243,42 +412,115 @@ class Sweep:
                     raise SweepError(f"{self.s.endpoint}: the calibration request failed: HTTP {r.status}: {msg}")
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
             raise SweepError(f"{self.s.endpoint}: the calibration request failed ({type(e).__name__}: {e})") from None
+        finally:
+            self._flight.remove()
         tokens = ((body or {}).get("usage") or {}).get("prompt_tokens")
         if not isinstance(tokens, int):
             raise SweepError(f"{self.s.endpoint}: the server reports no usage.prompt_tokens, so prompt "
                              "lengths cannot be calibrated; pass --tokenizer FILE")
         return tokens
 
-    # -- engine metrics ---------------------------------------------------------
+    # -- engine metrics and the guard ------------------------------------------
+
+    async def _scrape(self, session: aiohttp.ClientSession, url: str) -> Scrape | None:
+        from sparktop.observe.vllm_metrics import MetricsError, Scrape
+
+        try:
+            async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status != 200:
+                    return None
+                text = await r.text()
+            return Scrape.parse(text, time.monotonic(), histograms=False)
+        except (aiohttp.ClientError, OSError, TimeoutError, MetricsError, UnicodeDecodeError):
+            return None
+
+    async def _setup_guard(self, session: aiohttp.ClientSession) -> None:
+        """Which engines to watch: those of `guard_urls` (or the endpoint) that answer with vLLM metrics."""
+        from sparktop.observe.vllm_metrics import RUNNING
+
+        if not self.s.metrics:
+            self.guard = "off: metrics are not read"
+            return
+        urls = list(dict.fromkeys(self.s.guard_urls or [self.s.endpoint]))
+        scrapes = await asyncio.gather(*(self._scrape(session, u) for u in urls))
+        self._watched = [u for u, sc in zip(urls, scrapes, strict=True)
+                         if sc is not None and sc.is_vllm and sc.total(RUNNING) is not None]
+        missing = [u for u in urls if u not in self._watched]
+        if not self._watched:
+            self.guard = f"off: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no vllm metrics"
+        else:
+            self.guard = "on: " + ", ".join(self._watched)
+            if missing:
+                self.guard += f" ({', '.join(missing)}: no vllm metrics, not watched)"
+
+    async def _read(self, session: aiohttp.ClientSession) -> _Reading | None:
+        """The watched engines now, summed; None when one of them did not answer."""
+        from sparktop.observe.vllm_metrics import KV_USAGE, PREEMPTIONS, REQUESTS, RUNNING, WAITING
+
+        sent = time.monotonic()
+        scrapes = await asyncio.gather(*(self._scrape(session, u) for u in self._watched))
+        got = time.monotonic()
+        if not scrapes or any(sc is None for sc in scrapes):
+            return None
+        done = [sc for sc in scrapes if sc is not None]
+
+        def total(names: tuple[str, ...]) -> float | None:
+            values = [sc.total(names) for sc in done]
+            return None if any(v is None or math.isnan(v) for v in values) else sum(v for v in values if v is not None)
+
+        kvs = [v for sc in done if (v := sc.mean(KV_USAGE)) is not None and not math.isnan(v)]
+        reading = _Reading(sent, got, total(RUNNING), total(WAITING), total(REQUESTS), max(kvs) if kvs else None,
+                           total(PREEMPTIONS), self._flight.peak(sent - GUARD_SLACK, got))
+        self._take(reading)
+        return reading
+
+    def _take(self, r: _Reading) -> None:
+        """A reading: on screen, and into the level's figures and guard while one is measured."""
+        self._emit(EngineSample(r.kv, r.running, r.waiting))
+        window = self._window
+        if window is None or r.sent < window.t0:
+            return
+        w = self._engine
+        if r.kv is not None:
+            w.kv_cache_usage_max = max(w.kv_cache_usage_max or 0.0, r.kv)
+        if r.running is not None:
+            w.running_max = max(w.running_max or 0.0, r.running)
+        if r.waiting is not None:
+            w.waiting_max = max(w.waiting_max or 0.0, r.waiting)
+        if r.preemptions is not None:
+            window.preempt0 = r.preemptions if window.preempt0 is None else window.preempt0
+            w.preemptions = max(0.0, r.preemptions - window.preempt0)
+        window.observe(r)
 
     async def _watch_metrics(self, session: aiohttp.ClientSession) -> None:
-        from sparktop.observe.vllm_metrics import KV_USAGE, PREEMPTIONS, RUNNING, WAITING, MetricsError, Scrape
-
-        first_preempt = None
         while True:
-            try:
-                async with session.get(self.s.endpoint + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    if r.status != 200:
-                        return  # a router or a server without metrics: nothing to watch
-                    text = await r.text()
-                scrape = Scrape.parse(text, time.monotonic(), histograms=False)
-            except (aiohttp.ClientError, OSError, TimeoutError, MetricsError):
-                await asyncio.sleep(1.0)
-                continue
-            kv, run, wait = scrape.mean(KV_USAGE), scrape.total(RUNNING), scrape.total(WAITING)
-            pre = scrape.total(PREEMPTIONS)
-            w = self._engine
-            if kv is not None:
-                w.kv_cache_usage_max = max(w.kv_cache_usage_max or 0.0, kv)
-            if run is not None:
-                w.running_max = max(w.running_max or 0.0, run)
-            if wait is not None:
-                w.waiting_max = max(w.waiting_max or 0.0, wait)
-            if pre is not None:
-                first_preempt = pre if first_preempt is None else first_preempt
-                w.preemptions = max(0.0, pre - first_preempt)
-            self._emit(EngineSample(kv, run, wait))
-            await asyncio.sleep(0.25)
+            await self._read(session)
+            await asyncio.sleep(METRICS_INTERVAL)
+
+    async def _wait_idle(self, session: aiohttp.ClientSession, c: int) -> _Window:
+        """Before a level: wait until the engines have nothing running or
+        waiting (one read when they are idle), up to `idle_timeout`."""
+        start = time.monotonic()
+        failures = 0
+        busy_before = None
+        while True:
+            r = await self._read(session)
+            waited = time.monotonic() - start
+            if r is None:
+                failures += 1
+                if failures >= 3 or waited >= self.s.idle_timeout:
+                    break  # unreadable now: measure, and let the readings during the level tell
+            elif not r.busy:
+                break
+            else:
+                self._emit(WaitingForIdle(c, r.running or 0.0, r.waiting or 0.0, waited, self.s.idle_timeout))
+                if waited >= self.s.idle_timeout:
+                    busy_before = (f"engine still busy after {waited:.0f} s of waiting before the level "
+                                   f"({r.running or 0:.0f} running, {r.waiting or 0:.0f} waiting)")
+                    break
+            await asyncio.sleep(IDLE_POLL)
+        return _Window(time.monotonic(), self._flight.sent, r, busy_before, time.monotonic() - start,
+                       r.preemptions if r is not None else None)
 
     # -- batches ----------------------------------------------------------------
 
@@ -318,8 +560,12 @@ class Sweep:
 
         async def one(i: int) -> RequestRecord:
             nonlocal decoded, first
-            rec = RequestRecord(level=c, run=run, index=i, attempt=to.attempt)
-            await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers)
+            rec = RequestRecord(level=c, run=run, index=i, attempt=level.attempt)
+            self._flight.add()
+            try:
+                await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers)
+            finally:
+                self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
             if not record:
                 return rec
             self._out.append(rec)
@@ -362,12 +608,13 @@ class Sweep:
             to, meta = await self._prepare(session, previous)
             done_batches = self._open_run(to, meta, previous)
             status, reason = "done", None
-            watcher = asyncio.ensure_future(self._watch_metrics(session)) if s.metrics else None
+            watcher = asyncio.ensure_future(self._watch_metrics(session)) if self._watched else None
             try:
                 for index, c in enumerate(s.levels):
                     have = min(done_batches.get(c, 0), s.runs)
                     if have < s.runs:
-                        level = _Level(index, c, s.timeout or request_timeout(s.pp + s.depth, s.tg, c), have * c)
+                        level = _Level(index, c, s.timeout or request_timeout(s.pp + s.depth, s.tg, c), have * c,
+                                       to.attempt)
                         reason = await self._measure(to, level, have)
                         if reason is not None:
                             status = "stopped"
@@ -386,6 +633,7 @@ class Sweep:
         s = self.s
         model = await self._model(session)
         version = (await self._get_json(session, "/version") or {}).get("version")
+        await self._setup_guard(session)
         self.latency = await self._latency(session)
         tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
         try:
@@ -403,8 +651,9 @@ class Sweep:
             "settings": s.public(), "started": time.time(), "latency_s": self.latency,
             "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
                                    "exact": prompts.exact, "tokenizer": bool(tokenizer)},
-            "status": "running",
+            "guard": self.guard, "status": "running",
         }
+        self._attempt = attempt
         return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, context, attempt), meta
 
     def _open_run(self, to: _Target, meta: dict, previous: Run | None) -> dict[int, int]:
@@ -417,6 +666,7 @@ class Sweep:
             done_batches = {c: len(bs) for c, bs in self._batches.items()}
             self.writer = RunWriter(self.root if previous.path is None else previous.path.parent, run_id,
                                     meta, resume=True)
+            self.writer.update(guard=self.guard)
         else:
             run_id = new_run_id(to.model, s.topology or s.label, meta["started"])
             self.writer = RunWriter(self.root, run_id, meta)
@@ -426,30 +676,66 @@ class Sweep:
         return done_batches
 
     async def _measure(self, to: _Target, level: _Level, have: int) -> str | None:
-        """One level: a warm-up, then the batches still missing. The reason it
-        stopped the sweep (too many errors), else None."""
+        """One level, measured once more when foreign traffic spoiled it. The
+        reason it stopped the sweep (too many errors), else None."""
         s, c = self.s, level.concurrency
-        self._engine = EngineWatch()
-        if s.warmup:
-            self._emit(LevelStarted(c, True))
-            await self._batch(to, level, 0, record=False)
-        self._emit(LevelStarted(c, False))
-        errors = requests = 0
-        reason = None
-        for run in range(have + 1, s.runs + 1):
-            batch = await self._batch(to, level, run, record=True)
-            self._batches.setdefault(c, []).append(batch)
-            errors += sum(1 for r in batch if not r.ok)
-            requests += len(batch)
-            if requests and errors / requests > s.max_error_rate:
-                first = next((r.error for r in batch if r.error), None) or "errors"
-                reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
-                          f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
+        first: EngineWatch | None = None
+        while True:
+            reason = await self._attempt_level(to, level, have)
+            watch = self._engine
+            if first is not None or reason is not None or not watch.contaminated or not s.remeasure_contaminated:
                 break
-        self._out.engine_level(c, self._engine)
+            # Set this attempt aside (it stays on disk) and measure the whole
+            # level again under a new attempt number, which Run.batches() prefers.
+            self._out.engine_level(c, watch)
+            self._emit(LevelContaminated(c, level.attempt, watch.foreign_requests, watch.contamination or "", True))
+            first = watch
+            self._attempt += 1
+            level = _Level(level.index, c, level.timeout, 0, self._attempt)
+            self._batches[c] = []
+            self._total += c * s.runs
+            have = 0
+        if first is not None:
+            watch.remeasured = True
+            if watch.contaminated:
+                watch.contamination = f"{watch.contamination}; re-measured once, still contaminated"
+        if watch.contaminated:
+            self._emit(LevelContaminated(c, level.attempt, watch.foreign_requests, watch.contamination or "", False))
+        self._out.engine_level(c, watch)
         stats = self._level(c)
         self.levels = [lv for lv in self.levels if lv.concurrency != c] + [stats]
         self._emit(LevelDone(stats))
+        return reason
+
+    async def _attempt_level(self, to: _Target, level: _Level, have: int) -> str | None:
+        """A warm-up, then the batches still missing, watched by the guard."""
+        s, c = self.s, level.concurrency
+        self._engine = EngineWatch(attempt=level.attempt)
+        if self._watched:
+            self._window = await self._wait_idle(to.session, c)
+        try:
+            if s.warmup:
+                self._emit(LevelStarted(c, True))
+                await self._batch(to, level, 0, record=False)
+            self._emit(LevelStarted(c, False))
+            errors = requests = 0
+            reason = None
+            for run in range(have + 1, s.runs + 1):
+                batch = await self._batch(to, level, run, record=True)
+                self._batches.setdefault(c, []).append(batch)
+                errors += sum(1 for r in batch if not r.ok)
+                requests += len(batch)
+                if requests and errors / requests > s.max_error_rate:
+                    first = next((r.error for r in batch if r.error), None) or "errors"
+                    reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
+                              f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
+                    break
+            window = self._window
+            if window is not None:
+                end = await self._read(to.session)
+                window.verdict(end, self._flight.sent - window.sent0, self._engine)
+        finally:
+            self._window = None
         return reason
 
     def _level(self, c: int) -> LevelStats:
@@ -465,6 +751,8 @@ class Sweep:
         self._out.close(status, reason)
         run = load_run(self._out.dir)
         levels = run.levels()
+        self._out.update(contaminated_levels=[lv.concurrency for lv in levels if lv.contaminated],
+                         remeasured_levels=[lv.concurrency for lv in levels if lv.remeasured])
         event = SweepFinished(status, reason, levels, self._out.dir)
         self._emit(event)
         return event

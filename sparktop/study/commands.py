@@ -128,16 +128,11 @@ async def _run(runner: StudyRunner, console: Console) -> StudyFinished:
 
 
 def _write_reports(study: Study, console: Console) -> None:
+    from sparktop.study import report
+
     try:
-        from sparktop.study import report
-    except ImportError:
-        return
-    try:
-        out = study.report_dir
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text(report.markdown(study, out))
-        (out / "report.html").write_text(report.html(study))
-        console.print(f"report: {out / 'report.md'} and {out / 'report.html'}", highlight=False)
+        paths = report.write_all(study)
+        console.print("report: " + " and ".join(str(p) for p in paths), highlight=False)
     except Exception as exc:  # noqa: BLE001 - the measurements are safe on disk; the report can be redone
         console.print(f"[yellow]the report could not be written ({type(exc).__name__}: {exc}); "
                       f"run `sparktop report {study.id}`[/]", highlight=False)

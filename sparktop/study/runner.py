@@ -60,8 +60,10 @@ from sparktop.study.state import (
     TopologyState,
 )
 
-_SECRET = re.compile(r"((?:--api-key|--hf-token|--token)[= ]|\b[A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD)"
-                     r"[A-Z0-9_]*=)(\S+)", re.IGNORECASE)
+# A flag that takes a secret (any case), or an upper-case *_TOKEN=/*_KEY= variable;
+# `--max-num-batched-tokens=8192` is not a secret.
+_SECRET = re.compile(r"((?i:--api-key|--hf-token|--token)[= ]"
+                     r"|\b[A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD)[A-Z0-9_]*=)(\S+)")
 
 
 def mask(command: str) -> str:
@@ -180,7 +182,7 @@ class StudyRunner:
                 return
             if attempt == 0:
                 await teardown(launch_id, list(self.transports), self.transports)
-        raise TransportError(f"{launch_id} is still running after teardown ({'; '.join(left)})")
+        raise TransportError(left[0].split(":")[0], f"{launch_id} is still running after teardown ({'; '.join(left)})")
 
     # -- one topology --------------------------------------------------------
 
@@ -269,7 +271,7 @@ class StudyRunner:
             extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe.id,
             topology=t.name, nodes=list(plan.nodes), label=t.name)
         # The guard watches the engines themselves: a router has no vLLM metrics.
-        settings.guard_urls = [e.url for e in plan.endpoints if e.kind == "vllm"]  # type: ignore[attr-defined]
+        settings.guard_urls = [e.url for e in plan.endpoints if e.kind == "vllm"]
         executor = self._executor
         assert executor is not None, "the sweep follows a launch"
         key = executor.api_key(api.api_key_env) if api.api_key_env else None

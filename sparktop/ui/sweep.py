@@ -238,7 +238,10 @@ class SweepScreen(LiveScreen):
         key = str(stats.concurrency)
         if key in table.rows:
             table.remove_row(key)
-        table.add_row(*(cell(stats, k) for k, _, _ in COLUMNS), "…", key=key)
+        cells = [cell(stats, k) for k, _, _ in COLUMNS]
+        if stats.contaminated:  # foreign traffic on the engine during the level (bench.sweep's guard)
+            cells[0] = f"{cells[0]} ⚠"
+        table.add_row(*cells, "…", key=key)
         self._draw_charts()
         self._predict_level(stats.concurrency)
 
