@@ -252,6 +252,23 @@ def _pred_errors(study: Study, columns: list[str], by_run: dict, dirty: dict[str
     return {"per_topology": per, "overall": overall}
 
 
+def _learned(study: Study) -> dict | None:
+    """The error before and after `sparktop twin fit --runs` learned from this
+    inventory's studies: the published constants vs the fitted ones, on this
+    study's measurements. None until a fit for its inventory exists."""
+    from sparktop.model import fit
+
+    summary = fit.fitted_summary(study.inventory_key) if study.inventory_key else None
+    if summary is None or study.path is None:
+        return None
+    try:
+        before = fit.prediction_error(study.dir, fit.load_constants())
+        after = fit.prediction_error(study.dir, fit.constants_for(study.inventory_key))
+    except Exception:  # noqa: BLE001 - a report never fails for want of a refit
+        return None
+    return {"before": before, "after": after, "sources": summary.get("sources") or []}
+
+
 def _in_words(table: dict, columns: list[str]) -> str | None:
     """Who wins where, as ranges: "cluster-mp at c1–c8, shuffle ≈ least-busy at c16–c64"."""
     spans: list[tuple[str, list[int]]] = []
@@ -371,6 +388,7 @@ def build(study: Study) -> dict:
         "knees": knees,
         "recommendations": _recommend(study, columns, levels, by_run, spread_by_run, dirty),
         "prediction_error": _pred_errors(study, columns, by_run, dirty),
+        "learned": _learned(study),
         "contamination": [{"topology": n, "concurrency": c, "note": note}
                           for n in columns for c, note in dirty[n].items()],
         "failed": [{"name": d["name"], "status": d["status"], "reason": d["reason"] or d["load_error"],
@@ -543,6 +561,15 @@ def document(data: dict) -> list[Block]:
                      Cell(_mape(o["all"]), cls="total"), Cell("", cls="total")])
         out.append(Table(head, rows, ["Mean absolute error of the prediction against the measurement, over the "
                                       "levels both have (contaminated levels left out)."], "errors"))
+    learned = data.get("learned")
+    if learned:
+        names = {"decode_tps": "decode", "prefill_tps": "prefill", "ttft_ms": "TTFT"}
+        parts = [f"{label} {_mape(learned['before'].get(k))} → {_mape(learned['after'].get(k))}"
+                 for k, label in names.items() if learned["before"].get(k) is not None]
+        if parts:
+            out.append(Para("After `sparktop twin fit --runs` learned from this inventory's measurements ("
+                            + ", ".join(learned["sources"]) + "), the prediction's error on this study went: "
+                            + "; ".join(parts) + " (published constants → fitted ones)."))
 
     if data["failed"]:
         out.append(Heading(2, "What did not finish", "failed"))

@@ -241,3 +241,29 @@ def test_foreign_traffic_during_a_level_is_caught(lab):
     assert "contaminated" in done.stdout
     assert os.path.exists(only_study(lab, before) / "runs" / t["run"])
     assert_nothing_left(lab)
+
+
+def test_ctrl_c_stops_what_the_study_started_and_leaves_it_resumable(lab):
+    inventory = lab.inventory()
+    lab.put_weights(MODEL)
+    before = existing(lab)
+    proc = subprocess.Popen([sys.executable, "-m", "sparktop", "study", RECIPE, "--topologies", "solo,cluster-mp",
+                             "-c", "1,2,4", "--runs", "3", "--pp", "128", "--tg", "64", "--inventory", str(inventory),
+                             "--yes", "--timeout", "120"],
+                            env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        dirs = existing(lab) - before
+        if dirs and read(studies_root(lab) / next(iter(dirs)))["topologies"][0]["status"] == "sweeping":
+            break
+        assert proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "resume with `sparktop study --resume" in out
+    assert "Traceback" not in out
+    study = read(only_study(lab, before))
+    assert study["status"] == "interrupted"
+    assert study["topologies"][0]["status"] != "done"
+    assert_nothing_left(lab)

@@ -183,3 +183,18 @@ def test_bad_inputs_are_one_line_errors(tmp_path, few_published):
     good = make_study(tmp_path, "good")
     assert "different inventories" in error(fit_args([str(other), str(good)]))
     assert not (data_dir() / "fitted").exists()
+
+
+def test_the_report_says_how_far_off_the_prediction_was_before_and_after(tmp_path, few_published, capsys):
+    from sparktop.model.commands import cmd_fit
+    from sparktop.study import report
+    from sparktop.study.state import load_study
+
+    d = make_study(data_dir() / "studies", sid="20260101-000000-learned")
+    assert report.build(load_study(d))["learned"] is None  # nothing learned yet
+    assert cmd_fit(fit_args([d.name])) == 0
+    learned = report.build(load_study(d))["learned"]
+    assert learned["sources"] == [d.name]
+    assert learned["after"]["decode_tps"] < learned["before"]["decode_tps"]
+    text = report.markdown(load_study(d), tmp_path / "out")
+    assert "published constants → fitted ones" in text
