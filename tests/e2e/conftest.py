@@ -10,7 +10,8 @@ from tests.e2e.lab import Lab, sshd_available
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     if not sshd_available():
-        pytest.fail("the lab needs OpenSSH's sshd (apt-get install openssh-server); .ci/run installs it")
+        pytest.fail("the lab needs OpenSSH's sshd: run the tests with scripts/test, which installs it "
+                    "(or apt-get install openssh-server)")
     lab = Lab(tmp_path_factory.mktemp("lab")).start()
     yield lab
     lab.stop()

@@ -16,7 +16,12 @@ def readme_commands() -> list[str]:
 def test_readme_has_the_two_setup_commands():
     demo, tests = readme_commands()[:2]
     assert demo.endswith("sparktop demo") and "pip install ." in demo
-    assert "pip install -e '.[test]'" in tests and tests.endswith("pytest")
+    assert tests == "scripts/test"
+    script = (ROOT / "scripts" / "test").read_text()
+    # A fresh machine: what the lab and the browser test need, then the venv, then pytest.
+    for needed in ("openssh-server", "chromium", "python3 -m venv .venv", "pip install -q -e '.[test]'",
+                   ".venv/bin/python -m pytest"):
+        assert needed in script
 
 
 def test_ci_runs_the_readme_test_command():
