@@ -30,7 +30,8 @@ def _inventory(args):
 def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
-    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes)
+    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes,
+                        study=args.study)
 
 
 def cmd_status(args) -> int:
@@ -180,6 +181,8 @@ def _add_watching(add, watch_options) -> None:
     monitor.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
     monitor.add_argument("--recipes", action="append", metavar="DIR", help="also offer recipes from DIR in the "
                          "launcher (l)")
+    monitor.add_argument("--study", metavar="ID", help="attach to a study another process runs (sparktop study): "
+                         "its screen over the monitor")
     demo = add("demo", "start a two-node twin cluster on this machine and watch it", cmd_demo)
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")

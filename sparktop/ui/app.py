@@ -6,21 +6,27 @@ Recorder, when recording) and the visible screen gets a `StateChanged`
 message, at most once per `repaint` seconds however many events arrive. A
 launch runs in an app worker too (it outlives the screen that started
 it): its events become `LaunchProgress` messages for the progress screen.
+So does a study (`StudyProgress`, folded into a `StudyRun` first), whether
+it runs here or is followed from its files (`sparktop --study ID`).
 Screens ask the app for things with messages (`ui/messages.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual.app import App
+from textual.app import App, ScreenStackError
 from textual.binding import Binding
 from textual.timer import Timer
 
 from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
+from sparktop.study.events import StudyEvent
 from sparktop.ui.messages import (
     LaunchProgress,
     LaunchRequested,
@@ -28,9 +34,18 @@ from sparktop.ui.messages import (
     RepaintRequested,
     StateChanged,
     StopRequested,
+    StudyCancelRequested,
+    StudyPlanRequested,
+    StudyProgress,
+    StudyRequested,
+    StudySeen,
     pump,
 )
 from sparktop.ui.screens import HelpScreen, LiveScreen, MonitorScreen, clock
+
+if TYPE_CHECKING:
+    from sparktop.study.runner import StudyRunner
+    from sparktop.ui.study import StudyRun
 
 INTERVALS = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0]
 SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0]
@@ -50,16 +65,26 @@ class SparktopApp(App):
         Binding("l", "launch", "Launch"),
         Binding("x", "stop", "Stop"),
         Binding("s", "sweep", "Sweep"),
+        Binding("y,b", "study", "Study", show=False),
     ]
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
                  repaint: float = 1.0, inventory=None, recipe_dirs: list[str] | None = None,
-                 launch_timeout: float | None = None, results_root=None):
+                 launch_timeout: float | None = None, results_root=None, study_dir: Path | None = None):
         """`source` yields events; or `start_source`, an async callable that
         makes one, is called once the first frame is on screen (so heavy
         imports and connections never delay it). With an `inventory` the
-        app can launch and stop recipes on its nodes."""
+        app can launch and stop recipes on its nodes, and study them. With a
+        `study_dir` it follows that study (run by another process) from the
+        start."""
         super().__init__()
+        self.study_dir = study_dir
+        self._study: StudyRun | None = None  # the study this session runs or follows
+        self._study_runner: StudyRunner | None = None
+        self._study_task: asyncio.Task | None = None  # its events, under the worker
+        self._study_task_cancelled = False
+        self._study_seen: set[int] = set()  # studies whose end the user saw on their screen
+        self._quit_after_study = False
         self.inventory = inventory
         self.recipe_dirs = recipe_dirs
         self.launch_timeout = launch_timeout
@@ -83,6 +108,8 @@ class SparktopApp(App):
 
     def on_mount(self) -> None:
         self.push_screen(MonitorScreen())
+        if self.study_dir is not None:
+            self._attach_study(self.study_dir)
         self.call_after_refresh(self._paint)
         self.call_after_refresh(lambda: self.run_worker(self._consume(), name="events", group="observe",
                                                         exclusive=True))
@@ -110,7 +137,10 @@ class SparktopApp(App):
         self._paint(force=True)  # something happened since the last paint
 
     def _paint(self, force: bool = False) -> None:
-        screen = self.screen
+        try:
+            screen = self.screen
+        except ScreenStackError:
+            return  # shutting down: a paint scheduled just before found no screen left
         if not isinstance(screen, LiveScreen) or not screen.is_mounted:
             return
         if not force and self.state.version == self._painted_version:
@@ -149,6 +179,9 @@ class SparktopApp(App):
                         f"{run.elapsed:.0f}s)", style="bold yellow")
         elif run is not None and run.status in ("failed", "cancelled") and id(run) not in self._looked_at:
             text.append(f" · launch {run.status} (l shows why)", style="bold red")
+        study = self._study
+        if study is not None and (study.running or id(study) not in self._study_seen):
+            text.append_text(study.status_text())
         if self.label:
             text.append(f" · {self.label}", style="dim")
         return text
@@ -233,6 +266,10 @@ class SparktopApp(App):
     def on_launch_requested(self, message: LaunchRequested) -> None:
         from sparktop.ui.launcher import ProgressScreen
 
+        if self._study is not None and self._study.running and not self._study.attached:
+            self.notify("A study is running: it launches each topology itself (y shows it).", title="cannot launch",
+                        severity="error")
+            return
         try:
             run = self.launcher.begin(message.plan)
         except SparktopError as exc:
@@ -294,6 +331,12 @@ class SparktopApp(App):
                         timeout=15)
 
     async def on_unmount(self) -> None:
+        task = self._study_task
+        if task is not None and not task.done():
+            # Quitting mid-study: the runner stops what it started (over the
+            # launcher's connections, so they close after it).
+            self._cancel_study_task()
+            await asyncio.gather(task, return_exceptions=True)
         if self._launcher is not None:
             await self._launcher.close()
 
@@ -309,3 +352,196 @@ class SparktopApp(App):
         default = getattr(focused, "key", None) if getattr(focused, "kind", None) == "engine" else None
         self.push_screen(SweepScreen(engines, self.results_root or results_dir(), default_url=default))
 
+
+    # -- studies ----------------------------------------------------------------------
+
+    def action_study(self) -> None:
+        from sparktop.ui.study import StudyScreen
+
+        if self._study is None:
+            self.notify("No study yet: l opens the launcher, pick a recipe, b studies it "
+                        "(or attach with sparktop --study ID).", title="Study")
+            return
+        if isinstance(self.screen, StudyScreen) and self.screen.run is self._study:
+            return
+        self.push_screen(StudyScreen(self._study))
+
+    def on_study_plan_requested(self, message: StudyPlanRequested) -> None:
+        from sparktop.study.planning import choose_topologies
+        from sparktop.ui.study import StudyPlanScreen
+
+        if self._study is not None and self._study.running:
+            self.notify("A study is running already: here it is.", title="Study")
+            self.action_study()
+            return
+        if self.launcher is None:
+            return
+        if self.launcher.busy:
+            self.notify("A launch is under way: a study launches each topology itself; stop it first.",
+                        title="cannot study", severity="error")
+            return
+        try:
+            topologies = choose_topologies(message.recipe, "all", len(self.launcher.inventory.nodes))
+        except SparktopError as exc:
+            self.notify(str(exc), title="cannot study", severity="error")
+            return
+        self.push_screen(StudyPlanScreen(message.recipe, self.launcher.inventory, topologies, message.overrides,
+                                         message.port))
+
+    def on_study_requested(self, message: StudyRequested) -> None:
+        from sparktop.launch.executor import DEFAULT_TIMEOUT
+        from sparktop.study.runner import StudyRunner
+        from sparktop.ui.launcher import LaunchScreen
+        from sparktop.ui.study import StudyRun, StudyScreen
+
+        launcher = self.launcher
+        if launcher is None:
+            return
+        if (self._study is not None and self._study.running) or launcher.busy:
+            self.notify("A study or a launch is under way.", title="cannot study", severity="error")
+            return
+        study = message.study
+        try:
+            study.save()
+        except OSError as exc:
+            self.notify(f"{study.dir}: {exc}", title="cannot study", severity="error")
+            return
+        inventory = launcher.inventory
+        # The launcher's connections, one per node, shared: the runner closes only what it opened.
+        runner = StudyRunner(study, message.recipe, inventory, timeout=self.launch_timeout or DEFAULT_TIMEOUT,
+                             port=message.port, transports=launcher.transports([n.name for n in inventory.nodes]))
+        run = StudyRun(study, message.estimates)
+        self._study, self._study_runner, self._quit_after_study = run, runner, False
+        if isinstance(self.screen, LaunchScreen):
+            self.pop_screen()  # the launcher that asked
+        self.push_screen(StudyScreen(run))
+        self._start_study(run, runner.events())
+
+    def _attach_study(self, study_dir: Path) -> None:
+        """Follow a study another process runs (or ran), from its files."""
+        from sparktop.study.follow import follow
+        from sparktop.study.state import load_study
+        from sparktop.ui.study import StudyRun, StudyScreen
+
+        try:
+            study = load_study(study_dir)
+        except SparktopError as exc:
+            self.notify(str(exc), title="Study", severity="error")
+            return
+        run = StudyRun(study, attached=True)
+        self._study = run
+        self.push_screen(StudyScreen(run))
+        self._start_study(run, follow(study.dir))
+
+    def _start_study(self, run: StudyRun, events: AsyncIterator[StudyEvent]) -> None:
+        self._study_task_cancelled = False
+        # An app worker: the study goes on when its screen is closed.
+        self.run_worker(self._study_work(run, events), group="study", name="study", exclusive=True)
+
+    async def _study_work(self, run: StudyRun, events: AsyncIterator[StudyEvent]) -> None:
+        # The study's events are read by a task of their own that is cancelled
+        # once only: a second cancellation (the app quitting while a cancelled
+        # study removes its containers) would cut that cleanup short.
+        task = asyncio.ensure_future(self._follow_study(run, events))
+        self._study_task = task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._cancel_study_task()
+            raise
+
+    def _cancel_study_task(self) -> None:
+        if self._study_task is not None and not self._study_task_cancelled:
+            self._study_task_cancelled = True
+            self._study_task.cancel()
+
+    async def _follow_study(self, run: StudyRun, events: AsyncIterator[StudyEvent]) -> None:
+        try:
+            async for event in events:
+                run.apply(event)
+                self.post_message(StudyProgress(event, run))
+            if not run.attached and run.study.status == "done":
+                await self._write_study_report(run)
+        except asyncio.CancelledError:
+            if run.running:
+                run.finish(run.study.status if run.study.status in ("cancelled", "interrupted")
+                           else "interrupted", run.study if not run.attached else None)
+            raise
+        except Exception as exc:  # a study must never take the app down; what it started is already removed
+            run.fail(f"{type(exc).__name__}: {exc}")
+            self.notify(run.error or "", title="study stopped", severity="error", timeout=15)
+        finally:
+            if run.running:
+                run.finish("interrupted")  # the events ended without saying how
+            if self.is_running:
+                self.post_message(StudyProgress(None, run))  # how it ended, wherever the user is
+                if self._quit_after_study:
+                    self.exit()
+
+    async def _write_study_report(self, run: StudyRun) -> None:
+        """The report, as `sparktop study` writes it at the end (charts take a moment: off the loop)."""
+        from sparktop.study import report
+
+        try:
+            paths = await asyncio.to_thread(report.write_all, run.study)
+        except Exception as exc:  # noqa: BLE001 - the measurements are on disk; the report can be redone
+            self.notify(f"the report could not be written ({type(exc).__name__}: {exc}); run "
+                        f"`sparktop report {run.study.id}`", title="Study", severity="warning", timeout=15)
+            return
+        self.notify(f"report: {paths[-1]}", title="Study done", timeout=15)
+
+    def on_study_progress(self, message: StudyProgress) -> None:
+        from sparktop.ui.study import StudyScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, StudyScreen):
+                screen.post_message(StudyProgress(message.event, message.run))
+        if not message.run.running:
+            self._notice_study(message.run)
+            self._paint(force=True)
+        else:
+            self._schedule_paint()  # the status line's stage moves on
+
+    def _notice_study(self, run: StudyRun) -> None:
+        from sparktop.ui.study import StudyScreen
+
+        if id(run) in self._notified:
+            return
+        self._notified.add(id(run))
+        if isinstance(self.screen, StudyScreen):
+            return  # the user is watching it
+        self.notify(run.outcome().plain + " (y shows it)", title=f"study {run.status}",
+                    severity="information" if run.status == "done" else "warning", timeout=15)
+
+    def on_study_seen(self, message: StudySeen) -> None:
+        if not message.run.running:
+            self._study_seen.add(id(message.run))
+
+    def on_study_cancel_requested(self, message: StudyCancelRequested) -> None:
+        run = message.run
+        if run is not self._study or run.attached or not run.running:
+            if message.then_quit:
+                self.exit()
+            return
+        self._quit_after_study = self._quit_after_study or message.then_quit
+        if run.cancelling:
+            return
+        run.cancelling = True
+        if self._study_runner is not None:
+            self._study_runner.cancel()  # the user's: the study ends `cancelled`, not `interrupted`
+        self.workers.cancel_group(self, "study")
+        self.notify("Cancelling the study: stopping what runs and checking every node…", title="Study")
+        self.post_message(StudyProgress(None, run))  # its screen says it is cancelling
+
+    async def action_quit(self) -> None:
+        from sparktop.ui.study import ConfirmCancelStudy
+
+        run = self._study
+        if run is not None and run.running and not run.attached:
+            if run.cancelling:
+                self._quit_after_study = True
+                self.notify("Quitting once the study's containers are removed.", title="Study")
+                return
+            self.push_screen(ConfirmCancelStudy(run, then_quit=True))
+            return
+        self.exit()

@@ -34,7 +34,8 @@ from sparktop.launch.session import (
     parse_port,
 )
 from sparktop.observe.vllm_log import strip_prefix
-from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested
+from sparktop.settings import Inventory
+from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested, StudyPlanRequested
 from sparktop.ui.screens import LiveScreen, StatusLine
 from sparktop.units import ago, fmt
 
@@ -84,22 +85,29 @@ def preflight_text(preflight: Preflight | None, error: str | None = None, runnin
     return text
 
 
-_PREDICTED: dict[tuple[str, str], list] = {}
+_PREDICTED: dict[tuple[str, str, str], list] = {}
 
 
-def prediction_text(recipe: Recipe, topology: str) -> Text | None:
-    """What `sparktop predict` says for this recipe and topology (pp1024 tg128)."""
+def prediction_text(recipe: Recipe, topology: str, inventory: Inventory | None = None) -> Text | None:
+    """What `sparktop predict` says for this recipe and topology (pp1024 tg128),
+    with the constants fitted to this inventory's own studies when there are some."""
+    from sparktop.model.fit import constants_for, fitted_summary, inventory_key
     from sparktop.model.predict import rows_for
 
     card = recipe.twin_card()
     if card is None:
         return None
-    key = (str(recipe.path), topology)
+    fitted = inventory_key(inventory) if inventory is not None else None
+    if fitted is not None and fitted_summary(fitted) is None:
+        fitted = None
+    key = (str(recipe.path), topology, fitted or "")
     if key not in _PREDICTED:
-        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe.serving(topology))
+        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe.serving(topology),
+                                   constants_for(fitted))
     rows = _PREDICTED[key]
     text = Text("predicted ", style="bold cyan")
-    text.append("(pp1024 tg128, sparktop predict): ", style="dim")
+    source = "fitted to your studies" if fitted else "sparktop predict"
+    text.append(f"(pp1024 tg128, {source}): ", style="dim")
     for i, r in enumerate(rows):
         text.append(("" if i == 0 else " · ") + f"c{r.concurrency} ")
         text.append(f"{fmt(r.decode_tps)} t/s", style="cyan")
@@ -116,6 +124,7 @@ class LaunchScreen(LiveScreen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("enter", "launch", "Launch"),
         Binding("ctrl+r", "recheck", "Re-check"),
+        Binding("b", "study", "Study all topologies"),
     ]
 
     def __init__(self, launcher: Launcher):
@@ -301,7 +310,8 @@ class LaunchScreen(LiveScreen):
         self.preflight, self.preflight_for = result, plan.render()
         self.query_one("#preflight", Static).update(preflight_text(result))
         try:
-            predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology)
+            predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology,
+                                                  self.launcher.inventory)
         except Exception:  # noqa: BLE001 - a prediction is a hint; never in the way of a launch
             return
         if plan is self.plan and predicted is not None and self.is_mounted:
@@ -335,6 +345,19 @@ class LaunchScreen(LiveScreen):
                         severity="error")
             return
         self.app.post_message(LaunchRequested(self.plan))  # the app runs it and shows its progress
+
+    def action_study(self) -> None:
+        """`b`: every topology of this recipe, launched, swept and stopped in turn (the app asks first)."""
+        if self.recipe is None:
+            self.notify("choose a recipe first", title="cannot study", severity="error")
+            return
+        try:
+            overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS})
+            port = parse_port(self.query_one("#port", Input).value)
+        except SparktopError as exc:
+            self.notify(str(exc), title="cannot study", severity="error")
+            return
+        self.app.post_message(StudyPlanRequested(self.recipe, overrides, port))
 
 
 class ProgressScreen(LiveScreen):

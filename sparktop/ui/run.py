@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 
 from sparktop.settings import Inventory
 from sparktop.ui.app import SparktopApp
@@ -12,7 +13,9 @@ from sparktop.ui.app import SparktopApp
 
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
                       record: str | None = None, label: str = "", poller=None,
-                      recipe_dirs: list[str] | None = None) -> int:
+                      recipe_dirs: list[str] | None = None, study_dir: Path | None = None) -> int:
+    """With `study_dir`, the study screen follows that study (another
+    process runs it, `sparktop study`) over the monitor."""
     started = []
 
     async def start_source():
@@ -33,7 +36,7 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
 
         recorder = Recorder(record, interval)
     app = SparktopApp(start_source=start_source, recorder=recorder, label=label, inventory=inventory,
-                      recipe_dirs=recipe_dirs)
+                      recipe_dirs=recipe_dirs, study_dir=study_dir)
     _exit_on_signals(app)
     try:
         await app.run_async()
@@ -65,8 +68,16 @@ def _exit_on_signals(app: SparktopApp) -> None:
 
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
-                 recipe_dirs: list[str] | None = None) -> int:
-    return asyncio.run(run_monitor(inventory, engines, interval, record, recipe_dirs=recipe_dirs))
+                 recipe_dirs: list[str] | None = None, study: str | None = None) -> int:
+    """`study`: an id or directory to attach to (`sparktop --study ID`); a
+    wrong one is an error before the screen opens."""
+    study_dir = None
+    if study:
+        from sparktop.study.state import load_study
+
+        study_dir = load_study(study).dir
+    return asyncio.run(run_monitor(inventory, engines, interval, record, recipe_dirs=recipe_dirs,
+                                   study_dir=study_dir))
 
 
 def main_replay(path: str, speed: float) -> int:

@@ -204,6 +204,9 @@ HELP = """\
            the plan and preflight update as you go; Enter launches (or shows the launch under way)
   [b]x[/b]        stop something sparktop launched (asks first)
   [b]s[/b]        run a concurrency sweep
+  [b]b[/b]        launcher: study the recipe, every topology in turn (asks)
+  [b]y[/b]        the study under way (Esc there cancels, asks; m leaves it)
+           sparktop --study ID shows one running elsewhere
 
 Memory is unified on a GB10: the bar shows vLLM's share (magenta), other used memory, page cache (▒) and free memory (░). A node card turns yellow when MemAvailable falls below 20 % and red below 10 %: a Spark that runs out of memory freezes rather than swapping gracefully.
 
