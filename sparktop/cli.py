@@ -251,7 +251,8 @@ def _add_sweeping(add) -> None:
     sweep.add_argument("--no-remeasure", action="store_true",
                        help="report a level with foreign traffic as contaminated without measuring it again")
     sweep.add_argument("--exact-tg", action="store_true", help="ask for exactly --tg tokens (ignore_eos)")
-    sweep.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json for exact prompt lengths "
+    sweep.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json: exact prompt lengths, and the "
+                       "streamed text counted in tokens when the server sends neither usage nor token ids "
                        "(default: calibrate against the server)")
     sweep.add_argument("--latency-mode", choices=["api", "none"], default="api",
                        help="network latency subtracted from prefill time (default: api, as llama-benchy)")

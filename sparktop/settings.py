@@ -77,7 +77,9 @@ def shipped_recipes_dir() -> Path:
 @dataclass
 class Defaults:
     image: str = "nvcr.io/nvidia/vllm:25.11-py3"  # NVIDIA's vLLM build for GB10 (arm64, CUDA 13)
-    router_image: str = "docker.litellm.ai/berriai/litellm:main-latest"  # ENTRYPOINT ["litellm"]
+    # LiteLLM's released proxy image (ENTRYPOINT ["litellm"], amd64 and arm64), pinned to the version the
+    # lab tests against (litellm[proxy]==1.106.2); change it with `router_image:` under `defaults:`.
+    router_image: str = "ghcr.io/berriai/litellm:v1.106.2"
     hf_cache: str = "~/.cache/huggingface"
     port: int = 8000
     router_port: int = 4000

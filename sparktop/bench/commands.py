@@ -65,6 +65,7 @@ def cmd_sweep(args) -> int:
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
     overall = progress.add_task("sweep", total=1, info="")
     level_task = progress.add_task("level", total=1, info="", visible=False)
+    warned: set[str] = set()
 
     def show(event: SweepEvent) -> None:
         match event:
@@ -92,6 +93,11 @@ def cmd_sweep(args) -> int:
                               f"  TTFT {fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
                 if lv.contaminated:
                     console.print(f"[yellow]⚠ c{lv.concurrency} contaminated: {lv.contamination}[/]")
+                if lv.tg_approximate and "approximate" not in warned:
+                    warned.add("approximate")
+                    console.print("[yellow]⚠ decode rates are approximate: the server sends neither token ids nor "
+                                  "usage, so each streamed chunk counts as one token (low when chunks hold "
+                                  "more); --tokenizer FILE counts the streamed text instead[/]")
 
     sweep = Sweep(settings, root, resume=resume, api_key=api_key)
 

@@ -13,6 +13,8 @@ matters is the one the server counts, chat template included:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +48,10 @@ def load_local_tokenizer(path: str) -> LocalTokenizer:
         def encode(self, text: str) -> list[int]:
             return tok.encode(text, add_special_tokens=False).ids
 
+        def token_ends(self, text: str) -> list[int]:
+            """Where each token of `text` ends (a character offset)."""
+            return [end for _, end in tok.encode(text, add_special_tokens=False).offsets]
+
         def cut(self, text: str, n: int) -> str:
             """The text of the first n tokens."""
             enc = tok.encode(text, add_special_tokens=False)
@@ -54,6 +60,23 @@ def load_local_tokenizer(path: str) -> LocalTokenizer:
             return text[: enc.offsets[n][0]].rstrip()
 
     return _Tok()
+
+
+def tokens_per_piece(tokenizer: LocalTokenizer, pieces: list[str]) -> list[int]:
+    """How many tokens of the pieces' joined text end in each piece (a
+    streamed text's tokens per chunk: one split across chunks counts where
+    it ends, when it was whole)."""
+    ends = getattr(tokenizer, "token_ends", None)
+    if ends is None:  # no offsets: each piece on its own
+        return [len(tokenizer.encode(p)) if p else 0 for p in pieces]
+    counts = [0] * len(pieces)
+    if not pieces:
+        return counts
+    bounds = list(itertools.accumulate(len(p) for p in pieces))
+    last = len(pieces) - 1
+    for end in ends("".join(pieces)):
+        counts[min(bisect.bisect_left(bounds, end), last)] += 1
+    return counts
 
 
 def words_text(n: int, rng: random.Random) -> str:

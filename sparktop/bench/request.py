@@ -1,16 +1,33 @@
 """One streaming chat request, timed the way llama-benchy times it.
 
 Per request we keep the start, the first response chunk, the first token
-(content, `reasoning_content` or `reasoning`), a timestamp per token, the
-last token, the end of the stream and the server's `usage`. Tokens are
-counted from `token_ids` when every content chunk carries them (vLLM with
-`return_token_ids`), else from `usage.completion_tokens` spread evenly over
-the content chunks, else one per chunk — the same order llama-benchy uses,
-so both tools count the same tokens on the same server.
+(the first chunk that carries one: content, `reasoning_content`,
+`reasoning` or token ids — an empty `{"role": "assistant"}` chunk sent
+before prefill is a response, not a token), a timestamp per token, the end
+of the stream and the server's `usage`.
+
+How many tokens each chunk holds, best source first (`counted_by`):
+
+- `token_ids` on every chunk that carries tokens (vLLM with `return_token_ids`);
+- `usage.completion_tokens` spread over the chunks in whole tokens — in
+  proportion to the local tokenizer's count of each chunk's text when there
+  is one (`--tokenizer`), else evenly;
+- the local tokenizer's count of each chunk's text (no usage, no ids);
+- one per chunk (`chunks`: an approximation, said so by the level).
+
+A chunk's tokens are stamped between the previous chunk and its own arrival,
+the first chunk's all at its arrival, so a request's decode rate is the
+tokens after the first chunk over the time from the first chunk to the
+last: exact however many tokens a chunk holds (speculative decoding, vLLM's
+`--stream-interval`, proxies that batch chunks). llama-benchy instead
+interpolates usage (or its tokenizer's) count evenly over that span and so
+counts N-1 tokens where the span holds N-k; `decode_tokens_llama_benchy`
+keeps its count, to compare like with like.
 
 The hot loop is per network read, not per token, and touches as little
 Python as it can (`sse.py`): the client must never be what limits a
-measurement.
+measurement. Chunk bodies are kept only with a local tokenizer, and parsed
+only after the stream, when no token ids came back.
 """
 
 from __future__ import annotations
@@ -22,6 +39,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
+from sparktop.bench.prompts import LocalTokenizer, tokens_per_piece
 from sparktop.bench.sse import HTTPError, post_sse
 
 # perf_counter is monotonic and fine-grained; records carry wall-clock
@@ -46,13 +64,12 @@ def scan(body: bytes) -> tuple[bool, bool, int | None] | None:
         return None
     if _CHOICE.search(body) is None:
         return None
-    if _TEXT.search(body) is None:
-        return True, False, None
+    has_text = _TEXT.search(body) is not None
     m = _IDS.search(body)
     if m is None:
-        return True, True, None
+        return True, has_text, None
     ids = m.group(1).strip()
-    return True, True, (ids.count(b",") + 1 if ids else 0)
+    return True, has_text, (ids.count(b",") + 1 if ids else 0)
 
 
 def now() -> float:
@@ -77,6 +94,10 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     timed_out: bool = False
+    # How the tokens per chunk were known: "token_ids", "usage" (spread evenly),
+    # "usage+tokenizer" (spread by the local count), "tokenizer", "chunks" (one
+    # per chunk: approximate); "" in records written before it was kept.
+    counted_by: str = ""
 
     @property
     def ok(self) -> bool:
@@ -88,12 +109,28 @@ class RequestRecord:
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens stamped after the first one (llama-benchy's count)."""
+        """Tokens stamped after the first one: those that came after the
+        first chunk (all of its tokens carry its arrival time)."""
         times = self.token_times
         if len(times) < 2:
             return 0
         # Times are in arrival order: the ones after the first stamp.
         return len(times) - bisect.bisect_right(times, times[0])
+
+    @property
+    def decode_tokens_llama_benchy(self) -> int:
+        """llama-benchy's count over the same span: when it had no token ids it
+        spread the count evenly from the first chunk to the last, so every
+        token but the first is a decode token, however many the first chunk held."""
+        times = self.token_times
+        if self.counted_by in INTERPOLATED_BY_LLAMA_BENCHY:
+            return len(times) - 1 if len(times) > 1 and times[-1] > times[0] else 0
+        return self.decode_tokens
+
+    @property
+    def approximate(self) -> bool:
+        """Counted one token per chunk: the server said nothing better."""
+        return self.counted_by == "chunks"
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -110,11 +147,13 @@ class RequestRecord:
 
 
 _FIELDS = set(RequestRecord.__dataclass_fields__)
+INTERPOLATED_BY_LLAMA_BENCHY = frozenset({"usage", "usage+tokenizer", "tokenizer"})
 
 
 def spread(times: list[float], counts: list[int], start: float) -> list[float]:
     """One timestamp per token: a chunk of n tokens spreads them evenly
-    between the previous chunk and its own arrival."""
+    between the previous chunk and its own arrival (the first chunk's all at
+    its arrival when `start` is its time)."""
     out: list[float] = []
     last = start
     for t, n in zip(times, counts, strict=False):
@@ -122,14 +161,33 @@ def spread(times: list[float], counts: list[int], start: float) -> list[float]:
             out.append(t)
         elif n > 1:
             step = (t - last) / n
-            out.extend(last + step * (i + 1) for i in range(n))
-        if n:
-            last = out[-1]
+            out.extend(last + step * (i + 1) for i in range(n - 1))
+            out.append(t)
+        last = t
+    return out
+
+
+def apportion(total: int, weights: list[int]) -> list[int]:
+    """`total` tokens over chunks in proportion to `weights`, in whole tokens
+    (cumulative rounding, so they add up); evenly when the weights are all 0."""
+    if not weights:
+        return []
+    whole = sum(weights)
+    if whole <= 0:
+        weights, whole = [1] * len(weights), len(weights)
+    out: list[int] = []
+    acc = prev = 0
+    for w in weights:
+        acc += w
+        cum = (2 * total * acc + whole) // (2 * whole)  # round(total * acc / whole), halves up
+        out.append(cum - prev)
+        prev = cum
     return out
 
 
 def interpolate(times: list[float], total: int) -> list[float]:
-    """`total` tokens spread evenly from the first content chunk to the last."""
+    """`total` tokens spread evenly from the first content chunk to the last
+    (llama-benchy's stamps without token ids; see `decode_tokens_llama_benchy`)."""
     if total <= 0 or not times:
         return []
     if total == 1 or len(times) == 1 or times[-1] <= times[0]:
@@ -142,21 +200,52 @@ def _has_text(delta: dict) -> bool:
     return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
 
 
+def chunk_text(body: bytes) -> str:
+    """The text a chunk streams: its reasoning, then its content."""
+    try:
+        data = _loads(body.decode())
+        delta = data["choices"][0].get("delta") or {}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    if not isinstance(delta, dict):
+        return ""
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+    content = delta.get("content") or ""
+    return (reasoning if isinstance(reasoning, str) else "") + (content if isinstance(content, str) else "")
+
+
+def count_tokens(counts: list[int], all_ids: bool, usage: int | None, bodies: list[bytes] | None,
+                 tokenizer: LocalTokenizer | None) -> tuple[list[int], str]:
+    """Tokens per chunk that carried any, and how they were known."""
+    if all_ids:
+        return counts, "token_ids"
+    if tokenizer is not None and bodies is not None and len(bodies) == len(counts):
+        local = tokens_per_piece(tokenizer, [chunk_text(b) for b in bodies])
+        if usage is not None:
+            return apportion(usage, local), "usage+tokenizer"
+        return local, "tokenizer"
+    if usage is not None:
+        return apportion(usage, [1] * len(counts)), "usage"
+    return [1] * len(counts), "chunks"
+
+
 async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: float,
-                      headers: dict | None = None) -> RequestRecord:
+                      headers: dict | None = None, tokenizer: LocalTokenizer | None = None) -> RequestRecord:
     """POST a streaming chat completion and fill `record` as it arrives.
+    With a local `tokenizer`, a stream without token ids is counted from its text.
 
     Never raises for what a server or network does: errors and timeouts
     end up in `record.error` with a reason a person can act on."""
     chunk_times: list[float] = []
     chunk_counts: list[int] = []
+    bodies: list[bytes] | None = [] if tokenizer is not None else None
     state = {"ids": True, "usage": None}
 
-    def chunk(t: float, has_text: bool, ids: int | None) -> None:
-        """A chunk with a choice: a response; with text, tokens (ids or one)."""
+    def chunk(t: float, has_text: bool, ids: int | None, body: bytes) -> None:
+        """A chunk with a choice: a response; with text or token ids, tokens."""
         if record.first_response is None:
             record.first_response = t
-        if not has_text:
+        if not has_text and not ids:
             return
         if record.first_token is None:
             record.first_token = t
@@ -164,6 +253,8 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
             state["ids"] = False
         chunk_counts.append(1 if ids is None else ids)
         chunk_times.append(t)
+        if bodies is not None:
+            bodies.append(body)
 
     def on_line(line: bytes, t: float) -> None:
         if not line.startswith(b"data:"):
@@ -175,7 +266,7 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         fast = scan(body)
         if fast is not None:
             _, has_text, ids = fast
-            chunk(t, has_text, ids)
+            chunk(t, has_text, ids, body)
             return
         try:
             data = _loads(body.decode())
@@ -194,7 +285,7 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         choices = data.get("choices")
         if choices:
             ids = choices[0].get("token_ids")
-            chunk(t, _has_text(choices[0].get("delta") or {}), len(ids) if isinstance(ids, list) else None)
+            chunk(t, _has_text(choices[0].get("delta") or {}), len(ids) if isinstance(ids, list) else None, body)
 
     record.start = now()
     try:
@@ -217,11 +308,9 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         else:
             record.error = "the stream ended without a token"
         return record
-    if chunk_times and state["ids"]:
-        record.token_times = spread(chunk_times, chunk_counts, record.first_token or record.start)
-    elif chunk_times and usage_completion is not None:
-        record.token_times = interpolate(chunk_times, usage_completion)
-    else:
-        record.token_times = chunk_times
+    if chunk_times:
+        counts, record.counted_by = count_tokens(chunk_counts, bool(state["ids"]), usage_completion, bodies,
+                                                 tokenizer)
+        record.token_times = spread(chunk_times, counts, record.first_token or record.start)
     record.completion_tokens = len(record.token_times)
     return record

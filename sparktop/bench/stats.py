@@ -1,16 +1,26 @@
 """Sweep statistics, with llama-benchy's definitions so both tools agree.
 
-Per request: pp t/s = prompt_tokens / (ttfr − latency); tg t/s = tokens
-after the first / (t_last − t_first). Per batch (c > 1): pp total = Σ
-prompt_tokens / (max first token − min start); tg total = Σ decode tokens /
-(max last token − min first token); peak = most tokens in any 1-s window.
-A level's figure is the mean over its batches; at c = 1 the "total" is the
-per-request figure, as in llama-benchy. TTFT is end to end (first token −
-start). What pipeline owners quote too: the output tokens of a batch over
-its wall time (e2e total, c × tg / wall), each request's output tokens over
-its own start-to-end time (e2e per request), and the wall time per batch.
-On top: the engine's KV cache and queue during the level, and the knee —
-where adding concurrency stops adding throughput.
+Per request: TTFT = first token − start, to the first chunk that carries a
+token (an empty role chunk sent before prefill is not one); pp t/s =
+prompt_tokens / (TTFT − latency); tg t/s = tokens after the first chunk /
+(t_last − t_first). Per batch (c > 1): pp total = Σ prompt_tokens / (max
+first token − min start); tg total = Σ decode tokens / (max last token − min
+first token); peak = most tokens in any 1-s window. A level's figure is the
+mean over its batches; at c = 1 the "total" is the per-request figure, as in
+llama-benchy. What pipeline owners quote too: the output tokens of a batch
+over its wall time (e2e total, c × tg / wall), each request's output tokens
+over its own start-to-end time (e2e per request), and the wall time per
+batch. On top: the engine's KV cache and queue during the level, and the
+knee — where adding concurrency stops adding throughput.
+
+The decode tokens are counted as `bench.request` explains: exact with token
+ids, usage or a local tokenizer however many tokens a chunk holds. Where
+llama-benchy counts otherwise (no token ids: it spreads the count evenly
+from the first chunk to the last, N−1 decode tokens over a span that holds
+N−k), its figures are kept beside ours (`tg_tps_*_llama_benchy`) to compare
+like with like; with token ids they are the same. A level whose server gave
+neither token ids, usage nor a tokenizer to count with is counted one token
+per chunk and marked `tg_approximate`.
 """
 
 from __future__ import annotations
@@ -72,6 +82,9 @@ class BatchStats:
     e2e_tps_total: float | None = None
     e2e_tps_req: list[float] = field(default_factory=list)
     wall_s: float | None = None
+    tg_tps_total_llama_benchy: float | None = None
+    tg_tps_req_llama_benchy: list[float] = field(default_factory=list)
+    tg_approximate: bool = False
 
 
 def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0,
@@ -80,23 +93,28 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
     first = {id(r): r.first_token for r in ok if r.first_token is not None}  # every one, typed as such
     pp_req: list[float] = []
     tg_req: list[float] = []
+    tg_req_lb: list[float] = []
     ttft: list[float] = []
     prompt_sum = 0
     for r in ok:
         prompt = r.prompt_tokens or expected_prompt
         prompt_sum += prompt
         ttft.append(first[id(r)] - r.start)
-        if r.first_response is not None:
-            est = r.first_response - r.start - latency
-            if est > 0 and prompt:
-                pp_req.append(prompt / est)
-        decode = r.decode_tokens
-        if decode and len(r.token_times) > 1:
+        # Prefill ends with the first token, not with a first response that
+        # carries none (a role chunk some servers send as headers go out).
+        est = first[id(r)] - r.start - latency
+        if est > 0 and prompt:
+            pp_req.append(prompt / est)
+        if len(r.token_times) > 1:
             span = r.token_times[-1] - r.token_times[0]
             if span > 0:
-                tg_req.append(decode / span)
+                if decode := r.decode_tokens:
+                    tg_req.append(decode / span)
+                if decode_lb := r.decode_tokens_llama_benchy:
+                    tg_req_lb.append(decode_lb / span)
     pp_total: float | None = None
     tg_total: float | None = None
+    tg_total_lb: float | None = None
     peak_tps: float | None = None
     lasts = [t for r in ok if (t := r.last_token or r.end) is not None]
     if ok and lasts:
@@ -107,6 +125,9 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
         decode_sum = sum(r.decode_tokens for r in ok)
         if tg_span > 0 and decode_sum:
             tg_total = decode_sum / tg_span
+        decode_sum_lb = sum(r.decode_tokens_llama_benchy for r in ok)
+        if tg_span > 0 and decode_sum_lb:
+            tg_total_lb = decode_sum_lb / tg_span
         if peak:  # a prediction has no use for it, and it is the costly part
             peak_tps = peak_rate([t for r in ok for t in r.token_times])
     e2e_total: float | None = None
@@ -119,7 +140,7 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
             e2e_total = sum(n for _, _, n in ends) / wall
         e2e_req = [n / (e - s) for s, e, n in ends if e > s and n]
     return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak_tps, pp_req, tg_req, ttft,
-                      e2e_total, e2e_req, wall)
+                      e2e_total, e2e_req, wall, tg_total_lb, tg_req_lb, any(r.approximate for r in ok))
 
 
 @dataclass
@@ -173,6 +194,13 @@ class LevelStats:
     foreign_requests: int | None = None
     contamination: str | None = None  # e.g. "7 foreign requests between 0.4 s and 3.1 s into the level"
     remeasured: bool = False  # measured twice: the first attempt was contaminated
+    # llama-benchy's decode figures on the same requests (see the module's
+    # docstring): the same as ours with token ids, biased high without.
+    tg_tps_total_llama_benchy: float | None = None
+    tg_tps_req_llama_benchy: float | None = None
+    # Some request was counted one token per chunk (no token ids, usage or
+    # tokenizer): the decode figures are a guess that is low when chunks hold more.
+    tg_approximate: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -190,12 +218,14 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
     per = [batch_stats(b, latency, expected_prompt, peak) for b in batches]
     pp_req = [v for b in per for v in b.pp_tps_req]
     tg_req = [v for b in per for v in b.tg_tps_req]
+    tg_req_lb = [v for b in per for v in b.tg_tps_req_llama_benchy]
     ttft_ms = [v * 1000 for b in per for v in b.ttft_s]
     if concurrency > 1:
         pp_tot = [b.pp_tps_total for b in per if b.pp_tps_total is not None]
         tg_tot = [b.tg_tps_total for b in per if b.tg_tps_total is not None]
+        tg_tot_lb = [b.tg_tps_total_llama_benchy for b in per if b.tg_tps_total_llama_benchy is not None]
     else:
-        pp_tot, tg_tot = pp_req, tg_req
+        pp_tot, tg_tot, tg_tot_lb = pp_req, tg_req, tg_req_lb
     records = [r for b in batches for r in b]
     reasons: dict[str, int] = defaultdict(int)
     for r in records:
@@ -219,6 +249,8 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         error_reasons=dict(reasons),
         contaminated=eng.contaminated, foreign_requests=eng.foreign_requests, contamination=eng.contamination,
         remeasured=eng.remeasured,
+        tg_tps_total_llama_benchy=_mean(tg_tot_lb), tg_tps_req_llama_benchy=_mean(tg_req_lb),
+        tg_approximate=any(b.tg_approximate for b in per),
     )
 
 

@@ -50,7 +50,7 @@ from sparktop.bench.events import (
     SweepStarted,
     WaitingForIdle,
 )
-from sparktop.bench.prompts import PromptMaker, calibrate, load_local_tokenizer
+from sparktop.bench.prompts import LocalTokenizer, PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, now, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
 from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
@@ -192,6 +192,7 @@ class _Target:
     prompts: PromptMaker
     context: PromptMaker | None
     attempt: int  # 1, or one more than the run being resumed
+    tokenizer: LocalTokenizer | None = None  # counts a stream's tokens when the server sends no token ids
 
 
 @dataclass
@@ -563,7 +564,7 @@ class Sweep:
             rec = RequestRecord(level=c, run=run, index=i, attempt=level.attempt)
             self._flight.add()
             try:
-                await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers)
+                await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers, to.tokenizer)
             finally:
                 self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
             if not record:
@@ -654,7 +655,8 @@ class Sweep:
             "guard": self.guard, "status": "running",
         }
         self._attempt = attempt
-        return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, context, attempt), meta
+        return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, context, attempt,
+                       tokenizer), meta
 
     def _open_run(self, to: _Target, meta: dict, previous: Run | None) -> dict[int, int]:
         """Open the run's files (a new run, or the one resumed); complete batches per level."""

@@ -77,6 +77,9 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
         if not preflight.ok:
             first = preflight.failures[0]
             raise SparktopError(f"preflight failed on {first.node}: {first.name}: {first.message}")
+        if preflight.fabric:  # the fabric preflight found where the inventory gives none: the plan uses it
+            plan = make_plan(recipe, topology, inventory, nodes, overrides, port, lid=plan.launch_id,
+                             fabric=preflight.fabric)
         if not yes:
             if not sys.stdin.isatty():
                 raise SparktopError("not launching without confirmation: add --yes (or run in a terminal)")

@@ -10,7 +10,12 @@ with a one-line reason:
 - the weights are in the HF cache on every node (warning: vLLM would
   download them at startup);
 - the ports are free on the addresses the engines bind;
-- the fabric interface named in the inventory is up (cluster topologies);
+- the fabric, for cluster topologies: the interface named in the inventory
+  is up; where the inventory does not give `eth_if` and `fabric_ip`, each
+  node's ConnectX-7 port that is up, its address, RoCE devices and MTU are
+  detected (`observe/fabric.py`), every worker pings the head over it, and
+  what was found is returned for the plan (`Preflight.fabric`; the
+  inventory's values win);
 - nothing of sparktop's is already running there (warning, with the
   command that stops it).
 """
@@ -18,11 +23,13 @@ with a one-line reason:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import shlex
 from dataclasses import dataclass, field
 
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
+from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_meminfo
 from sparktop.remote import Transport, TransportError
 from sparktop.settings import Inventory, Node
@@ -47,6 +54,9 @@ class Check:
 @dataclass
 class Preflight:
     checks: list[Check]
+    # Per node, the fabric preflight detected where the inventory gave none:
+    # make the plan again with it (`make_plan(..., fabric=preflight.fabric)`).
+    fabric: dict[str, Fabric] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +110,7 @@ class Want:
     weights_per_node: float | None  # GiB
     kv_per_node_token: float | None  # bytes
     seq_state_gib: float | None
+    detect_fabric: bool = False  # a cluster whose inventory lacks eth_if or fabric_ip somewhere
 
 
 @dataclass
@@ -111,24 +122,34 @@ class NodeChecks:
     want: Want
     ports: list[int]
     checks: list[Check] = field(default_factory=list)
+    found: NodeFabric | None = None  # what fabric detection saw here
+    fabric_at: int | None = None  # where the fabric check goes once every node has been seen
 
     def add(self, name: str, status: str, message: str) -> None:
         self.checks.append(Check(name, self.node.name, status, message))
+
+    def put_fabric(self, status: str, message: str) -> None:
+        at = len(self.checks) if self.fabric_at is None else self.fabric_at
+        self.checks.insert(at, Check("fabric", self.node.name, status, message))
 
     async def run(self, cmd, timeout: float = 20.0):
         return await self.transport.run(cmd, timeout=timeout)
 
 
 async def check_node(node: Node, transport: Transport, want: Want, ports: list[int]) -> list[Check]:
-    on = NodeChecks(node, transport, want, ports)
+    return (await _check_node(NodeChecks(node, transport, want, ports))).checks
+
+
+async def _check_node(on: NodeChecks) -> NodeChecks:
     try:
         await on.run("true", timeout=15)
     except TransportError as exc:
-        return [Check("reachable", node.name, "fail", exc.message)]
+        on.add("reachable", "fail", exc.message)
+        return on
     on.add("reachable", "pass", "answers")
     for check in (_memory, _image, _weights, _ports, _fabric, _already_running):
         await check(on)
-    return on.checks
+    return on
 
 
 async def _memory(on: NodeChecks) -> None:
@@ -217,6 +238,12 @@ async def _fabric(on: NodeChecks) -> None:
     """The fabric interface, for cluster topologies."""
     if not on.want.cluster:
         return
+    if on.want.detect_fabric:
+        # What the node has; the check is made when every node has been seen.
+        r = await on.run(DETECT_SCRIPT, timeout=20)
+        on.found = parse_detect(r.stdout)
+        on.fabric_at = len(on.checks)
+        return
     eth = on.node.eth_if
     if not eth:
         on.add("fabric", "warn", "no eth_if in the inventory: NCCL and Gloo will pick an interface themselves")
@@ -261,8 +288,9 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
         seq_state = model.seq_state_bytes / GIB
         if max_model_len is None:
             max_model_len = card.max_model_len
+    detect = cluster and any(not (n.eth_if and n.fabric_ip) for n in map(inventory.node, plan.nodes))
     want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
-                kv_token, seq_state)
+                kv_token, seq_state, detect_fabric=detect)
     head = plan.nodes[0]
     jobs = []
     for node_name in plan.nodes:
@@ -272,14 +300,171 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
             ports.append(inventory.defaults.master_port)
         if plan.topology == "cluster-ray" and node_name == head:
             ports.append(inventory.defaults.ray_port)
-        jobs.append(check_node(node, transports[node_name], want, ports))
-    results = await asyncio.gather(*jobs)
-    checks = [c for node_checks in results for c in node_checks]
+        jobs.append(_check_node(NodeChecks(node, transports[node_name], want, ports)))
+    results = list(await asyncio.gather(*jobs))
+    fabric = await resolve_fabric(results) if detect else {}
+    checks = [c for on in results for c in on.checks]
     if cluster or plan.topology in ("shuffle", "least-busy"):
         ids = {c.node: c.message.split()[-1] for c in checks if c.name == "image" and c.status == "pass"}
         if len(set(ids.values())) > 1:
             checks.append(Check("image", "all", "fail" if cluster else "warn",
                                 "the image differs between nodes (" + ", ".join(f"{n}: {i}" for n, i in ids.items())
                                 + "): copy the head's image to the others"))
-    return Preflight(checks)
+    return Preflight(checks, fabric)
 
+
+# -- the fabric, detected ----------------------------------------------------------
+
+PING_TRIES = 3  # subnet-sharing pairs tried before the link is called down
+
+
+def _candidates(on: NodeChecks) -> tuple[list[Port], str, str]:
+    """The ports this node could use, the inventory's values first; when
+    there are none, a status (warn or fail) and why."""
+    node, found = on.node, on.found
+    assert found is not None
+    if node.fabric_ip:
+        name = node.eth_if or found.holding(node.fabric_ip)
+        if name is None:
+            if not found.interfaces:
+                return [], "warn", (f"cannot list this node's addresses (no `ip` command) to check fabric_ip "
+                                    f"{node.fabric_ip}")
+            return [], "fail", (f"fabric_ip {node.fabric_ip} (inventory) is on no interface of this node: check "
+                                "fabric_ip in the inventory")
+        if (name in found.interfaces or name in found.net) and not found.is_up(name):
+            return [], "fail", f"{name} is down: is the QSFP cable in?"
+        held = [p for p in found.ports(only=name) if str(p.address.ip) == node.fabric_ip]
+        if held:
+            return held, "", ""
+        # The inventory says so: its address, the prefix unknown.
+        address = ipaddress.IPv4Interface(f"{node.fabric_ip}/32")
+        return [Port(name, address, found.mtu(name), prefix_known=False)], "", ""
+    if node.eth_if:
+        eth = node.eth_if
+        if eth not in found.interfaces and eth not in found.net:
+            return [], "fail", f"interface {eth} does not exist here (check eth_if in the inventory)"
+        if not found.is_up(eth):
+            return [], "fail", f"{eth} is down: is the QSFP cable in?"
+        ports = found.ports(only=eth)
+        if not ports:
+            return [], "warn", (f"{eth} has no IPv4 address: give it one (NVIDIA's connect-two-sparks playbook: "
+                                "netplan, link-local) or set fabric_ip in the inventory")
+        return ports, "", ""
+    ports = found.ports()
+    if not ports:
+        return [], "warn", (f"no ConnectX-7 port is up with an IPv4 address ({found.describe()}): NCCL and Gloo "
+                            "will pick an interface themselves; cable a QSFP port and address it (NVIDIA's "
+                            "connect-two-sparks playbook), or set eth_if and fabric_ip in the inventory")
+    return ports, "", ""
+
+
+def _fabric_of(on: NodeChecks, port: Port) -> Fabric:
+    found = on.found
+    ib = tuple(on.node.ib_if) or (found.roce if found is not None else ())
+    return Fabric(port.netdev, str(port.address.ip), ib, port.mtu)
+
+
+def _port_text(port: Port) -> str:
+    return str(port.address) if port.prefix_known else str(port.address.ip)
+
+
+def _ports_text(ports: list[Port]) -> str:
+    return ", ".join(f"{p.netdev} {_port_text(p)}" for p in ports)
+
+
+def _source(on: NodeChecks) -> str:
+    if on.node.eth_if and on.node.fabric_ip:
+        return "inventory"
+    found = on.found
+    return "detected: " + ", ".join(x for x in ((found.source if found else ""), "ip -br addr") if x)
+
+
+async def _ping(on: NodeChecks, port: Port, address: str) -> tuple[bool | None, str]:
+    """From this node over `port` to `address`: reached (None: cannot tell), and what ping said."""
+    r = await on.run(f"LC_ALL=C ping -c1 -W2 -I {shlex.quote(port.netdev)} {shlex.quote(address)}", timeout=15)
+    if r.exit_status == 127:
+        return None, "not checked: ping is not installed here"
+    result = parse_ping(r.stdout + "\n" + r.stderr, r.exit_status)
+    if result.ok:
+        return True, f"ping ok ({result.rtt_ms:g} ms)" if result.rtt_ms is not None else "ping ok"
+    return False, result.error or result.summary or r.first_error_line()
+
+
+async def _link(on: NodeChecks, head: str, options: list[tuple[Port, Port]]) -> tuple[str, str, Port | None,
+                                                                                        Port | None]:
+    """The first head/worker pair the worker reaches the head over: status,
+    what was found, and the pair."""
+    tried = []
+    for h, w in options[:PING_TRIES]:
+        reached, said = await _ping(on, w, str(h.address.ip))
+        if reached is False:
+            tried.append(f"ping -I {w.netdev} {h.address.ip}: {said}")
+            continue
+        status = "pass" if reached else "warn"
+        text = f"{w.netdev} {w.address.ip} ↔ {head} {h.address.ip}, {said}"
+        if w.mtu and h.mtu and w.mtu != h.mtu:
+            status, text = "warn", f"{text}, MTU {w.mtu} here but {h.mtu} on {head}: set the same MTU on both ends"
+        elif w.mtu:
+            text += f", MTU {w.mtu}"
+        return status, text, h, w
+    return ("fail", f"does not reach {head} over the fabric ({'; '.join(tried)}): check the QSFP cable, that both "
+                    "ports are up and addressed in one subnet, or set eth_if and fabric_ip in the inventory",
+            None, None)
+
+
+async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
+    """Each node's fabric from what was detected (the inventory's values
+    win), and one check per node saying what: the head's port, address,
+    RoCE devices and MTU; each worker's, and whether it reaches the head
+    over it (a ping from the worker). Detected values are used only when
+    every node has one and every worker reaches the head."""
+    if any(on.found is None for on in ons):
+        return {}  # a node did not answer: preflight fails on that already
+    head, workers = ons[0], ons[1:]
+    cands: dict[str, list[Port]] = {}
+    for on in ons:
+        ports, status, why = _candidates(on)
+        if ports:
+            cands[on.node.name] = ports
+        else:
+            on.put_fabric(status, why)
+    if len(cands) < len(ons):
+        missing = ", ".join(on.node.name for on in ons if on.node.name not in cands)
+        for on in ons:
+            if on.node.name in cands:
+                on.put_fabric("pass", f"{_ports_text(cands[on.node.name])} ({_source(on)}; not used: {missing} "
+                                      "has none)")
+        return {}
+    head_ports = cands[head.node.name]
+    chosen: dict[str, Port] = {}
+    links: dict[str, tuple[str, str]] = {}  # worker -> (status, message)
+    for on in workers:
+        options = pairs(head_ports, cands[on.node.name])
+        if not options:
+            links[on.node.name] = ("fail", f"no address here ({_ports_text(cands[on.node.name])}) shares a subnet "
+                                           f"with {head.node.name}'s ({_ports_text(head_ports)}): address both "
+                                           "ends of the cable in one subnet")
+            continue
+        status, text, h, w = await _link(on, head.node.name, options)
+        links[on.node.name] = (status, text)
+        if h is not None and w is not None:
+            head_ports, chosen[on.node.name] = [h], w  # the next workers reach the head there too
+    if any(status == "fail" for status, _ in links.values()):
+        for on in workers:
+            on.put_fabric(*links[on.node.name])
+        head.put_fabric("pass", f"{_ports_text(head_ports)} ({_source(head)})")
+        return {}
+    chosen[head.node.name] = head_ports[0]
+    fabric = {on.node.name: _fabric_of(on, chosen[on.node.name]) for on in ons}
+    for on in ons:
+        f = fabric[on.node.name]
+        roce = f", RoCE {','.join(f.ib_if)}" if f.ib_if else ""
+        if on is head:
+            mtu = f", MTU {f.mtu}" if f.mtu else ""
+            on.put_fabric("pass", f"{head_ports[0].netdev} {_port_text(head_ports[0])}{roce}{mtu} "
+                                  f"({_source(on)})")
+        else:
+            status, text = links[on.node.name]
+            on.put_fabric(status, f"{text}{roce} ({_source(on)})")
+    # The inventory's nodes keep their own values; the plan needs only what was detected.
+    return {on.node.name: fabric[on.node.name] for on in ons if not (on.node.eth_if and on.node.fabric_ip)}

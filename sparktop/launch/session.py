@@ -28,6 +28,7 @@ from sparktop.launch.preflight import Preflight, run_preflight
 from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
+from sparktop.observe.fabric import Fabric
 from sparktop.remote import Transport, TransportError, transport_for
 from sparktop.settings import Inventory
 
@@ -169,6 +170,10 @@ class Launcher:
         self.timeout = timeout
         self.state = LaunchState(inventory)
         self._transports: dict[str, Transport] = {}
+        # Per launch id: what was asked for, and the fabric preflight detected
+        # for it (the launch is planned again with it).
+        self._requests: dict[str, LaunchRequest] = {}
+        self._fabric: dict[str, dict[str, Fabric]] = {}
         self.run: LaunchRun | None = None
         self._executor: Executor | None = None
         self._task: asyncio.Task | None = None  # the task following the launch, to cancel it
@@ -189,8 +194,9 @@ class Launcher:
         if request.launch_id is None:
             port = request.port or recipe.port or self.inventory.defaults.port
             request.launch_id = launch_id(recipe, request.topology, nodes, port)
+        self._requests[request.launch_id] = request
         return make_plan(recipe, request.topology, self.inventory, request.nodes, request.overrides,
-                         request.port, lid=request.launch_id)
+                         request.port, lid=request.launch_id, fabric=self._fabric.get(request.launch_id))
 
     def transports(self, names: list[str]) -> dict[str, Transport]:
         for name in names:
@@ -199,7 +205,17 @@ class Launcher:
         return {name: self._transports[name] for name in names}
 
     async def preflight(self, plan: Plan, recipe: Recipe) -> Preflight:
-        return await run_preflight(plan, recipe, self.inventory, self.transports(plan.nodes))
+        result = await run_preflight(plan, recipe, self.inventory, self.transports(plan.nodes))
+        self._fabric[plan.launch_id] = result.fabric
+        return result
+
+    def with_fabric(self, plan: Plan) -> Plan:
+        """`plan` made again with the fabric its preflight detected (the same
+        plan when there was nothing to detect)."""
+        request = self._requests.get(plan.launch_id)
+        if not self._fabric.get(plan.launch_id) or request is None:
+            return plan
+        return self.plan(request)
 
     # -- launching -------------------------------------------------------------
 
@@ -211,6 +227,7 @@ class Launcher:
         """Make the launch of `plan` the current one; `follow()` runs it."""
         if self.run is not None and (self.busy or (self._executor is not None and self.run.status == "running")):
             raise SparktopError(f"{self.run.plan.launch_id} is still launching")
+        plan = self.with_fabric(plan)
         self.run = LaunchRun.for_plan(plan)
         self._executor = Executor(plan, self.transports(plan.nodes), self.state, timeout=self.timeout)
         return self.run

@@ -15,8 +15,12 @@ Every container runs with the flags a Spark needs (`--gpus all --ipc=host
 --network host`, memlock and stack ulimits, the HF cache mounted) and is
 labelled `sparktop.launch=<id>` so `stop` can find it even without the
 state file. Cluster containers get the per-node network environment:
-VLLM_HOST_IP, NCCL/GLOO/TP socket interfaces and the RoCE HCAs. Secrets go
-through `--env-file` (written 0600 from standard input), never `-e K=V`.
+VLLM_HOST_IP, NCCL/GLOO/TP socket interfaces and the RoCE HCAs, from the
+inventory (`fabric_ip`, `eth_if`, `ib_if`) or, where it gives none, from what
+preflight detected (`make_plan(..., fabric=preflight.fabric)`); a detected
+address is used between the nodes only (rendezvous, NCCL), the endpoints
+keep the address sparktop reaches the node by. Secrets go through
+`--env-file` (written 0600 from standard input), never `-e K=V`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import yaml
 from sparktop.errors import SparktopError
 from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
 from sparktop.launch.recipe import Recipe, flag_args
+from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
 
 ROUTER_KEY_ENV = "LITELLM_MASTER_KEY"
@@ -47,22 +52,25 @@ def launch_id(recipe: Recipe, topology: str, nodes: list[str], port: int) -> str
     return f"{recipe.id}-{topology}-{digest}"
 
 
-def _network_env(node: Node, head: Node) -> dict[str, str]:
+def _network_env(fabric: Fabric, address: str, head_address: str) -> dict[str, str]:
     """What NCCL, Gloo, UCX and vLLM need to use the fast link on this node
     (as in NVIDIA's two-Spark playbook)."""
-    env = {"VLLM_HOST_IP": node.address, "MASTER_ADDR": head.address}
-    if node.eth_if:
-        env.update(NCCL_SOCKET_IFNAME=node.eth_if, GLOO_SOCKET_IFNAME=node.eth_if, TP_SOCKET_IFNAME=node.eth_if,
-                   UCX_NET_DEVICES=node.eth_if, OMPI_MCA_btl_tcp_if_include=node.eth_if)
-    if node.ib_if:
-        env.update(NCCL_IB_HCA=",".join(node.ib_if), NCCL_IB_DISABLE="0")
+    env = {"VLLM_HOST_IP": address, "MASTER_ADDR": head_address}
+    if fabric.eth_if:
+        eth = fabric.eth_if
+        env.update(NCCL_SOCKET_IFNAME=eth, GLOO_SOCKET_IFNAME=eth, TP_SOCKET_IFNAME=eth, UCX_NET_DEVICES=eth,
+                   OMPI_MCA_btl_tcp_if_include=eth)
+    if fabric.ib_if:
+        env.update(NCCL_IB_HCA=",".join(fabric.ib_if), NCCL_IB_DISABLE="0")
     return env
 
 
 class Builder:
     def __init__(self, recipe: Recipe, topology: str, inventory: Inventory, nodes: list[Node],
-                 overrides: dict | None = None, port: int | None = None, lid: str | None = None):
+                 overrides: dict | None = None, port: int | None = None, lid: str | None = None,
+                 fabric: dict[str, Fabric] | None = None):
         self.recipe = recipe
+        self.detected = dict(fabric or {})  # node -> what preflight found where the inventory gives nothing
         self.topology = topology
         self.inv = inventory
         self.nodes = nodes
@@ -96,6 +104,39 @@ class Builder:
 
     def url(self, node: Node, port: int) -> str:
         return f"http://{node.address}:{port}"
+
+    def fabric(self, node: Node) -> Fabric:
+        """This node's fabric: the inventory's values, else what preflight detected."""
+        found = self.detected.get(node.name, Fabric())
+        return Fabric(node.eth_if or found.eth_if, node.fabric_ip or found.ip, tuple(node.ib_if) or found.ib_if,
+                      found.mtu)
+
+    def peer_address(self, node: Node) -> str:
+        """The address the other nodes reach this one at (rendezvous, Ray, NCCL)."""
+        return self.fabric(node).ip or node.address
+
+    def network_env(self, node: Node, head: Node) -> dict[str, str]:
+        return _network_env(self.fabric(node), self.peer_address(node), self.peer_address(head))
+
+    def fabric_notes(self) -> list[str]:
+        if self.topology not in ("cluster-ray", "cluster-mp"):
+            return []
+        notes = []
+        for n in self.nodes:
+            found = self.detected.get(n.name) or Fabric()
+            if (found.eth_if and not n.eth_if) or (found.ip and not n.fabric_ip) or (found.ib_if and not n.ib_if):
+                f = self.fabric(n)
+                notes.append(f"fabric on {n.name}: {f.eth_if or '?'} {f.ip or n.address}"
+                             + (f", RoCE {','.join(f.ib_if)}" if f.ib_if else "") + (f", MTU {f.mtu}" if f.mtu else "")
+                             + " (what the inventory does not give was detected by preflight)")
+            elif not (n.eth_if and n.fabric_ip):
+                missing = " and ".join(k for k, v in (("eth_if", n.eth_if), ("fabric_ip", n.fabric_ip)) if not v)
+                notes.append(f"fabric on {n.name}: detected at launch (the inventory gives no {missing}): "
+                             "preflight finds its ConnectX-7 port that is up, the port's address and RoCE devices, "
+                             "checks the nodes reach each other over it, and the launch uses them in place of "
+                             f"{n.address!r} below" + ("" if n.eth_if else
+                                                       " and adds the NCCL, Gloo and UCX interface settings"))
+        return notes
 
     def labels(self, role: str, endpoint: str | None = None, kind: str = "vllm") -> list[str]:
         out = ["--label", f"sparktop.launch={self.lid}", "--label", f"sparktop.recipe={self.recipe.id}",
@@ -173,9 +214,7 @@ class Builder:
             self.router()
         else:
             raise PlanError(f"unknown topology {self.topology!r}")
-        notes = [f"{n.name} has no fabric_ip in the inventory: VLLM_HOST_IP and the master address use its ssh "
-                 f"host name {n.host!r}" for n in self.nodes
-                 if self.topology in ("cluster-ray", "cluster-mp") and not n.fabric_ip and not n.is_local]
+        notes = self.fabric_notes()
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
                     vllm=dict(self.vllm), image=self.image, notes=notes)
@@ -183,18 +222,20 @@ class Builder:
     def cluster_mp(self) -> None:
         head, workers = self.nodes[0], self.nodes[1:]
         tp = len(self.nodes)
-        dist = ["--tensor-parallel-size", str(tp), "--nnodes", str(tp), "--master-addr", head.address,
+        dist = ["--tensor-parallel-size", str(tp), "--nnodes", str(tp), "--master-addr", self.peer_address(head),
                 "--master-port", str(self.inv.defaults.master_port)]
         # Workers first: the head waits for them at the master address.
         for rank, node in enumerate(workers, 1):
             args = ["serve", self.recipe.model, *dist, "--node-rank", str(rank), "--headless",
                     *flag_args(self.vllm), *self.extra]
-            name, argv = self.docker_run(node, f"worker{rank}", {**self.env, **_network_env(node, head)}, "vllm", args)
+            name, argv = self.docker_run(node, f"worker{rank}", {**self.env, **self.network_env(node, head)}, "vllm",
+                                         args)
             self.steps.append(Step(node.name, argv, f"start vLLM worker rank {rank} (headless) on {node.name}",
                                    container=name, wait=Wait("running", container=name), role="worker"))
         url = self.url(head, self.port)
         args = self.serve_args(head, [*dist, "--node-rank", "0"])
-        name, argv = self.docker_run(head, "vllm", {**self.env, **_network_env(head, head)}, "vllm", args, endpoint=url)
+        name, argv = self.docker_run(head, "vllm", {**self.env, **self.network_env(head, head)}, "vllm", args,
+                                     endpoint=url)
         self.steps.append(Step(head.name, argv, f"start vLLM head rank 0 (TP={tp}, no Ray) on {head.name}",
                                container=name, role="engine"))
         self.endpoints.append(Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name))
@@ -211,7 +252,7 @@ class Builder:
         # joined) vLLM as the Ray driver, in the same container so its log
         # is the container's log.
         script = (
-            f"ray start --head --port {shlex.quote(ray_port)} --node-ip-address {shlex.quote(head.address)}"
+            f"ray start --head --port {shlex.quote(ray_port)} --node-ip-address {shlex.quote(self.peer_address(head))}"
             f" --disable-usage-stats && "
             f"until [ \"$(ray status 2>/dev/null | grep -c ' node_')\" -ge {tp} ]; do "
             f"echo 'waiting for {tp - 1} Ray worker node(s) to join'; sleep 2; done && "
@@ -219,14 +260,15 @@ class Builder:
         )
         # Ray's memory monitor kills workers on unified memory that looks full to it.
         ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
-        name, argv = self.docker_run(head, "vllm", {**self.env, **_network_env(head, head), **ray_env}, "sh",
+        name, argv = self.docker_run(head, "vllm", {**self.env, **self.network_env(head, head), **ray_env}, "sh",
                                      ["-c", script], endpoint=url)
         self.steps.append(Step(head.name, argv, f"start the Ray head and vLLM (TP={tp}, Ray) on {head.name}",
                                container=name, wait=Wait("running", container=name), role="ray-head"))
         for rank, node in enumerate(workers, 1):
-            args = ["start", "--address", f"{head.address}:{ray_port}", "--node-ip-address", node.address,
+            args = ["start", "--address", f"{self.peer_address(head)}:{ray_port}", "--node-ip-address",
+                    self.peer_address(node),
                     "--disable-usage-stats", "--block"]
-            wname, wargv = self.docker_run(node, f"ray{rank}", {**self.env, **_network_env(node, head), **ray_env},
+            wname, wargv = self.docker_run(node, f"ray{rank}", {**self.env, **self.network_env(node, head), **ray_env},
                                            "ray", args)
             self.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
                                    wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
@@ -290,11 +332,14 @@ def _home_mount(state_dir: str, file: str) -> _HomeMount:
 
 
 def make_plan(recipe: Recipe, topology: str, inventory: Inventory, node_names: list[str] | None = None,
-              overrides: dict | None = None, port: int | None = None, lid: str | None = None) -> Plan:
-    """The plan for `recipe` as `topology` on the inventory's nodes (or `node_names`)."""
+              overrides: dict | None = None, port: int | None = None, lid: str | None = None,
+              fabric: dict[str, Fabric] | None = None) -> Plan:
+    """The plan for `recipe` as `topology` on the inventory's nodes (or
+    `node_names`); `fabric` is what preflight detected per node, used where
+    the inventory gives no eth_if, fabric_ip or ib_if."""
     nodes = [inventory.node(n) for n in node_names] if node_names else list(inventory.nodes)
     wanted = 1 if topology == "solo" else 2
     if topology not in recipe.allowed_topologies(len(nodes)):
         raise PlanError(f"{recipe.id}: {recipe.why_not(topology, len(nodes))}")
     nodes = nodes[:wanted] if topology == "solo" else nodes[: max(2, min(len(nodes), recipe.max_nodes))]
-    return Builder(recipe, topology, inventory, nodes, overrides, port, lid).build()
+    return Builder(recipe, topology, inventory, nodes, overrides, port, lid, fabric).build()

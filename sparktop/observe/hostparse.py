@@ -82,16 +82,34 @@ def cpu_percent(prev: tuple[int, int] | None, cur: tuple[int, int] | None) -> fl
 GPU_FIELDS = ("utilization.gpu", "temperature.gpu", "power.draw", "clocks.sm", "pstate")
 
 
+_HEADER_CELL = re.compile(r"^[a-z][a-z0-9_.]*(\s*\[[^\]]*\])?$")
+# What nvidia-smi writes in the header for a field queried by another name.
+HEADER_ALIASES = {"clocks.sm": "clocks.current.sm", "clocks.gr": "clocks.current.graphics",
+                  "clocks.mem": "clocks.current.memory", "used_memory": "used_gpu_memory"}
+
+
+def is_header(parts: list[str], fields: list[str]) -> bool:
+    """A header row: every cell a field name with an optional `[unit]`
+    (`utilization.gpu [%]`, `clocks.current.sm [MHz]`), one of them a field
+    that was asked for. No value looks like that: numbers, `[N/A]`, `P0`,
+    names with spaces or `::`."""
+    names = {f.lower() for f in fields} | {HEADER_ALIASES.get(f, f).lower() for f in fields}
+    bare = [re.sub(r"\s*\[[^\]]*\]$", "", p).lower() for p in parts]
+    return (all(_HEADER_CELL.match(p.lower()) for p in parts if p) and any(b in names for b in bare)
+            and not any(p.lower() in NA for p in parts))
+
+
 def parse_csv_query(text: str, fields: list[str]) -> list[dict[str, str | None]]:
     """Rows of a `--query-*=... --format=csv[,noheader][,nounits]` answer,
-    keyed by the requested field names; N/A values become None."""
+    keyed by the requested field names; N/A values become None. A header
+    row is skipped wherever it appears (several answers may be joined)."""
     rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
         parts = [p.strip() for p in line.split(",")]
-        if parts and parts[0].lower() in ("name", "pid", *fields) and any(f in line for f in fields):
-            continue  # a header line
+        if is_header(parts, fields):
+            continue
         if len(parts) < len(fields):
             continue
         if len(parts) > len(fields):

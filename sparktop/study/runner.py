@@ -29,7 +29,7 @@ from sparktop.events import emitting
 from sparktop.launch.events import Stage
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, teardown
 from sparktop.launch.plan import Plan
-from sparktop.launch.preflight import run_preflight
+from sparktop.launch.preflight import Preflight, run_preflight
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import stop_launches
 from sparktop.launch.state import LaunchState
@@ -208,7 +208,13 @@ class StudyRunner:
         self.study.image = self.study.image or plan.image
         self._save()
         try:
-            if await self._preflight(t, plan) and await self._launch(t, plan):
+            preflight = await self._preflight(t, plan)
+            if preflight is not None and preflight.fabric:  # planned again with the fabric preflight found
+                plan = make_plan(self.recipe, t.name, self.inventory, self.study.nodes or None, self.study.overrides,
+                                 self.port, lid=plan.launch_id, fabric=preflight.fabric)
+                t.commands = [mask(step.command) for step in plan.steps if step.argv]
+                self._save()
+            if preflight is not None and await self._launch(t, plan):
                 await self._sweep(t, plan)
         except TransportError as exc:
             self._fail(t, f"lost a node: {exc}")
@@ -221,15 +227,16 @@ class StudyRunner:
         t.ended = time.time()
         self._save()
 
-    async def _preflight(self, t: TopologyState, plan: Plan) -> bool:
+    async def _preflight(self, t: TopologyState, plan: Plan) -> Preflight | None:
+        """Preflight's answer when it passed; None (and the topology failed) when not."""
         transports = {n: self.transports[n] for n in plan.nodes}
         result = await run_preflight(plan, self.recipe, self.inventory, transports)
         if result.ok:
-            return True
+            return result
         first = result.failures[0]
         self._fail(t, f"preflight failed on {first.node}: {first.name}: {first.message}",
                    [c.line() for c in result.failures])
-        return False
+        return None
 
     async def _launch(self, t: TopologyState, plan: Plan) -> bool:
         t.status = LAUNCHING

@@ -29,7 +29,7 @@ from sparktop.settings import Inventory, Node
 
 TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy"]
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
-ROUTER_IMAGE = "docker.litellm.ai/berriai/litellm:main-latest"
+ROUTER_IMAGE = "ghcr.io/berriai/litellm:v1.106.2"
 
 FAKE_DOCKER = textwrap.dedent("""\
     import json, os, subprocess, sys
