@@ -2,6 +2,7 @@
 
     python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view, launcher
     python scripts/screenshots.py --record tests/fixtures/recording.jsonl
+    python scripts/screenshots.py --only 120x40   # every screen at 120x40, no twin needed
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
 lets the histories fill, then drives the app headless (Textual's
@@ -167,8 +168,36 @@ async def shoot_sweep(reuse, urls: list[str], results: Path) -> None:
         save(app, "sweep-compare-160x48")
 
 
+async def shoot_every_screen(size: tuple[int, int] = (120, 40)) -> None:
+    """Every screen at one size, from the same deterministic set-up as
+    tests/ui/test_layouts.py (a replay, a study and sweep runs from files)."""
+    import os
+    import time
+
+    from tests.helpers import layouts
+    from tests.ui.test_study_screen import every_kind_of_cell
+
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["XDG_STATE_HOME"] = str(Path(tmp) / "state")
+        os.environ["XDG_DATA_HOME"] = str(Path(tmp) / "data")
+        results = layouts.write_runs(Path(tmp) / "results")
+        app = layouts.replay_app(results_root=results, study_dir=every_kind_of_cell(Path(tmp) / "studies"),
+                                 inventory=layouts.inventory())
+
+        async def shot(name: str) -> None:
+            save(app, f"{name}-{size[0]}x{size[1]}")
+
+        async with app.run_test(size=size) as pilot:
+            await layouts.every_screen(pilot, results, shot)
+
+
 async def main(args) -> None:
     OUT.mkdir(exist_ok=True)
+    if args.only == "120x40":
+        await shoot_every_screen((120, 40))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         defaults = Defaults()
         cluster = TwinCluster(Path(tmp) / "demo", startup_speed=20,
@@ -228,5 +257,5 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="gpt-oss-120b")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of history before the pictures")
     ap.add_argument("--record", help="also record the session to this JSONL file")
-    ap.add_argument("--only", choices=["sweep", "launcher"], help="only these pictures")
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40"], help="only these pictures")
     asyncio.run(main(ap.parse_args()))

@@ -67,7 +67,8 @@ def node_json(n: NodeSnapshot) -> dict:
 
 def engine_json(e: EngineSnapshot) -> dict:
     return {
-        "url": e.url, "state": e.state, "reason": e.reason, "stage": e.stage, "node": e.node, "kind": e.kind,
+        "url": e.url, "state": e.state, "reason": e.reason, "error": e.error, "stage": e.stage, "node": e.node,
+        "kind": e.kind,
         "topology": e.topology, "container": e.container, "model": e.model, "version": e.version,
         "kv_cache_usage": _r(e.kv_usage, 4), "running": e.running, "waiting": e.waiting,
         "prompt_tps": _r(e.prompt_tps, 1), "gen_tps": _r(e.gen_tps, 1),
@@ -133,7 +134,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
         engines.add_column(col)
     for e in state.ordered_engines():
         engines.add_row(
-            e.url, e.model or "—", e.state if not e.reason else f"{e.state}: {e.reason}",
+            e.url, e.model or "—", f"{e.state}: {e.error or e.reason}" if e.error or e.reason else e.state,
             f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—",
             f"{e.running:.0f}" if e.running is not None else "—",
             f"{e.waiting:.0f}" if e.waiting is not None else "—",

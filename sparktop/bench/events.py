@@ -51,6 +51,17 @@ class EngineSample:
     running: float | None
     waiting: float | None
 
+    def describe(self) -> str:
+        """`KV 41% · running 8 · waiting 0`, what is known of it."""
+        parts = []
+        if self.kv_cache_usage is not None:
+            parts.append(f"KV {self.kv_cache_usage:.0%}")
+        if self.running is not None:
+            parts.append(f"running {self.running:.0f}")
+        if self.waiting is not None:
+            parts.append(f"waiting {self.waiting:.0f}")
+        return " · ".join(parts)
+
 
 @dataclass(frozen=True)
 class WaitingForIdle:

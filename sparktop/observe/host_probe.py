@@ -21,19 +21,28 @@ from sparktop.remote import Transport
 GPU_QUERY = "name,utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate"
 APPS_QUERY = "pid,process_name,used_memory"
 
-PROBE_SCRIPT = (
+# Shell builtins where a command would do (`read` for the first line of
+# /proc/stat): every process started on the node costs it CPU each poll.
+_SCRIPT_HEAD = (
     'echo @@meminfo; cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo" 2>&1; '
-    "echo @@stat; head -n 1 /proc/stat 2>&1; "
+    "echo @@stat; read -r l < /proc/stat && echo \"$l\"; "
     "if command -v nvidia-smi >/dev/null 2>&1; then "
     f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"@@rc $?\"; "
     f"echo @@apps; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1; "
     'echo "@@rc $?"; '
     "else echo @@gpu; echo @@missing; fi; "
+)
+_SCRIPT_DOCKER = (
     "if command -v docker >/dev/null 2>&1; then "
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
-    "echo @@end"
 )
+PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + "echo @@end"
+PROBE_SCRIPT_NO_DOCKER = _SCRIPT_HEAD + "echo @@end"
+# `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
+# round trip, ~10 ms of CPU): the container list is read at most this often,
+# and at once when the poller asks (an engine stopped answering).
+DOCKER_EVERY_S = 3.0
 
 
 def split_sections(text: str) -> dict[str, tuple[str, int | None, bool]]:
@@ -68,13 +77,28 @@ class HostProbe:
     name: str
     transport: Transport
     timeout: float = 5.0
+    docker_every: float = DOCKER_EVERY_S
     _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
+    _docker_at: float | None = field(default=None, repr=False)
+    _docker: tuple[str, list[Container]] | None = field(default=None, repr=False)
+
+    def refresh_docker(self) -> None:
+        """Read the container list on the next poll (something changed)."""
+        self._docker_at = None
 
     async def poll(self) -> NodeSnapshot:
         started = time.monotonic()
-        result = await self.transport.run(PROBE_SCRIPT, timeout=self.timeout)
+        docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= (
+            self.docker_every - 0.05)
+        result = await self.transport.run(PROBE_SCRIPT if docker_due else PROBE_SCRIPT_NO_DOCKER,
+                                          timeout=self.timeout)
         snap = parse_probe(self.name, result.stdout, self._prev_cpu)
         self._prev_cpu = snap._cpu_raw  # type: ignore[attr-defined]
+        if docker_due:
+            self._docker_at = started
+            self._docker = (snap.docker_status, snap.containers)
+        elif self._docker is not None:
+            snap.docker_status, snap.containers = self._docker[0], list(self._docker[1])
         snap.poll_ms = (time.monotonic() - started) * 1000
         if "@@end" not in result.stdout:
             raise RuntimeError(f"probe did not finish (exit {result.exit_status}): {result.first_error_line()}")

@@ -33,7 +33,7 @@ import aiohttp
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
 from sparktop.observe.host_probe import HostProbe, engines_in
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
-from sparktop.observe.vllm_log import startup_state
+from sparktop.observe.vllm_log import runtime_failure, startup_state
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
@@ -117,6 +117,8 @@ class _EngineWorker:
     log_at: float = 0.0
     stage: str | None = None
     exited: str | None = None  # the container's status once it has exited
+    error: str | None = None  # why it died at run time, from its container's log
+    error_at: float = 0.0
     task: asyncio.Task | None = None
 
 
@@ -348,6 +350,7 @@ class Poller:
                 w.health.ok()
                 w.ever_ready = True
                 w.stage = None
+                w.error = None
                 snap.node = w.target.node
                 snap.container = w.target.container
                 snap.topology = w.target.topology
@@ -360,11 +363,18 @@ class Poller:
             await self._sleep_until(started + delay)
 
     async def _engine_failed(self, w: _EngineWorker, exc: EngineUnreachable | None) -> None:
+        node = self._nodes.get(w.target.node or "")
+        if node is not None and w.health.failures == 1:
+            node.probe.refresh_docker()  # did its container exit? read the list on the node's next poll
         if not self._visible(w):
             return
         health = w.health.state(self._interval, self.down_after)
         starting = False
-        if w.exited:
+        if w.ever_ready and w.target.container and (health in ("stale", "down") or w.exited):
+            await self._read_failure(w)
+        if w.error:
+            state = "failed"
+        elif w.exited:
             await self._read_stage(w)  # the log says why it died
             w.health.reason = f"container {w.target.container} {w.exited.lower()}" + (
                 f": {w.health.reason}" if w.stage == "failed" and w.health.reason else "")
@@ -382,6 +392,7 @@ class Poller:
         snap.state = state
         snap.reason = w.health.reason if state not in ("ready",) else None
         snap.stage = w.stage if state == "starting" else None
+        snap.error = w.error if state == "failed" else None
         if state != "ready":
             w.last = snap
         w.shown_state = state
@@ -412,6 +423,23 @@ class Poller:
             return False
         w.stage = state.stage
         return True
+
+    async def _read_failure(self, w: _EngineWorker) -> None:
+        """A ready engine that stopped answering: did it die? Its log says
+        (`EngineCore encountered a fatal error`); read every 2 s at most."""
+        node = self._nodes.get(w.target.node or "")
+        now = time.monotonic()
+        if node is None or not w.target.container or now - w.error_at < 2.0:
+            return
+        w.error_at = now
+        try:
+            result = await node.target.transport.run(
+                ["docker", "logs", "--tail", "200", w.target.container], timeout=5)
+        except (TimeoutError, TransportError):
+            return
+        if result.ok:
+            # docker logs interleaves stdout and stderr; vLLM writes its log to stderr.
+            w.error = runtime_failure((result.stdout + result.stderr).splitlines()) or w.error
 
     async def _watch(self) -> None:
         """Turn silence into state changes even while a poll is stuck."""

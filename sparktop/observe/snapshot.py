@@ -99,7 +99,7 @@ class EngineSnapshot:
     key: str  # stable identity: the endpoint URL
     url: str
     t: float
-    state: str = "connecting"  # connecting | starting | ready | unreachable | stale
+    state: str = "connecting"  # connecting | starting | ready | unreachable | stale | failed
     reason: str | None = None
     node: str | None = None
     kind: str = "vllm"  # vllm | router | other
@@ -122,6 +122,7 @@ class EngineSnapshot:
     preemptions: float | None = None  # since the engine started
     requests: float | None = None  # finished requests since start
     poll_ms: float | None = None
+    error: str | None = None  # failed: the first error line of its death, from the container's log
 
     @property
     def label(self) -> str:

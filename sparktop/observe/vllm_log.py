@@ -67,3 +67,45 @@ def startup_state(lines: list[str]) -> StartupState:
             if "Traceback" not in line:
                 state.reason = line
     return state
+
+
+# -- an engine that dies after start-up ------------------------------------------
+
+# vLLM's words for an engine that has died at run time: the EngineCore's own
+# fatal error, what the API server says about it, the client noticing.
+DEAD = re.compile(r"EngineCore encountered a fatal error|EngineDeadError|Engine core proc \S+ died unexpectedly|"
+                  r"EngineCore failed")
+# vLLM's logging prefix after the process tag: "ERROR 01-08 17:16:15 [core.py:844] ".
+_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                    r"\[[^\]]*\]\s?")
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")
+
+
+def message(line: str) -> tuple[str | None, str]:
+    """(level, message) of a vLLM log line, the process tag and stamp removed."""
+    line = strip_prefix(line)
+    m = _LEVEL.match(line)
+    if m is None:
+        return None, line
+    return m.group("level"), line[m.end():]
+
+
+def runtime_failure(lines: list[str]) -> str | None:
+    """Why a running engine died, from the tail of its log: the first error
+    line of its death (`EngineCore encountered a fatal error.`), with the
+    exception that caused it when the traceback names one. None while the
+    log shows no dead engine (a request's own ERROR lines do not count)."""
+    first: str | None = None
+    cause: str | None = None
+    for raw in lines:
+        level, text = message(raw)
+        if first is None:
+            if DEAD.search(text) and level in ("ERROR", "CRITICAL", None):
+                first = text.strip()
+            continue
+        stripped = text.strip()
+        if cause is None and _EXCEPTION.match(stripped) and "EngineDeadError" not in stripped:
+            cause = stripped
+    if first is None:
+        return None
+    return f"{first} {cause}" if cause and cause not in first else first

@@ -237,7 +237,7 @@ class EngineCard(Card):
     def show(self, snap: EngineSnapshot, history: History | None) -> None:
         self._last = (snap, history)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.stage, snap.reason, width, self.spark_height)
+        stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height)
         if stamp == self._drawn:
             return
         self._drawn = stamp
@@ -247,7 +247,7 @@ class EngineCard(Card):
         badge = r.state_badge(snap.state)
         if snap.state == "starting" and snap.stage:
             badge = r.state_badge(f"starting: {snap.stage}")
-        self.set_class(snap.state in ("stale", "unreachable"), "-stale")
+        self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
         self.set_class(snap.state == "starting", "-starting")
         self._paint(title, badge, self._lines(snap, history, width))
 
@@ -263,6 +263,9 @@ class EngineCard(Card):
         if snap.state == "starting":
             lines.append(Text(f"starting: {snap.stage or '…'}", style="yellow"))
             return lines
+        if snap.state == "failed" and snap.error:
+            # Why it died, first: the rest are its last figures.
+            lines += r.wrap(Text(snap.error, style="bold red"), width, 3)
         kv_label = f" {r.pct(snap.kv_usage)}"
         line = Text("KV  ", style="bold")
         kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
@@ -299,5 +302,6 @@ class EngineCard(Card):
             lines += self._sparks(("gen ", history.values("gen_tps"), None, "cyan"),
                                   ("prompt ", history.values("prompt_tps"), None, "blue"), width)
         if snap.state != "ready" and snap.reason:
-            lines.append(Text(snap.reason[:width], style="red" if snap.state == "unreachable" else "yellow"))
+            lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
+                              else "yellow"))
         return lines

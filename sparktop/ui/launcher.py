@@ -126,6 +126,8 @@ class LaunchScreen(LiveScreen):
         Binding("ctrl+r", "recheck", "Re-check"),
         Binding("b", "study", "Study all topologies"),
     ]
+    # Below 90 columns the list goes above the form (-tiny).
+    HORIZONTAL_BREAKPOINTS = [(0, "-tiny"), (90, "-narrow"), (110, "-medium"), (150, "-wide")]
 
     def __init__(self, launcher: Launcher):
         super().__init__()
@@ -150,7 +152,7 @@ class LaunchScreen(LiveScreen):
                     yield Select([], id="topology", allow_blank=True, prompt="topology")
                     yield Label("on", classes="label")
                     yield Select([], id="node", allow_blank=True, prompt="head: the first node")
-                with Horizontal(classes="form-row"):
+                with Horizontal(classes="form-row", id="overrides"):
                     yield Input(id="port", placeholder="port", type="integer", classes="small")
                     yield Input(id="gpu_memory_utilization", placeholder="gpu mem util", classes="small")
                     yield Input(id="max_model_len", placeholder="max_model_len", type="integer", classes="small")
@@ -168,17 +170,18 @@ class LaunchScreen(LiveScreen):
         self.query_one("#preflight-box").border_title = "preflight"
         self.query_one("#plan-box").border_title = "plan (exactly what will run)"
         table = self.query_one("#recipes", DataTable)
+        # What a narrow list cuts off first is on the right.
         table.add_column("recipe", key="recipe")
-        table.add_column("quant", key="quant")
         table.add_column("weights", key="weights")
         table.add_column("nodes", key="nodes")
+        table.add_column("quant", key="quant")
         recipes, errors = self.launcher.recipes()
         self.recipes = recipes
         for rid in sorted(recipes):
             r = recipes[rid]
             weights = r.estimated_weights_gib()
-            table.add_row(rid, r.quantization or "—", f"{weights:.0f} GiB" if weights else "—",
-                          nodes_text(self.launcher.topologies(r)), key=rid)
+            table.add_row(rid, f"{weights:.0f} GiB" if weights else "—", nodes_text(self.launcher.topologies(r)),
+                          r.quantization or "—", key=rid)
         for error in errors:
             self.notify(error, title="recipe skipped", severity="warning", timeout=8)
         nodes = [(n.name, n.name) for n in self.launcher.inventory.nodes]
@@ -224,7 +227,8 @@ class LaunchScreen(LiveScreen):
         if recipe.description:
             info.append(recipe.description + "\n")
         if weights:
-            info.append(f"weights ~{weights:.1f} GiB", style="cyan")
+            info.append((f"{recipe.quantization} · " if recipe.quantization else "") + f"weights ~{weights:.1f} GiB",
+                        style="cyan")
             info.append(" (of 119.6 GiB unified memory per Spark)\n", style="dim")
         if topologies:
             info.append("here: " + ", ".join(topologies) + "\n", style="dim")
@@ -380,7 +384,8 @@ class ProgressScreen(LiveScreen):
         yield Static(id="run-title")
         with Horizontal(id="progress"):
             yield Static(id="steps")
-            yield RichLog(id="log", max_lines=1000, wrap=True, markup=False, highlight=False)
+            yield RichLog(id="log", max_lines=1000, wrap=True, markup=False, highlight=False,
+                          min_width=20)  # wrapped to the box, however narrow
         yield Static(id="outcome")
         yield Footer()
 

@@ -94,6 +94,15 @@ def flow(parts: list[Text], width: int, gap: str = "  ") -> list[Text]:
     return lines
 
 
+def wrap(text: Text, width: int, max_lines: int) -> list[Text]:
+    """`text` cut into lines of `width` cells, at most `max_lines` (the last ends in …)."""
+    width = max(1, width)
+    lines = [text[i:i + width] for i in range(0, len(text.plain), width)][:max_lines]
+    if len(text.plain) > width * max_lines:
+        lines[-1] = lines[-1][: width - 1] + Text("…", style=text.style)
+    return lines
+
+
 def field(label: str, value: str, style: str = "") -> Text:
     text = Text(label + " ", style="bold")
     text.append(value, style=style)
@@ -149,7 +158,7 @@ def num(value: float | None, fmt: str = "{:.0f}") -> str:
 
 STATE_STYLES = {
     "ok": "green", "ready": "green", "starting": "yellow", "connecting": "grey62", "stale": "yellow",
-    "down": "bold red", "unreachable": "bold red",
+    "down": "bold red", "unreachable": "bold red", "failed": "bold red",
 }
 
 

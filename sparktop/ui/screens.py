@@ -8,7 +8,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Grid
+from textual.containers import Grid, VerticalScroll
 from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
@@ -21,6 +21,12 @@ from sparktop.ui.messages import RepaintRequested, StateChanged
 
 CARD_WIDTH = 40
 
+# Every screen carries one width class and one height class; sparktop.tcss
+# lays the screens out by them (80x24 is -narrow -short, 120x40 -medium
+# -tall, 160x48 and wider -wide -tall).
+WIDTHS = [(0, "-narrow"), (110, "-medium"), (150, "-wide")]
+HEIGHTS = [(0, "-short"), (32, "-tall")]
+
 
 class StatusLine(Static):
     def update(self, content="", *, layout: bool = False) -> None:
@@ -31,6 +37,9 @@ class StatusLine(Static):
 class LiveScreen(Screen):
     """A screen drawn from the cluster state (`StateChanged` messages),
     painted as soon as it shows, not at the next event."""
+
+    HORIZONTAL_BREAKPOINTS = WIDTHS
+    VERTICAL_BREAKPOINTS = HEIGHTS
 
     def on_screen_resume(self) -> None:
         self.post_message(RepaintRequested())  # bubbles to the app
@@ -196,29 +205,39 @@ HELP = """\
 
   [b]q[/b]        quit
   [b]?[/b]        this help
-  [b]p[/b]        pause / resume (polling, or playback in a replay)
-  [b]+ / -[/b]    poll faster / slower (in a replay: play faster / slower)
-  [b]← / →[/b]    move between cards (in a replay with [b][ / ][/b]: seek 10 s)
-  [b]Enter[/b]    open the focused card's history charts; Esc to go back
-  [b]l[/b]        launch a recipe: ↑/↓ picks it, Tab reaches the topology, node and overrides;
-           the plan and preflight update as you go; Enter launches (or shows the launch under way)
+  [b]p[/b]        pause or resume (polling; in a replay, playback)
+  [b]+ / -[/b]    poll (in a replay, play) faster or slower
+  [b]← / →[/b]    move between cards (in a replay, [b][ / ][/b] seek 10 s)
+  [b]Enter[/b]    the focused card's history charts (Esc goes back)
+  [b]l[/b]        launch a recipe: ↑/↓ picks one, Tab reaches the topology,
+           node and overrides; the plan and preflight follow them;
+           Enter launches (or shows the launch under way)
   [b]x[/b]        stop something sparktop launched (asks first)
-  [b]s[/b]        run a concurrency sweep
-  [b]b[/b]        launcher: study the recipe, every topology in turn (asks)
-  [b]y[/b]        the study under way (Esc there cancels, asks; m leaves it)
-           sparktop --study ID shows one running elsewhere
+  [b]s[/b]        run a concurrency sweep (ctrl+r there: past runs)
+  [b]b[/b]        in the launcher: study the recipe, every topology in turn
+  [b]y[/b]        the study under way (Esc there cancels it, after asking;
+           m leaves it running); sparktop --study ID shows one
+           started elsewhere
 
-Memory is unified on a GB10: the bar shows vLLM's share (magenta), other used memory, page cache (▒) and free memory (░). A node card turns yellow when MemAvailable falls below 20 % and red below 10 %: a Spark that runs out of memory freezes rather than swapping gracefully.
+Memory is unified on a GB10: the bar shows vLLM's share (magenta), other \
+used memory, page cache (▒) and free memory (░). A node card turns yellow \
+when MemAvailable falls below 20 % and red below 10 %: a Spark that runs \
+out of memory freezes rather than swapping.
 
-Engine figures: KV-cache usage, running and waiting requests, preemptions since the engine started, prefix-cache hit rate, generation and prompt tokens/s (5 s average), TTFT and inter-token latency p50/p95 over the last 30 s.
+Engine figures: KV-cache usage, running and waiting requests, preemptions \
+since the engine started, prefix-cache hit rate, generation and prompt \
+tokens/s (5 s average), TTFT and inter-token latency p50/p95 over the \
+last 30 s.
 """
 
 
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+    HORIZONTAL_BREAKPOINTS = WIDTHS
+    VERTICAL_BREAKPOINTS = HEIGHTS
 
     def compose(self) -> ComposeResult:
-        with Container(id="help"):
+        with VerticalScroll(id="help"):  # scrolls when the terminal is shorter than the help
             yield Static(HELP)
 
 

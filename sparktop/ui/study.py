@@ -259,14 +259,7 @@ class StudyRun:
                 if e.live_tps:
                     live.tps = (live.tps + [e.live_tps])[-120:]
             case EngineSample() as e:
-                parts = []
-                if e.kv_cache_usage is not None:
-                    parts.append(f"KV {e.kv_cache_usage:.0%}")
-                if e.running is not None:
-                    parts.append(f"running {e.running:.0f}")
-                if e.waiting is not None:
-                    parts.append(f"waiting {e.waiting:.0f}")
-                live.engine = " · ".join(parts)
+                live.engine = e.describe()
             case WaitingForIdle() as e:
                 live.note = (f"waiting for an idle engine ({e.running:.0f} running, {e.waiting:.0f} waiting; "
                              f"{e.waited_s:.0f}s of {e.timeout_s:.0f}s)")

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
 
@@ -93,11 +93,15 @@ class SweepScreen(LiveScreen):
         with Horizontal(id="sweep-live"):
             yield Sparkline([], id="live-tps")
             yield Static("", id="engine-line")
-        with Horizontal(id="sweep-body"):
+        # Wide: the table on the left, the charts stacked beside it. Narrower:
+        # the charts below the table (side by side when they fit), scrolling.
+        with VerticalScroll(id="sweep-body"):
             with Vertical(id="sweep-left"):
                 yield DataTable(id="levels-table", cursor_type="row", zebra_stripes=True)
                 yield Static("", id="sweep-summary")
-            yield Static("", id="sweep-charts")
+            with Container(id="sweep-charts"):
+                for key, _ in CHARTS:
+                    yield Static("", id=f"chart-{key}", classes="chart")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -223,14 +227,7 @@ class SweepScreen(LiveScreen):
             (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
 
     def _engine_sample(self, e: EngineSample) -> None:
-        parts = []
-        if e.kv_cache_usage is not None:
-            parts.append(f"KV {e.kv_cache_usage:.0%}")
-        if e.running is not None:
-            parts.append(f"running {e.running:.0f}")
-        if e.waiting is not None:
-            parts.append(f"waiting {e.waiting:.0f}")
-        self.query_one("#engine-line", Static).update(Text("engine  " + " · ".join(parts), style="cyan"))
+        self.query_one("#engine-line", Static).update(Text("engine  " + e.describe(), style="cyan"))
 
     def _level_done(self, stats: LevelStats) -> None:
         self.levels = [lv for lv in self.levels if lv.concurrency != stats.concurrency] + [stats]
@@ -296,16 +293,23 @@ class SweepScreen(LiveScreen):
                 break
         return out
 
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._draw_charts)  # the charts' boxes have their new size then
+
     def _draw_charts(self) -> None:
-        box = self.query_one("#sweep-charts", Static)
-        width = max(30, box.size.width - 2)
-        height = max(24, box.size.height)
-        each = max(7, height // len(CHARTS))
+        """Each chart drawn to exactly the size of its box (plotext draws to
+        the size it is given; a wider chart would wrap)."""
+        if not self.levels and not self.earlier and self.sweep is None:
+            return
         runs = [("this run", sorted(self.levels, key=lambda lv: lv.concurrency)), *self.earlier]
-        charts = [level_chart(title, key, runs, width, each) for key, title in CHARTS]
-        for chart in charts:
+        for key, title in CHARTS:
+            box = self.query_one(f"#chart-{key}", Static)
+            width, height = box.content_size
+            if width < 10 or height < 4:
+                continue  # not laid out yet: the resize draws it
+            chart = level_chart(title, key, runs, width, height)
             chart.rstrip()
-        box.update(Text("\n").join(charts))
+            box.update(chart)
 
 
 class RunsScreen(Screen):

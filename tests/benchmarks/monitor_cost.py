@@ -1,133 +1,236 @@
-"""Benchmark: what watching costs. Runs the real `sparktop` app in a
-pseudo-terminal (80x24) against a two-node twin cluster with two engines
-under load, at the default 1 s interval, and prints
+"""Benchmark: what watching costs, measured the way a user runs it.
 
-- first frame: seconds from process start until the screen shows the
-  status line, and until both nodes and both engines show figures;
-- CPU: the app's own CPU use, as % of one core per second, median and p95
-  over the measurement window (the shell commands it runs on the local
-  twin nodes are reported separately: on real nodes they run remotely);
-- memory: resident set size at the end (MB).
+Two twin engines (`sparktop twin serve`, separate processes) under steady
+load (`python -m sparktop.twin.load`, another process), and the real CLI
 
-    python tests/benchmarks/monitor_cost.py --seconds 60
+    sparktop --engine URL1 --engine URL2 -i 1      (one node: this one)
+
+inside `tmux new -d -x 160 -y 48`. Once both engines show figures, the
+CPU of the sparktop process and its children (the probe commands it runs
+on this node) is read with psutil from outside over `--seconds`, as % of
+one core; the twins and the load generator are not counted. Repeated
+`--runs` times; prints each run, the median, the terminal size read back
+from tmux, and the versions.
+
+    python tests/benchmarks/monitor_cost.py                       # this tree
+    python tests/benchmarks/monitor_cost.py --src before=/tmp/before --src after=.   # side by side
+    python tests/benchmarks/monitor_cost.py --runs 1 --py-spy /tmp/prof   # also where the time goes
+
+`--src NAME=DIR` runs `sparktop` from another source tree (e.g. `git
+archive HEAD | tar -x -C /tmp/before`) with PYTHONPATH=DIR, interleaving
+the variants run by run so both see the same machine and the same load.
+`--py-spy PREFIX` records each run with py-spy (`pip install py-spy`) into
+PREFIX-NAME-RUN.txt (collapsed stacks) and prints the top functions by
+own and by total time.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import fcntl
+import collections
+import contextlib
 import os
-import pty
-import select
+import platform
+import shutil
+import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import contextlib  # noqa: E402
-
-from sparktop.twin.cluster import TwinCluster, wait_ready  # noqa: E402
+COLS, ROWS = 160, 48
+SPY_RATE = 250
 
 
-def inventory(cluster: TwinCluster, path: Path) -> None:
-    lines = ["nodes:"]
-    for node in cluster.nodes:
-        lines += [f"  - name: {node.name}", "    host: localhost", f"    fabric_ip: {node.address}", "    env:"]
-        lines += [f"      {k}: {v!r}" for k, v in node.env.items()]
-    lines += ["defaults:", "  port: 8000"]
-    path.write_text("\n".join(lines) + "\n")
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def spawn(args: list[str], cols: int = 80, rows: int = 24):
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvp(args[0], args)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    return pid, fd
-
-
-def read_until(fd: int, needles: list[bytes], deadline: float, buf: bytearray) -> float | None:
+def wait_ready(url: str, deadline: float) -> None:
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.05)
-        if ready:
-            try:
-                buf += os.read(fd, 65536)
-            except OSError:
-                return None
-        if all(n in buf for n in needles):
-            return time.monotonic()
-    return None
+        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/v1/models", timeout=1) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"twin at {url} did not come up")
 
 
-async def main(args) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = TwinCluster(Path(tmp) / "lab").setup()
-        urls = await cluster.run_solo(model="gpt-oss-120b", startup_speed=500)
-        await wait_ready(urls)
-        load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "2", "--max", "6"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        inv = Path(tmp) / "cluster.yaml"
-        inventory(cluster, inv)
-        env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "80", "LINES": "24"}
-        os.environ.update(env)
-        started = time.monotonic()
-        pid, fd = spawn([sys.executable, "-m", "sparktop", "--inventory", str(inv)])
-        buf = bytearray()
-        try:
-            status_at = read_until(fd, [b"sparktop", b"Quit"], started + 15, buf)
-            data_at = read_until(fd, [b"spark-a", b"spark-b", b"gpt-oss-120b", b"t/s", b"119.6G"], started + 30, buf)
-            proc = psutil.Process(pid)
-            spy = None
-            if args.py_spy:  # where the time goes: collapsed stacks for the window
-                spy = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(args.seconds), "-r", "200",
-                                        "-f", "raw", "-o", args.py_spy], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-            # Drain output continuously while sampling CPU once a second.
-            samples = []
-            last = proc.cpu_times()
-            last_t = time.monotonic()
-            end = time.monotonic() + args.seconds
-            child_start = last.children_user + last.children_system
-            while time.monotonic() < end:
-                read_until(fd, [b"\x00never"], time.monotonic() + 1.0, bytearray())
-                now = proc.cpu_times()
-                t = time.monotonic()
-                samples.append(100 * ((now.user - last.user) + (now.system - last.system)) / (t - last_t))
-                last, last_t = now, t
-            rss = proc.memory_info().rss / 1e6
-            if spy is not None:
-                spy.wait(30)
-            children = (last.children_user + last.children_system - child_start) / args.seconds * 100
-        finally:
-            os.write(fd, b"q")
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """CPU of the process, its reaped children, and its children alive now."""
+    t = proc.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            c = child.cpu_times()
+            total += c.user + c.system
+    return total
+
+
+IDLE = ("select", "poll", "wait", "_wait_for_tstate_lock", "sleep")  # a thread waiting, not working
+
+
+def _short(file: str) -> str:
+    """sparktop/ui/cards.py for our files, the file name for the rest."""
+    return file[file.rindex("sparktop/"):] if "sparktop/" in file else Path(file).name
+
+
+def top_functions(path: Path, started: float, window: tuple[float, float], rate: int, n: int = 14) -> str:
+    """The top functions of the main thread in a py-spy speedscope file
+    (recorded with --idle, so sample i is about i/rate s after `started`),
+    over the measurement `window` only, by own and by total samples."""
+    import json
+
+    data = json.loads(path.read_text())
+    frames = [f"{f['name']} ({_short(f.get('file') or '?')}:{f.get('line', '')})" for f in data["shared"]["frames"]]
+    profile = max(data["profiles"], key=lambda p: len(p["samples"]))  # the main thread: the most samples
+    first, last = int((window[0] - started) * rate), int((window[1] - started) * rate)
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    busy = idle = 0
+    for stack in profile["samples"][first:last]:
+        names = [frames[i] for i in stack]
+        if not names or names[-1].split(" ")[0].rsplit(".", 1)[-1] in IDLE:
+            idle += 1
+            continue
+        busy += 1
+        own[names[-1]] += 1
+        for name in set(names):
+            total[name] += 1
+    if not busy:
+        return "  no busy samples"
+    out = [f"  main thread: {busy} busy samples of {busy + idle} ({100 * busy / max(1, busy + idle):.1f} % busy)",
+           "  own time (share of busy samples):"]
+    out += [f"    {100 * k / busy:5.1f}%  {f}" for f, k in own.most_common(n)]
+    out.append("  total time (with callees), sparktop functions:")
+    out += [f"    {100 * k / busy:5.1f}%  {f}" for f, k in total.most_common()
+            if "(sparktop/" in f][:n]
+    out.append("  total time, library functions:")
+    out += [f"    {100 * k / busy:5.1f}%  {f}" for f, k in total.most_common()
+            if k < busy * 0.9 and "(sparktop/" not in f][:n]
+    return "\n".join(out)
+
+
+def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | None:
+    session = f"sparktop-bench-{os.getpid()}-{name}-{run}"
+    env_prefix = f"PYTHONPATH={src}" if src != ROOT else ""
+    engines = " ".join(f"--engine {u}" for u in urls)
+    # A one-node inventory: this node, no default-port candidate to probe.
+    window = None
+    command = f"exec env TERM=xterm-256color {env_prefix} {sys.executable} -m sparktop {engines} -i 1"
+    spy_out = Path(f"{args.py_spy}-{name}-{run}.json") if args.py_spy else None
+    if spy_out is not None:
+        # py-spy cannot attach here (no ptrace of non-children), so it starts sparktop itself; --idle keeps
+        # one sample per tick, so a sample's index says when it was taken.
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        command = (f"exec env TERM=xterm-256color {env_prefix} {spy} record --idle --nonblocking -r {SPY_RATE} "
+                   f"-f speedscope -o {spy_out} -- {sys.executable} -m sparktop {engines} -i 1")
+    spy_started = time.monotonic()
+    tmux("new-session", "-d", "-s", session, "-x", str(COLS), "-y", str(ROWS), command)
+    try:
+        pid = int(tmux("list-panes", "-t", session, "-F", "#{pane_pid}"))
+        size = tmux("display-message", "-p", "-t", session, "#{window_width}x#{window_height}")
+        proc = psutil.Process(pid)
+        if spy_out is not None:  # measure sparktop, not py-spy
             time.sleep(1.0)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-            load.terminate()
-            await cluster.stop_all()
-    samples.sort()
-    print(f"first frame (status line)        {status_at - started:.2f} s" if status_at else "first frame: not seen")
-    print(f"first figures (2 nodes, 2 engines) {data_at - started:.2f} s" if data_at else "figures: not seen")
-    # Per-second samples come in clock ticks (1 % of a core each); the mean shows what the median rounds.
-    print(f"CPU of the app, % of one core     median {statistics.median(samples):.2f}  "
-          f"mean {statistics.fmean(samples):.2f}  p95 {samples[int(0.95 * (len(samples) - 1))]:.2f}  "
-          f"over {len(samples)} s")
-    print(f"CPU of local probe commands       {children:.1f} % (run on the nodes themselves on a real cluster)")
-    print(f"resident memory                   {rss:.0f} MB")
+            proc = proc.children()[0]
+        # Measure the steady state: both engines showing figures.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            screen = tmux("capture-pane", "-p", "-t", session)
+            if screen.count("t/s") >= 4 and "% of roofline" in screen:
+                break
+            time.sleep(0.5)
+        else:
+            print(f"  {name} run {run}: engines never showed figures:\n{screen}")
+            return None
+        time.sleep(args.warmup)
+        before, t0 = cpu_seconds(proc), time.monotonic()
+        time.sleep(args.seconds)
+        after, t1 = cpu_seconds(proc), time.monotonic()
+        pct = 100 * (after - before) / (t1 - t0)
+        rss = proc.memory_info().rss / 1e6
+        which = subprocess.run(["env", *([env_prefix] if env_prefix else []), sys.executable, "-c",
+                                "import sparktop; print(sparktop.__file__)"], capture_output=True, text=True,
+                               cwd="/").stdout.strip()
+        print(f"  {name:>8} run {run}: {pct:5.2f} % of a core  (terminal {size}, rss {rss:.0f} MB, {which})",
+              flush=True)
+        window = (t0, t1)
+        return pct
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            tmux("send-keys", "-t", session, "q")
+            time.sleep(3.0 if spy_out else 1.0)  # py-spy writes its file once sparktop exits
+        if spy_out is not None and window is not None and spy_out.exists():
+            print(top_functions(spy_out, spy_started, window, SPY_RATE))
+        with contextlib.suppress(subprocess.CalledProcessError):
+            tmux("kill-session", "-t", session)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the first figures before measuring")
+    ap.add_argument("--src", action="append", metavar="NAME=DIR",
+                    help="a source tree to run sparktop from (repeatable; default: this tree)")
+    ap.add_argument("--py-spy", metavar="PREFIX", help="also record where the time goes with py-spy")
+    args = ap.parse_args()
+    variants = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src or []] or [
+        ("current", ROOT)]
+    from importlib.metadata import version
+
+    print(f"sparktop monitor cost: {COLS}x{ROWS} tmux, 2 twin engines under load, one node, -i 1, "
+          f"{args.seconds:g} s x {args.runs} runs")
+    print(f"python {platform.python_version()}, textual {version('textual')}, rich {version('rich')}, "
+          f"{tmux('-V')}, sparktop {version('sparktop')}, {os.cpu_count()} cpus, {platform.platform()}")
+    print(f"command: sparktop --engine URL1 --engine URL2 -i 1 in `tmux new -d -x {COLS} -y {ROWS}`")
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            urls = []
+            for i in range(2):
+                port = free_port()
+                log = open(Path(tmp) / f"twin{i}.log", "w")  # noqa: SIM115 - closed with the process
+                procs.append(subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "gpt-oss-120b",
+                                               "--host", "127.0.0.1", "--port", str(port),
+                                               "--startup-speed", "500"], stdout=log, stderr=log,
+                                              cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)}))
+                urls.append(f"http://127.0.0.1:{port}")
+            for url in urls:
+                wait_ready(url, time.monotonic() + 60)
+            procs.append(subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "3",
+                                           "--max", "3", "--parent", str(os.getpid())],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(3)
+            results: dict[str, list[float]] = {name: [] for name, _ in variants}
+            for run in range(1, args.runs + 1):
+                for name, src in variants:
+                    pct = one_run(name, src, urls, args, run)
+                    if pct is not None:
+                        results[name].append(pct)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(5)
+    for name, values in results.items():
+        if values:
+            print(f"{name:>8}: median {statistics.median(values):.2f} % of a core "
+                  f"(runs: {', '.join(f'{v:.2f}' for v in values)})")
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--py-spy", metavar="FILE", help="also record collapsed stacks of the app with py-spy")
-    asyncio.run(main(ap.parse_args()))
+    main()

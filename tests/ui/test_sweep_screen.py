@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from textual.widgets import Static
 
 from sparktop.bench.results import list_runs
 from sparktop.observe.poller import EngineTarget, Poller
@@ -63,7 +64,7 @@ async def test_sweep_runs_live_and_fills_the_table_and_charts(engine, tmp_path):
         table = screen.query_one("#levels-table")
         assert table.row_count == 3
         assert [table.get_row_at(i)[0] for i in range(3)] == ["c1", "c2", "c4"]
-        charts = str(screen.query_one("#sweep-charts").content)
+        charts = " ".join(str(chart.content) for chart in screen.query("#sweep-charts .chart").results(Static))
         assert "decode t/s" in charts and "TTFT" in charts
         summary = str(screen.query_one("#sweep-summary").content)
         assert "done" in summary and str(tmp_path) in summary
