@@ -11,21 +11,25 @@ on a real node it is /proc.
 from __future__ import annotations
 
 import shlex
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from sparktop.observe import hostparse
 from sparktop.observe.snapshot import Container, NodeSnapshot
 from sparktop.remote import Transport
+from sparktop.remote.local import LocalTransport
 
 GPU_QUERY = "name,utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate"
 APPS_QUERY = "pid,process_name,used_memory"
 
 # Shell builtins where a command would do (`read` for the first line of
 # /proc/stat): every process started on the node costs it CPU each poll.
-_SCRIPT_HEAD = (
+_SCRIPT_FILES = (
     'echo @@meminfo; cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo" 2>&1; '
     "echo @@stat; read -r l < /proc/stat && echo \"$l\"; "
+)
+_SCRIPT_GPU = (
     "if command -v nvidia-smi >/dev/null 2>&1; then "
     f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"@@rc $?\"; "
     f"echo @@apps; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1; "
@@ -37,12 +41,16 @@ _SCRIPT_DOCKER = (
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
 )
+_SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU
 PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + "echo @@end"
 PROBE_SCRIPT_NO_DOCKER = _SCRIPT_HEAD + "echo @@end"
 # `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
 # round trip, ~10 ms of CPU): the container list is read at most this often,
 # and at once when the poller asks (an engine stopped answering).
 DOCKER_EVERY_S = 3.0
+# A docker that fails (no daemon, no permission, not installed) is asked again
+# this rarely: its CLI costs as much to fail as to answer.
+DOCKER_RETRY_S = 30.0
 
 
 def split_sections(text: str) -> dict[str, tuple[str, int | None, bool]]:
@@ -81,6 +89,7 @@ class HostProbe:
     _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
     _docker_at: float | None = field(default=None, repr=False)
     _docker: tuple[str, list[Container]] | None = field(default=None, repr=False)
+    _tools: tuple[bool, bool] | None = field(default=None, repr=False)  # nvidia-smi, docker (local node)
 
     def refresh_docker(self) -> None:
         """Read the container list on the next poll (something changed)."""
@@ -88,11 +97,16 @@ class HostProbe:
 
     async def poll(self) -> NodeSnapshot:
         started = time.monotonic()
-        docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= (
-            self.docker_every - 0.05)
-        result = await self.transport.run(PROBE_SCRIPT if docker_due else PROBE_SCRIPT_NO_DOCKER,
-                                          timeout=self.timeout)
-        snap = parse_probe(self.name, result.stdout, self._prev_cpu)
+        every = self.docker_every if self._docker is None or self._docker[0] == "ok" else DOCKER_RETRY_S
+        docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= every - 0.05
+        if isinstance(self.transport, LocalTransport):
+            text, ok, why = await self._read_here(docker_due)
+        else:
+            result = await self.transport.run(PROBE_SCRIPT if docker_due else PROBE_SCRIPT_NO_DOCKER,
+                                              timeout=self.timeout)
+            text, ok, why = result.stdout, "@@end" in result.stdout, \
+                f"exit {result.exit_status}: {result.first_error_line()}"
+        snap = parse_probe(self.name, text, self._prev_cpu)
         self._prev_cpu = snap._cpu_raw  # type: ignore[attr-defined]
         if docker_due:
             self._docker_at = started
@@ -100,9 +114,43 @@ class HostProbe:
         elif self._docker is not None:
             snap.docker_status, snap.containers = self._docker[0], list(self._docker[1])
         snap.poll_ms = (time.monotonic() - started) * 1000
-        if "@@end" not in result.stdout:
-            raise RuntimeError(f"probe did not finish (exit {result.exit_status}): {result.first_error_line()}")
+        if not ok:
+            raise RuntimeError(f"probe did not finish ({why})")
         return snap
+
+    async def _read_here(self, docker_due: bool) -> tuple[str, bool, str]:
+        """The probe's sections for the node sparktop runs on: the /proc files
+        read in-process (a monitor left open all day should not start a shell
+        and `cat` every second), the tools run only when they exist here."""
+        assert isinstance(self.transport, LocalTransport)
+        env = self.transport.environ
+        if self._tools is None:
+            path = env.get("PATH")
+            self._tools = (shutil.which("nvidia-smi", path=path) is not None,
+                           shutil.which("docker", path=path) is not None)
+        gpu, docker = self._tools
+        root = env.get("SPARKTOP_PROC_ROOT") or "/proc"
+        try:
+            with open(f"{root}/meminfo") as f:
+                meminfo = f.read()
+        except OSError as exc:
+            meminfo = f"cat: {root}/meminfo: {exc.strerror}"
+        try:
+            with open("/proc/stat") as f:
+                stat = f.readline()
+        except OSError:
+            stat = ""
+        text = f"@@meminfo\n{meminfo.rstrip()}\n@@stat\n{stat.rstrip()}\n"
+        script = (_SCRIPT_GPU if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "")
+        if not gpu:
+            text += "@@gpu\n@@missing\n"
+        if docker_due and not docker:
+            text += "@@docker\n@@missing\n"
+        if not script:
+            return text + "@@end\n", True, ""
+        result = await self.transport.run(script + "echo @@end", timeout=self.timeout)
+        return text + result.stdout, "@@end" in result.stdout, \
+            f"exit {result.exit_status}: {result.first_error_line()}"
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:

@@ -53,6 +53,11 @@ class LocalTransport:
             raise
         return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """The environment its commands run with (this process's, plus the node's)."""
+        return self._env if self._env is not None else os.environ
+
     async def stream(self, cmd: Command) -> AsyncIterator[str]:
         line = as_shell(cmd)
         proc = await asyncio.create_subprocess_shell(
