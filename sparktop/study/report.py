@@ -31,6 +31,7 @@ from sparktop.bench.compare import METRICS, Metric, Spread
 from sparktop.bench.results import Run, load_run
 from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
+from sparktop.study.masking import mask  # the report masks again (the runner did first)
 from sparktop.study.state import CANCELLED, DONE, FAILED, Study, TopologyState
 from sparktop.units import ago, fmt
 
@@ -52,28 +53,6 @@ SHAPES: tuple[tuple[str, Levels, str, str], ...] = (
 )
 
 DIRTY = "†"  # a level the sweep reported as contaminated
-
-# ---------------------------------------------------------------------------
-# secrets
-
-
-_SECRET = re.compile(
-    r"(?P<key>--(?:api[-_]key|hf[-_]token|token|password|secret)(?:=|\s+)"  # --api-key X, --token=X
-    r"|\b[A-Z][A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*="  # HF_TOKEN=..., OPENAI_API_KEY=...
-    r"|\b(?:authorization|Authorization|AUTHORIZATION):\s*(?:Bearer\s+)?)"
-    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s'\"]+)")
-_BARE = re.compile(r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,})\b")
-
-
-def mask(command: str) -> str:
-    """A command line fit for a report: every secret-looking value replaced
-    by *** (the runner masks them already; this is the second lock)."""
-    def hide(m: re.Match) -> str:
-        value = m.group("value")
-        return m.group("key") + ("***" if value.strip("'\"") != "***" else value)
-
-    return _BARE.sub("***", _SECRET.sub(hide, command))
-
 
 # ---------------------------------------------------------------------------
 # numbers in words

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -47,6 +46,7 @@ from sparktop.study.events import (
     TopologyFinished,
     TopologyStarted,
 )
+from sparktop.study.masking import mask
 from sparktop.study.state import (
     CANCELLED,
     DONE,
@@ -59,16 +59,6 @@ from sparktop.study.state import (
     Study,
     TopologyState,
 )
-
-# A flag that takes a secret (any case), or an upper-case *_TOKEN=/*_KEY= variable;
-# `--max-num-batched-tokens=8192` is not a secret.
-_SECRET = re.compile(r"((?i:--api-key|--hf-token|--token)[= ]"
-                     r"|\b[A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD)[A-Z0-9_]*=)(\S+)")
-
-
-def mask(command: str) -> str:
-    """A command line fit for a report: any secret-looking value replaced."""
-    return _SECRET.sub(lambda m: m.group(1) + "***", command)
 
 
 class StudyRunner:

@@ -14,8 +14,7 @@ from textual.widgets import DataTable, Input, Static
 
 from sparktop.launch.state import api_key_for
 from sparktop.observe.poller import NodeTarget, Poller
-from sparktop.settings import Defaults
-from sparktop.twin.cluster import TwinCluster, loopback_aliases_work
+from sparktop.twin.cluster import loopback_aliases_work
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
 from sparktop.ui.screens import MonitorScreen
@@ -25,23 +24,9 @@ from tests.helpers.pilot import until as _until
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not loopback_aliases_work(), reason="needs 127.0.0.2 and 127.0.0.3")]
 
-MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
 
 
 until = partial(_until, timeout=30.0)  # launches take longer than a repaint
-
-
-@pytest.fixture
-async def cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # sparktop's launch records
-    d = Defaults()
-    c = TwinCluster(tmp_path / "cluster", speed=4.0, startup_speed=300, images=[d.image, d.router_image]).setup()
-    for node in c.nodes:
-        (node.home / ".cache/huggingface/hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots/x").mkdir(
-            parents=True)
-    yield c
-    for node in c.nodes:
-        await node.transport().run("docker ps -aq | xargs -r docker rm -f", timeout=30)
 
 
 def app_for(cluster) -> tuple[SparktopApp, Poller]:

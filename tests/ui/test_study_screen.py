@@ -21,15 +21,14 @@ from sparktop.bench.results import RunWriter, load_run
 from sparktop.bench.stats import EngineWatch
 from sparktop.bench.sweep import parse_levels
 from sparktop.observe.record import Recording, ReplaySource
-from sparktop.settings import Defaults
-from sparktop.twin.cluster import TwinCluster, loopback_aliases_work
+from sparktop.twin.cluster import loopback_aliases_work
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.screens import MonitorScreen
 from sparktop.ui.study import ConfirmCancelStudy, StudyPlanScreen, StudyScreen, compact
 from tests.conftest import free_port
 from tests.helpers.pilot import until as _until
 from tests.helpers.wait import eventually
-from tests.ui.test_launcher import MODEL, app_for, containers, open_launcher, type_into
+from tests.ui.test_launcher import app_for, containers, open_launcher, type_into
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "recording-demo.jsonl"
 T0 = 1_760_000_000.0  # a fixed clock for studies written by hand
@@ -205,20 +204,6 @@ def test_study_160x48(snap_compare, tmp_path, utc):
 
 
 # -- run from the app, on twins ------------------------------------------------------------
-
-
-@pytest.fixture
-async def cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # launch records
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the study and its runs
-    d = Defaults()
-    c = TwinCluster(tmp_path / "cluster", speed=4.0, startup_speed=300, images=[d.image, d.router_image]).setup()
-    for node in c.nodes:
-        (node.home / ".cache/huggingface/hub" / ("models--" + MODEL.replace("/", "--")) / "snapshots/x").mkdir(
-            parents=True)
-    yield c
-    for node in c.nodes:
-        await node.transport().run("docker ps -aq | xargs -r docker rm -f", timeout=30)
 
 
 async def start_study(pilot, levels: str = "1,2") -> StudyScreen:

@@ -1,0 +1,22 @@
+"""Secrets out of command lines before they reach study.json or a report."""
+
+from __future__ import annotations
+
+import re
+
+_SECRET = re.compile(
+    r"(?P<key>--(?:api[-_]key|hf[-_]token|token|password|secret)(?:=|\s+)"  # --api-key X, --token=X
+    r"|\b[A-Z][A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)[A-Z0-9_]*="  # HF_TOKEN=..., OPENAI_API_KEY=...
+    r"|\b(?:authorization|Authorization|AUTHORIZATION):\s*(?:Bearer\s+)?)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s'\"]+)")
+_BARE = re.compile(r"\b(?:hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,})\b")
+
+
+def mask(command: str) -> str:
+    """A command line fit for a report: every secret-looking value replaced
+    by *** (the runner masks them already; this is the second lock)."""
+    def hide(m: re.Match) -> str:
+        value = m.group("value")
+        return m.group("key") + ("***" if value.strip("'\"") != "***" else value)
+
+    return _BARE.sub("***", _SECRET.sub(hide, command))
