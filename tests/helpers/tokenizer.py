@@ -35,14 +35,14 @@ def book_text(words: int = 40000, seed: int = 7) -> str:
     return "\n\n".join(out) + "\n"
 
 
-def train_tokenizer(path: Path, text: str, vocab_size: int = 600) -> Path:
+def train_tokenizer(path: Path, text: str, vocab_size: int = 600, special_tokens: list[str] | None = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+                                  show_progress=False, special_tokens=special_tokens or [])
     tok.train_from_iterator(text.split("\n\n"), trainer)
     tok.save(str(path))
     return path

@@ -13,9 +13,10 @@ LAB = Path(__file__).resolve().parents[2] / ".lab"
 LLAMA_BENCHY = "llama-benchy==0.4.0"
 
 
-def ensure_tool(spec: str, exe: str, name: str | None = None) -> Path:
+def ensure_tool(spec: str, exe: str, name: str | None = None, remove: list[str] | None = None) -> Path:
     """The executable `exe` of package `spec` installed in `.lab/<name>`
-    (default: the spec with `==` as `-`)."""
+    (default: the spec with `==` as `-`); the packages in `remove` are
+    uninstalled after it (dependencies that break it)."""
     venv = LAB / (name or spec.replace("==", "-").replace("[", "-").replace("]", ""))
     path, done = venv / "bin" / exe, venv / ".complete"
     if done.exists():
@@ -26,6 +27,8 @@ def ensure_tool(spec: str, exe: str, name: str | None = None) -> Path:
     if r.returncode != 0:
         last = (r.stderr or r.stdout).strip().splitlines()[-1:]
         raise RuntimeError(f"pip install {spec} failed: {' '.join(last)}")
+    if remove:
+        subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-q", "-y", *remove], capture_output=True)
     done.touch()
     return path
 
