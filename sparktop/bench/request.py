@@ -98,6 +98,11 @@ class RequestRecord:
     # "usage+tokenizer" (spread by the local count), "tokenizer", "chunks" (one
     # per chunk: approximate); "" in records written before it was kept.
     counted_by: str = ""
+    # Tokens (known by their ids) in chunks after the first that streamed no
+    # text: vLLM sends `"content": ""` for a token that ends inside a UTF-8
+    # character (CJK, emoji, byte-level noise). They are generated tokens and
+    # count here; llama-benchy 0.4.0 drops chunks without text, and so them.
+    textless_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -121,11 +126,12 @@ class RequestRecord:
     def decode_tokens_llama_benchy(self) -> int:
         """llama-benchy's count over the same span: when it had no token ids it
         spread the count evenly from the first chunk to the last, so every
-        token but the first is a decode token, however many the first chunk held."""
+        token but the first is a decode token, however many the first chunk
+        held; with token ids it skipped the chunks that streamed no text."""
         times = self.token_times
         if self.counted_by in INTERPOLATED_BY_LLAMA_BENCHY:
             return len(times) - 1 if len(times) > 1 and times[-1] > times[0] else 0
-        return self.decode_tokens
+        return max(0, self.decode_tokens - self.textless_tokens)
 
     @property
     def approximate(self) -> bool:
@@ -249,6 +255,8 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
             return
         if record.first_token is None:
             record.first_token = t
+        elif not has_text:
+            record.textless_tokens += ids or 0
         if ids is None:
             state["ids"] = False
         chunk_counts.append(1 if ids is None else ids)

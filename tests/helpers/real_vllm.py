@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,10 @@ SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobin
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SPECIAL = ["<s>", "</s>"]
+# A small KV cache (64 blocks of 128 tokens = 8,192 tokens) and 8 sequences at
+# most, so a dozen concurrent requests fill the cache and queue, as on a busy
+# Spark; the MFU counters (estimated FLOPs and bytes) are off unless asked for.
+SERVER_FLAGS = ("--num-gpu-blocks-override", "64", "--max-num-seqs", "8", "--enable-mfu-metrics")
 
 
 def vllm_python() -> Path:
@@ -80,11 +85,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def pinned(cpus: str) -> list[str]:
+    """`taskset -c CPUS` where it exists and the machine has more than one core."""
+    if (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
+        return ["taskset", "-c", cpus]
+    return []
+
+
+# On two cores the server and the benchmark clients would share both: a client
+# that costs more CPU per token would slow the server it measures, and two
+# clients could not be compared. The server gets the first core, clients the
+# rest (CLIENT_CPUS), so each measures the same server.
+SERVER_CPUS, CLIENT_CPUS = "0", f"1-{max(1, (os.cpu_count() or 2) - 1)}"
+
+
 def server_argv(python: Path, model: Path, host: str, port: int, *extra: str) -> list[str]:
-    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    return [*pinned(SERVER_CPUS), str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", MODEL_NAME, "--load-format", "dummy", "--dtype", "float32",
             "--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", "0.3",
-            "--host", host, "--port", str(port), *extra]
+            "--host", host, "--port", str(port), *SERVER_FLAGS, *extra]
 
 
 @dataclass
@@ -94,14 +113,14 @@ class RealVllm:
     url: str
     model: Path
     log: Path
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None: a server someone else runs (attach)
     started_s: float  # launch to /health answering
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -134,7 +153,7 @@ def start(workdir: Path, *extra: str, host: str = "127.0.0.1", port: int | None 
 def wait_ready(server: RealVllm, timeout: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
+        if server.proc is not None and server.proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with {server.proc.returncode} before answering; "
                                f"its log ({server.log}) ends:\n{server.log_tail()}")
         with contextlib.suppress(OSError), urllib.request.urlopen(server.url + "/health", timeout=2) as r:
@@ -144,3 +163,11 @@ def wait_ready(server: RealVllm, timeout: float = START_TIMEOUT_S) -> None:
     server.stop()
     raise RuntimeError(f"vLLM did not answer /health in {timeout:.0f} s; its log ({server.log}) ends:\n"
                        f"{server.log_tail()}")
+
+
+def attach(url: str, workdir: Path) -> RealVllm:
+    """A server already running (started by `start` with `workdir`), for a
+    quick loop while writing tests: SPARKTOP_TEST_VLLM=URL,WORKDIR."""
+    server = RealVllm(url.rstrip("/"), workdir / "model", next(workdir.glob("vllm-*.log")), None, 0.0)
+    wait_ready(server, timeout=5)
+    return server

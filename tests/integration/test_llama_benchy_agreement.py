@@ -14,25 +14,22 @@ pre-seeded in its cache under a temporary HOME."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from sparktop.bench.results import load_run
+from tests.helpers.benchy import run_llama_benchy
 from tests.helpers.tokenizer import book_text, train_tokenizer
 from tests.helpers.twin_process import start_twin_process
-from tests.helpers.venvs import llama_benchy
 
 pytestmark = pytest.mark.slow
 
 LEVELS = ["1", "2", "4"]
 PP, TG, RUNS = "2048", "48", "3"  # a TTFT of ~180 ms: a few ms of scheduling jitter stays under 5 %
 EXACT = ["--exact-tg"]  # the same work for both: every request generates TG tokens
-BOOK_URL = "http://book.invalid/book.txt"  # never fetched: the cache has it
 
 
 def by_concurrency(levels: list[dict]) -> dict[int, dict]:
@@ -40,24 +37,12 @@ def by_concurrency(levels: list[dict]) -> dict[int, dict]:
 
 
 def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
-    benchy = llama_benchy()
-    book = book_text()
-    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", book)
-    home = tmp_path / "home"
-    cache = home / ".cache" / "llama-benchy"
-    cache.mkdir(parents=True)
-    (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", book_text())
     twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), speed=2,
                                    log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
     try:
-        env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        out = tmp_path / "benchy.json"
-        lb = subprocess.run(
-            [str(benchy), "--base-url", url + "/v1", "--model", "llama-3.1-8b", "--tokenizer", str(tokenizer),
-             "--book-url", BOOK_URL, "--pp", PP, "--tg", TG, "--concurrency", *LEVELS, "--runs", RUNS,
-             *EXACT, "--skip-coherence", "--format", "json", "--save-result", str(out)],
-            env=env, capture_output=True, text=True, timeout=600)
-        assert lb.returncode == 0, lb.stdout[-2000:] + lb.stderr[-2000:]
+        theirs = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path, pp=int(PP), tg=int(TG),
+                                  levels=list(map(int, LEVELS)), runs=int(RUNS))
         sp = subprocess.run(
             [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
              "--pp", PP, "--tg", TG, "-c", ",".join(LEVELS), "--runs", RUNS, *EXACT, "--json",
@@ -71,7 +56,6 @@ def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
     assert by_concurrency(json.loads(sp.stdout)["levels"]).keys() == set(map(int, LEVELS))
     (run_dir,) = (tmp_path / "results").iterdir()
     ours = by_concurrency([lv.as_dict() for lv in load_run(run_dir).levels()])
-    theirs = {b["concurrency"]: b for b in json.loads(out.read_text())["benchmarks"]}
     rows = []
     for c in map(int, LEVELS):
         o, t = ours[c], theirs[c]

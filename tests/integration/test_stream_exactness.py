@@ -22,12 +22,13 @@ server process, so the module takes as long as one sweep.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from sparktop.bench.request import RequestRecord, apportion, count_tokens, scan
+from sparktop.bench.request import RequestRecord, apportion, count_tokens, scan, stream_chat
 from sparktop.bench.results import load_run
 from sparktop.bench.stats import LevelStats
 from sparktop.bench.sweep import Sweep, SweepSettings
@@ -228,3 +229,54 @@ def test_llama_benchys_count_is_kept_beside_ours():
     r.counted_by = "token_ids"
     assert r.decode_tokens_llama_benchy == 6
     assert RequestRecord.from_dict({"level": 1, "run": 1, "index": 0}).counted_by == ""  # an older record
+
+
+@pytest.fixture
+async def aiohttp_raw_sse():
+    """Factory: an SSE endpoint that streams the given chunks `gap` seconds apart."""
+    from aiohttp import web
+
+    runners = []
+
+    async def make(chunks: list[dict], gap: float) -> str:
+        async def handler(request):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for c in chunks:
+                await asyncio.sleep(gap)
+                await resp.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/chat/completions"
+
+    yield make
+    for r in runners:
+        await r.cleanup()
+
+
+async def test_tokens_that_stream_no_text_are_counted_and_llama_benchy_drops_them(aiohttp_raw_sse):
+    # vLLM 0.32's shape (tests/fixtures/vllm-0.32.0/chat-stream-token-ids.sse): a token that ends
+    # inside a UTF-8 character streams `"content": ""` with its id. 8 tokens, 2 of them textless.
+    def chunk(content, ids, finish=None):
+        return {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [
+            {"index": 0, "delta": {"content": content}, "finish_reason": finish, "token_ids": ids}]}
+    chunks = [{"id": "c", "object": "chat.completion.chunk", "model": "m", "prompt_token_ids": [1, 2],
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+              chunk(" O", [5]), chunk("", [200]), chunk("\u00e9 60", [201, 7]), chunk("ly", [8]),
+              chunk("", [202]), chunk("mory", [9]), chunk("#", [4], "length"),
+              {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [],
+               "usage": {"prompt_tokens": 2, "total_tokens": 10, "completion_tokens": 8}}]
+    url = await aiohttp_raw_sse(chunks, gap=0.01)
+    rec = await stream_chat(url, {"model": "m", "messages": [], "stream": True}, RequestRecord(1, 1, 0), 10)
+    assert rec.ok and rec.counted_by == "token_ids"
+    assert rec.completion_tokens == 8  # what usage says, and what vLLM's histograms count
+    assert rec.textless_tokens == 2
+    assert (rec.decode_tokens, rec.decode_tokens_llama_benchy) == (7, 5)
