@@ -15,6 +15,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sparktop.bench.sweep import parse_levels
 from sparktop.errors import ConfigError, SparktopError
@@ -110,9 +111,11 @@ def print_event(event: LaunchEvent, plan, console: Console) -> None:
         case LogLine():
             pass  # the stage lines say enough on a terminal; the app shows the log tail
         case Failed(reason=reason, lines=lines):
-            console.print(f"[bold red]launch failed:[/] {reason}", highlight=False)
+            # On stderr, so that a script sees why; the log lines as they are (no markup in them).
+            err = Console(stderr=True, highlight=False, soft_wrap=True)
+            err.print(f"[bold red]launch failed:[/] {escape(reason)}")
             for line in lines:
-                console.print(f"    [dim]{line}[/]", highlight=False, markup=False)
+                err.print(Text("    " + line, style="dim"))
         case TornDown(launch_id=lid, nodes=nodes, removed=removed):
             console.print(f"removed {removed} container(s) of {lid} on {', '.join(nodes)}")
         case Ready(seconds=seconds):

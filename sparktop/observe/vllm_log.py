@@ -31,6 +31,10 @@ FAILURE = re.compile(
     r"^[\w.]*(Error|Exception): |CUDA out of memory|EngineCore failed|Engine core initialization failed|"
     r"Traceback \(most recent call last\)"
 )
+# What the API server says after the engine core failed: a consequence, not
+# the cause, which the core logged before it ("See root cause above").
+WRAPPER = re.compile(r"Engine core initialization failed|See root cause above|EngineDeadError|EngineCore failed|"
+                     r"Engine core proc \S+ died")
 _PREFIX = re.compile(r"^\((?:APIServer|EngineCore)[^)]*\)\s*")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _WEIGHTS = re.compile(r"Model loading took ([\d.]+) GiB")
@@ -51,9 +55,10 @@ def strip_prefix(line: str) -> str:
 
 def startup_state(lines: list[str]) -> StartupState:
     state = StartupState()
+    cause: str | None = None
     rank = {name: i for i, (name, _) in enumerate(STAGES)}
     for raw in lines:
-        line = strip_prefix(raw)
+        line = _LEVEL.sub("", strip_prefix(raw))  # "ERROR 11-23 13:57:15 [core.py:1510] ValueError: ..."
         for name, pattern in STAGES:
             if pattern.search(line) and (state.stage is None or rank[name] >= rank[state.stage]):
                 state.stage = name
@@ -63,9 +68,11 @@ def startup_state(lines: list[str]) -> StartupState:
             state.weights_gib = float(m.group(1))
         if FAILURE.search(line):
             state.failed = True
-            # The exception line says why; the traceback head does not.
-            if "Traceback" not in line:
-                state.reason = line
+            # The exception line says why; the traceback head does not; the
+            # first exception that is not the API server's wrapper is the cause.
+            if "Traceback" not in line and (cause is None or WRAPPER.search(cause)):
+                cause = line
+    state.reason = cause
     return state
 
 

@@ -97,9 +97,19 @@ class Containers:
         write_json(self.path(c["name"]), c)
 
 
-def container_env(host: TwinHost, env: dict[str, str], name: str) -> dict[str, str]:
+def image_env(host: TwinHost, image: str | None) -> dict[str, str]:
+    """The ENV an image sets (an image entry of the host's config with `env`):
+    e.g. SPARKTOP_REAL_VLLM, which makes its `vllm serve` a real vLLM."""
+    for entry in host.images:
+        if isinstance(entry, dict) and entry.get("name") == image:
+            return {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
+    return {}
+
+
+def container_env(host: TwinHost, env: dict[str, str], name: str, image: str | None = None) -> dict[str, str]:
     # A container sees only its own environment, plus what makes it run on
-    # this simulated host (the twin's commands first on PATH, its state dir).
+    # this simulated host (the twin's commands first on PATH, its state dir);
+    # the image's ENV comes first and `-e` overrides it, as with Docker.
     base = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/root"),
@@ -110,7 +120,7 @@ def container_env(host: TwinHost, env: dict[str, str], name: str) -> dict[str, s
     }
     if "PYTHONPATH" in os.environ:
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return {**base, **env}
+    return {**base, **image_env(host, image), **env}
 
 
 def _status(c: dict) -> str:

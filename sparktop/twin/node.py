@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 TOOLS = ("vllm", "docker", "ray", "nvidia-smi")
+# In a container's environment (an image's ENV): the python of a real vLLM
+# install; `vllm serve` then runs it instead of the twin.
+REAL_VLLM = "SPARKTOP_REAL_VLLM"
 
 
 def main(tool: str, argv: list[str]) -> int:
@@ -41,6 +44,11 @@ def vllm_main(argv: list[str]) -> int:
 
         print(VLLM_VERSION)
         return 0
+    real = os.environ.get(REAL_VLLM)
+    if real and argv[0] == "serve" and len(argv) > 1:
+        # An image that holds a real vLLM (the CPU build, in the lab): its own
+        # API server, which `vllm serve MODEL ARGS` is, with MODEL as --model.
+        os.execv(real, [real, "-m", "vllm.entrypoints.openai.api_server", "--model", argv[1], *argv[2:]])
     if argv[0] != "serve":
         print(f"vllm: error: argument subparser: invalid choice: '{argv[0]}' (choose from 'serve')",
               file=sys.stderr)

@@ -66,12 +66,18 @@ class LabHost:
         return self.root / "home"
 
 
+# An image whose `vllm serve` is a real vLLM (the CPU build) instead of the
+# twin: its ENV names the python of that install (see twin/node.py).
+REAL_IMAGE = "vllm/vllm-openai:v0.32.0-cpu"
+
+
 @dataclass
 class Lab:
     root: Path
     startup_speed: float = 300.0
     speed: float = 4.0
     hosts: list[LabHost] = field(default_factory=list)
+    real_vllm_env: dict[str, str] | None = None  # REAL_IMAGE's ENV; None: no such image
 
     def __post_init__(self):
         self.client_home = self.root / "client"  # HOME of the sparktop process under test
@@ -92,8 +98,11 @@ class Lab:
         for name, address in zip(NAMES, ADDRESSES, strict=False):
             root = self.root / name
             twin = TwinHost(root / "twin")
+            images: list = [IMAGE, ROUTER_IMAGE]
+            if self.real_vllm_env is not None:
+                images.append({"name": REAL_IMAGE, "env": self.real_vllm_env})
             twin.setup(name, speed=self.speed, startup_speed=self.startup_speed, address=address,
-                       images=[IMAGE, ROUTER_IMAGE])
+                       images=images)
             host = LabHost(name, address, free_port(address), root, twin)
             host.home.mkdir(parents=True, exist_ok=True)
             key = root / "ssh_host_ed25519_key"
@@ -139,7 +148,8 @@ class Lab:
         raise RuntimeError(f"sshd on {address}:{port} did not start")
 
     def inventory(self, **defaults) -> Path:
-        lines = ["defaults:", f"  image: {IMAGE}", f"  router_image: {ROUTER_IMAGE}"]
+        defaults = {"image": IMAGE, "router_image": ROUTER_IMAGE, **defaults}
+        lines = ["defaults:"]
         lines += [f"  {k}: {v}" for k, v in defaults.items()]
         lines.append("nodes:")
         for host in self.hosts:

@@ -124,7 +124,7 @@ def test_a_worker_that_never_comes_up_fails_the_launch_and_tears_down(lab):
         stop_killing.set()
         killer.join()
     assert r.returncode != 0
-    assert "launch failed" in r.stdout
+    assert "launch failed" in r.stderr
     assert "removed" in r.stdout  # what was started was torn down
     assert_nothing_left(lab)
 

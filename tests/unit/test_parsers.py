@@ -231,6 +231,16 @@ def test_a_failed_start_says_why():
     assert state.reason.startswith("ValueError: Chunked MM input disabled")
 
 
+def test_a_failed_start_names_the_engine_cores_error_not_the_api_servers_wrapper():
+    # vLLM 0.32 (CPU build, recorded here): the EngineCore logs the ValueError at ERROR level, then
+    # the API server's traceback ends with "RuntimeError: Engine core initialization failed. See root
+    # cause above." The cause is the first.
+    path = Path(__file__).parents[1] / "fixtures/vllm-logs/vllm-0.32.0-cpu_startup-failed_kv-cache-too-small.log"
+    state = startup_state(path.read_text().splitlines())
+    assert state.failed and state.stage == "memory profiling"
+    assert state.reason.startswith("ValueError: To serve at least one request with the model's max seq len (2048)")
+
+
 def test_a_dev_build_log():
     state = startup_state(cap("vllm-startup_spark-solo_dev-build-0.1.dev1_gemma4-12b_jethac.log").splitlines())
     assert state.stage == "ready" and state.kv_tokens == 336566

@@ -1,0 +1,175 @@
+"""Real vLLM engines launched in the lab: the lab's docker stand-in runs the
+real `vllm serve` (vLLM 0.32's CPU build, a tiny Llama with dummy weights)
+for an image whose ENV says so, and sparktop launches, uses, watches, sweeps,
+studies and stops it over real OpenSSH, as it does on a Spark.
+
+Each engine takes about a minute to start on two cores and ~3 GB to run;
+these tests start seven in all (one solo, two pairs behind LiteLLM, one
+that fails, and a study of solo and a pair), one or two at a time."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.lab import REAL_IMAGE, Lab, sshd_available
+from tests.e2e.test_lab_launch import router_key, sparktop
+from tests.helpers import real_vllm
+
+pytestmark = [pytest.mark.lab, pytest.mark.realvllm, pytest.mark.slow]
+
+TIMEOUT = "600"  # seconds a launch may take: a minute each on idle cores, more on a busy CI machine
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not sshd_available():
+        pytest.fail("the lab needs OpenSSH's sshd: run the tests with scripts/test, which installs it")
+    python = real_vllm.vllm_python()
+    env = {"SPARKTOP_REAL_VLLM": str(python), **real_vllm.SERVER_ENV}
+    lab = Lab(tmp_path_factory.mktemp("real-lab"), real_vllm_env=env).start()
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return real_vllm.write_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def recipe(tmp_path: Path, model: Path, name: str = "tiny-llama", **vllm) -> Path:
+    flags = {"load_format": "dummy", "dtype": "float32", "max_model_len": real_vllm.MAX_MODEL_LEN,
+             "gpu_memory_utilization": 0.3, "num_gpu_blocks_override": 64, "max_num_seqs": 8, **vllm}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\ndescription: a 2-layer Llama with dummy weights on vLLM's CPU build\n"
+        f"model: {model}\nserved_model_name: tiny-llama\nimage: {REAL_IMAGE}\n"
+        "memory: {weights_gib: 0.1}\n"
+        "vllm:\n" + "".join(f"  {k}: {v}\n" for k, v in flags.items()))
+    return path
+
+
+def chat(url: str, key: str | None = None, tokens: int = 8) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120, json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "the node reads the cache"}],
+        "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True})
+    r.raise_for_status()
+    return r.json()
+
+
+def real_engines_running(model: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"vllm.entrypoints.openai.api_server --model {model}"],
+                         capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def assert_nothing_left(lab, model: Path) -> None:
+    for host in lab.hosts:
+        assert lab.containers(host) == [], host.name
+    deadline = time.monotonic() + 30  # the engine core exits a moment after its API server
+    while real_engines_running(model) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert real_engines_running(model) == []
+
+
+def ready_seconds(stdout: str) -> float:
+    m = re.search(r"ready in (\d+(?:\.\d+)?)\s*s", stdout)
+    assert m, stdout
+    return float(m.group(1))
+
+
+def test_solo_launches_answers_is_watched_swept_and_stops(lab, model, tmp_path):
+    inventory = lab.inventory(image=REAL_IMAGE)
+    path = recipe(tmp_path, model)
+    launched = sparktop(lab, "launch", str(path), "-t", "solo", "--inventory", str(inventory), "--yes",
+                        "--timeout", TIMEOUT, timeout=900)
+    try:
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        print(f"solo real engine ready in {ready_seconds(launched.stdout):.0f} s")
+        api = f"http://{lab.hosts[0].address}:8000"
+        assert chat(api)["usage"]["completion_tokens"] == 8
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        engine = next(e for e in status["engines"] if e["url"] == api)
+        assert (engine["state"], engine["kind"], engine["topology"], engine["model"], engine["version"]) == \
+            ("ready", "vllm", "solo", "tiny-llama", real_vllm.VLLM_VERSION)
+        results = tmp_path / "results"
+        swept = subprocess.run(
+            [sys.executable, "-m", "sparktop", "sweep", "--endpoint", api + "/v1", "--tokenizer",
+             str(model / "tokenizer.json"), "--pp", "256", "--tg", "32", "-c", "1,2", "--runs", "2", "--exact-tg",
+             "--json", "--results", str(results)], capture_output=True, text=True, timeout=300, env=lab.env())
+        assert swept.returncode == 0, swept.stderr[-2000:]
+        levels = {lv["concurrency"]: lv for lv in json.loads(swept.stdout)["levels"]}
+        assert set(levels) == {1, 2} and all(lv["errors"] == 0 and lv["tg_tps_req"] > 0 for lv in levels.values())
+
+        # The engine killed in the middle of a sweep ends it as it would on a Spark.
+        long = subprocess.Popen(
+            [sys.executable, "-m", "sparktop", "sweep", "--endpoint", api + "/v1", "--tokenizer",
+             str(model / "tokenizer.json"), "--pp", "256", "--tg", "1500", "-c", "1,2,4", "--runs", "5",
+             "--exact-tg", "--results", str(tmp_path / "killed")], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=lab.env())
+        requests = lambda: list((tmp_path / "killed").glob("*/requests.jsonl"))  # noqa: E731
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (requests() and requests()[0].read_text().strip()):
+            time.sleep(0.5)
+        assert requests(), "the sweep never finished a request"
+        lab.sh(lab.hosts[0], "docker kill sparktop-$(docker ps --format '{{.Names}}' | sed -n 's/^sparktop-//p' | "
+                             "head -1)")
+        out, err = long.communicate(timeout=300)
+        assert long.returncode == 3, out[-1000:] + err[-1000:]
+        assert requests()[0].read_text().strip(), "the finished requests were lost"
+    finally:
+        stopped = sparktop(lab, "stop", "--inventory", str(inventory), "--all")
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(lab, model)
+
+
+@pytest.mark.parametrize("topology", ["shuffle", "least-busy"])
+def test_two_engines_behind_litellm(lab, model, tmp_path, topology):
+    inventory = lab.inventory(image=REAL_IMAGE)
+    path = recipe(tmp_path, model)
+    launched = sparktop(lab, "launch", str(path), "-t", topology, "--inventory", str(inventory), "--yes",
+                        "--timeout", TIMEOUT, timeout=900)
+    try:
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        print(f"{topology}: two real engines and LiteLLM ready in {ready_seconds(launched.stdout):.0f} s")
+        key = router_key(lab)
+        router = f"http://{lab.hosts[0].address}:4000"
+        for _ in range(4):
+            assert chat(router, key)["usage"]["completion_tokens"] == 8
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        engines = {e["url"]: e for e in status["engines"]}
+        for host in lab.hosts:
+            e = engines[f"http://{host.address}:8000"]
+            assert (e["state"], e["kind"], e["version"]) == ("ready", "vllm", real_vllm.VLLM_VERSION), e
+        # Both engines served: the router spread the requests.
+        served = [(engines[f"http://{h.address}:8000"]["requests"] or 0) for h in lab.hosts] \
+            if "requests" in next(iter(engines.values())) else None
+        if served is not None:
+            assert all(n > 0 for n in served), served
+    finally:
+        stopped = sparktop(lab, "stop", "--inventory", str(inventory), "--all")
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(lab, model)
+
+
+def test_a_real_startup_failure_shows_vllms_own_error(lab, model, tmp_path):
+    inventory = lab.inventory(image=REAL_IMAGE)
+    # Four blocks of 128 tokens cannot hold one request of the 2,048-token context.
+    path = recipe(tmp_path, model, name="tiny-llama-no-kv", num_gpu_blocks_override=4)
+    r = sparktop(lab, "launch", str(path), "-t", "solo", "--inventory", str(inventory), "--yes",
+                 "--timeout", TIMEOUT, timeout=900)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert "launch failed: spark-a: " in r.stderr and "[dim]" not in r.stderr + r.stdout
+    # vLLM's own first error line: the EngineCore's ValueError, not the API server's wrapper.
+    assert "ValueError: To serve at least one request with the model's max seq len" in r.stderr, r.stderr[-2000:]
+    sparktop(lab, "stop", "--inventory", str(inventory), "--all")
+    assert_nothing_left(lab, model)
