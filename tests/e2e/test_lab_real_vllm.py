@@ -173,3 +173,98 @@ def test_a_real_startup_failure_shows_vllms_own_error(lab, model, tmp_path):
     assert "ValueError: To serve at least one request with the model's max seq len" in r.stderr, r.stderr[-2000:]
     sparktop(lab, "stop", "--inventory", str(inventory), "--all")
     assert_nothing_left(lab, model)
+
+
+def test_a_study_on_real_engines_completes_and_names_a_winner(lab, model, tmp_path):
+    """The first experiment here whose winner nobody computed: one engine or
+    two behind the router, for a tiny model on two CPU "nodes"."""
+    inventory = lab.inventory(image=REAL_IMAGE)
+    path = recipe(tmp_path, model)
+    began = time.monotonic()
+    done = sparktop(lab, "study", str(path), "--topologies", "solo,shuffle", "-c", "1,4", "--runs", "2",
+                    "--pp", "256", "--tg", "64", "--inventory", str(inventory), "--yes", "--timeout", TIMEOUT,
+                    timeout=1500)
+    wall = time.monotonic() - began
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    studies = Path(lab.env()["XDG_DATA_HOME"]) / "sparktop" / "studies"
+    (study_dir,) = [p for p in studies.iterdir() if (p / "study.json").exists()]
+    study = json.loads((study_dir / "study.json").read_text())
+    assert study["status"] == "done"
+    assert [(t["name"], t["status"]) for t in study["topologies"]] == [("solo", "done"), ("shuffle", "done")]
+    report = json.loads(sparktop(lab, "report", study_dir.name, "--json").stdout)
+    print(f"real-engine study wall time {wall:.0f} s; report: {json.dumps(report)[:1500]}")
+    (decode,) = [t for t in report["tables"] if t["key"] == "tg_tps_total"]
+    for row in decode["rows"]:
+        cells = row["values"]
+        assert set(cells) == {"solo", "shuffle"} and all(cell["measured"] > 0 for cell in cells.values())
+        assert row["winner"]["best"] in cells  # a winner, or a tie said to be one with its runner-up
+        print(f"c{row['concurrency']}: " + ", ".join(f"{k} {v['measured']:.0f} t/s" for k, v in cells.items())
+              + f" -> {'tie' if row['winner']['tie'] else row['winner']['name']}")
+    assert_nothing_left(lab, model)
+
+
+async def test_launch_and_stop_a_real_engine_from_the_app(lab, model, monkeypatch):
+    """`l`, the recipe, Enter (solo is the first topology); the card; `x`, Enter, `y`."""
+    import asyncio
+    from functools import partial
+
+    from textual.widgets import DataTable
+
+    from sparktop.observe.poller import Poller
+    from sparktop.observe.targets import node_targets
+    from sparktop.settings import load_inventory
+    from sparktop.ui.app import SparktopApp
+    from sparktop.ui.cards import EngineCard
+    from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
+    from tests.helpers.pilot import until as _until
+
+    until = partial(_until, timeout=60.0, step=0.25)
+    env = lab.env()
+    for key in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(key, env[key])
+    recipes = Path(env["XDG_CONFIG_HOME"]) / "sparktop" / "recipes"
+    recipes.mkdir(parents=True, exist_ok=True)
+    recipe(recipes, model)
+    inventory = load_inventory(lab.inventory(image=REAL_IMAGE))
+    poller = Poller(node_targets(inventory), [], interval=0.5, default_port=inventory.defaults.port)
+
+    async def start():
+        await poller.start()
+        return poller
+
+    app = SparktopApp(start_source=start, inventory=inventory, launch_timeout=int(TIMEOUT))
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: len(app.state.nodes) == 2)
+            await pilot.press("l")
+            await until(pilot, lambda: isinstance(app.screen, LaunchScreen))
+            screen = app.screen
+            table = screen.query_one("#recipes", DataTable)
+            rows = [row.key.value for row in table.ordered_rows]
+            for _ in range(rows.index("tiny-llama")):
+                await pilot.press("down")
+            await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == "tiny-llama"
+                        and screen.plan is not None and screen.plan.topology == "solo"
+                        and screen.preflight_for == screen.plan.render(), timeout=30)
+            assert screen.preflight.ok, screen.preflight.render()
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ProgressScreen))
+            run = app.screen.run
+            await until(pilot, lambda: run.status != "running", timeout=float(TIMEOUT))
+            assert run.status == "ready", (run.reason, run.lines)
+            api = run.plan.endpoints[-1]
+            assert (await asyncio.to_thread(chat, api.url))["usage"]["completion_tokens"] == 8
+            await pilot.press("escape")
+            await until(pilot, lambda: api.url in app.state.engines and app.state.engines[api.url].state == "ready")
+            assert app.state.engines[api.url].version == real_vllm.VLLM_VERSION
+            card = next(c for c in app.screen.query(EngineCard) if c.key == api.url)
+            assert "tiny-llama" in card.text and "● ready" in card.text
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, StopScreen))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStop))
+            await pilot.press("y")
+            await until(pilot, lambda: app.launcher.active() == [], timeout=60)
+    finally:
+        await poller.close()
+    assert_nothing_left(lab, model)
