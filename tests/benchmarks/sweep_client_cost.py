@@ -3,6 +3,11 @@ sparktop's sweep vs llama-benchy 0.4.0, side by side against one twin that
 emits as fast as it can; then c=256 streams from a client pinned to one core.
 
     python tests/benchmarks/sweep_client_cost.py [--rounds 3] [--c 64] [--tg 256]
+    python tests/benchmarks/sweep_client_cost.py --real [--c 8]   # against a real vLLM (CPU build)
+
+With --real the server is vLLM 0.32's CPU build serving the tests' tiny Llama
+(tests/helpers/real_vllm.py), started once on core 0, the clients on core 1:
+the real engine's own stream (its chunk shapes, its pace) instead of the twin's.
 
 Each tool runs as its own process; its CPU time comes from the kernel
 (getrusage of the child). Start-up (imports, corpus) is measured with a tiny
@@ -52,9 +57,13 @@ def start_twin(tok: Path, port: int, speed: float, cpu: str | None = None) -> su
     return proc
 
 
+MODEL = "llama-3.1-8b"
+CLIENT_CORE = "0"
+
+
 def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: int, out: Path):
     env = dict(os.environ, HOME=str(home), HF_HUB_OFFLINE="1")
-    cpu, wall, _ = child_cpu(["taskset", "-c", "0", str(exe), "--base-url", url + "/v1", "--model", "llama-3.1-8b",
+    cpu, wall, _ = child_cpu(["taskset", "-c", CLIENT_CORE, str(exe), "--base-url", url + "/v1", "--model", MODEL,
                               "--tokenizer",
                               str(tok), "--book-url", BOOK_URL, "--pp", "64", "--tg", str(tg), "--concurrency",
                               str(c), "--runs", str(runs), "--exact-tg", "--skip-coherence", "--format", "json",
@@ -63,7 +72,8 @@ def benchy(exe: Path, url: str, tok: Path, home: Path, c: int, runs: int, tg: in
     return cpu, wall, tokens
 
 
-def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: str | None = "0"):
+def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: str | None = None):
+    pin = pin or CLIENT_CORE
     cmd = [sys.executable, "-m", "sparktop", "sweep", "-e", url, "--tokenizer", str(tok), "--pp", "64", "--tg",
            str(tg), "-c", str(c), "--runs", str(runs), "--exact-tg", "--json", "--results", str(results)]
     if pin:
@@ -81,7 +91,10 @@ def main() -> None:
     ap.add_argument("--tg", type=int, default=256)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--speed", type=float, default=1000.0, help="twin speed-up (high: as fast as it can)")
+    ap.add_argument("--real", action="store_true", help="a real vLLM (CPU build) instead of the twin")
     args = ap.parse_args()
+    if args.real:
+        return main_real(args)
     exe = llama_benchy()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -127,6 +140,43 @@ def main() -> None:
         finally:
             twin.terminate()
             twin.wait()
+
+
+def main_real(args) -> None:
+    global MODEL, CLIENT_CORE
+    from tests.helpers import real_vllm
+
+    MODEL, CLIENT_CORE = real_vllm.MODEL_NAME, "1"  # the server has core 0
+    exe = llama_benchy()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        server = real_vllm.start(tmp / "server")
+        try:
+            tok = server.model / "tokenizer.json"
+            cache = tmp / "home" / ".cache" / "llama-benchy"
+            cache.mkdir(parents=True)
+            (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book_text())
+            print(f"vLLM {real_vllm.VLLM_VERSION} (CPU build) ready in {server.started_s:.0f} s, pinned to core 0; "
+                  f"clients on core 1; c={args.c} tg={args.tg} runs={args.runs}", flush=True)
+            per_token: dict[str, list[float]] = {"sparktop": [], "llama-benchy": []}
+            for r in range(args.rounds):
+                for tool in (("sparktop", "llama-benchy") if r % 2 == 0 else ("llama-benchy", "sparktop")):
+                    if tool == "sparktop":
+                        small = ours(server.url, tok, tmp / f"r{r}s", 1, 1, 2)
+                        big = ours(server.url, tok, tmp / f"r{r}b", args.c, args.runs, args.tg)
+                    else:
+                        small = benchy(exe, server.url, tok, tmp / "home", 1, 1, 2, tmp / f"b{r}s.json")
+                        big = benchy(exe, server.url, tok, tmp / "home", args.c, args.runs, args.tg,
+                                     tmp / f"b{r}b.json")
+                    cost = (big[0] - small[0]) / (big[2] - small[2])
+                    per_token[tool].append(cost)
+                    print(f"round {r + 1} {tool:13} {big[2]:7d} tokens  cpu {big[0]:6.2f}s (start-up "
+                          f"{small[0]:.2f}s)  wall {big[1]:6.2f}s  {cost * 1e6:6.1f} µs/token", flush=True)
+            a, b = statistics.median(per_token["sparktop"]), statistics.median(per_token["llama-benchy"])
+            print(f"\nmedian client CPU per streamed token on real vLLM: sparktop {a * 1e6:.1f} µs, "
+                  f"llama-benchy {b * 1e6:.1f} µs -> sparktop uses {a / b:.2f}x llama-benchy's")
+        finally:
+            server.stop()
 
 
 if __name__ == "__main__":
