@@ -16,6 +16,7 @@ import time
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sparktop.launch.state import LaunchRecord, LaunchState, api_key_for
 from sparktop.observe.poller import Poller
@@ -77,7 +78,33 @@ def engine_json(e: EngineSnapshot) -> dict:
         "itl_p50_ms": _r(e.itl_p50 * 1000 if e.itl_p50 is not None else None, 1),
         "itl_p95_ms": _r(e.itl_p95 * 1000 if e.itl_p95 is not None else None, 1),
         "prefix_hit_rate": _r(e.prefix_hit_rate, 4), "preemptions": e.preemptions,
+        # vLLM 0.32 and later (null from older engines). sleep_level: 1 weights offloaded, 2 all
+        # discarded, null while awake or when the sleep only released the KV cache.
+        "sleep_level": e.sleep_level if e.state == "sleeping" else None,
+        "waiting_by_reason": e.waiting_by_reason,
+        "admission_rejections": e.rejections, "admission_rejections_by_reason": e.rejections_by_reason,
+        "admission_rejection_rate": _r(e.rejection_rate, 3), "admission_rejections_recent": e.rejections_recent,
+        "admission_rejections_recent_s": _r(e.rejections_span, 1),
+        "mem_bw_gbs": _gbs(e.mem_bw), "mem_read_gbs": _gbs(e.mem_read_bps), "mem_write_gbs": _gbs(e.mem_write_bps),
     }
+
+
+def _gbs(bytes_per_s: float | None) -> float | None:
+    """GB/s (10^9 bytes, as memory bandwidth is quoted: a GB10's 273 GB/s)."""
+    return None if bytes_per_s is None else round(bytes_per_s / 1e9, 2)
+
+
+def engine_state(e: EngineSnapshot) -> Text:
+    """The state as the table says it: with the sleep level, or why not
+    ready; and requests refused by a queue limit while status watched, in
+    red (each one is an error a client got)."""
+    if e.state == "sleeping":
+        text = Text(e.sleep_text, style="sky_blue1")
+    else:
+        text = Text(f"{e.state}: {e.error or e.reason}" if e.error or e.reason else e.state)
+    if e.rejections_recent:
+        text.append(f", {e.rejections_recent:.0f} rejected", style="bold red")
+    return text
 
 
 def launch_health(record: LaunchRecord, state: ClusterState) -> str:
@@ -112,6 +139,12 @@ def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None)
             "launches": [launch_json(r, state, now) for r in launches or []]}
 
 
+def _waiting(e: EngineSnapshot) -> str:
+    if e.waiting is None:
+        return "—"
+    return f"{e.waiting:.0f} ({e.deferred:.0f} deferred)" if e.deferred > 0 else f"{e.waiting:.0f}"
+
+
 def print_tables(state: ClusterState, console: Console, launches: list[LaunchRecord] | None = None) -> None:
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "mem used / total", "avail", "gpu", "temp", "power", "cpu", "containers"):
@@ -134,10 +167,10 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
         engines.add_column(col)
     for e in state.ordered_engines():
         engines.add_row(
-            e.url, e.model or "—", f"{e.state}: {e.error or e.reason}" if e.error or e.reason else e.state,
+            e.url, e.model or "—", engine_state(e),
             f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—",
             f"{e.running:.0f}" if e.running is not None else "—",
-            f"{e.waiting:.0f}" if e.waiting is not None else "—",
+            _waiting(e),
             f"{e.prompt_tps:.1f}" if e.prompt_tps is not None else "—",
             f"{e.gen_tps:.1f}" if e.gen_tps is not None else "—",
             f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—",

@@ -171,12 +171,20 @@ class EngineProbe:
         if self._model is None or now - self._model_at > MODEL_REFRESH_S:
             await self._refresh_model(now)
         snap = EngineSnapshot(
-            key=self.url, url=self.url, t=now, state="ready", model=self._model, version=self._version,
+            # A sleeping engine answers /metrics but serves nothing until it is
+            # woken up: a state of its own, not "ready" with idle figures.
+            key=self.url, url=self.url, t=now, state="sleeping" if derived.sleeping else "ready",
+            model=self._model, version=self._version,
             max_model_len=self._max_len, kind="vllm" if scrape.is_vllm else "router",
             kv_usage=derived.kv_usage, running=derived.running, waiting=derived.waiting,
             prompt_tps=derived.prompt_tps, gen_tps=derived.gen_tps, ttft_p50=derived.ttft_p50,
             ttft_p95=derived.ttft_p95, itl_p50=derived.itl_p50, itl_p95=derived.itl_p95,
             prefix_hit_rate=derived.prefix_hit_rate, preemptions=derived.preemptions, requests=derived.requests,
+            waiting_by_reason=derived.waiting_by_reason, rejections=derived.rejections,
+            rejections_by_reason=derived.rejections_by_reason, rejection_rate=derived.rejection_rate,
+            rejections_recent=derived.rejections_recent, rejections_span=derived.rejections_span,
+            sleep_level=derived.sleep_level if derived.sleeping else None,
+            mem_read_bps=derived.mem_read_bps, mem_write_bps=derived.mem_write_bps,
         )
         snap.poll_ms = (time.monotonic() - started) * 1000
         return snap

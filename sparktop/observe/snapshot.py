@@ -99,7 +99,9 @@ class EngineSnapshot:
     key: str  # stable identity: the endpoint URL
     url: str
     t: float
-    state: str = "connecting"  # connecting | starting | ready | unreachable | stale | failed
+    # connecting | starting | ready | sleeping | unreachable | stale | failed; sleeping: vLLM's sleep
+    # mode (it answers, but serves nothing until woken up), see `sleep_level`
+    state: str = "connecting"
     reason: str | None = None
     node: str | None = None
     kind: str = "vllm"  # vllm | router | other
@@ -121,12 +123,40 @@ class EngineSnapshot:
     prefix_hit_rate: float | None = None  # 0..1 over the window
     preemptions: float | None = None  # since the engine started
     requests: float | None = None  # finished requests since start
+    # vLLM 0.32 and later; None when the engine does not export them.
+    waiting_by_reason: dict[str, float] | None = None  # capacity | deferred (sums to `waiting`)
+    rejections: float | None = None  # requests refused by a queue limit since the API server started
+    rejections_by_reason: dict[str, float] | None = None  # max_num_queued_reqs | max_num_queued_tokens
+    rejection_rate: float | None = None  # per second, last few seconds
+    rejections_recent: float | None = None  # over the last 30 s (less when watched for less)
+    rejections_span: float | None = None  # the seconds `rejections_recent` covers
+    sleep_level: int | None = None  # while sleeping: 1 weights offloaded, 2 all discarded (None: KV only)
+    mem_read_bps: float | None = None  # bytes/s per GPU, vLLM's estimate; None when it reports none
+    mem_write_bps: float | None = None
     poll_ms: float | None = None
     error: str | None = None  # failed: the first error line of its death, from the container's log
 
     @property
     def label(self) -> str:
         return self.model or self.url
+
+    @property
+    def mem_bw(self) -> float | None:
+        """Bytes read and written per second per GPU (vLLM's estimate)."""
+        if self.mem_read_bps is None and self.mem_write_bps is None:
+            return None
+        return (self.mem_read_bps or 0.0) + (self.mem_write_bps or 0.0)
+
+    @property
+    def deferred(self) -> float:
+        """Waiting requests held back by a transient constraint (LoRA budget,
+        KV transfer), not by lack of capacity."""
+        return (self.waiting_by_reason or {}).get("deferred", 0.0)
+
+    @property
+    def sleep_text(self) -> str:
+        """"sleeping (level 1)", or "sleeping" when only its KV cache is released."""
+        return "sleeping" if self.sleep_level is None else f"sleeping (level {self.sleep_level})"
 
 
 @dataclass

@@ -78,7 +78,7 @@ class ClusterState:
                 self._node_point(event)
         elif isinstance(event, EngineSnapshot):
             self.engines[event.key] = event
-            if event.state == "ready":
+            if event.state in ("ready", "sleeping"):  # asleep, the charts go on (at zero)
                 self._engine_point(event)
         elif isinstance(event, EngineGone):
             self.engines.pop(event.key, None)

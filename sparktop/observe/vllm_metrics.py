@@ -12,6 +12,11 @@ parser, then turned into the figures the monitor shows.
   down (or whose `_created` changed) was reset by a restart, and the new
   value is the delta, as Prometheus' rate() does: never negative.
 - Percentiles come from histogram bucket deltas over a window of scrapes.
+- vLLM 0.32 adds: waiting requests by reason (`capacity`, `deferred`),
+  admission rejections by queue limit (one counter per API server, with no
+  `engine` label), the sleep state (`awake`, `weights_offloaded` = level 1,
+  `discard_all` = level 2) and its own estimate of the bytes each GPU reads
+  and writes. Each is None when the series is absent (older vLLM).
 """
 
 from __future__ import annotations
@@ -35,12 +40,19 @@ PREEMPTIONS = ("vllm:num_preemptions_total",)
 REQUESTS = ("vllm:request_success_total",)
 TTFT: tuple[str, ...] = ("vllm:time_to_first_token_seconds",)
 ITL: tuple[str, ...] = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+# vLLM 0.32
+WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)  # reason: capacity | deferred
+REJECTIONS = ("vllm:admission_rejections_total",)  # reason: max_num_queued_reqs | max_num_queued_tokens
+SLEEP_STATE = ("vllm:engine_sleep_state",)  # sleep_state: awake | weights_offloaded | discard_all
+READ_BYTES = ("vllm:estimated_read_bytes_per_gpu_total",)
+WRITE_BYTES = ("vllm:estimated_write_bytes_per_gpu_total",)
 
 
 WANTED = {
     name.removesuffix("_total")
     for group in (KV_USAGE, RUNNING, WAITING, PROMPT_TOKENS, GEN_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
-                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL)
+                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL, WAITING_BY_REASON, REJECTIONS, SLEEP_STATE,
+                  READ_BYTES, WRITE_BYTES)
     for name in group
 }
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
@@ -149,6 +161,47 @@ class Scrape:
         values = [v for _, v in found[1] if not math.isnan(v)]
         return sum(values) / len(values) if values else None
 
+    def by_label(self, names: tuple[str, ...], label: str) -> dict[str, float] | None:
+        """Sums over the series of the first name present, per value of `label`
+        (a reason): `{"capacity": 2.0, "deferred": 1.0}`."""
+        found = self._first(names)
+        if not found:
+            return None
+        out: dict[str, float] = {}
+        for labels, value in found[1]:
+            if not math.isnan(value):
+                key = labels.get(label, "")
+                out[key] = out.get(key, 0.0) + value
+        return out or None
+
+    def sleep(self) -> tuple[bool, int | None] | None:
+        """(sleeping, level) from `vllm:engine_sleep_state`, or None when it is absent.
+
+        vLLM sets `awake` to 0 while the engine sleeps, and one of
+        `weights_offloaded` (level 1) or `discard_all` (level 2); a sleep that
+        only released the KV cache (`release_kv_cache_memory`) has neither,
+        so its level is None. Data-parallel engines sleep together; should
+        they differ, the deepest sleep is reported, since a sleeping engine
+        is what a user must not mistake for an idle one."""
+        series = self.samples.get(SLEEP_STATE[0])
+        if not series:
+            return None
+        engines: dict[str, dict[str, float]] = {}
+        for labels, value in series:
+            if not math.isnan(value):
+                engines.setdefault(labels.get("engine", ""), {})[labels.get("sleep_state", "")] = value
+        sleeping, level, known = False, None, False
+        for states in engines.values():
+            this = 2 if states.get("discard_all", 0) >= 1 else 1 if states.get("weights_offloaded", 0) >= 1 else None
+            if "awake" not in states and this is None:
+                continue
+            known = True
+            if states.get("awake", 1) < 1 or this is not None:
+                sleeping = True
+                if this is not None:
+                    level = max(level or 0, this)
+        return (sleeping, level) if known else None
+
     def created(self, names: tuple[str, ...]) -> float | None:
         """The newest `_created` time of a counter (changes when the engine restarts)."""
         found = self._first(names)
@@ -233,6 +286,16 @@ class Derived:
     prefix_hit_rate: float | None = None
     preemptions: float | None = None
     requests: float | None = None
+    waiting_by_reason: dict[str, float] | None = None  # capacity | deferred; sums to `waiting`
+    rejections: float | None = None  # admission rejections since the API server started
+    rejections_by_reason: dict[str, float] | None = None  # max_num_queued_reqs | max_num_queued_tokens
+    rejection_rate: float | None = None  # per second, over the rate window
+    rejections_recent: float | None = None  # over the window (30 s, less while it fills)
+    rejections_span: float | None = None  # the seconds `rejections_recent` covers
+    sleeping: bool | None = None
+    sleep_level: int | None = None  # 1: weights offloaded, 2: everything discarded
+    mem_read_bps: float | None = None  # vLLM's estimate, bytes/s per GPU; None unless it moved
+    mem_write_bps: float | None = None
 
 
 class EngineMetrics:
@@ -266,14 +329,30 @@ class EngineMetrics:
             waiting=_clean(scrape.total(WAITING)),
             preemptions=_clean(scrape.total(PREEMPTIONS)),
             requests=_clean(scrape.total(REQUESTS)),
+            waiting_by_reason=scrape.by_label(WAITING_BY_REASON, "reason"),
+            rejections=_clean(scrape.total(REJECTIONS)),
+            rejections_by_reason=scrape.by_label(REJECTIONS, "reason"),
         )
+        sleep = scrape.sleep()
+        if sleep is not None:
+            d.sleeping, d.sleep_level = sleep
         if prev_for_rates is not None:
             dt = scrape.t - prev_for_rates.t
             if dt > 0:
-                for attr, names in (("prompt_tps", PROMPT_TOKENS), ("gen_tps", GEN_TOKENS)):
+                for attr, names in (("prompt_tps", PROMPT_TOKENS), ("gen_tps", GEN_TOKENS),
+                                    ("rejection_rate", REJECTIONS)):
                     delta = counter_delta(prev_for_rates.total(names), scrape.total(names), restarted)
                     if delta is not None:
                         setattr(d, attr, delta / dt)
+                # Bytes per GPU: the mean over data-parallel engines, each on
+                # its own GPU, to set against one node's bandwidth. A build
+                # that does not estimate them (vLLM's CPU backend) leaves both
+                # at 0: no figure then, rather than a "0 GB/s" that means nothing.
+                read = counter_delta(prev_for_rates.mean(READ_BYTES), scrape.mean(READ_BYTES), restarted)
+                write = counter_delta(prev_for_rates.mean(WRITE_BYTES), scrape.mean(WRITE_BYTES), restarted)
+                if (read or 0.0) + (write or 0.0) > 0:
+                    d.mem_read_bps = None if read is None else read / dt
+                    d.mem_write_bps = None if write is None else write / dt
         oldest = self.scrapes[0]
         if scrape.has_histograms:
             self._percentiles = {}
@@ -293,6 +372,11 @@ class EngineMetrics:
             hits = counter_delta(oldest.total(PREFIX_HITS), scrape.total(PREFIX_HITS))
             if queries and hits is not None:
                 d.prefix_hit_rate = min(1.0, hits / queries)
+            # A rejection is an error someone got: kept in view for the whole
+            # window, not only the few seconds the rate is nonzero.
+            d.rejections_recent = counter_delta(oldest.total(REJECTIONS), scrape.total(REJECTIONS))
+            if d.rejections_recent is not None:
+                d.rejections_span = scrape.t - oldest.t
         if d.prefix_hit_rate is None:
             legacy = scrape.mean(PREFIX_HIT_RATE)
             if legacy is not None and legacy >= 0:

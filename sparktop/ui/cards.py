@@ -231,6 +231,77 @@ def roofline_share(snap) -> float | None:
     return snap.gen_tps / perf.roofline_decode_tps(batch, ctx=1024)
 
 
+def bandwidth_roofline_gbs() -> float:
+    """A node's memory bandwidth, GB/s: the figure the roofline above is
+    drawn at (`PerfModel.hw`, GB10 unless told otherwise)."""
+    from sparktop.model.hardware import GB10  # imported when first needed, like the roofline's model
+
+    return GB10.bandwidth_gbs
+
+
+def _gbs(bytes_per_s: float) -> str:
+    gbs = bytes_per_s / 1e9
+    return f"{gbs:.1f}" if gbs < 10 else f"{gbs:.0f}"
+
+
+SLEEP_MEANING = {1: "weights offloaded, KV cache freed", 2: "weights and KV cache discarded",
+                 None: "KV cache released"}
+SLEEP_SHORT = {1: "weights offloaded", 2: "weights discarded", None: "KV cache released"}  # fits a 36-cell card
+
+
+def sleep_badge(snap: EngineSnapshot) -> Text:
+    """The state word of a sleeping engine: "sleeping L1"."""
+    level = f" L{snap.sleep_level}" if snap.sleep_level is not None else ""
+    return Text(f"● sleeping{level}", style="bold sky_blue1")
+
+
+def rejected_field(snap: EngineSnapshot) -> Text | None:
+    """Requests vLLM refused (a queue limit was reached): an error each
+    client got, so in red while the rate is nonzero and for the 30 s after."""
+    if snap.rejection_rate:
+        return r.field("rejected", f"{r.rate(snap.rejection_rate)}/s", "bold red")
+    if snap.rejections_recent:
+        return r.field("rejected", f"{snap.rejections_recent:.0f} in {_span(snap)}", "red")
+    return None
+
+
+def _span(snap: EngineSnapshot) -> str:
+    """The time the recent rejections were counted over: 30 s once watched that long."""
+    return f"{snap.rejections_span:.0f}s" if snap.rejections_span is not None else "30s"
+
+
+def engine_facts(snap: EngineSnapshot) -> list[Text]:
+    """What the detail view says in words above its charts: the sleep state,
+    the queue by reason, admission rejections and the memory bandwidth vLLM
+    estimates, each only when the engine reports it (vLLM 0.32 and later)."""
+    facts: list[Text] = []
+    if snap.state == "sleeping":
+        facts.append(Text(f"{snap.sleep_text}: {SLEEP_MEANING.get(snap.sleep_level, '')}; "
+                          "it serves nothing until woken up", style="bold sky_blue1"))
+    if snap.waiting_by_reason is not None:
+        reasons = ", ".join(f"{value:.0f} {reason}" for reason, value in sorted(snap.waiting_by_reason.items()))
+        facts.append(Text(f"waiting {r.num(snap.waiting)}: {reasons}",
+                          style="yellow" if snap.deferred > 0 else ""))
+    if snap.rejections is not None:
+        line = Text(f"admission rejections: {snap.rejections:.0f} since the server started")
+        if snap.rejections_by_reason and snap.rejections:
+            line.append(" (" + ", ".join(f"{reason} {value:.0f}" for reason, value
+                                          in sorted(snap.rejections_by_reason.items()) if value) + ")")
+        if snap.rejection_rate or snap.rejections_recent:
+            line.append(f"; {r.rate(snap.rejection_rate or 0)}/s now, {snap.rejections_recent or 0:.0f} "
+                        f"in the last {_span(snap)}", style="bold red")
+        facts.append(line)
+    bw = snap.mem_bw
+    if bw is not None:
+        roof = bandwidth_roofline_gbs()
+        line = Text(f"memory bandwidth: {_gbs(bw)} of {roof:.0f} GB/s ({bw / 1e9 / roof:.0%}), vLLM's estimate "
+                    f"per GPU")
+        if snap.mem_read_bps is not None and snap.mem_write_bps is not None:
+            line.append(f"; read {_gbs(snap.mem_read_bps)}, write {_gbs(snap.mem_write_bps)} GB/s")
+        facts.append(line)
+    return facts
+
+
 class EngineCard(Card):
     kind = "engine"
 
@@ -247,6 +318,8 @@ class EngineCard(Card):
         badge = r.state_badge(snap.state)
         if snap.state == "starting" and snap.stage:
             badge = r.state_badge(f"starting: {snap.stage}")
+        elif snap.state == "sleeping":
+            badge = sleep_badge(snap)
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
         self.set_class(snap.state == "starting", "-starting")
         self._paint(title, badge, self._lines(snap, history, width))
@@ -266,6 +339,10 @@ class EngineCard(Card):
         if snap.state == "failed" and snap.error:
             # Why it died, first: the rest are its last figures.
             lines += r.wrap(Text(snap.error, style="bold red"), width, 3)
+        if snap.state == "sleeping":
+            # Its figures read like an idle engine's: say first that it serves nothing.
+            level = f" L{snap.sleep_level}" if snap.sleep_level is not None else ""
+            lines.append(Text(f"sleeping{level}: {SLEEP_SHORT.get(snap.sleep_level, '')}"[:width], style="sky_blue1"))
         kv_label = f" {r.pct(snap.kv_usage)}"
         line = Text("KV  ", style="bold")
         kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
@@ -277,20 +354,38 @@ class EngineCard(Card):
         lines.append(line)
         waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
         wait = r.field("wait", r.num(snap.waiting), waiting_style)
+        if snap.deferred > 0:  # held back by LoRA budget or KV transfer, not by capacity
+            wait.append(f" ({snap.deferred:.0f} deferred)", style=waiting_style)
         if history is not None:
             queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"), strict=False)]
             wait.append(" ")
             wait.append_text(r.spark(queue, 6, style="yellow"))
-        parts = [r.field("run", r.num(snap.running)), wait,
-                 r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else "")]
+        parts = [r.field("run", r.num(snap.running)), wait]
+        rejected = rejected_field(snap)
+        if rejected is not None:
+            parts.append(rejected)
+        parts.append(r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else ""))
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
         lines += r.flow(parts, width)
         rates = r.flow([r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
                         r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")], width)
+        # After the rates: the bandwidth vLLM estimates, against the node's
+        # (on a line of its own only in a card too narrow for it); then the
+        # model's roofline share where there is room, never on a line of its own.
+        bw = snap.mem_bw
+        if bw is not None:
+            shown = Text("bw ", style="dim")
+            shown.append(_gbs(bw), style="cyan")
+            shown.append(f"/{bandwidth_roofline_gbs():.0f} GB/s", style="dim")
+            if rates[-1].cell_len + 2 + shown.cell_len <= width:
+                rates[-1].append("  ")
+                rates[-1].append_text(shown)
+            else:
+                rates.append(shown)
         share = roofline_share(snap)
         roof = f"  {share:.0%} of roofline" if share is not None else ""
-        if roof and rates[-1].cell_len + len(roof) <= width:  # where there is room; never a line of its own
+        if roof and rates[-1].cell_len + len(roof) <= width:
             rates[-1].append(roof, style="dim")
         lines += rates
         latency = r.flow([r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),

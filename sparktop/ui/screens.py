@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
-from sparktop.ui.cards import Card, EngineCard, NodeCard
+from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts
 from sparktop.ui.messages import RepaintRequested, StateChanged
 
 CARD_WIDTH = 40
@@ -155,6 +155,7 @@ class DetailScreen(LiveScreen):
         # Charts are separated by one blank line; the status line and the footer take two rows.
         height = max(8, (self.size.height - 2 - 2) // 3)
         parts: list[Text] = []
+        facts: list[Text] = []
         if self.kind == "node":
             history = state.node_history.get(self.key)
             snap = state.nodes.get(self.key)
@@ -174,8 +175,13 @@ class DetailScreen(LiveScreen):
             history = state.engine_history.get(self.key)
             engine = state.engines.get(self.key)
             title = f"{engine.model if engine else self.key} at {self.key}"
+            facts = engine_facts(engine) if engine else []
+            if facts:
+                # Above the charts, which give up the rows the words take.
+                parts.append(Text("\n").join(facts))
             if history:
-                height = max(6, (self.size.height - 2 - 3) // 4)
+                facts_rows = sum(-(-max(1, fact.cell_len) // width) for fact in facts) + (1 if facts else 0)
+                height = max(6, (self.size.height - 2 - 3 - facts_rows) // 4)
                 parts.append(charts.line_chart(f"{title}: generation tokens/s",
                                                [("generation", *history.points("gen_tps"))], width, height, ymin=0))
                 parts.append(charts.line_chart("prompt tokens/s", [("prompt", *history.points("prompt_tps"))],
@@ -190,7 +196,7 @@ class DetailScreen(LiveScreen):
                 parts.append(charts.line_chart("latency p50 (ms)", [("TTFT", ttft_t, [v * 1000 for v in ttft]),
                                                                     ("ITL", itl_t, [v * 1000 for v in itl])],
                                                width, height, ymin=0))
-        if not parts:
+        if len(parts) == (1 if facts else 0):  # no chart
             parts.append(Text("No history yet.", style="dim"))
         for part in parts:
             part.rstrip()  # plotext ends with a newline; the separator below is the only gap

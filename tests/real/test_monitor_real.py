@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
           "kv_usage": "vllm:kv_cache_usage_perc"}
-RATES = {"gen_tps": "vllm:generation_tokens_total", "prompt_tps": "vllm:prompt_tokens_total"}
+RATES = {"gen_tps": "vllm:generation_tokens_total", "prompt_tps": "vllm:prompt_tokens_total",
+         # vLLM 0.32's own estimate of the bytes it moves (the server runs with --enable-mfu-metrics)
+         "mem_read_bps": "vllm:estimated_read_bytes_per_gpu_total",
+         "mem_write_bps": "vllm:estimated_write_bytes_per_gpu_total"}
 
 
 def start_sweep(server, tmp_path, *, c: int = 12, runs: int = 4, pp: int = 512, tg: int = 1024):
@@ -87,7 +90,7 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
 
         async def consume():
             async for event in poller.events():
-                if isinstance(event, EngineSnapshot) and event.state == "ready":
+                if isinstance(event, EngineSnapshot) and event.state in ("ready", "sleeping"):
                     snaps.append(event)
 
         task = asyncio.create_task(consume())
@@ -112,6 +115,13 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
         for field, name in GAUGES.items():
             if getattr(snap, field) != theirs[name]:
                 problems.append(f"t={snap.t:.2f} {field} {getattr(snap, field)} but the server said {theirs[name]}")
+        by_reason = snap.waiting_by_reason or {}
+        if sum(by_reason.values()) != theirs["vllm:num_requests_waiting_by_reason"] or \
+                sum(by_reason.values()) != snap.waiting:
+            problems.append(f"t={snap.t:.2f} waiting by reason {by_reason}, the server said "
+                            f"{theirs['vllm:num_requests_waiting_by_reason']} of {theirs[GAUGES['waiting']]}")
+        if snap.state != "ready" or snap.sleep_level is not None:
+            problems.append(f"t={snap.t:.2f} an awake engine shown as {snap.state} {snap.sleep_level}")
         for field, name in RATES.items():
             mine = getattr(snap, field)
             if mine is None:
@@ -123,6 +133,7 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
                                 + " or ".join(f"{r:.0f}" for r in rates))
     assert max(s.waiting or 0 for s in snaps) > 0, "the load never queued: waiting was not tested"
     assert max(s.kv_usage or 0 for s in snaps) > 0.5, "the load never filled the cache: KV was not tested"
+    assert max(s.mem_read_bps or 0 for s in snaps) > 0, "vLLM's byte estimates never moved: bandwidth not tested"
     assert not problems, "\n".join(problems)
 
 
