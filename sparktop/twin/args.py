@@ -5,6 +5,14 @@ use for (attention backends, parsers, compilation settings) are accepted and
 listed in the log's "non-default args", as vLLM would, so a real launch
 command runs unchanged against the twin. Three flags are the twin's own:
 `--speed`, `--startup-speed` and `--twin-home`.
+
+Some of vLLM's flags change what the twin answers, as they change what vLLM
+answers: `--enable-sleep-mode` (with `VLLM_SERVER_DEV_MODE=1`, the /sleep,
+/wake_up and /is_sleeping routes), `--enable-mfu-metrics` (the estimated
+FLOPs and bytes counters count), `--enable-prompt-tokens-details` (usage
+carries `prompt_tokens_details`), `--max-num-queued-reqs` and
+`--max-num-queued-tokens` (admission limits: 503 and
+`vllm:admission_rejections_total`).
 """
 
 from __future__ import annotations
@@ -40,6 +48,11 @@ class ServeArgs:
     api_key: str | None = None
     tokenizer: str | None = None
     reasoning_parser: str | None = None
+    enable_sleep_mode: bool = False
+    enable_mfu_metrics: bool = False
+    enable_prompt_tokens_details: bool = False
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     speed: float = 1.0
     startup_speed: float | None = None
     twin_home: str | None = None
@@ -85,6 +98,11 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--tokenizer")
     p.add_argument("--reasoning-parser")
+    p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--enable-mfu-metrics", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--max-num-queued-reqs", type=int)
+    p.add_argument("--max-num-queued-tokens", type=int)
     p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
     p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
     p.add_argument("--twin-home", help="(twin) the simulated host's state directory")
@@ -128,6 +146,11 @@ def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
         api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
         tokenizer=ns.tokenizer,
         reasoning_parser=ns.reasoning_parser,
+        enable_sleep_mode=ns.enable_sleep_mode,
+        enable_mfu_metrics=ns.enable_mfu_metrics,
+        enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+        max_num_queued_reqs=ns.max_num_queued_reqs,
+        max_num_queued_tokens=ns.max_num_queued_tokens,
         speed=speed,
         startup_speed=ns.startup_speed,
         twin_home=ns.twin_home,

@@ -4,6 +4,16 @@ The step's duration comes from the performance model; the loop sleeps until
 the wall clock reaches the step's end (divided by `speed`), then emits the
 step's tokens. A step that the CPU could not keep up with is not caught up
 in a burst: the clock is reset, as a real GPU would simply be late.
+
+Each step's work is also accounted as vLLM's `--enable-mfu-metrics` does it
+(`step_traffic`: FLOPs, bytes read and written per GPU), from the same parts
+the performance model times, so the bandwidth those bytes imply over a step
+never exceeds the node's.
+
+The engine sleeps as vLLM's does (`sleep`, `wake_up`): scheduling pauses
+(in-flight requests aborted, drained or kept, as the pause mode says), new
+requests queue until it wakes, and sleep levels 1 and 2 discard the KV cache
+(the prefix cache is empty afterwards; kept requests are recomputed).
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sparktop.model.perf import PerfModel
 from sparktop.model.scheduler import (  # noqa: F401  (re-exported for the server and tests)
@@ -26,17 +37,90 @@ from sparktop.model.scheduler import (  # noqa: F401  (re-exported for the serve
     TokenEvent,
 )
 
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})  # what vLLM's executor puts to sleep at level 1 or 2
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass(frozen=True)
+class StepTraffic:
+    """One step's work on one GPU, as vLLM's MFU metrics estimate it."""
+
+    flops: float
+    read_bytes: float
+    write_bytes: float
+
+
+def step_traffic(perf: PerfModel, decode: list[int], prefill: list[tuple[int, int]],
+                 seconds: float | None = None) -> StepTraffic:
+    """FLOPs and bytes of one step, part by part as `PerfModel._step` times it.
+
+    Reads: the weights the step touches (dense parts, the unembedding, the
+    experts its tokens route to), the KV its sequences attend to, recurrent
+    state, half the activation traffic. Writes: the new tokens' KV, the
+    recurrent state, the other half of the activations. FLOPs: 2 per active
+    weight per token (the unembedding per sampled position), plus attention
+    scores and recurrent scans. Every byte here is one the model charges at
+    most the node's bandwidth for; `seconds` (the step's modeled time), when
+    given, caps the bytes at that bandwidth over the step all the same, so
+    the figure stays physical whatever the fitted constants.
+    """
+    n_decode, n_prefill = len(decode), sum(n for n, _ in prefill)
+    tokens, seqs = n_decode + n_prefill, len(decode) + len(prefill)
+    if not tokens:
+        return StepTraffic(0.0, 0.0, 0.0)
+    # Private parts of the performance model: the traffic is its own account
+    # of the step, read rather than derived a second time.
+    read = sum(nbytes for nbytes, _, _, _ in perf._dense) + perf._head_bytes
+    flops = sum(per_row for _, per_row, _, _ in perf._dense) * tokens + perf._head_flops * seqs
+    if perf._moe_layers:
+        experts, active = perf._experts
+        touched = experts * (1.0 - (1.0 - active / experts) ** (tokens ** perf.k.expert_batch_exponent))
+        read += touched * perf._expert_bytes
+        flops += perf._expert_flops * perf._moe_layers * tokens * active
+    kv_per_token = 0.0
+    for layers, per, window, score in perf._attn:
+        ctx = sum(min(c, window) for c in decode) if window else sum(decode)
+        if window:
+            scores = sum(n * min(c + n / 2, window) for n, c in prefill)
+            attended = sum(min(c + n, window + n) for n, c in prefill)
+        else:
+            scores = sum(n * (c + n / 2) for n, c in prefill)
+            attended = sum(c + n for n, c in prefill)
+        read += layers * per * (ctx + attended)
+        flops += layers * score * (ctx + scores)
+        kv_per_token += layers * per
+    write = tokens * kv_per_token
+    state = perf._rec_state * seqs
+    flops += perf._rec_decode_flops * n_decode + perf._rec_prefill_flops * n_prefill
+    activations = perf.k.activation_passes * perf._act_bytes * tokens
+    read += state + activations / 2
+    write += state + activations / 2
+    if seconds is not None:
+        limit = perf.hw.bandwidth_gbs * 1e9 * seconds
+        if read + write > limit:
+            scale = limit / (read + write)
+            read, write = read * scale, write * scale
+    return StepTraffic(flops, read, write)
+
 
 class Engine(Scheduler):
     """The scheduler with a clock and a loop; requests come in, token events go out."""
 
     def __init__(self, perf: PerfModel, config: EngineConfig, metrics: MetricsSink | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 traffic: Callable[[StepTraffic], None] | None = None):
         super().__init__(perf, config, metrics, clock)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         # Busy time, for GPU utilisation: (wall start, wall end) of recent steps.
         self._busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
+        # Where each step's estimated work goes (--enable-mfu-metrics), if anywhere.
+        self.traffic = traffic
+        # vLLM's pause state: None, "new" (new requests queue, admitted ones
+        # finish) or "all" (nothing is scheduled); and what sleeps.
+        self.paused: str | None = None
+        self.sleeping_tags: set[str] = set()
+        self._in_step = False  # between schedule() and apply(): the step's work is in flight
 
     def _changed(self) -> None:
         self._wake.set()
@@ -73,6 +157,68 @@ class Engine(Scheduler):
             busy += b - max(a, start)
         return min(1.0, busy / window)
 
+    # -- sleep ------------------------------------------------------------------
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.paused is not None or bool(self.sleeping_tags)
+
+    def schedule(self):
+        if self.paused == "all":
+            return None
+        if self.paused == "new":
+            # Queued requests stay queued: schedule as if there were none, then
+            # put them back behind whatever a preemption sent to the queue.
+            queued, self.waiting = self.waiting, collections.deque()
+            try:
+                return super().schedule()
+            finally:
+                self.waiting.extend(queued)
+        return super().schedule()
+
+    async def sleep(self, level: int, mode: str = "abort") -> None:
+        """vLLM's EngineCore.sleep: pause as `mode` says, then (level 1 or 2)
+        free the KV cache; level 0 only pauses scheduling."""
+        if mode == "abort":
+            for seq in list(self.running) + list(self.waiting):
+                self.abort(seq)
+        self.paused = "all" if mode == "keep" else "new"
+        if mode == "wait":
+            while self.running:  # in-flight requests drain first
+                await asyncio.sleep(0.01)
+        while self._in_step:  # the step under way ends before its KV goes
+            await asyncio.sleep(0.005)
+        if level >= 1:
+            self._discard_kv()
+            self.sleeping_tags = set(SLEEP_TAGS)
+        self._changed()
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's EngineCore.wake_up; True once everything is resident again
+        (then scheduling resumes). `scheduling` is level 0's tag."""
+        if tags is not None:
+            tags = [t for t in tags if t != "scheduling"]
+        if tags is None:
+            self.sleeping_tags.clear()
+        elif tags and self.sleeping_tags and set(tags) <= self.sleeping_tags:
+            self.sleeping_tags -= set(tags)  # an unknown tag wakes nothing, as in vLLM
+        awake = not self.sleeping_tags
+        if awake:
+            self.paused = None
+            self._changed()
+        return awake
+
+    def _discard_kv(self) -> None:
+        """The KV cache is gone: running requests recompute from the queue's
+        head, and the prefix cache holds nothing."""
+        for seq in reversed(self.running):
+            self.pool.release(seq)
+            seq.num_computed = 0
+            self.waiting.appendleft(seq)
+        self.running.clear()
+        self.pool.free += len(self.pool.evictable)
+        self.pool.evictable.clear()
+
     # -- the loop -------------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -104,8 +250,12 @@ class Engine(Scheduler):
                     await asyncio.wait_for(self._wake.wait(), 0.5)
                 continue
             work, preempted = plan
+            self._in_step = True
             decode, prefill = self.split(work)
-            duration = self.perf.step_time(decode, prefill) / self.config.speed
+            modeled = self.perf.step_time(decode, prefill)
+            if self.traffic is not None:
+                self.traffic(step_traffic(self.perf, decode, prefill, modeled))
+            duration = modeled / self.config.speed
             now = self.clock()
             start = target if target is not None and target > now - 0.25 else now
             target = start + duration
@@ -117,4 +267,5 @@ class Engine(Scheduler):
             end = self.clock()
             self._busy.append((max(start, end - duration), end))
             self.apply(work, preempted, end)
+            self._in_step = False
 

@@ -1,27 +1,43 @@
-"""The twin's OpenAI-compatible HTTP API, as vLLM's API server answers it.
+"""The twin's OpenAI-compatible HTTP API, as vLLM 0.32's API server answers it.
 
 Routes: /health, /ping, /version, /load, /metrics, /v1/models,
 /v1/chat/completions and /v1/completions (SSE streaming with
-`stream_options.include_usage`, and not), with vLLM's error JSON, chunk and
-usage shapes. `OpenAIRoutes` is a mixin for TwinServer: the handlers read the
-server's args, card, tokenizer, plan, engine, metrics and log, which exist
-once start-up has reached the API server stage.
+`stream_options.include_usage` and `continuous_usage_stats`, and not), and
+with `--enable-sleep-mode` under `VLLM_SERVER_DEV_MODE=1` (as vLLM registers
+its development routes) /sleep, /wake_up and /is_sleeping. Bodies have
+vLLM's keys, in its order: a streamed chat opens with a role chunk carrying
+`prompt_token_ids` and `prompt_text`, every choice carries `token_ids`
+(null unless `return_token_ids`), the last one `stop_reason`, and
+`system_fingerprint` rides on the usage chunk (or on the finish chunk when
+there is none); errors are vLLM's JSON with its messages, parameters and
+statuses (unknown model 404, prompt too long 400 on `input_tokens`,
+admission limits 503). `OpenAIRoutes` is a mixin for TwinServer: the
+handlers read the server's args, card, tokenizer, plan, engine, metrics and
+log, which exist once start-up has reached the API server stage.
+
+`/version` answers what vLLM 0.32.0 answers, so a version check passes; every
+response carries an `X-Sparktop-Twin` header (sparktop's version) to tell the
+twin apart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import os
 import secrets
 import time
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from sparktop import __version__
-from sparktop.twin.engine import FinishEvent, Sequence, TokenEvent
+from sparktop.model.cards import GIB
+from sparktop.twin.engine import BLOCK, PAUSE_MODES, FinishEvent, Sequence, TokenEvent
 from sparktop.twin.text import OutputText, Tokenizer, chat_prompt_ids, natural_lengths
 
 if TYPE_CHECKING:
@@ -32,13 +48,50 @@ if TYPE_CHECKING:
     from sparktop.twin.startup import StartupPlan
     from sparktop.twin.vlog import VllmLog
 
-VLLM_VERSION = f"0.20.1+sparktop.twin{__version__.replace('.', '')}"
+VLLM_VERSION = "0.32.0"
+TWIN_HEADER = "X-Sparktop-Twin"
+BUSY = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance."
+BACKLOG = ("The engine has reached its prefill token backlog limit. Please try again later or on a different "
+           "instance.")
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status
     )
+
+
+def _invalid(message: str, param: str, value: object) -> web.Response:
+    """vLLM's VLLMValidationError: a 400 that names the parameter and its value."""
+    return _error(400, f"{message} (parameter={param}, value={value})", "BadRequestError", param)
+
+
+def _unparsable(loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
+    """FastAPI's request validation error as vLLM's handler words it."""
+    detail: dict[str, object] = {"type": kind, "loc": loc, "msg": msg, "input": value}
+    if ctx is not None:
+        detail["ctx"] = ctx
+    return _error(400, f"1 validation error:\n  {detail}", "Bad Request", loc)
+
+
+def dev_mode() -> bool:
+    """vLLM's VLLM_SERVER_DEV_MODE: development routes (sleep among them) on."""
+    try:
+        return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or 0))
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Request:
+    """What one generation request asked for, beyond its tokens."""
+
+    chat: bool
+    stream: bool
+    include_usage: bool
+    continuous: bool
+    token_ids: bool
+    prompt_ids: list[int]
 
 
 class OpenAIRoutes:
@@ -57,9 +110,11 @@ class OpenAIRoutes:
     failure: str | None
     _ids: itertools.count[int]
     _created: int
+    _sleep_level: int = 0  # the level of the last /sleep, until a full wake-up
 
     def _application(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_response_prepare.append(self._mark_twin)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_get("/version", self.version)
@@ -68,7 +123,19 @@ class OpenAIRoutes:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        if self.sleep_routes:
+            app.router.add_post("/sleep", self.sleep_route)
+            app.router.add_post("/wake_up", self.wake_up_route)
+            app.router.add_get("/is_sleeping", self.is_sleeping_route)
         return app
+
+    @property
+    def sleep_routes(self) -> bool:
+        return self.args.enable_sleep_mode and dev_mode()
+
+    @staticmethod
+    async def _mark_twin(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[TWIN_HEADER] = __version__
 
     def _authorized(self, request: web.Request) -> bool:
         key = self.args.api_key
@@ -80,6 +147,22 @@ class OpenAIRoutes:
         peer = request.remote or "-"
         self.log.raw(f'INFO:     {peer} - "{request.method} {request.path} HTTP/1.1" {status} '
                      f'{"OK" if status == 200 else ""}'.rstrip())
+
+    @property
+    def system_fingerprint(self) -> str:
+        """vLLM's `full` fingerprint: version, parallelism, 8 hex of the config's hash."""
+        assert self.plan is not None, "the API server starts after the plan"
+        args = self.args
+        config = (args.model, args.name, args.tensor_parallel_size, self.plan.max_model_len, args.kv_cache_dtype,
+                  args.enable_prefix_caching, args.max_num_seqs, self.plan.max_num_batched_tokens,
+                  args.enforce_eager, args.gpu_memory_utilization)
+        parts = [f"vllm-{VLLM_VERSION}"]
+        if args.tensor_parallel_size > 1:
+            parts.append(f"tp{args.tensor_parallel_size}")
+        parts.append(hashlib.sha256(repr(config).encode()).hexdigest()[:8])
+        return "-".join(parts)
+
+    # -- small routes -------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
         if self.failure:
@@ -106,16 +189,157 @@ class OpenAIRoutes:
             return web.json_response({"error": "Unauthorized"}, status=401)
         self._access(request, 200)
         assert self.plan is not None, "the API server starts after the plan"
+        permission = {
+            "id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission", "created": int(time.time()),
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False,
+        }
         return web.json_response({"object": "list", "data": [{
             "id": self.args.name, "object": "model", "created": self._created, "owned_by": "vllm",
             "root": self.args.model, "parent": None, "max_model_len": self.plan.max_model_len,
+            "permission": [permission],
         }]})
+
+    # -- sleep mode (vLLM's development routes) -------------------------------------
+
+    async def sleep_route(self, request: web.Request) -> web.Response:
+        engine, metrics = self.engine, self.metrics
+        assert engine is not None and metrics is not None, "the API server starts after the engine"
+        raw = request.query.get("level", "1")
+        try:
+            level = int(raw)
+        except ValueError:
+            return _unparsable("query.level", "int_parsing", "Input should be a valid integer, unable to parse "
+                               "string as an integer", raw)
+        if not 0 <= level <= 2:
+            bound, kind = ("ge", "greater_than_equal") if level < 0 else ("le", "less_than_equal")
+            limit = 0 if level < 0 else 2
+            words = "greater than or equal to" if level < 0 else "less than or equal to"
+            return _unparsable("query.level", kind, f"Input should be {words} {limit}", raw, {bound: limit})
+        mode = request.query.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return _unparsable("query.mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode,
+                               {"expected": "'abort', 'wait' or 'keep'"})
+        started = time.monotonic()
+        with metrics.sleep_operation("sleep"):
+            await engine.sleep(level, mode)
+            if level >= 1:
+                await asyncio.sleep(self._offload_seconds(level) / self.speed)
+                self._log_sleep(time.monotonic() - started)
+        metrics.record_sleep_state(True, level)
+        self._sleep_level = level
+        self._access(request, 200)
+        return web.json_response({"status": "sleeping", "level": level})
+
+    async def wake_up_route(self, request: web.Request) -> web.Response:
+        engine, metrics = self.engine, self.metrics
+        assert engine is not None and metrics is not None, "the API server starts after the engine"
+        tags: list[str] | None = request.query.getall("tags", []) or None
+        self.log.info("api_router.py:49", f"wake up the engine with tags: {tags}")
+        with metrics.sleep_operation("wake"):
+            if engine.sleeping_tags:
+                await asyncio.sleep(self._offload_seconds(self._sleep_level) / self.speed)
+            awake = engine.wake_up(tags)
+        if awake:
+            metrics.record_sleep_state(False, 0)
+            self._sleep_level = 0
+        self._access(request, 200)
+        return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
+
+    async def is_sleeping_route(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        assert engine is not None, "the API server starts after the engine"
+        self._access(request, 200)
+        return web.json_response({"is_sleeping": engine.is_sleeping})
+
+    def _log_sleep(self, took: float) -> None:
+        """vLLM's two lines: the time asleep took, and the memory it freed
+        (weights and KV cache; the CUDA context stays)."""
+        assert self.plan is not None, "the API server starts after the plan"
+        freed = self.plan.perf.weights_bytes_per_node / GIB + self.plan.kv_budget_gib
+        self.log.engine("gpu_worker.py:326", f"Sleep mode freed {freed:.2f} GiB memory, 0.50 GiB memory is still "
+                                             "in use.")
+        self.log.engine("abstract.py:390", f"It took {took:.6f} seconds to fall asleep.")
+
+    def _offload_seconds(self, level: int) -> float:
+        """Level 1 copies the weights to host memory and back (one pass over
+        them at the node's bandwidth); level 2 only frees and reallocates."""
+        assert self.plan is not None, "the API server starts after the plan"
+        perf = self.plan.perf
+        if level != 1:
+            return 0.05
+        return perf.weights_bytes_per_node / (perf.hw.bandwidth_gbs * 1e9 * perf.k.bandwidth_efficiency)
+
+    # -- generation -------------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
+
+    def _prompt(self, body: dict, chat: bool) -> tuple[list[int], bool, str] | web.Response:
+        """(token ids, whether they were tokenized from text, seed text), or an error."""
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return _unparsable("body.messages", "list_type", "Input should be a valid list", messages)
+            if not messages:
+                return _error(400, "messages must be a non-empty list", "BadRequestError", "messages")
+            return (chat_prompt_ids(messages, self.tokenizer, self.card.chat_overhead_tokens), True,
+                    json.dumps(messages, sort_keys=True))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt), False, str(prompt)
+        if isinstance(prompt, str):
+            return [1] + self.tokenizer.encode(prompt), True, prompt
+        return _error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
+
+    def _max_tokens(self, body: dict, prompt_len: int, from_text: bool) -> int | web.Response:
+        """vLLM 0.32's checks, in its order: the max_tokens parameter, then the
+        prompt's length; then max_tokens is clamped to what the context leaves."""
+        max_len = self.plan.max_model_len if self.plan else 0
+        requested = body.get("max_completion_tokens")
+        if requested is None:
+            requested = body.get("max_tokens")
+        if requested is not None:
+            if not isinstance(requested, int) or isinstance(requested, bool):
+                return _unparsable("body.max_tokens", "int_type", "Input should be a valid integer", requested)
+            if requested < 1:
+                return _invalid(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested)
+            if requested > max_len:
+                return _invalid(f"max_tokens={requested} cannot be greater than max_model_len={max_len}. "
+                                "Please request fewer output tokens.", "max_tokens", requested)
+        if prompt_len > max_len:
+            # A text prompt is tokenized with truncation at max_model_len + 1,
+            # so vLLM knows only that it has at least that many tokens.
+            count = min(prompt_len, max_len + 1) if from_text else prompt_len
+            qualifier = "at least " if count == max_len + 1 else ""
+            return _invalid(f"This model's maximum context length is {max_len} tokens. However, your prompt "
+                            f"contains {qualifier}{count} input tokens, which exceeds this limit even without any "
+                            "output tokens. Please reduce the length of the input prompt.", "input_tokens", count)
+        room = max_len - prompt_len
+        if room < 1:
+            return _invalid(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
+        return room if requested is None else min(requested, room)
+
+    def _admission(self, request: web.Request) -> web.Response | None:
+        """vLLM's check_admission: the queue limits, each a 503 and a count in
+        `vllm:admission_rejections_total`."""
+        engine, metrics, args = self.engine, self.metrics, self.args
+        assert engine is not None and metrics is not None, "the API server starts after the engine"
+        if args.max_num_queued_reqs is not None and \
+                len(engine.running) + len(engine.waiting) + 1 > args.max_num_queued_reqs:
+            metrics.record_admission_rejection("max_num_queued_reqs")
+            return _error(503, BUSY, "Service Unavailable")
+        if args.max_num_queued_tokens is not None:
+            # Every request still in prefill counts its whole prompt, as in vLLM.
+            backlog = sum(s.prompt_len for s in list(engine.running) + list(engine.waiting) if s.output_count == 0)
+            if backlog >= args.max_num_queued_tokens:
+                metrics.record_admission_rejection("max_num_queued_tokens")
+                return _error(503, BACKLOG, "Service Unavailable")
+        return None
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         engine, plan = self.engine, self.plan
@@ -124,48 +348,34 @@ class OpenAIRoutes:
             return web.json_response({"error": "Unauthorized"}, status=401)
         try:
             body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return _error(400, "The request body is not valid JSON.", "BadRequestError")
+        except (ValueError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "msg", "Invalid JSON")
+            return _unparsable("body.0", "json_invalid", "JSON decode error", "<dict of 0 items>", {"error": reason})
         if not isinstance(body, dict):
-            return _error(400, "The request body must be a JSON object.", "BadRequestError")
+            return _unparsable("body", "model_attributes_type", "Input should be a valid dictionary or object to "
+                               "extract fields from", body)
         model = body.get("model")
         if model not in (None, self.args.name):
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            return _error(404, f"The model `{model}` does not exist. Valid aliases: {self.args.name}.",
+                          "NotFoundError", "model")
         failure = self.failure or engine.failed
         if failure:
             return _error(500, failure, "InternalServerError")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return _error(400, "messages must be a non-empty list", "BadRequestError", "messages")
-            prompt_ids = chat_prompt_ids(messages, self.tokenizer, self.card.chat_overhead_tokens)
-            seed_text = json.dumps(messages, sort_keys=True)
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                prompt_ids = list(prompt)
-            elif isinstance(prompt, str):
-                prompt_ids = [1] + self.tokenizer.encode(prompt)
-            else:
-                return _error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
-            seed_text = str(prompt)
-        max_len = plan.max_model_len
-        prompt_len = len(prompt_ids)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = max_len - prompt_len
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return _error(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens")
-        if prompt_len + max_tokens > max_len:
-            return _error(400, (
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the "
-                "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+        prompt = self._prompt(body, chat)
+        if isinstance(prompt, web.Response):
+            return prompt
+        prompt_ids, from_text, seed_text = prompt
+        max_tokens = self._max_tokens(body, len(prompt_ids), from_text)
+        if isinstance(max_tokens, web.Response):
+            return max_tokens
+        rejected = self._admission(request)
+        if rejected is not None:
+            return rejected
         effort = body.get("reasoning_effort") or (body.get("chat_template_kwargs") or {}).get("reasoning_effort")
         seed = zlib.crc32(seed_text.encode()) ^ next(self._ids)
         natural, think = natural_lengths(seed, self.card.reasoning and chat, effort)
         seq = Sequence(
-            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(16)}",
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(8)}",
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             min_tokens=int(body.get("min_tokens") or 0),
@@ -173,15 +383,16 @@ class OpenAIRoutes:
             natural_len=natural,
         )
         out = OutputText(seed, think, self.card.vocab_size)
-        engine.submit(seq)
-        stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
+        req = _Request(chat=chat, stream=bool(body.get("stream", False)),
+                       include_usage=bool(opts.get("include_usage")),
+                       continuous=bool(opts.get("continuous_usage_stats")),
+                       token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids)
+        engine.submit(seq)
         try:
-            if stream:
-                return await self._stream(request, seq, out, chat, bool(opts.get("include_usage")),
-                                          bool(opts.get("continuous_usage_stats")),
-                                          bool(body.get("return_token_ids")))
-            return await self._complete(request, seq, out, chat, bool(body.get("return_token_ids")))
+            if req.stream:
+                return await self._stream(request, seq, out, req)
+            return await self._complete(request, seq, out, req)
         except ConnectionResetError:
             # The client went away mid-stream: what it asked for is dropped, as in vLLM.
             engine.abort(seq)
@@ -193,77 +404,130 @@ class OpenAIRoutes:
             if not seq.finished:
                 engine.abort(seq)
 
-    def _chunk(self, seq: Sequence, chat: bool, choice: dict | None, usage: dict | None = None) -> bytes:
+    # -- bodies ------------------------------------------------------------------------
+
+    def _chunk(self, seq: Sequence, req: _Request, choices: list[dict], **extra: object) -> bytes:
         data: dict[str, object] = {
             "id": seq.request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
+            "object": "chat.completion.chunk" if req.chat else "text_completion",
             "created": int(time.time()),
             "model": self.args.name,
-            "choices": [choice] if choice is not None else [],
+            "choices": choices,
+            **extra,
         }
-        if usage is not None:
-            data["usage"] = usage
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
-    @staticmethod
-    def _usage(prompt: int, completion: int, cached: int) -> dict:
-        usage: dict[str, int | dict[str, int]] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                                                  "completion_tokens": completion}
-        if cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    def _prompt_details(self, seq: Sequence, chat: bool, stream: bool) -> dict | None:
+        """`prompt_tokens_details`, only with --enable-prompt-tokens-details (as in
+        vLLM); the tokens a prefill wrote to the prefix cache with the chat API."""
+        if not self.args.enable_prompt_tokens_details:
+            return None
+        created = None
+        if chat:
+            full = (seq.prompt_len // BLOCK) * BLOCK if self.args.enable_prefix_caching else 0
+            created = max(0, full - seq.cached_tokens)
+        details: dict[str, object] = {"cached_tokens": seq.cached_tokens, "created_cache_tokens": created,
+                                      "multimodal_tokens": None}
+        if stream:  # the usage chunk is dumped without its nulls
+            details = {k: v for k, v in details.items() if v is not None}
+        return details
+
+    def _usage(self, seq: Sequence, req: _Request, completion: int, final: bool) -> dict:
+        """A usage object as each place in vLLM builds it."""
+        usage: dict[str, object] = {"prompt_tokens": seq.prompt_len, "total_tokens": seq.prompt_len + completion,
+                                    "completion_tokens": completion}
+        if not req.stream:
+            usage["prompt_tokens_details"] = self._prompt_details(seq, req.chat, False)
+            usage["completion_tokens_details"] = None
+        elif final:
+            details = self._prompt_details(seq, req.chat, True)
+            if details is not None:
+                usage["prompt_tokens_details"] = details
+        elif req.chat:  # continuous usage in a chat stream names it, as null
+            usage["completion_tokens_details"] = None
         return usage
 
-    async def _stream(self, request, seq: Sequence, out: OutputText, chat: bool, include_usage: bool,
-                      continuous: bool, token_ids: bool) -> web.StreamResponse:
+    def _delta(self, text: str, reasoning: bool) -> dict:
+        # vLLM 0.32 names it `reasoning`; see differences.py for why the stream
+        # still says `reasoning_content`.
+        return {"reasoning_content": text} if reasoning else {"content": text}
+
+    def _choice(self, req: _Request, text: str, reasoning: bool, tid: int | None, finish: str | None,
+                first: bool) -> dict:
+        """One streamed choice: a token (tid) or, with tid None, an empty finish."""
+        choice: dict[str, object] = {"index": 0}
+        if req.chat:
+            choice["delta"] = self._delta(text, reasoning)
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        if finish is not None or not req.chat:
+            choice["stop_reason"] = None
+        if not req.chat:
+            choice["prompt_token_ids"] = req.prompt_ids if first and req.token_ids else None
+        choice["token_ids"] = [tid] if req.token_ids and tid is not None else None
+        return choice
+
+    def _role_chunk(self, seq: Sequence, req: _Request) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        extra: dict[str, object] = {}
+        if req.continuous:
+            extra["usage"] = self._usage(seq, req, 0, final=False)
+        extra["prompt_token_ids"] = req.prompt_ids if req.token_ids else None
+        extra["prompt_text"] = None
+        return self._chunk(seq, req, [choice], **extra)
+
+    def _token_chunk(self, seq: Sequence, req: _Request, choice: dict, completion: int) -> bytes:
+        extra: dict[str, object] = {}
+        if choice["finish_reason"] is not None and not req.include_usage:
+            extra["system_fingerprint"] = self.system_fingerprint
+        if req.continuous:
+            extra["usage"] = self._usage(seq, req, completion, final=False)
+        return self._chunk(seq, req, [choice], **extra)
+
+    async def _stream(self, request, seq: Sequence, out: OutputText, req: _Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         self._access(request, 200)
         index = 0
-        token_finish = None
+        finished = False
         while True:
             event = await seq.events.get()
             if isinstance(event, TokenEvent):
                 parts = []
-                if event.first and chat:
-                    parts.append(self._chunk(seq, chat, {
-                        "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                        "finish_reason": None}))
+                if event.first and req.chat:
+                    parts.append(self._role_chunk(seq, req))
                 for _ in range(event.count):
                     text, tid, reasoning = out.token(index)
+                    choice = self._choice(req, text, reasoning, tid, event.finish, first=index == 0)
                     index += 1
-                    if chat:
-                        delta = {"reasoning_content": text} if reasoning else {"content": text}
-                        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-                    else:
-                        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-                    if token_ids:
-                        choice["token_ids"] = [tid]
-                    if event.finish:
-                        choice["finish_reason"] = token_finish = event.finish
-                    usage = self._usage(seq.prompt_len, index, seq.cached_tokens) if continuous else None
-                    parts.append(self._chunk(seq, chat, choice, usage))
+                    parts.append(self._token_chunk(seq, req, choice, index))
+                finished = finished or event.finish is not None
                 await resp.write(b"".join(parts))
             elif isinstance(event, FinishEvent):
-                if event.reason == "error":
-                    err = {"error": {"message": event.message, "type": "InternalServerError", "code": 500}}
-                    await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-                else:
-                    if token_finish is None:
-                        final = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": event.reason}
-                                 if chat else {"index": 0, "text": "", "logprobs": None,
-                                               "finish_reason": event.reason})
-                        await resp.write(self._chunk(seq, chat, final))
-                    if include_usage:
-                        await resp.write(self._chunk(
-                            seq, chat, None, self._usage(event.prompt_tokens, event.completion_tokens,
-                                                         event.cached_tokens)))
-                await resp.write(b"data: [DONE]\n\n")
+                await resp.write(self._stream_end(seq, req, event, finished))
                 break
         await resp.write_eof()
         return resp
 
-    async def _complete(self, request, seq: Sequence, out: OutputText, chat: bool, token_ids: bool) -> web.Response:
+    def _stream_end(self, seq: Sequence, req: _Request, event: FinishEvent, finished: bool) -> bytes:
+        """The finish chunk (when no token carried it), the usage chunk, [DONE]."""
+        if event.reason == "error":
+            err = {"error": {"message": event.message, "type": "InternalServerError", "param": None, "code": 500}}
+            return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+        parts = []
+        if not finished:
+            choice = self._choice(req, "", False, None, event.reason, first=event.completion_tokens == 0)
+            parts.append(self._token_chunk(seq, req, choice, event.completion_tokens))
+        if req.include_usage:
+            parts.append(self._chunk(seq, req, [], usage=self._usage(seq, req, event.completion_tokens, final=True),
+                                     system_fingerprint=self.system_fingerprint))
+        parts.append(b"data: [DONE]\n\n")
+        return b"".join(parts)
+
+    async def _complete(self, request, seq: Sequence, out: OutputText, req: _Request) -> web.Response:
         while True:
             event = await seq.events.get()
             if isinstance(event, FinishEvent):
@@ -271,20 +535,27 @@ class OpenAIRoutes:
         if event.reason == "error":
             return _error(500, event.message, "InternalServerError")
         texts = [out.token(i) for i in range(event.completion_tokens)]
-        reasoning = "".join(t for t, _, r in texts if r)
-        content = "".join(t for t, _, r in texts if not r)
-        if chat:
-            message = {"role": "assistant", "content": content or None}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": event.reason}
-        else:
-            choice = {"index": 0, "text": reasoning + content, "logprobs": None, "finish_reason": event.reason}
-        if token_ids:
-            choice["token_ids"] = [tid for _, tid, _ in texts]
+        token_ids = [tid for _, tid, _ in texts] if req.token_ids else None
+        prompt_ids = req.prompt_ids if req.token_ids else None
         self._access(request, 200)
+        usage = self._usage(seq, req, event.completion_tokens, final=True)
+        if req.chat:
+            reasoning = "".join(t for t, _, r in texts if r)
+            content = "".join(t for t, _, r in texts if not r)
+            message = {"role": "assistant", "content": content or None, "refusal": None, "annotations": None,
+                       "audio": None, "function_call": None, "reasoning": reasoning or None}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": event.reason,
+                      "stop_reason": None, "token_ids": token_ids, "routed_experts": None}
+            tail = {"prompt_logprobs": None, "prompt_token_ids": prompt_ids, "prompt_text": None}
+        else:
+            choice = {"index": 0, "text": "".join(t for t, _, _ in texts), "logprobs": None,
+                      "finish_reason": event.reason, "stop_reason": None, "token_ids": token_ids,
+                      "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "routed_experts": None}
+            tail = {}
         return web.json_response({
-            "id": seq.request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": self.args.name, "choices": [choice],
-            "usage": self._usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens),
+            "id": seq.request_id, "object": "chat.completion" if req.chat else "text_completion",
+            "created": int(time.time()), "model": self.args.name, "choices": [choice], "service_tier": None,
+            "system_fingerprint": self.system_fingerprint, "usage": usage, **tail,
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         })
+

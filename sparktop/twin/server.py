@@ -147,17 +147,16 @@ class TwinServer(MultiNode, OpenAIRoutes):
             log.engine("monitor.py:53", f"torch.compile took {stages['torch.compile']:.2f} s in total")
         await self._sleep(stages["memory profiling"])
         log.engine("gpu_worker.py:440", f"Available KV cache memory: {plan.kv_budget_gib:.2f} GiB")
-        self.metrics = VllmMetrics(args.name, plan.max_model_len, cache_info={
-            "block_size": str(BLOCK), "cache_dtype": args.kv_cache_dtype,
-            "enable_prefix_caching": str(args.enable_prefix_caching),
-            "gpu_memory_utilization": str(args.gpu_memory_utilization),
-            "num_gpu_blocks": str(plan.kv_tokens // BLOCK),
-        })
+        self.metrics = metrics = VllmMetrics(args.name, plan.max_model_len)
+        # vLLM estimates each step's FLOPs and bytes only with --enable-mfu-metrics.
+        traffic = (lambda t: metrics.on_traffic(t.flops, t.read_bytes, t.write_bytes)) \
+            if args.enable_mfu_metrics else None
         self.engine = Engine(plan.perf, EngineConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
             max_model_len=plan.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=args.enable_prefix_caching, speed=self.speed,
-        ), self.metrics)
+        ), metrics, traffic=traffic)
+        metrics.log_cache_config(self._cache_config(plan, self.engine))
         log.engine("kv_cache_utils.py:1711", f"GPU KV cache size: {self.engine.kv_capacity_tokens:,} tokens")
         log.engine("kv_cache_utils.py:1716", f"Maximum concurrency for {plan.max_model_len:,} tokens per "
                                              f"request: {self.engine.max_concurrency(plan.max_model_len):.2f}x")
@@ -180,6 +179,18 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self._tasks.append(asyncio.create_task(self._stats_log()))
         self.ready.set()
 
+    def _cache_config(self, plan: StartupPlan, engine: Engine) -> dict[str, str]:
+        """What vLLM's cache_config_info says about the KV cache the twin sized."""
+        args = self.args
+        return {
+            "block_size": str(BLOCK), "effective_attention_block_size": str(BLOCK),
+            "cache_dtype": args.kv_cache_dtype, "enable_prefix_caching": str(args.enable_prefix_caching),
+            "gpu_memory_utilization": str(args.gpu_memory_utilization),
+            "num_gpu_blocks": str(engine.num_blocks), "kv_cache_size_tokens": str(engine.kv_capacity_tokens),
+            "kv_cache_memory_bytes": str(int(engine.num_blocks * BLOCK * plan.perf.kv_bytes_per_token)),
+            "kv_cache_max_concurrency": str(round(engine.max_concurrency(plan.max_model_len), 2)),
+        }
+
     async def _serve_http(self) -> None:
         self._runner = web.AppRunner(self._application(), access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -187,8 +198,14 @@ class TwinServer(MultiNode, OpenAIRoutes):
         site = web.SockSite(self._runner, self.sock)
         await site.start()
         self.log.info("api_server.py:602", f"Starting vLLM API server 0 on http://{self.args.host}:{self.port}")
-        for route in ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions"):
-            self.log.info("launcher.py:46", f"Route: {route}, Methods: {'POST' if 'completions' in route else 'GET'}")
+        routes = ["/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions"]
+        if self.sleep_routes:
+            self.log.warning("__init__.py:43", "SECURITY WARNING: Development endpoints are enabled! "
+                                               "This should NOT be used in production!")
+            routes += ["/sleep", "/wake_up", "/is_sleeping"]
+        for route in routes:
+            post = "completions" in route or route in ("/sleep", "/wake_up")
+            self.log.info("launcher.py:46", f"Route: {route}, Methods: {'POST' if post else 'GET'}")
         self.log.raw(f"INFO:     Started server process [{os.getpid()}]")
         self.log.raw("INFO:     Waiting for application startup.")
         self.log.raw("INFO:     Application startup complete.")
