@@ -259,7 +259,8 @@ async def test_launch_and_stop_a_real_engine_from_the_app(lab, model, monkeypatc
             await until(pilot, lambda: api.url in app.state.engines and app.state.engines[api.url].state == "ready")
             assert app.state.engines[api.url].version == real_vllm.VLLM_VERSION
             card = next(c for c in app.screen.query(EngineCard) if c.key == api.url)
-            assert "tiny-llama" in card.text and "● ready" in card.text
+            await until(pilot, lambda: "● ready" in card.text)  # the card draws on the next refresh
+            assert "tiny-llama" in card.text
             await pilot.press("x")
             await until(pilot, lambda: isinstance(app.screen, StopScreen))
             await pilot.press("enter")
