@@ -186,6 +186,12 @@ class PerfModel:
     def _attention(self, decode_sums: Sequence[float], prefill: Sequence[tuple[int, int]]) -> float:
         """decode_sums: per attention group, the context all decoding
         sequences attend to (a sliding group counts at most its window each)."""
+        kv, flops = self.attention_traffic(decode_sums, prefill)
+        return self._roof(kv, flops, self._attn_peak)
+
+    def attention_traffic(self, decode_sums: Sequence[float],
+                          prefill: Sequence[tuple[int, int]]) -> tuple[float, float]:
+        """(KV bytes read, FLOPs) of a step's attention (see `_attention`)."""
         kv = flops = 0.0
         for (layers, per, window, score), ctx in zip(self._attn, decode_sums, strict=True):
             if window:
@@ -196,7 +202,7 @@ class PerfModel:
                 pre_read = sum(c + n for n, c in prefill)
             kv += layers * per * (ctx + pre_read)
             flops += layers * score * (ctx + pre)
-        return self._roof(kv, flops, self._attn_peak)
+        return kv, flops
 
     def step_time(self, decode_ctx: Sequence[int], prefill: Sequence[tuple[int, int]] = ()) -> float:
         """Seconds for one step.

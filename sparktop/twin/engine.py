@@ -77,19 +77,12 @@ def step_traffic(perf: PerfModel, decode: list[int], prefill: list[tuple[int, in
         touched = experts * (1.0 - (1.0 - active / experts) ** (tokens ** perf.k.expert_batch_exponent))
         read += touched * perf._expert_bytes
         flops += perf._expert_flops * perf._moe_layers * tokens * active
-    kv_per_token = 0.0
-    for layers, per, window, score in perf._attn:
-        ctx = sum(min(c, window) for c in decode) if window else sum(decode)
-        if window:
-            scores = sum(n * min(c + n / 2, window) for n, c in prefill)
-            attended = sum(min(c + n, window + n) for n, c in prefill)
-        else:
-            scores = sum(n * (c + n / 2) for n, c in prefill)
-            attended = sum(c + n for n, c in prefill)
-        read += layers * per * (ctx + attended)
-        flops += layers * score * (ctx + scores)
-        kv_per_token += layers * per
-    write = tokens * kv_per_token
+    decode_sums = [sum(min(c, window) for c in decode) if window else sum(decode)
+                   for _, _, window, _ in perf._attn]
+    kv_read, attn_flops = perf.attention_traffic(decode_sums, prefill)
+    read += kv_read
+    flops += attn_flops
+    write = tokens * sum(layers * per for layers, per, _, _ in perf._attn)
     state = perf._rec_state * seqs
     flops += perf._rec_decode_flops * n_decode + perf._rec_prefill_flops * n_prefill
     activations = perf.k.activation_passes * perf._act_bytes * tokens
