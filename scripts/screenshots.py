@@ -1,7 +1,7 @@
 """Regenerate the pictures in screenshots/ from the real app on a twin cluster.
 
     python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view, launcher
-    python scripts/screenshots.py --record tests/fixtures/recording.jsonl
+    python scripts/screenshots.py --record tests/fixtures/recording.jsonl [--incident]
     python scripts/screenshots.py --only 120x40   # every screen at 120x40, no twin needed
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
@@ -193,6 +193,21 @@ async def shoot_every_screen(size: tuple[int, int] = (120, 40)) -> None:
             await layouts.every_screen(pilot, results, shot)
 
 
+async def incident(cluster: TwinCluster, model: str) -> None:
+    """spark-b's engine dies and is started again under the same name, so
+    the event log has something to show: down, back, restarted."""
+    import shlex
+
+    node = cluster.nodes[1]
+    await node.transport().run(shlex.join(["docker", "kill", "sparktop-vllm"]), timeout=30)
+    await asyncio.sleep(8)  # long enough to be seen down
+    await node.transport().run(shlex.join(["docker", "rm", "-f", "sparktop-vllm"]), timeout=30)
+    argv = ["docker", "run", "-d", "--name", "sparktop-vllm", "--gpus", "all", "--ipc=host", "--network", "host",
+            cluster.images[0], model, "--host", node.address, "--port", str(cluster.port_for(1, 8000)),
+            "--gpu-memory-utilization", "0.7", "--speed", str(cluster.speed), "--startup-speed", "60"]
+    await node.transport().run(shlex.join(argv), timeout=30)
+
+
 async def main(args) -> None:
     OUT.mkdir(exist_ok=True)
     if args.only == "120x40":
@@ -213,7 +228,12 @@ async def main(args) -> None:
             # Let the engines start and the sparklines fill before the first picture.
             warm = SparktopApp(poller, recorder=recorder, label=f"demo: twin cluster serving {args.model}")
             async with warm.run_test(size=(160, 48)) as pilot:
-                await pilot.pause(args.warmup)
+                if args.incident:
+                    await pilot.pause(args.warmup / 3)
+                    await incident(cluster, args.model)
+                    await pilot.pause(args.warmup * 2 / 3)
+                else:
+                    await pilot.pause(args.warmup)
             state = warm.state
 
             def reuse() -> SparktopApp:
@@ -257,5 +277,7 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="gpt-oss-120b")
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of history before the pictures")
     ap.add_argument("--record", help="also record the session to this JSONL file")
+    ap.add_argument("--incident", action="store_true",
+                    help="during the warm-up, kill spark-b's engine and start it again (events to show)")
     ap.add_argument("--only", choices=["sweep", "launcher", "120x40"], help="only these pictures")
     asyncio.run(main(ap.parse_args()))

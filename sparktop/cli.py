@@ -31,7 +31,16 @@ def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
     return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes,
-                        study=args.study)
+                        study=args.study, read_only=args.read_only)
+
+
+def cmd_web(args) -> int:
+    from sparktop.web import main_web, resolve_token, session_command
+
+    token = resolve_token(args.host, args.no_token)
+    _inventory(args)  # a broken inventory is an error now, not in every browser session
+    command = session_command(args.inventory, args.engine or [], args.interval, read_only=not args.allow_control)
+    return main_web(args.host, args.port, command, token, read_only=not args.allow_control)
 
 
 def cmd_status(args) -> int:
@@ -183,6 +192,7 @@ def _add_watching(add, watch_options) -> None:
                          "launcher (l)")
     monitor.add_argument("--study", metavar="ID", help="attach to a study another process runs (sparktop study): "
                          "its screen over the monitor")
+    monitor.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)  # sparktop web's sessions
     demo = add("demo", "start a two-node twin cluster on this machine and watch it", cmd_demo)
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
@@ -225,6 +235,20 @@ def _add_status(add, watch_options) -> None:
                         help="how long to watch before printing (rates need two scrapes; default 2.2)")
 
 
+def _add_web(add, watch_options) -> None:
+    """`sparktop web`."""
+    web = add("web", "serve the monitor to a browser (a token guards it; read-only unless --allow-control)",
+              cmd_web)
+    watch_options(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: reach it "
+                     "through an ssh tunnel)")
+    web.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
+    web.add_argument("--allow-control", action="store_true", help="let browser sessions launch, stop and sweep "
+                     "(default: read-only)")
+    web.add_argument("--no-token", action="store_true", help="ask no token (only on a loopback --host); by "
+                     "default one is generated, or taken from SPARKTOP_WEB_TOKEN, and printed in the URL")
+
+
 def _add_sweeping(add) -> None:
     """`sparktop sweep, compare and runs`."""
     sweep = add("sweep", "run a concurrency sweep against an endpoint (live progress, results kept as they "
@@ -261,6 +285,10 @@ def _add_sweeping(add) -> None:
     sweep.add_argument("--recipe", help="record the recipe that is serving (for compare)")
     sweep.add_argument("--topology", help="record the topology that is serving, e.g. cluster-mp (for compare)")
     sweep.add_argument("--nodes", metavar="A,B", help="record the nodes that are serving")
+    sweep.add_argument("--power", metavar="A,B",
+                       help="read these nodes' GPU power (nvidia-smi, over ssh; inventory names, ssh hosts or "
+                            "'local') during each level for its energy and cost per token (default: the inventory "
+                            "nodes the endpoint's host names; 'none' turns it off)")
     sweep.add_argument("--label", help="a name for this run in compare tables")
     sweep.add_argument("--results", metavar="DIR", help="where runs are written (default: the results dir)")
     sweep.add_argument("--resume", metavar="RUN", help="finish a run that was interrupted (its id or directory)")
@@ -403,6 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_watching(add, _watch_options)
     _add_launching(add)
     _add_status(add, _watch_options)
+    _add_web(add, _watch_options)
     _add_sweeping(add)
     _add_studying(add)
     _add_recipes_and_predict(add)

@@ -288,3 +288,56 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
                               f"duplicate node name {node.name!r}")
         nodes.append(node)
     return Inventory(nodes=nodes, defaults=defaults, path=path)
+
+
+# -- preferences ---------------------------------------------------------------------
+
+
+@dataclass
+class Preferences:
+    """`$XDG_CONFIG_HOME/sparktop/settings.yaml`: what a user sets once.
+
+        energy_price_per_kwh: 0.32   # what a kWh costs you
+        currency: EUR                # printed beside costs
+    """
+
+    energy_price_per_kwh: float | None = None
+    currency: str = ""
+
+    def money(self, value: float | None) -> str:
+        """A cost as `0.012 EUR` (three significant figures: costs per token are small)."""
+        if value is None:
+            return "—"
+        text = f"{value:.3g}" if value < 100 else f"{value:.0f}"
+        return f"{text} {self.currency}".strip()
+
+
+PREFERENCE_KEYS = tuple(Preferences.__dataclass_fields__)
+
+
+def preferences_path() -> Path:
+    return Path(os.environ["SPARKTOP_SETTINGS"]) if os.environ.get("SPARKTOP_SETTINGS") \
+        else config_dir() / "settings.yaml"
+
+
+def load_preferences(path: str | Path | None = None) -> Preferences:
+    """The user's settings; none when the file does not exist."""
+    path = Path(path).expanduser() if path else preferences_path()
+    if not path.exists():
+        return Preferences()
+    doc = load_file(path)
+    if doc is None:
+        return Preferences()
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), line_of(doc, 0), None, "must be a mapping of settings")
+    check_keys(doc, PREFERENCE_KEYS, path)
+    prefs = Preferences()
+    price = doc.get("energy_price_per_kwh")
+    if price is not None:
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
+            raise ConfigError(str(path), line_of(doc, "energy_price_per_kwh"), "energy_price_per_kwh",
+                              f"must be a price per kWh, a number ≥ 0 (got {price!r})")
+        prefs.energy_price_per_kwh = float(price)
+    if doc.get("currency") is not None:
+        prefs.currency = _typed(doc["currency"], str, str(path), line_of(doc, "currency"), "currency")
+    return prefs

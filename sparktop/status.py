@@ -23,7 +23,7 @@ from sparktop.observe.poller import Poller
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
-from sparktop.settings import Inventory
+from sparktop.settings import Inventory, Preferences, load_preferences
 from sparktop.units import ago
 
 
@@ -48,8 +48,23 @@ def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def node_json(n: NodeSnapshot) -> dict:
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _when(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
+
+
+def notices_json(state: ClusterState | None, *keys: str) -> list[dict]:
+    if state is None:
+        return []
+    return [{**n.to_dict(), "time": _when(n.t)} for n in state.log(*keys)]
+
+
+def node_json(n: NodeSnapshot, state: ClusterState | None = None, prefs: Preferences | None = None) -> dict:
     mem = n.memory
+    energy = state.node_energy(n.name) if state is not None else None
     return {
         "name": n.name, "state": n.state, "reason": n.reason,
         "memory_gib": None if mem is None else {
@@ -63,13 +78,17 @@ def node_json(n: NodeSnapshot) -> dict:
         "gpu_status": n.gpu_status, "docker_status": n.docker_status,
         "containers": [{"name": c.name, "image": c.image, "state": c.state, "status": c.status}
                        for c in n.containers],
+        # joules per token generated on this node: its GPU power (nvidia-smi) over the tokens of its engines
+        "energy": None if energy is None else energy.to_dict(prefs.energy_price_per_kwh if prefs else None),
+        "events": notices_json(state, n.name),
     }
 
 
-def engine_json(e: EngineSnapshot) -> dict:
+def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Preferences | None = None) -> dict:
+    energy = state.engine_energy(e) if state is not None else None
     return {
         "url": e.url, "state": e.state, "reason": e.reason, "error": e.error, "stage": e.stage, "node": e.node,
-        "kind": e.kind,
+        "kind": e.kind, "found": e.found,
         "topology": e.topology, "container": e.container, "model": e.model, "version": e.version,
         "kv_cache_usage": _r(e.kv_usage, 4), "running": e.running, "waiting": e.waiting,
         "prompt_tps": _r(e.prompt_tps, 1), "gen_tps": _r(e.gen_tps, 1),
@@ -86,6 +105,21 @@ def engine_json(e: EngineSnapshot) -> dict:
         "admission_rejection_rate": _r(e.rejection_rate, 3), "admission_rejections_recent": e.rejections_recent,
         "admission_rejections_recent_s": _r(e.rejections_span, 1),
         "mem_bw_gbs": _gbs(e.mem_bw), "mem_read_gbs": _gbs(e.mem_read_bps), "mem_write_gbs": _gbs(e.mem_write_bps),
+        # requests finished per second by finished_reason (stop, length, abort, error, repetition) and since
+        # the engine started; latency percentiles over the last 30 s and a p95 over the last minute
+        "finished_rate": _r(e.finished_rate, 3),
+        "finished_rate_by_reason": None if e.finished_rate_by_reason is None else {
+            k: _r(v, 3) for k, v in e.finished_rate_by_reason.items()},
+        "finished_by_reason": e.finished_by_reason, "requests_total": e.requests,
+        "prompt_tokens_total": e.prompt_tokens_total, "gen_tokens_total": e.gen_tokens_total,
+        "started": _when(e.started_at),
+        "latency_ms": None if e.latency is None else {
+            name: {k: _ms(v) for k, v in figures.items()} for name, figures in e.latency.items()},
+        "queue_over_5s": e.queue_slow,
+        "nodes": state.engine_nodes(e) if state is not None else ([e.node] if e.node else []),
+        "peaks": None if state is None else state.peaks.get(e.key),
+        "energy": None if energy is None else energy.to_dict(prefs.energy_price_per_kwh if prefs else None),
+        "events": notices_json(state, e.key),
     }
 
 
@@ -132,10 +166,11 @@ def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
             "endpoints": [e["url"] for e in record.endpoints]}
 
 
-def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None) -> dict:
+def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None,
+                prefs: Preferences | None = None) -> dict:
     now = time.time()
-    return {"nodes": [node_json(n) for n in state.ordered_nodes()],
-            "engines": [engine_json(e) for e in state.ordered_engines()],
+    return {"nodes": [node_json(n, state, prefs) for n in state.ordered_nodes()],
+            "engines": [engine_json(e, state, prefs) for e in state.ordered_engines()],
             "launches": [launch_json(r, state, now) for r in launches or []]}
 
 
@@ -194,12 +229,13 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
 
 
 def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
+    prefs = load_preferences()  # a bad settings file is an error before anything is polled
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=1.0,
                     default_port=inventory.defaults.port, router_key=api_key_for)
     state = asyncio.run(collect(poller, seconds))
     launches = LaunchState(inventory).active()
     if as_json:
-        json.dump(status_json(state, launches), sys.stdout, indent=2)
+        json.dump(status_json(state, launches, prefs), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_tables(state, Console(), launches)

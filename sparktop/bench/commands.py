@@ -29,6 +29,8 @@ from sparktop.bench.events import (
 from sparktop.bench.results import import_llama_benchy, list_runs, load_run
 from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
+from sparktop.observe.power import power_source
+from sparktop.settings import load_preferences
 from sparktop.units import eta_text, fmt
 
 EXIT_ERROR_RATE = 3
@@ -99,7 +101,9 @@ def cmd_sweep(args) -> int:
                                   "usage, so each streamed chunk counts as one token (low when chunks hold "
                                   "more); --tokenizer FILE counts the streamed text instead[/]")
 
-    sweep = Sweep(settings, root, resume=resume, api_key=api_key)
+    power = power_source(getattr(args, "power", None), settings.endpoint)
+    prefs = load_preferences()  # the energy price: a bad settings file stops here, before any request
+    sweep = Sweep(settings, root, resume=resume, api_key=api_key, power=power)
 
     async def go() -> SweepFinished:
         finished = None
@@ -120,13 +124,14 @@ def cmd_sweep(args) -> int:
         return 130
     run = load_run(result.path)
     if args.json:
-        print(json.dumps(with_guard(export.as_json(run), run), indent=2, default=str))
+        print(json.dumps(with_guard(export.as_json(run, prefs.energy_price_per_kwh), run), indent=2, default=str))
     elif args.md:
-        print(export.markdown(run), end="")
+        print(export.markdown(run, prefs), end="")
     elif args.csv:
-        print(export.csv_text([run]), end="")
+        print(export.csv_text([run], prefs.energy_price_per_kwh), end="")
     else:
-        console.print(export.rich_table(run, title=f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg}"))
+        console.print(export.rich_table(run, title=f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg}",
+                                        prefs=prefs))
         for line in export.summary_lines(run):
             console.print(line)
     for line in guard_lines(run):

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from sparktop.bench.results import Run
 from sparktop.bench.stats import LevelStats, knee
+from sparktop.settings import Preferences
 from sparktop.units import fmt
 
 COLUMNS: tuple[tuple[str, str, JustifyMethod], ...] = (  # key, header, justify
@@ -32,11 +33,34 @@ JSON_KEYS = ("concurrency", "requests", "errors", "pp_tps_total", "pp_tps_req", 
              # llama-benchy's own decode figures (its N-1 count), to compare like with like
              "tg_tps_req_llama_benchy", "tg_tps_total_llama_benchy", "tg_approximate",
              # the clean-measurement guard
-             "contaminated", "foreign_requests", "contamination", "remeasured")
+             "contaminated", "foreign_requests", "contamination", "remeasured",
+             # energy: the nodes' GPU power during the level (nvidia-smi), per generated token
+             "power_w", "j_per_token", "wh_per_mtok")
+ENERGY_COLUMNS: tuple[tuple[str, str, JustifyMethod], ...] = (("power_w", "W", "right"),
+                                                             ("j_per_token", "J/tok", "right"))
+COST_COLUMN: tuple[str, str, JustifyMethod] = ("cost_per_mtok", "cost/Mtok", "right")
 
 
-def cell(lv: LevelStats, key: str) -> str:
+def columns(levels: list[LevelStats], prefs: Preferences | None = None) -> tuple[tuple[str, str, JustifyMethod], ...]:
+    """The table's columns: energy ones when some level has a power reading,
+    and the cost per million tokens when a price is set."""
+    if not any(lv.j_per_token is not None for lv in levels):
+        return COLUMNS
+    extra = ENERGY_COLUMNS
+    if prefs is not None and prefs.energy_price_per_kwh is not None:
+        extra += (COST_COLUMN,)
+    return COLUMNS + extra
+
+
+def cell(lv: LevelStats, key: str, prefs: Preferences | None = None) -> str:
+    if key == "cost_per_mtok":
+        cost = lv.cost_per_mtok(prefs.energy_price_per_kwh if prefs else None)
+        return "—" if cost is None or prefs is None else prefs.money(cost)
     v = getattr(lv, key)
+    if key == "power_w":
+        return "—" if v is None else f"{v:.0f}"
+    if key == "j_per_token":
+        return "—" if v is None else f"{v:.2f}" if v < 10 else f"{v:.0f}"
     if key == "concurrency":
         return f"c{v}"
     if key == "errors":
@@ -50,12 +74,14 @@ def cell(lv: LevelStats, key: str) -> str:
     return fmt(v, "ms" if key.startswith("ttft") else "t/s")
 
 
-def rich_table(run: Run, title: str | None = None) -> Table:
+def rich_table(run: Run, title: str | None = None, prefs: Preferences | None = None) -> Table:
     t = Table(title=title, header_style="bold", box=None, pad_edge=False, padding=(0, 1, 0, 1))
-    for _key, head, justify in COLUMNS:
+    levels = run.levels()
+    cols = columns(levels, prefs)
+    for _key, head, justify in cols:
         t.add_column(head, justify=justify, no_wrap=True, min_width=len(head))
-    for lv in run.levels():
-        t.add_row(*(cell(lv, k) for k, _, _ in COLUMNS), style="red" if lv.errors else None)
+    for lv in levels:
+        t.add_row(*(cell(lv, k, prefs) for k, _, _ in cols), style="red" if lv.errors else None)
     return t
 
 
@@ -68,39 +94,46 @@ def summary_lines(run: Run) -> list[str]:
     best = max((lv for lv in levels if lv.tg_tps_total), key=lambda lv: lv.tg_tps_total or 0.0, default=None)
     if best:
         out.append(f"best decode {fmt(best.tg_tps_total)} t/s total at c{best.concurrency}")
+    frugal = min((lv for lv in levels if lv.j_per_token), key=lambda lv: lv.j_per_token or 0.0, default=None)
+    if frugal is not None and frugal.j_per_token is not None and frugal.wh_per_mtok is not None:
+        out.append(f"least energy per token at c{frugal.concurrency}: {frugal.j_per_token:.2f} J/token, "
+                   f"{frugal.wh_per_mtok:.0f} Wh per million (the nodes' GPU power, nvidia-smi)")
     return out
 
 
-def markdown(run: Run) -> str:
+def markdown(run: Run, prefs: Preferences | None = None) -> str:
     m = run.meta
     s = m.get("settings") or {}
     what = " · ".join(str(x) for x in (m.get("model"), m.get("topology") or m.get("endpoint"),
                                        f"pp{s.get('pp')} tg{s.get('tg')}", f"{s.get('runs')} runs",
                                        m.get("vllm_version") and f"vLLM {m['vllm_version']}") if x)
-    head = [h for _, h, _ in COLUMNS]
+    levels = run.levels()
+    cols = columns(levels, prefs)
+    head = [h for _, h, _ in cols]
     lines = [f"## {run.id}", "", what, "", f"| {' | '.join(head)} |", "|" + "---:|" * len(head)]
-    for lv in run.levels():
-        lines.append(f"| {' | '.join(cell(lv, k) for k, _, _ in COLUMNS)} |")
+    for lv in levels:
+        lines.append(f"| {' | '.join(cell(lv, k, prefs) for k, _, _ in cols)} |")
     extra = summary_lines(run)
     if extra:
         lines += [""] + [f"- {x}" for x in extra]
     return "\n".join(lines) + "\n"
 
 
-def csv_text(runs: list[Run]) -> str:
+def csv_text(runs: list[Run], price_per_kwh: float | None = None) -> str:
     buf = io.StringIO()
-    fields = ["run", "label", "model", "topology", *LevelStats.__dataclass_fields__]
+    fields = ["run", "label", "model", "topology", *LevelStats.__dataclass_fields__, "cost_per_mtok"]
     fields.remove("error_reasons")
     w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for run in runs:
         for lv in run.levels():
             w.writerow({"run": run.id, "label": run.label, "model": run.meta.get("model"),
-                        "topology": run.meta.get("topology"), **lv.as_dict()})
+                        "topology": run.meta.get("topology"), **lv.as_dict(),
+                        "cost_per_mtok": lv.cost_per_mtok(price_per_kwh)})
     return buf.getvalue()
 
 
-def as_json(run: Run) -> dict:
+def as_json(run: Run, price_per_kwh: float | None = None) -> dict:
     meta = {k: v for k, v in run.meta.items()}
     meta["path"] = str(run.path) if run.path else None
     levels = []
@@ -108,7 +141,8 @@ def as_json(run: Run) -> dict:
         d = lv.as_dict()
         row = {k: d[k] for k in JSON_KEYS}
         row.update(timeouts=lv.timeouts, runs=lv.runs, ttft_ms_std=lv.ttft_ms_std, waiting_max=lv.waiting_max,
-                   running_max=lv.running_max, preemptions=lv.preemptions, error_reasons=lv.error_reasons)
+                   running_max=lv.running_max, preemptions=lv.preemptions, error_reasons=lv.error_reasons,
+                   cost_per_mtok=lv.cost_per_mtok(price_per_kwh))
         levels.append(row)
     k = knee(run.levels())
     meta["levels"] = levels

@@ -159,6 +159,10 @@ class EngineWatch:
     remeasured: bool = False  # a first attempt was contaminated and set aside
     idle_wait_s: float | None = None  # waited before the level for the engine to go idle
     attempt: int | None = None  # the records' attempt this line describes
+    # The nodes' GPU power (nvidia-smi) averaged over the level's measured
+    # batches; None when no power source was given or none answered.
+    power_w: float | None = None
+    power_samples: int = 0
 
 
 @dataclass
@@ -201,9 +205,21 @@ class LevelStats:
     # Some request was counted one token per chunk (no token ids, usage or
     # tokenizer): the decode figures are a guess that is low when chunks hold more.
     tg_approximate: bool = False
+    # Energy: the nodes' GPU power during the level over the tokens it
+    # generated per second of wall time (prefill included: serving a request
+    # costs both), J per generated token and Wh per million.
+    power_w: float | None = None
+    j_per_token: float | None = None
+    wh_per_mtok: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def cost_per_mtok(self, price_per_kwh: float | None) -> float | None:
+        """What a million generated tokens cost in electricity at this price per kWh."""
+        if self.wh_per_mtok is None or price_per_kwh is None:
+            return None
+        return self.wh_per_mtok / 1000 * price_per_kwh
 
 
 def _reason(error: str) -> str:
@@ -232,6 +248,8 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         if r.error:
             reasons[_reason(r.error)] += 1
     eng = engine or EngineWatch()
+    e2e_total = _mean([b.e2e_tps_total for b in per if b.e2e_tps_total is not None])
+    j_per_token = eng.power_w / e2e_total if eng.power_w is not None and e2e_total else None
     return LevelStats(
         concurrency=concurrency, runs=len(batches), requests=len(records),
         errors=sum(1 for r in records if not r.ok), timeouts=sum(1 for r in records if r.timed_out),
@@ -241,7 +259,7 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         ttft_ms_p95=percentile(ttft_ms, 0.95), ttft_ms_std=_std(ttft_ms),
         peak_tps=_mean([b.peak_tps for b in per if b.peak_tps is not None]),
         tg_tps_total_std=_std(tg_tot), pp_tps_total_std=_std(pp_tot),
-        e2e_tps_total=_mean([b.e2e_tps_total for b in per if b.e2e_tps_total is not None]),
+        e2e_tps_total=e2e_total,
         e2e_tps_req=_mean([v for b in per for v in b.e2e_tps_req]),
         wall_s_mean=_mean([b.wall_s for b in per if b.wall_s is not None]),
         kv_cache_usage_max=eng.kv_cache_usage_max, running_max=eng.running_max,
@@ -251,6 +269,8 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         remeasured=eng.remeasured,
         tg_tps_total_llama_benchy=_mean(tg_tot_lb), tg_tps_req_llama_benchy=_mean(tg_req_lb),
         tg_approximate=any(b.tg_approximate for b in per),
+        power_w=eng.power_w, j_per_token=j_per_token,
+        wh_per_mtok=None if j_per_token is None else j_per_token * 1e6 / 3600,
     )
 
 

@@ -30,7 +30,7 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 METRICS_INTERVAL = 0.25  # s between /metrics reads during the sweep
+POWER_INTERVAL = 1.0  # s between power readings (nvidia-smi on every node) during a level
 IDLE_POLL = 0.5  # s between /metrics reads while waiting for an idle engine
 # A /metrics answer is compared with the most requests the sweep had in flight
 # from this long before its GET until its answer: room for an engine whose
@@ -328,7 +329,11 @@ class Sweep:
     `await Sweep(...).run()` for the SweepFinished alone."""
 
     def __init__(self, settings: SweepSettings, results_root: Path,
-                 resume: str | Path | None = None, api_key: str | None = None):
+                 resume: str | Path | None = None, api_key: str | None = None,
+                 power: Callable[[], Awaitable[float | None]] | None = None):
+        """`power()`: the watts of the nodes serving the endpoint now (e.g.
+        `observe.power.NodesPower`), sampled during each level's measured
+        batches for its energy per token; None: no energy figures."""
         settings.endpoint = normalize_endpoint(settings.endpoint)
         if settings.guard_urls is not None:
             try:
@@ -348,6 +353,9 @@ class Sweep:
         self._total = 0
         self._batch_secs: dict[int, float] = {}
         self._engine = EngineWatch()
+        self._power = power
+        self._measuring = False  # a level's measured batches are running (power counts)
+        self._power_sum = 0.0
         self.writer: RunWriter | None = None
         # The guard: the engines watched (none: no guard), why not, and the
         # current attempt's window.
@@ -493,6 +501,23 @@ class Sweep:
             w.preemptions = max(0.0, r.preemptions - window.preempt0)
         window.observe(r)
 
+    async def _watch_power(self) -> None:
+        """The nodes' power once a second while a level is measured: each
+        reading is a command on every node, too costly at the metrics' pace."""
+        while True:
+            started = time.monotonic()
+            await self._read_power()
+            await asyncio.sleep(max(0.0, POWER_INTERVAL - (time.monotonic() - started)))
+
+    async def _read_power(self) -> None:
+        assert self._power is not None
+        watts = await self._power()
+        if watts is not None and self._measuring:
+            self._power_sum += watts
+            w = self._engine
+            w.power_samples += 1
+            w.power_w = self._power_sum / w.power_samples
+
     async def _watch_metrics(self, session: aiohttp.ClientSession) -> None:
         while True:
             await self._read(session)
@@ -610,6 +635,9 @@ class Sweep:
             done_batches = self._open_run(to, meta, previous)
             status, reason = "done", None
             watcher = asyncio.ensure_future(self._watch_metrics(session)) if self._watched else None
+            if self._power is not None and await self._power() is None:
+                self._power = None  # no reading (no nvidia-smi there, a node down): no energy figures
+            power = asyncio.ensure_future(self._watch_power()) if self._power is not None else None
             try:
                 for index, c in enumerate(s.levels):
                     have = min(done_batches.get(c, 0), s.runs)
@@ -625,8 +653,9 @@ class Sweep:
                 self._finish(status, reason)
                 raise
             finally:
-                if watcher is not None:
-                    watcher.cancel()
+                for task in (watcher, power):
+                    if task is not None:
+                        task.cancel()
             return self._finish(status, reason)
 
     async def _prepare(self, session: aiohttp.ClientSession, previous: Run | None) -> tuple[_Target, dict]:
@@ -722,6 +751,7 @@ class Sweep:
             self._emit(LevelStarted(c, False))
             errors = requests = 0
             reason = None
+            self._measuring, self._power_sum = True, 0.0
             for run in range(have + 1, s.runs + 1):
                 batch = await self._batch(to, level, run, record=True)
                 self._batches.setdefault(c, []).append(batch)
@@ -732,12 +762,15 @@ class Sweep:
                     reason = (f"stopped at c{c}: {errors} of {requests} requests failed "
                               f"({errors / requests:.0%} > {s.max_error_rate:.0%}); first: {first}")
                     break
+            if self._power is not None and self._engine.power_samples == 0:
+                await self._read_power()  # a level shorter than the power interval: a reading at its end
             window = self._window
             if window is not None:
                 end = await self._read(to.session)
                 window.verdict(end, self._flight.sent - window.sent0, self._engine)
         finally:
             self._window = None
+            self._measuring = False
         return reason
 
     def _level(self, c: int) -> LevelStats:

@@ -185,6 +185,10 @@ class EngineProbe:
             rejections_recent=derived.rejections_recent, rejections_span=derived.rejections_span,
             sleep_level=derived.sleep_level if derived.sleeping else None,
             mem_read_bps=derived.mem_read_bps, mem_write_bps=derived.mem_write_bps,
+            finished_rate=derived.finished_rate, finished_rate_by_reason=derived.finished_rate_by_reason,
+            finished_by_reason=derived.finished_by_reason, prompt_tokens_total=derived.prompt_tokens_total,
+            gen_tokens_total=derived.gen_tokens_total, started_at=derived.started_at, latency=derived.latency,
+            queue_slow=derived.queue_slow,
         )
         snap.poll_ms = (time.monotonic() - started) * 1000
         return snap

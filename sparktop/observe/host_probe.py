@@ -1,8 +1,9 @@
 """One poll of one node: a single shell round trip through its transport.
 
 The probe script prints sections (`@@name`), each the output of one read:
-meminfo, the first line of /proc/stat, two nvidia-smi queries and
-`docker ps`. A missing tool prints `@@missing` for its section, which the
+meminfo, the first line of /proc/stat, two nvidia-smi queries, `docker ps`
+and the vLLM API servers in the process list (`@@servers`, vLLM started
+outside Docker). A missing tool prints `@@missing` for its section, which the
 monitor shows as a state rather than an error. The meminfo path can be
 redirected with `$SPARKTOP_PROC_ROOT` (the twin's simulated hosts use it);
 on a real node it is /proc.
@@ -10,13 +11,20 @@ on a real node it is /proc.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import os
+import re
 import shlex
 import shutil
+import socket
+import struct
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sparktop.observe import hostparse
-from sparktop.observe.snapshot import Container, NodeSnapshot
+from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
 
@@ -41,9 +49,52 @@ _SCRIPT_DOCKER = (
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
 )
+# vLLM API servers outside Docker, in one pass over the process table: one
+# grep finds the candidates (an argument named `vllm`, vLLM's API server
+# module or `sparktop`; `vll[m]` so grep does not find itself), then one
+# grep|tr prints their argv, shell builtins their cgroups, one `ls` their
+# sockets and one `ss` the listening ones (the kernel answers a LISTEN-only
+# query without walking its connection table, which reading /proc/net/tcp
+# does). Nothing runs past the first grep when no candidate is found, nor when
+# the candidates are the processes the previous read found (`unchanged`).
+SERVER_ARG = r"(^|/)vll[m]$|^vll[m]\.entrypoints\.(openai\.api_server|cli\.main)$|(^|/)sparkto[p]$"
+_SERVERS_READ = (
+    'echo candidates $c; grep -azH \'\' $c | tr \'\\0\' \'\\n\'; f=; '
+    'for p in $c; do d=${p%/cmdline}; f="$f $d/fd"; '
+    'while read -r l; do echo "$d/cgroup:$l"; done < $d/cgroup; done 2>/dev/null; '
+    "ls -lR $f 2>&1; "
+    "if command -v ss >/dev/null 2>&1; then ss -ltnHe; "
+    "else grep -H ' 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null; fi; "
+)
+
+
+def servers_script(previous: str | None = None) -> str:
+    """The `@@servers` section; `previous`: the candidates the last read
+    printed (`candidates /proc/1/cmdline ...`), whose answer is kept when the
+    same processes are there."""
+    find = f"echo @@servers; c=$(grep -lszE '{SERVER_ARG}' /proc/[0-9]*/cmdline); "
+    if previous:
+        return find + f"set -- $c; if [ \"$*\" = {shlex.quote(previous)} ]; then echo unchanged; " \
+            f'elif [ -n "$c" ]; then {_SERVERS_READ}fi; '
+    return find + f'if [ -n "$c" ]; then {_SERVERS_READ}fi; '
+
+
+def server_candidates(section: str) -> str | None:
+    """What a read of the servers printed about its candidates (the section's
+    body): `unchanged`, the list (`/proc/1/cmdline /proc/2/cmdline`), or None
+    (none, or not read)."""
+    for line in section.splitlines():
+        if line == "unchanged":
+            return line
+        if line.startswith("candidates /proc/"):
+            return line.removeprefix("candidates ")
+    return None
+
+
+_SCRIPT_SERVERS = servers_script()
 _SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU
-PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + "echo @@end"
-PROBE_SCRIPT_NO_DOCKER = _SCRIPT_HEAD + "echo @@end"
+# Every section; a poll sends the head and whichever of the others are due.
+PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
 # round trip, ~10 ms of CPU): the container list is read at most this often,
 # and at once when the poller asks (an engine stopped answering).
@@ -90,20 +141,28 @@ class HostProbe:
     _docker_at: float | None = field(default=None, repr=False)
     _docker: tuple[str, list[Container]] | None = field(default=None, repr=False)
     _tools: tuple[bool, bool] | None = field(default=None, repr=False)  # nvidia-smi, docker (local node)
+    # The vLLM servers outside Docker: read as often as the container list is when docker answers,
+    # whatever docker does (a node without docker runs its vLLM as a plain process).
+    _servers_at: float | None = field(default=None, repr=False)
+    _servers: list[ServerProcess] | None = field(default=None, repr=False)
+    _server_candidates: str | None = field(default=None, repr=False)
 
     def refresh_docker(self) -> None:
-        """Read the container list on the next poll (something changed)."""
+        """Read the container list and the process list on the next poll (something changed)."""
         self._docker_at = None
+        self._servers_at = None
 
     async def poll(self) -> NodeSnapshot:
         started = time.monotonic()
         every = self.docker_every if self._docker is None or self._docker[0] == "ok" else DOCKER_RETRY_S
         docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= every - 0.05
+        servers_due = self._servers_at is None or started - self._servers_at >= self.docker_every - 0.05
         if isinstance(self.transport, LocalTransport):
-            text, ok, why = await self._read_here(docker_due)
+            text, ok, why = await self._read_here(docker_due, servers_due)
         else:
-            result = await self.transport.run(PROBE_SCRIPT if docker_due else PROBE_SCRIPT_NO_DOCKER,
-                                              timeout=self.timeout)
+            script = _SCRIPT_HEAD + (_SCRIPT_DOCKER if docker_due else "") + (
+                servers_script(self._server_candidates) if servers_due else "") + "echo @@end"
+            result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
                 f"exit {result.exit_status}: {result.first_error_line()}"
         snap = parse_probe(self.name, text, self._prev_cpu)
@@ -113,15 +172,28 @@ class HostProbe:
             self._docker = (snap.docker_status, snap.containers)
         elif self._docker is not None:
             snap.docker_status, snap.containers = self._docker[0], list(self._docker[1])
+        if servers_due and ok:  # a cut-off answer is no news that the servers have gone
+            self._servers_at = started
+            candidates = server_candidates(split_sections(text).get("servers", ("", None, False))[0])
+            if candidates == "unchanged" and self._servers is not None:
+                snap.servers = list(self._servers)
+            else:
+                self._servers = list(snap.servers)
+                # Kept for the next read unless a server has not shown its socket yet (or hides it).
+                self._server_candidates = candidates if all(
+                    s.port_source == "socket" for s in snap.servers) else None
+        elif self._servers is not None:
+            snap.servers = list(self._servers)
         snap.poll_ms = (time.monotonic() - started) * 1000
         if not ok:
             raise RuntimeError(f"probe did not finish ({why})")
         return snap
 
-    async def _read_here(self, docker_due: bool) -> tuple[str, bool, str]:
+    async def _read_here(self, docker_due: bool, servers_due: bool = False) -> tuple[str, bool, str]:
         """The probe's sections for the node sparktop runs on: the /proc files
-        read in-process (a monitor left open all day should not start a shell
-        and `cat` every second), the tools run only when they exist here."""
+        (and the process list) read in-process (a monitor left open all day
+        should not start a shell and `cat` every second), the tools run only
+        when they exist here."""
         assert isinstance(self.transport, LocalTransport)
         env = self.transport.environ
         if self._tools is None:
@@ -147,10 +219,172 @@ class HostProbe:
         if docker_due and not docker:
             text += "@@docker\n@@missing\n"
         if not script:
-            return text + "@@end\n", True, ""
+            return text + (read_servers_here() if servers_due else "") + "@@end\n", True, ""
         result = await self.transport.run(script + "echo @@end", timeout=self.timeout)
-        return text + result.stdout, "@@end" in result.stdout, \
+        # After `docker ps`: a container's process seen here was in the list docker printed.
+        return text + result.stdout + (read_servers_here() if servers_due else ""), "@@end" in result.stdout, \
             f"exit {result.exit_status}: {result.first_error_line()}"
+
+
+# -- vLLM servers on this machine -------------------------------------------------
+
+_SERVER_ARG = re.compile(SERVER_ARG.replace("[m]", "m").replace("[p]", "p"))
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR, _NLMSG_DONE = 4, 20, 2, 3
+_TCP_LISTEN = 10
+
+
+def read_servers_here(proc: str = "/proc") -> str:
+    """The `@@servers` section for the machine sparktop runs on, read
+    in-process: what the probe script prints on a remote node."""
+    out = ["@@servers"]
+    fds = []
+    try:
+        pids = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return "@@servers\n"
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        if b"vllm" not in raw and b"sparktop" not in raw:
+            continue
+        args = raw.decode(errors="replace").removesuffix("\0").split("\0")
+        if not any(_SERVER_ARG.search(a) for a in args):
+            continue
+        base = f"{proc}/{pid}"
+        out += [f"{base}/cmdline:{a}" for a in args]
+        with contextlib.suppress(OSError), open(f"{base}/cgroup") as f:
+            out += [f"{base}/cgroup:{line.rstrip()}" for line in f]
+        fds.append(base)
+    for base in fds:
+        try:
+            names = os.listdir(f"{base}/fd")
+        except PermissionError:
+            out.append(f"ls: cannot open directory '{base}/fd': Permission denied")
+            continue
+        except OSError:
+            out.append(f"ls: cannot access '{base}/fd': No such file or directory")
+            continue
+        out.append(f"{base}/fd:")
+        for name in names:
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"{base}/fd/{name}")
+                if target.startswith("socket:"):
+                    out.append(f"{name} -> {target}")
+    if fds:
+        out += _listening_here(proc)
+    return "\n".join(out) + "\n"
+
+
+def _listening_here(proc: str) -> list[str]:
+    """This machine's listening TCP sockets as `ss -ltnHe` prints them (from
+    the kernel's sock_diag, which answers for listening sockets alone), or
+    the LISTEN rows of /proc/net/tcp{,6} where netlink is refused."""
+    try:
+        return [f"LISTEN 0 0 {addr}:{port} *:* ino:{inode}" for addr, port, inode in _sock_diag_listening()]
+    except OSError:
+        pass
+    rows = []
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"{proc}/net/{name}") as f:
+            rows += [f"/proc/net/{name}:{line.rstrip()}" for line in f if " 0A " in line]
+    return rows
+
+
+def _sock_diag_listening() -> list[tuple[str, int, int]]:
+    """(address, port, socket inode) of every listening TCP socket, IPv4 and IPv6."""
+    found = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(1.0)
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+            # nlmsghdr, then inet_diag_req_v2: family, protocol, ext, pad, states, a zeroed inet_diag_sockid
+            req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + bytes(48)
+            sock.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, seq, 0) + req)
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                offset = 0
+                while offset + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, offset)
+                    if kind == _NLMSG_DONE or length < 16:
+                        done = True
+                        break
+                    if kind == _NLMSG_ERROR:
+                        raise OSError("sock_diag refused the request")
+                    msg = offset + 16  # inet_diag_msg: family, state, timer, retrans, sockid, ..., inode
+                    port = struct.unpack_from(">H", data, msg + 4)[0]
+                    raw = data[msg + 8:msg + 8 + (4 if family == socket.AF_INET else 16)]
+                    inode = struct.unpack_from("=I", data, msg + 68)[0]
+                    address = str(ipaddress.ip_address(raw))
+                    found.append((f"[{address}]" if family == socket.AF_INET6 else address, port, inode))
+                    offset += (length + 3) & ~3
+    return found
+
+
+@dataclass
+class ProcessEngine:
+    """The API endpoint of a vLLM server running as a plain process."""
+
+    url: str
+    port: int
+    host: str | None  # the address it was told to bind, when it named one
+    found: str  # "process 4242 (vllm serve, port 8000)"
+    topology: str | None = None
+    model: str | None = None
+
+
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def _loopback(address: str) -> bool:
+    if address in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_address(a: str, b: str) -> bool:
+    return a == b or (a in _LOCAL_NAMES and b in _LOCAL_NAMES)
+
+
+def process_engine(server: ServerProcess, node_address: str, other_nodes: Collection[str] = ()) -> \
+        ProcessEngine | None:
+    """The endpoint a server process on this node serves, or None when it is
+    not this node's to show: bound to another node's address (the lab's
+    hosts share one process table), or to a loopback address the monitor
+    reaches only from that node itself."""
+    args = server.argv
+    host = _flag(args, "--host")
+    if host in (None, "", "0.0.0.0", "::", "[::]"):
+        host = None
+    if host is not None and not _same_address(host, node_address) and (host in other_nodes or _loopback(host)):
+        return None
+    address = node_address if host is None or _same_address(host, node_address) else host
+    if ":" in address and not address.startswith("["):
+        address = f"[{address}]"  # an IPv6 address in a URL
+    flag = hostparse.flag_port(args)
+    port = flag if flag in server.ports or not server.ports else server.ports[0]
+    how = f"port {port}" if server.port_source == "socket" else (
+        f"port {port} from --port" if _flag(args, "--port") else f"port {port}, vLLM's default")
+    model, topology = _vllm_details(args, server.command)
+    return ProcessEngine(url=f"http://{address}:{port}", port=port, host=host,
+                         found=f"process {server.pid} ({server.command}, {how})", topology=topology, model=model)
+
+
+def _vllm_details(args: list[str], command: str) -> tuple[str | None, str | None]:
+    """(model, topology) from a vLLM command line."""
+    model = _flag(args, "--served-model-name") or _flag(args, "--model")
+    if model is None and command.endswith("serve"):
+        after = args[args.index("serve") + 1:] if "serve" in args else []
+        model = next((a for a in after if not a.startswith("-")), None)
+    tp = _flag(args, "-tp", "--tensor-parallel-size")
+    if tp and tp != "1":
+        return model, "cluster-ray" if _flag(args, "--distributed-executor-backend") == "ray" else "cluster-mp"
+    return model, "solo"
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:
@@ -179,6 +413,8 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
         apps_body, apps_rc, _ = sections.get("apps", ("", None, False))
         if apps_rc in (0, None):
             snap.processes = hostparse.parse_compute_apps(apps_body)
+    if "servers" in sections:
+        snap.servers = hostparse.parse_vllm_processes(sections["servers"][0])
 
     docker_body, docker_rc, docker_missing = sections.get("docker", ("", None, True))
     if docker_missing:

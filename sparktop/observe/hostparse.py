@@ -1,6 +1,6 @@
 """Pure parsers for what a node prints: /proc/meminfo, /proc/stat,
 `nvidia-smi` (CSV queries and the default table), `docker ps --format
-'{{json .}}'`, and `free`.
+'{{json .}}'`, `free`, and the vLLM servers in the process list.
 
 GB10 quirks handled here: memory fields are `[N/A]`, `N/A` or "Not
 Supported"; CSV values may carry units (`96 %`) unless `nounits` was given;
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory
+from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory, ServerProcess
 
 NA = {"[n/a]", "n/a", "not supported", "[not supported]", "", "[unknown error]", "[insufficient permissions]"}
 
@@ -183,3 +183,127 @@ def parse_docker_ps(text: str) -> list[Container]:
             labels=parse_labels(row.get("Labels", "") or ""),
         ))
     return out
+
+
+# -- vLLM servers in the process list -------------------------------------------------
+
+# A process in a container (Docker, containerd, Kubernetes, Podman): docker discovery finds it.
+_CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods|libpod")
+_PROC_LINE = re.compile(r"^/proc/(\d+)/(cmdline|cgroup):(.*)$", re.S)
+_FD_HEADER = re.compile(r"^/proc/(\d+)/fd:$")
+_FD_ERROR = re.compile(r"^ls: .*'/proc/(\d+)/fd'")
+_SOCKET = re.compile(r" -> socket:\[(\d+)\]$")
+VLLM_DEFAULT_PORT = 8000
+
+
+def server_command(argv: list[str]) -> str | None:
+    """What kind of vLLM API server an argv runs, or None: `vllm serve`
+    (the console script, or `python -m vllm.entrypoints.cli.main serve`),
+    `python -m vllm.entrypoints.openai.api_server`, or sparktop's twin
+    (`sparktop twin serve`, `python -m sparktop twin serve`)."""
+    for i, arg in enumerate(argv):
+        base = arg.rsplit("/", 1)[-1]
+        rest = argv[i + 1:i + 3]
+        if (base == "vllm" or arg == "vllm.entrypoints.cli.main") and rest[:1] == ["serve"]:
+            return "vllm serve"
+        if arg == "vllm.entrypoints.openai.api_server":
+            return "vllm api_server"
+        if base == "sparktop" and rest == ["twin", "serve"]:
+            return "sparktop twin serve"
+    return None
+
+
+def flag_port(argv: list[str]) -> int:
+    """The port an API server was told to listen on (vLLM's default without `--port`)."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--port" and i + 1 < len(argv) else (
+            arg.split("=", 1)[1] if arg.startswith("--port=") else None)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return VLLM_DEFAULT_PORT
+    return VLLM_DEFAULT_PORT
+
+
+def _listening(line: str) -> tuple[int, int] | None:
+    """(socket inode, port) from a listening row of `ss -ltnHe` or of /proc/net/tcp{,6}."""
+    if line.startswith("/proc/net/tcp"):
+        fields = line.split(":", 1)[1].split()
+        if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+            return None
+        try:
+            return int(fields[9]), int(fields[1].rsplit(":", 1)[1], 16)
+        except (ValueError, IndexError):
+            return None
+    fields = line.split()
+    if len(fields) < 4 or fields[0] != "LISTEN":
+        return None
+    inode = next((f[4:] for f in fields if f.startswith("ino:")), None)
+    try:
+        return (int(inode), int(fields[3].rsplit(":", 1)[1])) if inode else None
+    except (ValueError, IndexError):
+        return None
+
+
+def parse_vllm_processes(text: str) -> list[ServerProcess]:
+    """The `@@servers` section: each candidate's argv (`/proc/PID/cmdline:ARG`,
+    one line per argument), its cgroups (`/proc/PID/cgroup:LINE`), its open
+    descriptors (`ls -lR /proc/PID/fd`, or ls's error when they cannot be
+    read) and the node's listening TCP sockets (`ss -ltnHe`, or the rows of
+    /proc/net/tcp and tcp6). Kept: vLLM API servers outside any container
+    (TP workers, `--headless`, have no API); each with the ports its sockets
+    listen on, or its `--port` when its descriptors are another user's (or
+    it does not listen yet). Those whose sockets were read come first."""
+    argv: dict[int, list[str]] = {}
+    in_container: set[int] = set()
+    sockets: dict[int, list[int]] = {}  # pid -> socket inodes, for the pids whose descriptors were read
+    unreadable: set[int] = set()
+    gone: set[int] = set()
+    listening: dict[int, int] = {}  # inode -> port
+    fd_pid: int | None = None
+    last_arg: int | None = None  # the pid whose argv the previous line extended
+    for line in text.splitlines():
+        match = _PROC_LINE.match(line)
+        if match:
+            pid, kind, value = int(match.group(1)), match.group(2), match.group(3)
+            fd_pid = None
+            if kind == "cmdline":
+                argv.setdefault(pid, []).append(value)
+                last_arg = pid
+            else:
+                last_arg = None
+                if _CONTAINER_CGROUP.search(value):
+                    in_container.add(pid)
+            continue
+        if (header := _FD_HEADER.match(line)) is not None:
+            fd_pid, last_arg = int(header.group(1)), None
+            sockets.setdefault(fd_pid, [])
+            continue
+        if (error := _FD_ERROR.match(line)) is not None:
+            pid = int(error.group(1))
+            (gone if "No such file" in line else unreadable).add(pid)
+            fd_pid = last_arg = None
+            continue
+        if (listen := _listening(line)) is not None:
+            listening[listen[0]] = listen[1]
+            fd_pid = last_arg = None
+            continue
+        if fd_pid is not None and (sock := _SOCKET.search(line)) is not None:
+            sockets[fd_pid].append(int(sock.group(1)))
+            continue
+        if last_arg is not None and line:
+            argv[last_arg][-1] += "\n" + line  # an argument with a newline in it
+    out: list[ServerProcess] = []
+    for pid, args in argv.items():
+        command = server_command(args)
+        if command is None or "--headless" in args or pid in in_container or pid in gone:
+            continue
+        ports = sorted({listening[i] for i in sockets.get(pid, []) if i in listening})
+        if ports and pid not in unreadable:
+            out.append(ServerProcess(pid, args, ports, "socket", command))
+        else:
+            out.append(ServerProcess(pid, args, [flag_port(args)], "flag", command))
+    # Those whose sockets were read first: a launcher in front of a server (`uv run vllm serve ...`) holds
+    # none, and the server's own entry, on the same address and port, is the one to name.
+    return sorted(out, key=lambda s: s.port_source != "socket")

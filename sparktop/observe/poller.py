@@ -13,10 +13,12 @@ is definite (connection refused twice). Retries back off from one interval
 to at most 3 s, so a returning node is seen within a few seconds; recovery
 needs nothing from the user.
 
-Engines are found three ways: given (`--engine URL`), discovered from the
+Engines are found four ways: given (`--engine URL`), discovered from the
 containers a node runs (`vllm serve` and LiteLLM commands, or sparktop's
-labels), or candidates (the default port on each node), which are shown
-only once they have answered.
+labels), discovered from its process list (vLLM started outside Docker, on
+the port it listens on), or candidates (the default port on each node),
+which are shown only once they have answered. Each says how
+(`EngineSnapshot.found`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
-from sparktop.observe.host_probe import HostProbe, engines_in
+from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
+from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
 from sparktop.observe.vllm_log import runtime_failure, startup_state
 from sparktop.remote import CommandTimeout, Transport, TransportError
@@ -39,7 +42,7 @@ from sparktop.remote import CommandTimeout, Transport, TransportError
 MAX_BACKOFF = 3.0
 
 
-Event = ObserveEvent  # the poller yields observation events
+Event = ObserveEvent  # the poller yields observation events (snapshots and the notices they give)
 
 
 @dataclass
@@ -58,6 +61,20 @@ class EngineTarget:
     topology: str | None = None
     kind: str | None = None
     model: str | None = None  # as launched, until the engine says
+    process: str | None = None  # discovered in the process list: "process 4242 (vllm serve, port 8000)"
+
+    @property
+    def found(self) -> str:
+        """How the engine was found, for people."""
+        if self.origin == "given":
+            return "given (--engine)"
+        if self.container:
+            return f"container {self.container}"
+        if self.process:
+            return self.process
+        if self.origin == "candidate":
+            return f"default port {self.url.rsplit(':', 1)[-1]}"
+        return self.origin
 
 
 @dataclass
@@ -136,6 +153,7 @@ class Poller:
         self.api_key = api_key
         self.router_key = router_key
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._notices = NoticeDetector()
         self._client: aiohttp.ClientSession | None = None
         self._nodes: dict[str, _NodeWorker] = {}
         self._engines: dict[str, _EngineWorker] = {}
@@ -236,7 +254,10 @@ class Poller:
         if worker and worker.task:
             worker.task.cancel()
         if worker and self._visible(worker):
-            self._queue.put_nowait(EngineGone(key))
+            gone = EngineGone(key)
+            self._queue.put_nowait(gone)
+            for notice in self._notices.gone(gone):
+                self._queue.put_nowait(notice)
 
     @staticmethod
     def _visible(w: _EngineWorker) -> bool:
@@ -300,13 +321,14 @@ class Poller:
             if state != "ok":
                 w.last = snap
         self._queue.put_nowait(snap)
+        for notice in self._notices.node(snap):
+            self._queue.put_nowait(notice)
 
     def _discover(self, w: _NodeWorker, snap: NodeSnapshot) -> None:
-        if snap.docker_status != "ok":
-            return
-        seen = set()
+        seen: set[str] = set()
+        docker = snap.docker_status == "ok"
         # Running containers first, so a restarted engine wins over its exited predecessor.
-        for container in sorted(snap.containers, key=lambda c: c.state != "running"):
+        for container in sorted(snap.containers if docker else [], key=lambda c: c.state != "running"):
             found = engines_in(container, w.target.address)
             if not found:
                 continue
@@ -322,9 +344,32 @@ class Poller:
             elif key in self._engines and self._engines[key].target.container == container.name:
                 # A crashed engine stays on screen, with why, until its container is removed.
                 self._engines[key].exited = container.status
+        self._discover_processes(w, snap, seen)
         for key, ew in list(self._engines.items()):
-            if ew.target.origin == "discovered" and ew.target.node == w.target.name and key not in seen:
+            # Without a container list only a process engine can be known gone (its process is not listed).
+            if ew.target.origin == "discovered" and ew.target.node == w.target.name and key not in seen and (
+                    docker or (ew.target.process and not ew.target.container)):
                 self._remove_engine(key)
+
+    def _discover_processes(self, w: _NodeWorker, snap: NodeSnapshot, seen: set[str]) -> None:
+        """vLLM started outside Docker, from the node's process list."""
+        others = {n.target.address for n in self._nodes.values() if n is not w}
+        for server in snap.servers:
+            found = process_engine(server, w.target.address, others)
+            if found is None:
+                continue
+            key = found.url.rstrip("/")
+            existing = self._engines.get(key)
+            if key in seen or (existing is not None and existing.target.container):
+                # A container's engine (the twin's containers are processes): the container list says when
+                # it is gone, and a process still serving its URL is found on the next poll.
+                continue
+            seen.add(key)
+            self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered", kind="vllm",
+                                          topology=found.topology, model=found.model, process=found.found))
+            target = self._engines[key].target
+            if target.origin == "discovered":  # a candidate it answered as, or a restart on the same port
+                target.process = found.found
 
     async def _engine_loop(self, w: _EngineWorker) -> None:
         loop = asyncio.get_running_loop()
@@ -354,11 +399,12 @@ class Poller:
                 snap.node = w.target.node
                 snap.container = w.target.container
                 snap.topology = w.target.topology
+                snap.found = w.target.found
                 if w.target.kind == "router":
                     snap.kind = "router"
                 w.last = snap
                 w.shown_state = "ready"
-                self._queue.put_nowait(snap)
+                self._put_engine(snap)
                 delay = self._interval
             await self._sleep_until(started + delay)
 
@@ -389,6 +435,7 @@ class Poller:
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
             key=w.probe.url, url=w.probe.url, t=time.time(), node=w.target.node, container=w.target.container,
             topology=w.target.topology, kind=w.target.kind or "vllm", model=w.target.model)
+        snap.found = w.target.found
         snap.state = state
         snap.reason = w.health.reason if state not in ("ready",) else None
         snap.stage = w.stage if state == "starting" else None
@@ -396,7 +443,12 @@ class Poller:
         if state != "ready":
             w.last = snap
         w.shown_state = state
+        self._put_engine(snap)
+
+    def _put_engine(self, snap: EngineSnapshot) -> None:
         self._queue.put_nowait(snap)
+        for notice in self._notices.engine(snap):
+            self._queue.put_nowait(notice)
 
     async def _read_stage(self, w: _EngineWorker) -> bool:
         """Whether the engine's container is still starting; reads its log."""

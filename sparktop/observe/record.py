@@ -2,7 +2,7 @@
 
 A recording is JSON lines: a header, then one line per event as the poller
 produced it (`{"t": ..., "node": {...}}`, `{"t": ..., "engine": {...}}`,
-`{"t": ..., "gone": key}`). Each line is flushed as it is written, so a
+`{"t": ..., "gone": key}`, `{"t": ..., "notice": {...}}`). Each line is flushed as it is written, so a
 session that ends badly loses nothing. Playback feeds the same events to a
 ClusterState at the recorded pace (or faster), with pause and seek.
 """
@@ -23,6 +23,7 @@ from sparktop.observe.snapshot import (
     EngineGone,
     EngineSnapshot,
     NodeSnapshot,
+    Notice,
     engine_from_dict,
     node_from_dict,
     to_dict,
@@ -37,6 +38,8 @@ def encode(event) -> dict:
         return {"t": event.t, "engine": to_dict(event)}
     if isinstance(event, EngineGone):
         return {"t": time.time(), "gone": event.key}
+    if isinstance(event, Notice):
+        return {"t": event.t, "notice": event.to_dict()}
     raise TypeError(type(event))
 
 
@@ -47,6 +50,8 @@ def decode(row: dict):
         return engine_from_dict(row["engine"])
     if "gone" in row:
         return EngineGone(row["gone"])
+    if "notice" in row:
+        return Notice.from_dict(row["notice"])
     return None
 
 

@@ -74,6 +74,19 @@ class Container:
 
 
 @dataclass
+class ServerProcess:
+    """A vLLM API server running as a plain process on a node (outside Docker)."""
+
+    pid: int
+    argv: list[str]
+    ports: list[int] = field(default_factory=list)  # the TCP ports it listens on
+    # socket: read from its open sockets | flag: its --port (vLLM's 8000 without one), because its
+    # sockets could not be read (another user's process) or it does not listen yet
+    port_source: str = "socket"
+    command: str = "vllm serve"  # vllm serve | vllm api_server | sparktop twin serve
+
+
+@dataclass
 class NodeSnapshot:
     name: str
     t: float
@@ -87,6 +100,7 @@ class NodeSnapshot:
     containers: list[Container] = field(default_factory=list)
     docker_status: str = "unknown"  # ok | missing | error text
     poll_ms: float | None = None
+    servers: list[ServerProcess] = field(default_factory=list)  # vLLM started outside Docker
 
     @property
     def vllm_mib(self) -> int:
@@ -133,8 +147,20 @@ class EngineSnapshot:
     sleep_level: int | None = None  # while sleeping: 1 weights offloaded, 2 all discarded (None: KV only)
     mem_read_bps: float | None = None  # bytes/s per GPU, vLLM's estimate; None when it reports none
     mem_write_bps: float | None = None
+    finished_rate: float | None = None  # requests finished per second (every reason), last few seconds
+    finished_rate_by_reason: dict[str, float] | None = None  # stop | length | abort | error | repetition
+    finished_by_reason: dict[str, float] | None = None  # since the engine started
+    prompt_tokens_total: float | None = None  # since the engine started
+    gen_tokens_total: float | None = None
+    started_at: float | None = None  # unix time the engine started (its counters' creation)
+    # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" (last 30 s), "p95_1m" (last minute)}}, seconds
+    latency: dict[str, dict[str, float | None]] | None = None
+    queue_slow: float | None = None  # requests in the last 30 s that waited over 5 s in the queue
     poll_ms: float | None = None
     error: str | None = None  # failed: the first error line of its death, from the container's log
+    # how it was found: "given (--engine)", "container vllm-solo", "process 4242 (vllm serve, port 8000)",
+    # "default port 8000"
+    found: str | None = None
 
     @property
     def label(self) -> str:
@@ -146,6 +172,16 @@ class EngineSnapshot:
         if self.mem_read_bps is None and self.mem_write_bps is None:
             return None
         return (self.mem_read_bps or 0.0) + (self.mem_write_bps or 0.0)
+
+    def pct(self, name: str, which: str) -> float | None:
+        """A latency percentile in seconds: `pct("queue", "p95_1m")`."""
+        return ((self.latency or {}).get(name) or {}).get(which)
+
+    @property
+    def errors_rate(self) -> float:
+        """Requests per second that ended in error or were aborted."""
+        by = self.finished_rate_by_reason or {}
+        return by.get("error", 0.0) + by.get("abort", 0.0)
 
     @property
     def deferred(self) -> float:
@@ -166,6 +202,28 @@ class EngineGone:
     key: str
 
 
+@dataclass
+class Notice:
+    """One line of the event log (`observe.notices` says when)."""
+
+    t: float  # unix time
+    subject: str  # "engine" | "node"
+    key: str  # the engine's URL or the node's name
+    kind: str  # down | back | ready | restarted | preempting | kv_high | queue_slow | error | rejecting
+    #            | sleeping | woke | gone | node_lost | node_back | memory_low | memory_ok
+    level: str  # info | warn | error
+    text: str
+
+    def to_dict(self) -> dict:
+        return {"t": self.t, "subject": self.subject, "key": self.key, "kind": self.kind, "level": self.level,
+                "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Notice:
+        return cls(t=d["t"], subject=d["subject"], key=d["key"], kind=d["kind"], level=d["level"], text=d["text"])
+
+
+
 def to_dict(obj: Any) -> Any:
     return dataclasses.asdict(obj)
 
@@ -178,6 +236,7 @@ def node_from_dict(d: dict) -> NodeSnapshot:
         d["gpu"] = Gpu(**d["gpu"])
     d["processes"] = [GpuProcess(**p) for p in d.get("processes", [])]
     d["containers"] = [Container(**c) for c in d.get("containers", [])]
+    d["servers"] = [ServerProcess(**p) for p in d.get("servers", [])]
     return NodeSnapshot(**d)
 
 
@@ -186,4 +245,4 @@ def engine_from_dict(d: dict) -> EngineSnapshot:
 
 
 # What the poller (and a replay) yields: the observation events.
-ObserveEvent = NodeSnapshot | EngineSnapshot | EngineGone
+ObserveEvent = NodeSnapshot | EngineSnapshot | EngineGone | Notice

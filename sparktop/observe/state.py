@@ -6,13 +6,19 @@ events; the UI only reads it.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
+from sparktop.observe.energy import Energy
+from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
+NOTICES = 200  # event-log lines kept per engine or node
+NOTICE_ON_CARD_S = 90.0  # how long a card shows its last notice
+ENERGY_WINDOW_S = 5.0  # power is averaged over the window the engine's token rate covers
+PEAK_FIGURES = ("running", "waiting", "kv_usage", "prompt_tps", "gen_tps")
 
 
 
@@ -43,7 +49,8 @@ class History:
         data = self.series.get(name)
         if not data:
             return []
-        items = list(data)[-last:] if last else list(data)
+        # The newest `last` only: a card draws a few dozen points of an hour's history every second.
+        items = itertools.islice(data, max(0, len(data) - last), None) if last else data
         return [0.0 if v is None else float(v) for v in items]
 
     def points(self, name: str) -> tuple[list[float], list[float]]:
@@ -68,10 +75,17 @@ class ClusterState:
         self.engines: dict[str, EngineSnapshot] = {}
         self.node_history: dict[str, History] = {}
         self.engine_history: dict[str, History] = {}
+        # Since sparktop started: the highest of each figure, per engine.
+        self.peaks: dict[str, dict[str, float]] = {}
+        # The event log, per engine URL or node name (newest last).
+        self.notices: dict[str, deque[Notice]] = {}
+        self.now = 0.0  # the newest snapshot's time: "now" for a replay as for a live session
         self.version = 0  # bumps on every change, so a view can skip redraws
 
     def apply(self, event: ObserveEvent | Reset) -> None:
         self.version += 1
+        if isinstance(event, NodeSnapshot | EngineSnapshot) and event.t > self.now:
+            self.now = event.t
         if isinstance(event, NodeSnapshot):
             self.nodes[event.name] = event
             if event.state == "ok":
@@ -80,8 +94,11 @@ class ClusterState:
             self.engines[event.key] = event
             if event.state in ("ready", "sleeping"):  # asleep, the charts go on (at zero)
                 self._engine_point(event)
+                self._peak(event)
         elif isinstance(event, EngineGone):
             self.engines.pop(event.key, None)
+        elif isinstance(event, Notice):
+            self.notices.setdefault(event.key, deque(maxlen=NOTICES)).append(event)
         elif isinstance(event, Reset):
             self._clear(self.history_len)
 
@@ -102,6 +119,94 @@ class ClusterState:
             "kv": s.kv_usage, "running": s.running, "waiting": s.waiting, "gen_tps": s.gen_tps,
             "prompt_tps": s.prompt_tps, "ttft_p50": s.ttft_p50, "itl_p50": s.itl_p50,
         })
+
+    def _peak(self, s: EngineSnapshot) -> None:
+        peaks = self.peaks.setdefault(s.key, {})
+        for name in PEAK_FIGURES:
+            value = getattr(s, name)
+            if value is not None and value > peaks.get(name, float("-inf")):
+                peaks[name] = value
+
+    def last_notice(self, key: str, now: float, within: float = NOTICE_ON_CARD_S) -> Notice | None:
+        """The newest notice of an engine or node if it is recent enough to show on its card."""
+        log = self.notices.get(key)
+        if not log:
+            return None
+        last = log[-1]
+        return last if now - last.t <= within else None
+
+    def log(self, *keys: str) -> list[Notice]:
+        """The notices of these engines and nodes together, oldest first."""
+        rows = [n for key in keys for n in self.notices.get(key, ())]
+        return sorted(rows, key=lambda n: n.t)
+
+    def engine_nodes(self, e: EngineSnapshot) -> list[str]:
+        """The nodes an engine runs on: its own, and for one spread over
+        nodes (tensor parallel) every node running a container of the same
+        launch, or, for one sparktop did not launch, every node with GPU work."""
+        if e.node is None:
+            return []
+        if not (e.topology or "").startswith("cluster"):
+            return [e.node]
+        home = self.nodes.get(e.node)
+        launch = None
+        if home is not None and e.container:
+            launch = next((c.labels.get("sparktop.launch") for c in home.containers if c.name == e.container), None)
+        nodes = []
+        for name, n in sorted(self.nodes.items()):
+            if launch is not None:
+                ours = any(c.state == "running" and c.labels.get("sparktop.launch") == launch
+                           and c.labels.get("sparktop.kind") != "router" for c in n.containers)
+            else:
+                ours = bool(n.processes)
+            if ours or name == e.node:
+                nodes.append(name)
+        return nodes
+
+    def mean_power(self, node: str, until: float, window: float = ENERGY_WINDOW_S) -> float | None:
+        """The node's GPU power (W) averaged over the `window` seconds before `until`."""
+        h = self.node_history.get(node)
+        if h is None:
+            return None
+        values = []
+        for t, v in zip(reversed(h.t), reversed(h.series.get("power", ())), strict=False):
+            if t < until - window - 0.5:
+                break  # the history goes back in time: the rest is older
+            if t <= until + 0.5 and v is not None:
+                values.append(v)
+        return sum(values) / len(values) if values else None
+
+    def engine_energy(self, e: EngineSnapshot) -> Energy | None:
+        """Energy per generated token: the power of the engine's nodes over
+        the window its token rate covers, divided by that rate."""
+        nodes = self.engine_nodes(e)
+        if not nodes or e.gen_tps is None:
+            return None
+        watts = [self.mean_power(n, e.t) for n in nodes]
+        if any(w is None for w in watts):
+            return None
+        return Energy(watts=sum(w for w in watts if w is not None), tokens_per_s=e.gen_tps, nodes=nodes,
+                      window_s=ENERGY_WINDOW_S)
+
+    def node_energy(self, name: str) -> Energy | None:
+        """Energy per token generated on a node: its power over the tokens of
+        the engines on it (an engine on k nodes counts 1/k of its tokens here)."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        tps = 0.0
+        seen = False
+        for e in self.engines.values():
+            if e.state not in ("ready", "sleeping") or e.gen_tps is None:
+                continue
+            nodes = self.engine_nodes(e)
+            if name in nodes:
+                tps += e.gen_tps / len(nodes)
+                seen = True
+        watts = self.mean_power(name, node.t)
+        if not seen or watts is None:
+            return None
+        return Energy(watts=watts, tokens_per_s=tps, nodes=[name], window_s=ENERGY_WINDOW_S)
 
     def ordered_nodes(self) -> list[NodeSnapshot]:
         return [self.nodes[k] for k in sorted(self.nodes)]

@@ -12,6 +12,12 @@ parser, then turned into the figures the monitor shows.
   down (or whose `_created` changed) was reset by a restart, and the new
   value is the delta, as Prometheus' rate() does: never negative.
 - Percentiles come from histogram bucket deltas over a window of scrapes.
+- Requests finished, by `finished_reason` (stop, length, abort, error,
+  repetition): a rate per reason and the totals over the engine's life; the
+  engine's start time is its token counters' `_created` time.
+- Latency percentiles (TTFT, ITL, queue time, end to end) come from the
+  histograms' bucket deltas: p50/p95/p99 over the window (30 s) and a p95
+  over the last minute, so a spike stays in view after it has passed.
 - vLLM 0.32 adds: waiting requests by reason (`capacity`, `deferred`),
   admission rejections by queue limit (one counter per API server, with no
   `engine` label), the sleep state (`awake`, `weights_offloaded` = level 1,
@@ -40,6 +46,12 @@ PREEMPTIONS = ("vllm:num_preemptions_total",)
 REQUESTS = ("vllm:request_success_total",)
 TTFT: tuple[str, ...] = ("vllm:time_to_first_token_seconds",)
 ITL: tuple[str, ...] = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+QUEUE: tuple[str, ...] = ("vllm:request_queue_time_seconds",)
+E2E: tuple[str, ...] = ("vllm:e2e_request_latency_seconds",)
+# The latency histograms the monitor reads, by the short name it shows them under.
+LATENCIES: dict[str, tuple[str, ...]] = {"ttft": TTFT, "itl": ITL, "queue": QUEUE, "e2e": E2E}
+MINUTE = 60.0  # the span of the "p95 over the last minute"
+QUEUE_WAIT_S = 5.0  # a request that waited longer than this in the queue is worth an event
 # vLLM 0.32
 WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)  # reason: capacity | deferred
 REJECTIONS = ("vllm:admission_rejections_total",)  # reason: max_num_queued_reqs | max_num_queued_tokens
@@ -51,8 +63,8 @@ WRITE_BYTES = ("vllm:estimated_write_bytes_per_gpu_total",)
 WANTED = {
     name.removesuffix("_total")
     for group in (KV_USAGE, RUNNING, WAITING, PROMPT_TOKENS, GEN_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
-                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL, WAITING_BY_REASON, REJECTIONS, SLEEP_STATE,
-                  READ_BYTES, WRITE_BYTES)
+                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL, QUEUE, E2E, WAITING_BY_REASON, REJECTIONS,
+                  SLEEP_STATE, READ_BYTES, WRITE_BYTES)
     for name in group
 }
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
@@ -73,7 +85,7 @@ def _base(name: str) -> str:
 CREATED_WANTED = {name.removesuffix("_total") + "_created" for name in PROMPT_TOKENS + GEN_TOKENS}
 
 
-HISTOGRAM_BASES = {name for name in TTFT + ITL}
+HISTOGRAM_BASES = {name for names in LATENCIES.values() for name in names}
 
 
 def _alternatives(names) -> str:
@@ -211,6 +223,17 @@ class Scrape:
         series = self.samples.get(base + "_created")
         return max(v for _, v in series) if series else None
 
+    def histogram_with_sum(self, names: tuple[str, ...]) -> tuple[dict[float, float], float | None] | None:
+        """The buckets and the sum of the observations (None when the scrape has no `_sum`)."""
+        buckets = self.histogram(names)
+        if buckets is None:
+            return None
+        for name in names:
+            series = self.samples.get(name + "_sum")
+            if series:
+                return buckets, sum(v for _, v in series if not math.isnan(v))
+        return buckets, None
+
     def histogram(self, names: tuple[str, ...]) -> dict[float, float] | None:
         """Cumulative bucket counts by upper bound, summed over series."""
         for name in names:
@@ -240,8 +263,15 @@ def counter_delta(prev: float | None, cur: float | None, reset: bool = False) ->
     return cur - prev
 
 
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' histogram_quantile on cumulative buckets."""
+def quantile(q: float, buckets: dict[float, float], mean: float | None = None) -> float | None:
+    """Prometheus' histogram_quantile on cumulative buckets.
+
+    With the observations' `mean` (a histogram's sum over its count), a rank
+    in the first bucket is interpolated up to twice the mean rather than to
+    the bucket's bound, when that is lower: vLLM's queue-time buckets start
+    at 300 ms, and requests that never waited would otherwise read as a
+    150 ms median. (Twice the mean is where a uniform spread from zero with
+    that mean ends; the mean of all observations can only raise it.)"""
     if not buckets:
         return None
     bounds = sorted(buckets)
@@ -257,6 +287,8 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
                 return prev_bound  # above the last finite bucket: report its bound
             if count == prev_count:
                 return bound
+            if prev_count == 0 and prev_bound == 0 and mean is not None and 0 <= 2 * mean < bound:
+                bound = 2 * mean
             return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
         prev_bound, prev_count = bound, count
     return prev_bound
@@ -296,6 +328,40 @@ class Derived:
     sleep_level: int | None = None  # 1: weights offloaded, 2: everything discarded
     mem_read_bps: float | None = None  # vLLM's estimate, bytes/s per GPU; None unless it moved
     mem_write_bps: float | None = None
+    finished_rate: float | None = None  # requests finished per second, every reason
+    finished_rate_by_reason: dict[str, float] | None = None  # stop | length | abort | error | repetition
+    finished_by_reason: dict[str, float] | None = None  # since the engine started
+    prompt_tokens_total: float | None = None  # since the engine started
+    gen_tokens_total: float | None = None
+    started_at: float | None = None  # unix time the engine's counters were created (its start)
+    # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" over the window, "p95_1m"}}, seconds
+    latency: dict[str, dict[str, float | None]] | None = None
+    queue_slow: float | None = None  # requests in the window that waited over QUEUE_WAIT_S in the queue
+
+
+Histogram = tuple[dict[float, float], float | None]  # cumulative buckets, and the sum of the observations
+
+
+def _window_quantiles(new: Histogram | None, old: Histogram | None,
+                      qs: tuple[tuple[str, float], ...]) -> dict[str, float | None] | None:
+    if new is None or old is None:
+        return None
+    window = _sub(new[0], old[0])
+    if not window:
+        return None
+    count = window[max(window)]
+    mean = (new[1] - old[1]) / count if count > 0 and new[1] is not None and old[1] is not None else None
+    return {name: quantile(q, window, mean) for name, q in qs}
+
+
+def above(bound: float, buckets: dict[float, float]) -> float:
+    """How many observations in cumulative `buckets` exceeded `bound`
+    (rounded up to the next bucket bound: a histogram knows no finer)."""
+    if not buckets:
+        return 0.0
+    bounds = sorted(buckets)
+    at = next((buckets[b] for b in reversed(bounds) if b <= bound), 0.0)
+    return max(0.0, buckets[bounds[-1]] - at)
 
 
 class EngineMetrics:
@@ -306,10 +372,18 @@ class EngineMetrics:
         self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
         self._percentiles: dict[str, float | None] = {}
+        self._latency: dict[str, dict[str, float | None]] | None = None
+        self._queue_slow: float | None = None
+        # (t, {latency name: cumulative buckets}) of the scrapes read with
+        # histograms, for the last minute's p95.
+        self._minute: deque[tuple[float, dict[str, Histogram | None]]] = deque()
 
     def reset(self) -> None:
         self.scrapes.clear()
         self._percentiles = {}
+        self._latency = None
+        self._queue_slow = None
+        self._minute.clear()
 
     def add(self, scrape: Scrape) -> Derived:
         prev = self.scrapes[-1] if self.scrapes else None
@@ -317,6 +391,9 @@ class EngineMetrics:
         if restarted:
             self.scrapes.clear()
             self._percentiles = {}
+            self._latency = None
+            self._queue_slow = None
+            self._minute.clear()
             prev_for_rates = prev  # the delta is everything since the restart
         else:
             prev_for_rates = next((s for s in self.scrapes if scrape.t - s.t <= self.rate_window), prev)
@@ -332,6 +409,10 @@ class EngineMetrics:
             waiting_by_reason=scrape.by_label(WAITING_BY_REASON, "reason"),
             rejections=_clean(scrape.total(REJECTIONS)),
             rejections_by_reason=scrape.by_label(REJECTIONS, "reason"),
+            finished_by_reason=scrape.by_label(REQUESTS, "finished_reason"),
+            prompt_tokens_total=_clean(scrape.total(PROMPT_TOKENS)),
+            gen_tokens_total=_clean(scrape.total(GEN_TOKENS)),
+            started_at=scrape.created(GEN_TOKENS),
         )
         sleep = scrape.sleep()
         if sleep is not None:
@@ -344,6 +425,10 @@ class EngineMetrics:
                     delta = counter_delta(prev_for_rates.total(names), scrape.total(names), restarted)
                     if delta is not None:
                         setattr(d, attr, delta / dt)
+                finished = self._rates_by_reason(prev_for_rates, scrape, restarted, dt)
+                if finished is not None:
+                    d.finished_rate_by_reason = finished
+                    d.finished_rate = sum(finished.values())
                 # Bytes per GPU: the mean over data-parallel engines, each on
                 # its own GPU, to set against one node's bandwidth. A build
                 # that does not estimate them (vLLM's CPU backend) leaves both
@@ -355,18 +440,11 @@ class EngineMetrics:
                     d.mem_write_bps = None if write is None else write / dt
         oldest = self.scrapes[0]
         if scrape.has_histograms:
-            self._percentiles = {}
-            hist_oldest = next((s for s in self.scrapes if s.has_histograms), None)
-            if hist_oldest is not None and hist_oldest is not scrape:
-                for hist, lo, hi in ((TTFT, "ttft_p50", "ttft_p95"), (ITL, "itl_p50", "itl_p95")):
-                    new, old = scrape.histogram(hist), hist_oldest.histogram(hist)
-                    if new is not None and old is not None:
-                        window = _sub(new, old)
-                        if window:
-                            self._percentiles[lo] = quantile(0.5, window)
-                            self._percentiles[hi] = quantile(0.95, window)
+            self._histogram_window(scrape)
         for name, value in self._percentiles.items():
             setattr(d, name, value)
+        d.latency = self._latency
+        d.queue_slow = self._queue_slow
         if oldest is not scrape:
             queries = counter_delta(oldest.total(PREFIX_QUERIES), scrape.total(PREFIX_QUERIES))
             hits = counter_delta(oldest.total(PREFIX_HITS), scrape.total(PREFIX_HITS))
@@ -382,6 +460,53 @@ class EngineMetrics:
             if legacy is not None and legacy >= 0:
                 d.prefix_hit_rate = legacy
         return d
+
+    def _histogram_window(self, scrape: Scrape) -> None:
+        """Percentiles over the window and over the last minute, from the
+        scrapes read with histograms (every few seconds, not every poll)."""
+        self._percentiles = {}
+        now = {name: scrape.histogram_with_sum(names) for name, names in LATENCIES.items()}
+        hist_oldest = next((s for s in self.scrapes if s.has_histograms), None)
+        self._minute.append((scrape.t, now))
+        while len(self._minute) > 2 and scrape.t - self._minute[1][0] >= MINUTE:
+            self._minute.popleft()  # keep one point at least a minute old: the minute's base
+        minute_base = next(((t, h) for t, h in self._minute if scrape.t - t <= MINUTE + 1.0), None)
+        if hist_oldest is None or hist_oldest is scrape:
+            self._latency = None
+            self._queue_slow = None
+            return
+        latency: dict[str, dict[str, float | None]] = {}
+        qs = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+        for name, names in LATENCIES.items():
+            old = hist_oldest.histogram_with_sum(names)
+            figures = _window_quantiles(now[name], old, qs)
+            current = now[name]
+            if name == "queue" and current is not None and old is not None:
+                window = _sub(current[0], old[0])
+                self._queue_slow = above(QUEUE_WAIT_S, window) if window is not None else None
+            if minute_base is not None and minute_base[1] is not now:
+                minute = _window_quantiles(now[name], minute_base[1].get(name), (("p95_1m", 0.95),))
+                if minute is not None:
+                    figures = {**(figures or {"p50": None, "p95": None, "p99": None}), **minute}
+            if figures is not None:
+                latency[name] = figures
+        self._latency = latency or None
+        for short, attr in (("ttft", "ttft"), ("itl", "itl")):
+            figures = latency.get(short) or {}
+            if figures.get("p50") is not None or figures.get("p95") is not None:
+                self._percentiles[f"{attr}_p50"] = figures.get("p50")
+                self._percentiles[f"{attr}_p95"] = figures.get("p95")
+
+    @staticmethod
+    def _rates_by_reason(prev: Scrape, cur: Scrape, restarted: bool, dt: float) -> dict[str, float] | None:
+        before, now = prev.by_label(REQUESTS, "finished_reason"), cur.by_label(REQUESTS, "finished_reason")
+        if now is None or before is None:
+            return None
+        out = {}
+        for reason, value in now.items():
+            delta = counter_delta(before.get(reason, 0.0), value, restarted)
+            out[reason] = (delta or 0.0) / dt
+        return out
 
     @staticmethod
     def _restarted(prev: Scrape, cur: Scrape) -> bool:

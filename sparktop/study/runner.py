@@ -33,6 +33,7 @@ from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import stop_launches
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.observe.power import NodesPower
 from sparktop.observe.vllm_log import strip_prefix
 from sparktop.remote import Transport, TransportError, transport_for
 from sparktop.settings import Inventory
@@ -273,8 +274,10 @@ class StudyRunner:
         assert executor is not None, "the sweep follows a launch"
         key = executor.api_key(api.api_key_env) if api.api_key_env else None
         previous = study.run_dir(t)
+        # Energy per token: the GPU power of every node the topology runs on, read during each level.
+        power = NodesPower({n: self.transports[n] for n in plan.nodes if n in self.transports})
         sweep = Sweep(settings, study.runs_dir, resume=previous if previous and previous.exists() else None,
-                      api_key=key)
+                      api_key=key, power=power)
         began = time.monotonic()
         finished: SweepFinished | None = None
         async for event in sweep.events():

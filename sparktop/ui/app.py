@@ -70,14 +70,23 @@ class SparktopApp(App):
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
                  repaint: float = 1.0, inventory=None, recipe_dirs: list[str] | None = None,
-                 launch_timeout: float | None = None, results_root=None, study_dir: Path | None = None):
+                 launch_timeout: float | None = None, results_root=None, study_dir: Path | None = None,
+                 read_only: bool = False, preferences=None):
         """`source` yields events; or `start_source`, an async callable that
         makes one, is called once the first frame is on screen (so heavy
         imports and connections never delay it). With an `inventory` the
         app can launch and stop recipes on its nodes, and study them. With a
         `study_dir` it follows that study (run by another process) from the
-        start."""
+        start. `read_only` (a browser session of `sparktop web`) watches
+        only: launching, stopping, sweeping and studies are off."""
         super().__init__()
+        from sparktop.settings import load_preferences
+
+        # The energy price and currency (settings.yaml); a bad file stops here, before the screen opens.
+        self.preferences = preferences if preferences is not None else load_preferences()
+        self.read_only = read_only
+        if read_only:
+            self._go_read_only()
         self.study_dir = study_dir
         self._study: StudyRun | None = None  # the study this session runs or follows
         self._study_runner: StudyRunner | None = None
@@ -185,6 +194,31 @@ class SparktopApp(App):
         if self.label:
             text.append(f" · {self.label}", style="dim")
         return text
+
+    # -- read-only (a browser session of `sparktop web` without --allow-control) --------
+
+    def _go_read_only(self) -> None:
+        """The keys that would change something on the nodes (l, x, s, y, b)
+        say why they do nothing instead, and leave the footer; ? shows the
+        help without them. The screens behind them cannot be reached."""
+        from dataclasses import replace
+
+        from sparktop.ui.readonly import READ_ONLY_ACTIONS
+
+        keys = self._bindings.key_to_bindings
+        for key, bindings in keys.items():
+            keys[key] = [replace(b, action=f"read_only({b.action!r})", show=False) if b.action in READ_ONLY_ACTIONS
+                         else replace(b, action="read_only_help") if b.action == "help" else b for b in bindings]
+
+    def action_read_only(self, action: str) -> None:
+        from sparktop.ui.readonly import refusal
+
+        self.notify(refusal(action), title="read-only", severity="warning", timeout=8)
+
+    def action_read_only_help(self) -> None:
+        from sparktop.ui.readonly import ReadOnlyHelpScreen
+
+        self.push_screen(ReadOnlyHelpScreen())
 
     # -- actions ----------------------------------------------------------------
 
@@ -350,7 +384,8 @@ class SparktopApp(App):
         engines = [e for e in self.state.ordered_engines() if e.state == "ready"]
         focused = self.screen.focused
         default = getattr(focused, "key", None) if getattr(focused, "kind", None) == "engine" else None
-        self.push_screen(SweepScreen(engines, self.results_root or results_dir(), default_url=default))
+        self.push_screen(SweepScreen(engines, self.results_root or results_dir(), default_url=default,
+                                     state=self.state))
 
 
     # -- studies ----------------------------------------------------------------------

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
+from sparktop.observe.energy import Energy
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import History
 from sparktop.ui import render as r
 
@@ -50,19 +51,33 @@ class Card(Widget, can_focus=True):
         self.text = ""  # what the card shows, as plain text (tests, screen readers)
         self.spark_height = 1  # rows per sparkline; the screen raises it when there is room
         self._card_lines: list[Text] = []
-        self._card_strips: list[Strip] | None = None
+        self._card_strips: list[Strip | None] | None = None  # cut lazily, per line
         self._card_strips_key: int | None = None  # the width they were cut to
 
     def _paint(self, title: str, subtitle: Text, lines: list[Text]) -> None:
-        if (title, subtitle) != self._titles:  # setting them repaints the border: only on change
+        titles_changed = (title, subtitle) != self._titles
+        if titles_changed:  # setting them repaints the border: only on change
             self._titles = (title, subtitle)
             self.border_title = title
             self.border_subtitle = subtitle
         self.text = "\n".join([f"{title} {subtitle.plain}", *(line.plain for line in lines)])
         relayout = len(lines) != len(self._card_lines)  # same height: a repaint is enough
+        old_lines, old_strips = self._card_lines, self._card_strips
         self._card_lines = lines
-        self._card_strips = None
-        self.refresh(layout=relayout)
+        width = self.content_size.width
+        if relayout or titles_changed or old_strips is None or self._card_strips_key != width:
+            self._card_strips = None
+            self.refresh(layout=relayout)
+            return
+        # Most of a card reads the same from one second to the next: cut and
+        # repaint only the lines that changed (the compositor and the
+        # terminal then redraw those rows alone).
+        strips: list[Strip | None] = list(old_strips)
+        for y, (before, after) in enumerate(zip(old_lines, lines, strict=True)):
+            if before != after:
+                strips[y] = None
+                self.refresh(Region(0, y, width, 1))
+        self._card_strips = strips
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self._card_lines))
@@ -71,14 +86,17 @@ class Card(Widget, can_focus=True):
         width = self.content_size.width
         if self._card_strips is None or self._card_strips_key != width:
             # The widget's style is looked up once per update, not per line: it walks the DOM.
-            style = self._card_style = self.rich_style
-            console = self.app.console
-            self._card_strips = [Strip(line.render(console)).apply_style(style).crop_extend(0, width, style)
-                                 for line in self._card_lines]
+            self._card_style = self.rich_style
+            self._card_strips = [None] * len(self._card_lines)
             self._card_strips_key = width
-        if y < len(self._card_strips):
-            return self._card_strips[y]
-        return Strip.blank(width, self._card_style)
+        if y >= len(self._card_strips):
+            return Strip.blank(width, self._card_style)
+        strip = self._card_strips[y]
+        if strip is None:
+            style = self._card_style or self.rich_style
+            strip = Strip(self._card_lines[y].render(self.app.console)).apply_style(style).crop_extend(0, width, style)
+            self._card_strips[y] = strip
+        return strip
 
     _card_style: Style | None = None
     _titles: tuple | None = None
@@ -99,8 +117,10 @@ class Card(Widget, can_focus=True):
         # The first paint can happen before layout; draw again at the real size.
         self.redraw()
 
-    def show(self, snap, history: History | None) -> None:
-        """Draw a snapshot and its history (each card kind draws its own)."""
+    def show(self, snap, history: History | None, notice: Notice | None = None,
+             energy: Energy | None = None) -> None:
+        """Draw a snapshot, its history, its last notice (while recent) and
+        its energy per token (each card kind draws its own)."""
         raise NotImplementedError
 
     def redraw(self) -> None:
@@ -131,13 +151,40 @@ class Card(Widget, can_focus=True):
         return r.side_by_side(columns[0], columns[1])
 
 
+def notice_line(notice: Notice | None, width: int) -> Text | None:
+    """The card's last notice: "⚑ 16:02:11 KV cache above 90 % (93 %)"."""
+    if notice is None:
+        return None
+    import time
+
+    style = {"error": "bold red", "warn": "yellow"}.get(notice.level, "cyan")
+    text = Text(f"⚑ {time.strftime('%H:%M:%S', time.localtime(notice.t))} ", style="dim")
+    room = width - text.cell_len
+    words = notice.text
+    if len(words) > room and ": " in words:
+        words = words.split(": ", 1)[0]  # "engine down: container … exited (137)" → "engine down"
+    if len(words) > room:
+        words = words[: max(1, room - 1)] + "…"
+    text.append(words, style=style)
+    return text
+
+
+def joules(energy: Energy | None) -> str | None:
+    """"0.81 J/tok", or None when nothing is generated (no figure, not infinity)."""
+    j = energy.j_per_token if energy is not None else None
+    if j is None:
+        return None
+    return f"{j:.2f} J/tok" if j < 10 else f"{j:.0f} J/tok"
+
+
 class NodeCard(Card):
     kind = "node"
 
-    def show(self, snap: NodeSnapshot, history: History | None) -> None:
-        self._last = (snap, history)
+    def show(self, snap: NodeSnapshot, history: History | None, notice: Notice | None = None,
+             energy: Energy | None = None) -> None:
+        self._last = (snap, history, notice, energy)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.reason, width, self.spark_height)
+        stamp = (snap.t, snap.state, snap.reason, width, self.spark_height, id(notice))
         if stamp == self._drawn:
             return
         self._drawn = stamp
@@ -145,9 +192,10 @@ class NodeCard(Card):
         self.set_class(level == "warn", "-warn")
         self.set_class(level == "danger", "-danger")
         self.set_class(snap.state in ("stale", "down"), "-stale")
-        self._paint(snap.name, r.state_badge(snap.state), self._lines(snap, history, width))
+        self._paint(snap.name, r.state_badge(snap.state), self._lines(snap, history, width, notice, energy))
 
-    def _lines(self, snap: NodeSnapshot, history: History | None, width: int) -> list[Text]:
+    def _lines(self, snap: NodeSnapshot, history: History | None, width: int, notice: Notice | None = None,
+               energy: Energy | None = None) -> list[Text]:
         lines: list[Text] = []
         mem = snap.memory
         used_style = {"ok": "blue", "warn": "yellow", "danger": "red"}[memory_level(snap)]
@@ -174,6 +222,9 @@ class NodeCard(Card):
             line.append(f"{r.num(gpu.util, '{:.0f}%'):>4}")
             line.append(f"  {r.num(gpu.temp, '{:.0f}°C')}  {r.num(gpu.power, '{:.0f}W')}  "
                         f"{r.num(gpu.sm_clock, '{:.0f}MHz')} {gpu.pstate or ''}")
+            per_token = joules(energy)
+            if per_token and line.cell_len + 2 + len(per_token) <= width:
+                line.append(f"  {per_token}", style="green")
         else:
             line.append(" no nvidia-smi" if snap.gpu_status == "missing" else f" {snap.gpu_status}", style="dim")
         lines.append(line)
@@ -198,10 +249,13 @@ class NodeCard(Card):
             row.append(status, style="dim")
             lines.append(row)
         if history is not None:
-            lines += self._sparks(("mem ", history.values("mem_frac"), 1.0, "blue"),
-                                  ("gpu ", history.values("gpu_util"), 100.0, "green"), width)
+            lines += self._sparks(("mem ", history.values("mem_frac", width), 1.0, "blue"),
+                                  ("gpu ", history.values("gpu_util", width), 100.0, "green"), width)
         if snap.state != "ok" and snap.reason:
             lines.append(Text(snap.reason[: width], style="red" if snap.state == "down" else "yellow"))
+        latest = notice_line(notice, width)
+        if latest is not None:
+            lines.append(latest)
         return lines
 
 
@@ -305,10 +359,11 @@ def engine_facts(snap: EngineSnapshot) -> list[Text]:
 class EngineCard(Card):
     kind = "engine"
 
-    def show(self, snap: EngineSnapshot, history: History | None) -> None:
-        self._last = (snap, history)
+    def show(self, snap: EngineSnapshot, history: History | None, notice: Notice | None = None,
+             energy: Energy | None = None) -> None:
+        self._last = (snap, history, notice, energy)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height)
+        stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height, id(notice))
         if stamp == self._drawn:
             return
         self._drawn = stamp
@@ -322,9 +377,10 @@ class EngineCard(Card):
             badge = sleep_badge(snap)
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
         self.set_class(snap.state == "starting", "-starting")
-        self._paint(title, badge, self._lines(snap, history, width))
+        self._paint(title, badge, self._lines(snap, history, width, notice, energy))
 
-    def _lines(self, snap: EngineSnapshot, history: History | None, width: int) -> list[Text]:
+    def _lines(self, snap: EngineSnapshot, history: History | None, width: int, notice: Notice | None = None,
+               energy: Energy | None = None) -> list[Text]:
         lines = []
         where = snap.url.removeprefix("http://").removeprefix("https://")
         head = Text(where, style="dim")
@@ -350,26 +406,36 @@ class EngineCard(Card):
         line.append(kv_label)
         if history is not None:
             line.append(" ")
-            line.append_text(r.spark(history.values("kv"), 8, top=1.0, style=kv_style))
+            line.append_text(r.spark(history.values("kv", 8), 8, top=1.0, style=kv_style))
         lines.append(line)
         waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
         wait = r.field("wait", r.num(snap.waiting), waiting_style)
         if snap.deferred > 0:  # held back by LoRA budget or KV transfer, not by capacity
             wait.append(f" ({snap.deferred:.0f} deferred)", style=waiting_style)
         if history is not None:
-            queue = [a + b for a, b in zip(history.values("running"), history.values("waiting"), strict=False)]
+            queue = [a + b for a, b in zip(history.values("running", 6), history.values("waiting", 6), strict=False)]
             wait.append(" ")
             wait.append_text(r.spark(queue, 6, style="yellow"))
         parts = [r.field("run", r.num(snap.running)), wait]
         rejected = rejected_field(snap)
         if rejected is not None:
             parts.append(rejected)
+        if snap.finished_rate is not None:
+            parts.append(r.field("done", f"{r.rate(snap.finished_rate)}/s"))
+            if snap.errors_rate > 0:  # requests that ended in error or were aborted: someone got no answer
+                by = snap.finished_rate_by_reason or {}
+                what = "err" if by.get("error") else "abort"
+                parts.append(r.field(what, f"{r.rate(snap.errors_rate)}/s", "bold red"))
         parts.append(r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else ""))
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
         lines += r.flow(parts, width)
-        rates = r.flow([r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
-                        r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")], width)
+        rate_parts = [r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
+                      r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")]
+        per_token = joules(energy)
+        if per_token:
+            rate_parts.append(Text(per_token, style="green"))
+        rates = r.flow(rate_parts, width)
         # After the rates: the bandwidth vLLM estimates, against the node's
         # (on a line of its own only in a card too narrow for it); then the
         # model's roofline share where there is room, never on a line of its own.
@@ -388,15 +454,24 @@ class EngineCard(Card):
         if roof and rates[-1].cell_len + len(roof) <= width:
             rates[-1].append(roof, style="dim")
         lines += rates
-        latency = r.flow([r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
-                          r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")], width)
+        latency_parts = [r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
+                         r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")]
+        if snap.latency is not None:
+            for label, name in (("queue", "queue"), ("e2e", "e2e")):
+                slow = name == "queue" and (snap.queue_slow or 0) > 0
+                latency_parts.append(r.field(label, f"{r.ms(snap.pct(name, 'p50'))}/{r.ms(snap.pct(name, 'p95'))}",
+                                             "yellow" if slow else ""))
+        latency = r.flow(latency_parts, width)
         if latency[-1].cell_len + len("  p50/p95") <= width:
             latency[-1].append("  p50/p95", style="dim")
         lines += latency
         if history is not None:
-            lines += self._sparks(("gen ", history.values("gen_tps"), None, "cyan"),
-                                  ("prompt ", history.values("prompt_tps"), None, "blue"), width)
+            lines += self._sparks(("gen ", history.values("gen_tps", width), None, "cyan"),
+                                  ("prompt ", history.values("prompt_tps", width), None, "blue"), width)
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
                               else "yellow"))
+        latest = notice_line(notice, width)
+        if latest is not None:
+            lines.append(latest)
         return lines

@@ -13,9 +13,11 @@ from sparktop.ui.app import SparktopApp
 
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
                       record: str | None = None, label: str = "", poller=None,
-                      recipe_dirs: list[str] | None = None, study_dir: Path | None = None) -> int:
+                      recipe_dirs: list[str] | None = None, study_dir: Path | None = None,
+                      read_only: bool = False) -> int:
     """With `study_dir`, the study screen follows that study (another
-    process runs it, `sparktop study`) over the monitor."""
+    process runs it, `sparktop study`) over the monitor. `read_only`: watch
+    only (a browser session of `sparktop web` without --allow-control)."""
     started = []
 
     async def start_source():
@@ -36,7 +38,7 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
 
         recorder = Recorder(record, interval)
     app = SparktopApp(start_source=start_source, recorder=recorder, label=label, inventory=inventory,
-                      recipe_dirs=recipe_dirs, study_dir=study_dir)
+                      recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only)
     _exit_on_signals(app)
     try:
         await app.run_async()
@@ -68,7 +70,7 @@ def _exit_on_signals(app: SparktopApp) -> None:
 
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
-                 recipe_dirs: list[str] | None = None, study: str | None = None) -> int:
+                 recipe_dirs: list[str] | None = None, study: str | None = None, read_only: bool = False) -> int:
     """`study`: an id or directory to attach to (`sparktop --study ID`); a
     wrong one is an error before the screen opens."""
     study_dir = None
@@ -76,8 +78,8 @@ def main_monitor(inventory: Inventory, engines: list[str], interval: float, reco
         from sparktop.study.state import load_study
 
         study_dir = load_study(study).dir
-    return asyncio.run(run_monitor(inventory, engines, interval, record, recipe_dirs=recipe_dirs,
-                                   study_dir=study_dir))
+    return asyncio.run(run_monitor(inventory, engines, interval, record, label="read-only" if read_only else "",
+                                   recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only))
 
 
 def main_replay(path: str, speed: float) -> int:

@@ -17,6 +17,7 @@ from textual.widgets import Footer, Static
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
 from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts
+from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
 
 CARD_WIDTH = 40
@@ -94,10 +95,13 @@ class MonitorScreen(LiveScreen):
 
     def show_state(self, state: ClusterState, status: Text) -> None:
         self.query_one(StatusLine).update(status)
-        self._sync(self.query_one("#nodes", Grid), NodeCard, {n.name: n for n in state.ordered_nodes()},
-                   state.node_history)
-        self._sync(self.query_one("#engines", Grid), EngineCard, {e.key: e for e in state.ordered_engines()},
-                   state.engine_history)
+        now = state.now or time.time()  # a replay's clock, not the wall's
+        nodes = {n.name: n for n in state.ordered_nodes()}
+        engines = {e.key: e for e in state.ordered_engines()}
+        self._sync(self.query_one("#nodes", Grid), NodeCard, nodes, state.node_history,
+                   lambda key: (state.last_notice(key, now), state.node_energy(key)))
+        self._sync(self.query_one("#engines", Grid), EngineCard, engines, state.engine_history,
+                   lambda key: (state.last_notice(key, now), state.engine_energy(engines[key])))
         empty = self.query_one("#empty", Static)
         if not state.engines:
             empty.update(Text("No engines yet: sparktop looks for vLLM containers on every node and on "
@@ -106,7 +110,7 @@ class MonitorScreen(LiveScreen):
         else:
             empty.display = False
 
-    def _sync(self, grid: Grid, cls, items: dict, histories: dict) -> None:
+    def _sync(self, grid: Grid, cls, items: dict, histories: dict, extras) -> None:
         cards = {card.key: card for card in grid.query(cls)}
         if list(cards) != list(items):
             # Membership or order changed: rebuild in order (rare; keeps focus simple).
@@ -116,12 +120,12 @@ class MonitorScreen(LiveScreen):
             grid.mount_all(new)
             self.call_after_refresh(self._layout_columns)
             for card in new:
-                self.call_after_refresh(card.show, items[card.key], histories.get(card.key))
+                self.call_after_refresh(card.show, items[card.key], histories.get(card.key), *extras(card.key))
                 if card.key == focused:
                     self.call_after_refresh(card.focus)
             return
         for key, snap in items.items():
-            cards[key].show(snap, histories.get(key))
+            cards[key].show(snap, histories.get(key), *extras(key))
 
     def action_open_detail(self) -> None:
         focused = self.focused
@@ -142,7 +146,8 @@ class DetailScreen(LiveScreen):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
-        yield Static(id="charts")
+        with VerticalScroll(id="detail"):
+            yield Static(id="charts")
         yield Footer()
 
     def show_state(self, state: ClusterState, status: Text) -> None:
@@ -152,58 +157,69 @@ class DetailScreen(LiveScreen):
         self._drawn_version = state.version
         self._drawn_size = self.size
         width = max(40, self.size.width - 2)
-        # Charts are separated by one blank line; the status line and the footer take two rows.
-        height = max(8, (self.size.height - 2 - 2) // 3)
+        avail = self.size.height - 2  # the status line and the footer
+        tall = self.size.height >= 32
+        prefs = getattr(self.app, "preferences", None)
         parts: list[Text] = []
         facts: list[Text] = []
+        charted: list[tuple[str, list, float | None]] = []
         if self.kind == "node":
             history = state.node_history.get(self.key)
             snap = state.nodes.get(self.key)
+            facts = node_details(state, self.key, prefs, 6 if tall else 2)
             title = f"{self.key}"
             if snap and snap.memory:
                 title += f" · {snap.memory.total / 1024**3:.1f} GiB unified memory"
             if history:
-                parts.append(charts.line_chart(f"{title}: memory used (GiB)",
-                                               [("used", *history.points("mem_used_gib"))], width, height,
-                                               ymin=0, ymax=(snap.memory.total / 1024**3) if snap and snap.memory else None))
-                parts.append(charts.line_chart("GPU and CPU utilisation (%)",
-                                               [("gpu", *history.points("gpu_util")), ("cpu", *history.points("cpu"))],
-                                               width, height, ymin=0, ymax=100))
-                parts.append(charts.line_chart("GPU power (W)", [("power", *history.points("power"))], width, height,
-                                               ymin=0))
+                total = (snap.memory.total / 1024**3) if snap and snap.memory else None
+                charted = [(f"{title}: memory used (GiB)", [("used", *history.points("mem_used_gib"))], total),
+                           ("GPU and CPU utilisation (%)",
+                            [("gpu", *history.points("gpu_util")), ("cpu", *history.points("cpu"))], 100),
+                           ("GPU power (W)", [("power", *history.points("power"))], None)]
         else:
             history = state.engine_history.get(self.key)
             engine = state.engines.get(self.key)
             title = f"{engine.model if engine else self.key} at {self.key}"
-            facts = engine_facts(engine) if engine else []
-            if facts:
-                # Above the charts, which give up the rows the words take.
-                parts.append(Text("\n").join(facts))
+            if engine:
+                facts = engine_facts(engine) + engine_details(state, engine, prefs, 8 if tall else 3)
             if history:
-                facts_rows = sum(-(-max(1, fact.cell_len) // width) for fact in facts) + (1 if facts else 0)
-                height = max(6, (self.size.height - 2 - 3 - facts_rows) // 4)
-                parts.append(charts.line_chart(f"{title}: generation tokens/s",
-                                               [("generation", *history.points("gen_tps"))], width, height, ymin=0))
-                parts.append(charts.line_chart("prompt tokens/s", [("prompt", *history.points("prompt_tps"))],
-                                               width, height, ymin=0))
                 kv_t, kv = history.points("kv")
-                parts.append(charts.line_chart("KV cache (%) and requests",
-                                               [("kv %", kv_t, [v * 100 for v in kv]),
-                                                ("running", *history.points("running")),
-                                                ("waiting", *history.points("waiting"))], width, height, ymin=0))
                 ttft_t, ttft = history.points("ttft_p50")
                 itl_t, itl = history.points("itl_p50")
-                parts.append(charts.line_chart("latency p50 (ms)", [("TTFT", ttft_t, [v * 1000 for v in ttft]),
-                                                                    ("ITL", itl_t, [v * 1000 for v in itl])],
-                                               width, height, ymin=0))
-        if len(parts) == (1 if facts else 0):  # no chart
+                charted = [(f"{title}: generation tokens/s", [("generation", *history.points("gen_tps"))], None),
+                           ("KV cache (%) and requests", [("kv %", kv_t, [v * 100 for v in kv]),
+                                                          ("running", *history.points("running")),
+                                                          ("waiting", *history.points("waiting"))], None),
+                           ("prompt tokens/s", [("prompt", *history.points("prompt_tps"))], None),
+                           ("latency p50 (ms)", [("TTFT", ttft_t, [v * 1000 for v in ttft]),
+                                                 ("ITL", itl_t, [v * 1000 for v in itl])], None)]
+        facts_rows = sum(_rows(fact, width) for fact in facts)
+        if facts:
+            parts += facts
+        # The charts share what the words leave, one blank line apart, at
+        # least 6 rows each: fewer charts on a short screen rather than
+        # charts too flat to read (the rest scrolls).
+        room = avail - facts_rows - (1 if facts else 0)
+        count = max(1, min(len(charted), room // 7)) if charted else 0
+        height = max(6, (room - count + 1) // count) if count else 0
+        for i, (name, series, ymax) in enumerate(charted[:count]):
+            if i or facts:
+                parts.append(Text(""))  # one blank line between blocks
+            parts.append(charts.line_chart(name, series, width, height, ymin=0, ymax=ymax))
+        if not charted:
+            if facts:
+                parts.append(Text(""))
             parts.append(Text("No history yet.", style="dim"))
         for part in parts:
-            part.rstrip()  # plotext ends with a newline; the separator below is the only gap
-        text = Text("\n\n").join(parts)
-        self.query_one("#charts", Static).update(text)
+            part.rstrip()  # plotext ends with a newline; the separator is the only gap
+        self.query_one("#charts", Static).update(Text("\n").join(parts))
 
     _drawn_size: Size | None = None
+
+
+def _rows(part: Text, width: int) -> int:
+    """Rows a detail line takes at `width`."""
+    return sum(-(-max(1, line.cell_len) // width) for line in part.split("\n"))
 
 
 HELP = """\
@@ -231,9 +247,14 @@ when MemAvailable falls below 20 % and red below 10 %: a Spark that runs \
 out of memory freezes rather than swapping.
 
 Engine figures: KV-cache usage, running and waiting requests, preemptions \
-since the engine started, prefix-cache hit rate, generation and prompt \
-tokens/s (5 s average), TTFT and inter-token latency p50/p95 over the \
-last 30 s.
+since the engine started, prefix-cache hit rate, requests finished per \
+second (errors and aborts in red), generation and prompt tokens/s (5 s \
+average), energy per generated token (the nodes' GPU power from \
+nvidia-smi over the token rate), TTFT, inter-token, queue and end-to-end \
+latency p50/p95 over the last 30 s. The detail view adds p99 and a p95 \
+over the last minute, session peaks, lifetime counters, Wh and cost per \
+million tokens (energy_price_per_kwh in settings.yaml) and the event log; \
+a card shows its newest event for 90 s.
 """
 
 

@@ -7,6 +7,8 @@ disk the moment it finishes, so closing or cancelling loses nothing.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from rich.markdown import Markdown
 from rich.text import Text
 from textual import on, work
@@ -23,6 +25,7 @@ from sparktop.bench.results import Run, list_runs, load_run
 from sparktop.bench.stats import LevelStats, knee
 from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
+from sparktop.observe.state import ClusterState
 from sparktop.ui.messages import SweepProgress, pump
 from sparktop.ui.screens import LiveScreen, StatusLine
 from sparktop.units import eta_text, fmt
@@ -55,6 +58,21 @@ def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, 
     return Text.from_ansi(plt.build())
 
 
+def monitored_power(state: ClusterState, engine) -> Callable[[], Awaitable[float | None]] | None:
+    """The engine's nodes' GPU power as the monitor last read it (every
+    interval): no command of the sweep's own on the nodes."""
+    nodes = state.engine_nodes(engine)
+    if not nodes:
+        return None
+
+    async def power() -> float | None:
+        watts = [n.gpu.power if (n := state.nodes.get(name)) is not None and n.state == "ok" and n.gpu else None
+                 for name in nodes]
+        return None if any(w is None for w in watts) else sum(w for w in watts if w is not None)
+
+    return power
+
+
 class SweepScreen(LiveScreen):
     """Settings, then the live sweep: progress, tokens/s, the table, the charts."""
 
@@ -64,9 +82,12 @@ class SweepScreen(LiveScreen):
         Binding("ctrl+r", "runs", "Past runs"),
     ]
 
-    def __init__(self, engines: list, results_root, default_url: str | None = None):
+    def __init__(self, engines: list, results_root, default_url: str | None = None,
+                 state: ClusterState | None = None):
+        """`state`: the monitor's, whose node power the sweep's energy figures read."""
         super().__init__()
         self.engines = engines  # EngineSnapshot list (ready ones)
+        self.cluster = state
         self.results_root = results_root
         self.default_url = default_url
         self.sweep: Sweep | None = None
@@ -109,6 +130,7 @@ class SweepScreen(LiveScreen):
         for key, head, _ in COLUMNS:
             table.add_column(head, key=key)
         table.add_column("pred tg", key="predicted")  # sparktop predict's decode for this level
+        table.add_column("J/tok", key="j_per_token")  # the nodes' GPU power over the level's tokens/s
         options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
         select = self.query_one("#sweep-engine", Select)
         select.set_options(options)
@@ -154,7 +176,10 @@ class SweepScreen(LiveScreen):
             return
         try:
             settings = self._settings()
-            sweep = Sweep(settings, self.results_root)
+            engine = next((e for e in self.engines if e.url.rstrip("/") == settings.endpoint.removesuffix("/v1")),
+                          None)
+            power = monitored_power(self.cluster, engine) if self.cluster is not None and engine else None
+            sweep = Sweep(settings, self.results_root, power=power)
         except SparktopError as e:
             self.notify(str(e), title="Sweep", severity="error")
             return
@@ -238,7 +263,7 @@ class SweepScreen(LiveScreen):
         cells = [cell(stats, k) for k, _, _ in COLUMNS]
         if stats.contaminated:  # foreign traffic on the engine during the level (bench.sweep's guard)
             cells[0] = f"{cells[0]} ⚠"
-        table.add_row(*cells, "…", key=key)
+        table.add_row(*cells, "…", cell(stats, "j_per_token"), key=key)
         self._draw_charts()
         self._predict_level(stats.concurrency)
 

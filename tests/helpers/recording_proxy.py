@@ -22,6 +22,7 @@ from tests.helpers.scraper import parse
 class Recorded:
     t: float  # when the body went back to the client
     values: dict[str, float]  # prometheus-client's parse, summed over label sets
+    text: str = ""  # the body itself, for figures by label (finish reasons, histogram buckets)
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RecordingProxy:
             data = await r.read()
             ctype = r.headers.get("Content-Type", "text/plain")
         if request.path == "/metrics" and r.status == 200:
-            self.scrapes.append(Recorded(time.time(), parse(data.decode())))
+            self.scrapes.append(Recorded(time.time(), parse(data.decode()), data.decode()))
         response = web.Response(body=data, status=r.status)
         response.headers["Content-Type"] = ctype
         return response

@@ -56,3 +56,11 @@ def test_status_json_reports_engine_figures_under_load():
     assert 0 < engine["kv_cache_usage"] < 1
     assert engine["gen_tps"] > 10 and engine["prompt_tps"] is not None
     assert data["nodes"][0]["memory_gib"]["total"] > 0  # this machine, read like a node
+    # How it was found, the request figures, where it runs and its event log (none in 2 s of calm).
+    assert engine["found"] == "given (--engine)" and engine["events"] == []
+    assert engine["finished_by_reason"] is not None and engine["requests_total"] == sum(
+        engine["finished_by_reason"].values())
+    assert engine["started"] and engine["gen_tokens_total"] > 0 and engine["nodes"] == []
+    assert set(engine["latency_ms"] or {}) <= {"ttft", "itl", "queue", "e2e"}
+    assert engine["peaks"]["running"] == 4
+    assert "events" in data["nodes"][0] and "energy" in data["nodes"][0]

@@ -25,6 +25,7 @@ from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.vllm_metrics import EngineMetrics
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard
+from tests.helpers import depth
 from tests.helpers.pilot import until
 from tests.helpers.real_vllm import MODEL_NAME, VLLM_VERSION
 from tests.helpers.recording_proxy import RecordingProxy
@@ -122,6 +123,11 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
                             f"{theirs['vllm:num_requests_waiting_by_reason']} of {theirs[GAUGES['waiting']]}")
         if snap.state != "ready" or snap.sleep_level is not None:
             problems.append(f"t={snap.t:.2f} an awake engine shown as {snap.state} {snap.sleep_level}")
+        # Requests finished by reason, and latency percentiles (TTFT, ITL, queue, e2e; the window's and the
+        # last minute's), against the very bodies, parsed and computed without sparktop's code.
+        k_i = mine_so_far.index(i)
+        problems += depth.problems(snap, [proxy.scrapes[k].text for k in mine_so_far[:k_i + 1]],
+                                   [read[k].t for k in mine_so_far[:k_i + 1]], k_i, window)
         for field, name in RATES.items():
             mine = getattr(snap, field)
             if mine is None:
@@ -134,6 +140,8 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
     assert max(s.waiting or 0 for s in snaps) > 0, "the load never queued: waiting was not tested"
     assert max(s.kv_usage or 0 for s in snaps) > 0.5, "the load never filled the cache: KV was not tested"
     assert max(s.mem_read_bps or 0 for s in snaps) > 0, "vLLM's byte estimates never moved: bandwidth not tested"
+    assert any(s.finished_rate for s in snaps), "no request finished while watched: finished/s not tested"
+    assert any((s.latency or {}).get("queue", {}).get("p95") for s in snaps), "queue percentiles never computed"
     assert not problems, "\n".join(problems)
 
 

@@ -26,7 +26,8 @@ ALLOWED = {
     "study": {"remote", "observe", "bench", "model", "launch"},
     "ui": {"remote", "observe", "bench", "model", "launch", "study"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
-    "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo"},
+    "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
+    "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web"},
     "__main__": {"cli"},
 }
 

@@ -1,0 +1,127 @@
+"""The event log: which snapshot sequences give which notices, once each;
+a recording keeps them and a replay shows them; the energy price setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparktop.errors import ConfigError
+from sparktop.observe.notices import NoticeDetector
+from sparktop.observe.record import Recorder, Recording, decode
+from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, Memory, NodeSnapshot, Notice
+from sparktop.observe.state import ClusterState
+from sparktop.settings import load_preferences
+
+URL = "http://spark-a:8000"
+
+
+def engine(t: float, state: str = "ready", **figures) -> EngineSnapshot:
+    return EngineSnapshot(key=URL, url=URL, t=t, state=state, **figures)
+
+
+def kinds(detector: NoticeDetector, snaps) -> list[str]:
+    out = []
+    for s in snaps:
+        out += [n.kind for n in (detector.engine(s) if isinstance(s, EngineSnapshot) else detector.node(s))]
+    return out
+
+
+def test_kv_above_90_is_said_once_until_it_clearly_falls():
+    d = NoticeDetector()
+    usage = [0.5, 0.91, 0.95, 0.89, 0.92, 0.80, 0.93]
+    assert kinds(d, [engine(i, kv_usage=u) for i, u in enumerate(usage)]) == ["kv_high", "kv_high"]
+
+
+def test_preemptions_are_news_after_a_quiet_half_minute():
+    d = NoticeDetector()
+    counts = [(0, 0), (1, 5), (2, 9), (20, 12), (60, 12), (95, 20), (96, 30)]
+    assert kinds(d, [engine(t, preemptions=n) for t, n in counts]) == ["preempting", "preempting"]
+
+
+def test_down_back_and_restart_only_for_an_engine_that_was_serving():
+    d = NoticeDetector()
+    snaps = [engine(0, "connecting"), engine(1, "unreachable", reason="refused"),  # never up: nothing
+             engine(2, started_at=100.0), engine(3, "stale"), engine(4, started_at=100.0),  # a blip: nothing
+             engine(5, "unreachable", reason="connection refused"), engine(9, started_at=108.0)]
+    assert kinds(d, snaps) == ["down", "back", "restarted"]
+
+
+def test_an_engine_that_comes_back_through_a_new_start_is_back_and_restarted():
+    d = NoticeDetector()
+    snaps = [engine(0, started_at=100.0), engine(5, "unreachable", reason="container exited (137)"),
+             engine(8, "starting", stage="loading weights"), engine(20, started_at=112.0)]
+    assert kinds(d, snaps) == ["down", "back", "restarted"]
+
+
+def test_a_failed_engine_says_why_and_a_starting_one_says_ready():
+    d = NoticeDetector()
+    got = []
+    for s in [engine(0, "starting", stage="loading weights"), engine(1), engine(2, "failed", error="CUDA error: OOM")]:
+        got += d.engine(s)
+    assert [n.kind for n in got] == ["ready", "down"]
+    assert "CUDA error: OOM" in got[1].text and got[1].level == "error"
+
+
+def test_queue_waits_and_rejections_are_said_when_they_start():
+    d = NoticeDetector()
+    snaps = [engine(0, queue_slow=0), engine(1, queue_slow=3, latency={"queue": {"p95": 7.2}}), engine(2, queue_slow=1),
+             engine(3, queue_slow=0, rejection_rate=2.0, rejections_by_reason={"max_num_queued_reqs": 4.0}),
+             engine(4, rejection_rate=0.0, rejections_recent=4.0), engine(5, rejection_rate=1.0)]
+    got = []
+    for s in snaps:
+        got += d.engine(s)
+    assert [n.kind for n in got] == ["queue_slow", "rejecting"]
+    assert "3 requests waited over 5 s" in got[0].text and "7.2 s" in got[0].text
+    assert "max_num_queued_reqs" in got[1].text
+
+
+def node(t: float, state: str = "ok", available_gib: float = 60.0) -> NodeSnapshot:
+    return NodeSnapshot(name="spark-a", t=t, state=state,
+                        memory=Memory(total=int(119.7 * GIB), available=int(available_gib * GIB)))
+
+
+def test_a_node_lost_and_back_and_its_memory_low_and_recovered():
+    d = NoticeDetector()
+    snaps = [node(0), node(1, "stale"), node(2, "down"), node(3, "down"), node(4), node(5, available_gib=9.0),
+             node(6, available_gib=11.0), node(7, available_gib=30.0)]
+    assert kinds(d, snaps) == ["node_lost", "node_back", "memory_low", "memory_ok"]
+
+
+def test_an_engine_removed_after_serving_is_gone():
+    d = NoticeDetector()
+    d.engine(engine(0))
+    assert [n.kind for n in d.gone(EngineGone(URL), t=5.0)] == ["gone"]
+    assert d.gone(EngineGone("http://never:8000")) == []
+
+
+def test_a_recording_keeps_the_notices_and_replay_puts_them_in_the_log(tmp_path):
+    path = tmp_path / "session.jsonl"
+    recorder = Recorder(path, interval=1.0)
+    d = NoticeDetector()
+    for s in [engine(100.0, kv_usage=0.5), engine(101.0, kv_usage=0.97)]:
+        recorder.write(s)
+        for n in d.engine(s):
+            recorder.write(n)
+    recorder.close()
+    recording = Recording.load(path)
+    state = ClusterState()
+    for _, event in recording.rows:
+        state.apply(event)
+    (notice,) = state.log(URL)
+    assert isinstance(notice, Notice) and notice.kind == "kv_high" and notice.t == 101.0
+    assert state.last_notice(URL, now=150.0) is notice and state.last_notice(URL, now=400.0) is None
+    assert decode({"t": 1.0, "notice": notice.to_dict()}) == notice
+
+
+def test_the_energy_price_comes_from_settings_yaml(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    path.write_text("energy_price_per_kwh: 0.32\ncurrency: EUR\n")
+    monkeypatch.setenv("SPARKTOP_SETTINGS", str(path))
+    prefs = load_preferences()
+    assert prefs.energy_price_per_kwh == 0.32 and prefs.money(0.0712) == "0.0712 EUR"
+    path.write_text("currency: EUR\nenergy_price_per_kwh: cheap\n")
+    with pytest.raises(ConfigError, match=r"settings.yaml:2: energy_price_per_kwh: must be a price"):
+        load_preferences()
+    path.write_text("energy_price: 0.3\n")
+    with pytest.raises(ConfigError, match=r"settings.yaml:1: energy_price: unknown key; did you mean"):
+        load_preferences()
