@@ -32,6 +32,7 @@ class History:
     maxlen: int = HISTORY
     t: deque = field(default_factory=deque)
     series: dict[str, deque] = field(default_factory=dict)
+    pushed: int = 0  # points ever pushed (the deques forget the oldest)
 
     def push(self, t: float, values: dict[str, float | None]) -> None:
         if self.t and t <= self.t[-1]:
@@ -39,6 +40,7 @@ class History:
         if not self.t:
             self.t = deque(maxlen=self.maxlen)
         self.t.append(t)
+        self.pushed += 1
         for name, value in values.items():
             if name not in self.series:
                 self.series[name] = deque([None] * (len(self.t) - 1), maxlen=self.maxlen)

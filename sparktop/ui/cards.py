@@ -41,6 +41,24 @@ def memory_level(snap: NodeSnapshot) -> str:
     return "ok"
 
 
+TALL_ROWS = 4  # a sparkline this many rows tall ...
+TALL_STEP = 2  # ... shows this many polls per column
+
+
+def _columns(history: History, name: str, span: int, step: int) -> list[float]:
+    """The last `span` columns of a series, `step` polls each (their highest),
+    counted from the first poll so a column never changes once complete; the
+    polls of the column still filling are left out."""
+    if step == 1:
+        return history.values(name, span)
+    partial = history.pushed % step
+    values = history.values(name, span * step + partial)
+    if partial:
+        values = values[:-partial]
+    start = len(values) % step
+    return [max(values[i:i + step]) for i in range(start, len(values), step)]
+
+
 class Card(Widget, can_focus=True):
     kind = "card"
 
@@ -131,14 +149,22 @@ class Card(Widget, can_focus=True):
     _last: tuple | None = None
 
 
-    def _sparks(self, left: tuple, right: tuple, width: int) -> list[Text]:
-        """Two labelled sparklines side by side, `spark_height` rows tall; a
-        tall one shows its scale (the top value) in its top-left corner."""
+    def _sparks(self, left: tuple, right: tuple, width: int, history: History) -> list[Text]:
+        """Two labelled sparklines side by side (label, series, top, style),
+        `spark_height` rows tall; a tall one shows its scale (the top value)
+        in its top-left corner.
+
+        A tall sparkline puts TALL_STEP polls in a column (their highest, so
+        a spike stays) and moves once they are all in: every row of it is
+        redrawn whenever it moves, and on a big screen that was most of
+        what watching cost. It shows that much more history too."""
         rows = self.spark_height
+        step = TALL_STEP if rows >= TALL_ROWS else 1
         columns = []
-        for label, values, top, style in (left, right):
+        for label, name, top, style in (left, right):
             pad = max(len(label), 5) if rows > 2 else len(label)
             span = (width - 1) // 2 - pad
+            values = _columns(history, name, max(0, span), step)
             shown = values[-span:] if span > 0 else []
             chart = r.spark_rows(values, span, rows, top=top, style=style)
             peak = top if top is not None else (max(shown) if shown else 0)
@@ -249,8 +275,8 @@ class NodeCard(Card):
             row.append(status, style="dim")
             lines.append(row)
         if history is not None:
-            lines += self._sparks(("mem ", history.values("mem_frac", width), 1.0, "blue"),
-                                  ("gpu ", history.values("gpu_util", width), 100.0, "green"), width)
+            lines += self._sparks(("mem ", "mem_frac", 1.0, "blue"), ("gpu ", "gpu_util", 100.0, "green"), width,
+                                  history)
         if snap.state != "ok" and snap.reason:
             lines.append(Text(snap.reason[: width], style="red" if snap.state == "down" else "yellow"))
         latest = notice_line(notice, width)
@@ -260,6 +286,7 @@ class NodeCard(Card):
 
 
 _ROOFLINE_CACHE: dict[tuple, PerfModel | None] = {}
+_ROOFLINE_TPS: dict[tuple, float] = {}
 
 
 def roofline_share(snap) -> float | None:
@@ -282,7 +309,10 @@ def roofline_share(snap) -> float | None:
     if perf is None:
         return None
     batch = max(1, round(snap.running))
-    return snap.gen_tps / perf.roofline_decode_tps(batch, ctx=1024)
+    roof = _ROOFLINE_TPS.get((key, batch))
+    if roof is None:  # the model's byte count walks every layer: once per batch size, not every second
+        roof = _ROOFLINE_TPS[(key, batch)] = perf.roofline_decode_tps(batch, ctx=1024)
+    return snap.gen_tps / roof
 
 
 def bandwidth_roofline_gbs() -> float:
@@ -466,8 +496,8 @@ class EngineCard(Card):
             latency[-1].append("  p50/p95", style="dim")
         lines += latency
         if history is not None:
-            lines += self._sparks(("gen ", history.values("gen_tps", width), None, "cyan"),
-                                  ("prompt ", history.values("prompt_tps", width), None, "blue"), width)
+            lines += self._sparks(("gen ", "gen_tps", None, "cyan"), ("prompt ", "prompt_tps", None, "blue"), width,
+                                  history)
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
                               else "yellow"))
