@@ -45,6 +45,8 @@ METRICS = (
     Metric("ttft_ms_mean", "TTFT mean (ms)", "TTFT", False, "ms"),
     Metric("ttft_ms_p95", "TTFT p95 (ms)", "TTFT p95", False, "ms"),
     Metric("peak_tps", "Peak throughput (t/s, 1-s window)", "peak", True, "t/s"),
+    # When the sweeps read the nodes' power (nvidia-smi's GPU power): what a million tokens cost in energy.
+    Metric("wh_per_mtok", "Energy (Wh per million generated tokens, GPU power)", "energy", False, "Wh"),
 )
 
 

@@ -36,10 +36,9 @@ from sparktop.study.state import CANCELLED, DONE, FAILED, Study, TopologyState
 from sparktop.units import ago, fmt
 
 # The tables, in the articles' order (peak throughput is left to `sparktop compare`).
-# Energy per generated token closes them when the sweeps read the nodes' power (the GPU's, from
-# nvidia-smi): where a layout, or a concurrency, pays for itself.
-ENERGY = Metric("wh_per_mtok", "Energy (Wh per million generated tokens, GPU power)", "energy", False, "Wh")
-REPORT_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.key != "peak_tps") + (ENERGY,)
+# Energy per generated token (compare's last metric) closes them when the sweeps read the nodes'
+# power: where a layout, or a concurrency, pays for itself.
+REPORT_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.key != "peak_tps")
 # Predictions exist for these; their error is reported.
 PREDICTED = (("tg_tps_total", "decode"), ("pp_tps_total", "prefill"), ("ttft_ms_mean", "TTFT"))
 _BY_KEY = {m.key: m for m in METRICS}

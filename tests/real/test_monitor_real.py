@@ -161,7 +161,13 @@ def test_status_json_agrees_with_the_servers_counters(vllm_server, tmp_path):
             await proxy.stop()
         return json.loads(out)["engines"], proxy
 
-    (engine,), proxy = asyncio.run(run())
+    engines, proxy = asyncio.run(run())
+    # The server itself is found too (a vLLM process on this node, `found` says so); the proxy is the one given.
+    (engine,) = [e for e in engines if e["url"] == proxy.url]
+    assert engine["found"] == "given (--engine)"
+    port = vllm_server.url.rsplit(":", 1)[1]
+    assert any(e["url"].endswith(f":{port}") and (e["found"] or "").startswith("process ")
+               and f"port {port}" in e["found"] for e in engines if e is not engine), engines
     assert engine["state"] == "ready" and engine["model"] == MODEL_NAME and engine["version"] == VLLM_VERSION
     # status prints the last snapshot it made; a scrape in flight when it
     # stopped watching may have passed the proxy after it.
