@@ -9,6 +9,7 @@ card every second, so this is most of what watching costs.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from rich.style import Style
@@ -181,8 +182,6 @@ def notice_line(notice: Notice | None, width: int) -> Text | None:
     """The card's last notice: "⚑ 16:02:11 KV cache above 90 % (93 %)"."""
     if notice is None:
         return None
-    import time
-
     style = {"error": "bold red", "warn": "yellow"}.get(notice.level, "cyan")
     text = Text(f"⚑ {time.strftime('%H:%M:%S', time.localtime(notice.t))} ", style="dim")
     room = width - text.cell_len

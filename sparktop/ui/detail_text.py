@@ -115,8 +115,7 @@ def peaks_line(peaks: dict[str, float] | None) -> Text | None:
         parts.append(f"prompt {r.rate(peaks['prompt_tps'])} t/s")
     if "gen_tps" in peaks:
         parts.append(f"gen {r.rate(peaks['gen_tps'])} t/s")
-    line.append(" · ".join(parts))
-    line.append("  since sparktop started", style="dim")
+    line.append(" · ".join(parts))  # since sparktop started (the help says so): 80 columns hold the line
     return line
 
 
