@@ -116,11 +116,14 @@ class EngineProbe:
         if self.transport is None or self._forwarded:
             return None
         parts = urlsplit(self.url)
+        direct = self.url.rstrip("/").removesuffix("/v1")
         for host in dict.fromkeys([parts.hostname or "127.0.0.1", "127.0.0.1"]):
             try:
                 local = await self.transport.forward(parts.port or 80, host)
             except TransportError:
                 return None
+            if f"http://127.0.0.1:{local}" == direct:
+                continue  # the node is this machine: that is the address just refused
             self._base = f"http://127.0.0.1:{local}"
             try:
                 response = await self._get(path)

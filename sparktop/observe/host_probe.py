@@ -99,9 +99,12 @@ PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # round trip, ~10 ms of CPU): the container list is read at most this often,
 # and at once when the poller asks (an engine stopped answering).
 DOCKER_EVERY_S = 3.0
-# A docker that fails (no daemon, no permission, not installed) is asked again
-# this rarely: its CLI costs as much to fail as to answer.
+# A docker that fails (no daemon, no permission) is asked again this rarely,
+# then half as often each time it fails again, down to once in DOCKER_RETRY_MAX_S:
+# its CLI costs as much to fail as to answer (~30 ms of CPU), and a daemon that
+# is down stays down. An engine that stops answering still has it asked at once.
 DOCKER_RETRY_S = 30.0
+DOCKER_RETRY_MAX_S = 300.0
 
 
 def split_sections(text: str) -> dict[str, tuple[str, int | None, bool]]:
@@ -139,6 +142,7 @@ class HostProbe:
     docker_every: float = DOCKER_EVERY_S
     _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
     _docker_at: float | None = field(default=None, repr=False)
+    _docker_failures: int = field(default=0, repr=False)  # reads in a row that docker failed
     _docker: tuple[str, list[Container]] | None = field(default=None, repr=False)
     _tools: tuple[bool, bool] | None = field(default=None, repr=False)  # nvidia-smi, docker (local node)
     # The vLLM servers outside Docker: read as often as the container list is when docker answers,
@@ -154,7 +158,8 @@ class HostProbe:
 
     async def poll(self) -> NodeSnapshot:
         started = time.monotonic()
-        every = self.docker_every if self._docker is None or self._docker[0] == "ok" else DOCKER_RETRY_S
+        every = self.docker_every if self._docker is None or self._docker[0] == "ok" else min(
+            DOCKER_RETRY_MAX_S, DOCKER_RETRY_S * 2 ** max(0, self._docker_failures - 1))
         docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= every - 0.05
         servers_due = self._servers_at is None or started - self._servers_at >= self.docker_every - 0.05
         if isinstance(self.transport, LocalTransport):
@@ -170,6 +175,7 @@ class HostProbe:
         if docker_due:
             self._docker_at = started
             self._docker = (snap.docker_status, snap.containers)
+            self._docker_failures = 0 if snap.docker_status in ("ok", "missing") else self._docker_failures + 1
         elif self._docker is not None:
             snap.docker_status, snap.containers = self._docker[0], list(self._docker[1])
         if servers_due and ok:  # a cut-off answer is no news that the servers have gone
@@ -243,11 +249,16 @@ def read_servers_here(proc: str = "/proc") -> str:
     except OSError:
         return "@@servers\n"
     for pid in pids:
-        try:
-            with open(f"{proc}/{pid}/cmdline", "rb") as f:
-                raw = f.read()
+        try:  # os.open/os.read: a file object per process, every few seconds, was most of this read's cost
+            fd = os.open(f"{proc}/{pid}/cmdline", os.O_RDONLY)
         except OSError:
             continue
+        try:
+            raw = _read_all(fd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         if b"vllm" not in raw and b"sparktop" not in raw:
             continue
         args = raw.decode(errors="replace").removesuffix("\0").split("\0")
@@ -276,6 +287,13 @@ def read_servers_here(proc: str = "/proc") -> str:
     if fds:
         out += _listening_here(proc)
     return "\n".join(out) + "\n"
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _listening_here(proc: str) -> list[str]:

@@ -116,6 +116,33 @@ def relevant_lines(text: str, histograms: bool = True) -> str:
     return "\n".join(_FILTERS[histograms].findall(text)) + "\n"
 
 
+# Sample lines already parsed, by their exact text: from one scrape to the
+# next most lines read the same (an idle series, a histogram's upper buckets,
+# the queue's zeroes), and prometheus-client's parser walks every label
+# character by character. Bounded: emptied when full. Labels dicts in it are
+# shared between scrapes and never changed.
+_LINE_CACHE: dict[str, tuple[str, dict[str, str], float]] = {}
+_LINE_CACHE_MAX = 8192
+
+
+def _parsed_lines(lines: list[str]) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of each sample line, in order; the lines not
+    seen before are parsed by prometheus-client, together."""
+    cache = _LINE_CACHE
+    if len(cache) + len(lines) > _LINE_CACHE_MAX:
+        cache.clear()
+    new = [line for line in dict.fromkeys(lines) if line not in cache]
+    if new:
+        parsed = [(sample.name, dict(sample.labels), sample.value)
+                  for family in text_string_to_metric_families("\n".join(new) + "\n") for sample in family.samples]
+        if len(parsed) != len(new):  # not one sample per line: no cache for this text
+            return [(sample.name, dict(sample.labels), sample.value)
+                    for family in text_string_to_metric_families("\n".join(lines) + "\n")
+                    for sample in family.samples]
+        cache.update(zip(new, parsed, strict=True))
+    return [cache[line] for line in lines]
+
+
 def _clean(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
@@ -134,12 +161,14 @@ class Scrape:
         scrape = cls(t)
         scrape.vllm = "vllm:" in text
         scrape.has_histograms = histograms or everything
-        if not everything:
-            text = relevant_lines(text, histograms)
         try:
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    scrape.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+            if everything:
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        scrape.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+            else:
+                for name, labels, value in _parsed_lines(_FILTERS[histograms].findall(text)):
+                    scrape.samples.setdefault(name, []).append((labels, value))
         except (ValueError, TypeError, IndexError) as exc:
             raise MetricsError(f"cannot parse /metrics: {exc}") from None
         return scrape

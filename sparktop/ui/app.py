@@ -14,6 +14,7 @@ Screens ask the app for things with messages (`ui/messages.py`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -49,6 +50,18 @@ if TYPE_CHECKING:
 
 INTERVALS = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0]
 SPEEDS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0]
+
+
+GC_SETTLE_S = 10.0  # after start-up: the modules and the first figures are in
+
+
+def _settle_gc() -> None:
+    """Move what start-up left (Textual, Rich, aiohttp, the model cards: some
+    70k objects that live as long as the app) out of the collector's sight.
+    A full collection walked them all about once a minute, 40 ms each time,
+    for nothing: a monitor left open all day pays for that."""
+    gc.collect()
+    gc.freeze()
 
 
 class SparktopApp(App):
@@ -113,6 +126,19 @@ class SparktopApp(App):
         self._paint_timer: Timer | None = None
         self.first_frame_at: float | None = None
 
+    def get_driver_class(self):
+        """Textual's driver for this terminal, or on Linux the same with an
+        input thread that sleeps while nobody types (`ui/driver.py`); a
+        driver chosen through TEXTUAL_DRIVER (a browser session) is kept."""
+        driver = super().get_driver_class()
+        from textual.drivers.linux_driver import LinuxDriver
+
+        if driver is LinuxDriver:
+            from sparktop.ui.driver import QuietLinuxDriver
+
+            return QuietLinuxDriver
+        return driver
+
     # -- lifecycle --------------------------------------------------------------
 
     def on_mount(self) -> None:
@@ -127,6 +153,7 @@ class SparktopApp(App):
         if self.source is None:
             self.source = await self._start_source()
             self._paint(force=True)
+        self.set_timer(GC_SETTLE_S, _settle_gc)
         async for event in self.source.events():
             self.state.apply(event)
             if self.recorder is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region, Size
@@ -42,8 +43,18 @@ def memory_level(snap: NodeSnapshot) -> str:
     return "ok"
 
 
-TALL_ROWS = 4  # a sparkline this many rows tall ...
-TALL_STEP = 2  # ... shows this many polls per column
+TALL_ROWS = 4  # a sparkline this many rows tall shows several polls per column:
+ROWS_PER_STEP = 4  # one more for every this many rows (2 up to 8 rows, 3 up to 12)
+
+
+def polls_per_column(rows: int) -> int:
+    """How many polls a column of a sparkline `rows` tall stands for. Each
+    time a column is added every row of the chart is redrawn: a taller
+    chart moves less often (and shows that much more history), so the rows
+    redrawn per second stay about the same whatever the screen's height."""
+    if rows < TALL_ROWS:
+        return 1
+    return max(2, -(-rows // ROWS_PER_STEP))
 
 
 def _columns(history: History, name: str, span: int, step: int) -> list[float]:
@@ -93,7 +104,7 @@ class Card(Widget, can_focus=True):
         # terminal then redraw those rows alone).
         strips: list[Strip | None] = list(old_strips)
         for y, (before, after) in enumerate(zip(old_lines, lines, strict=True)):
-            if before != after:
+            if before is not after and before != after:  # a sparkline row that did not move is the same Text
                 strips[y] = None
                 self.refresh(Region(0, y, width, 1))
         self._card_strips = strips
@@ -112,8 +123,11 @@ class Card(Widget, can_focus=True):
             return Strip.blank(width, self._card_style)
         strip = self._card_strips[y]
         if strip is None:
+            # One Strip per line, cut to the width here: each Strip Textual
+            # makes carries seven caches, and a line went through three.
             style = self._card_style or self.rich_style
-            strip = Strip(self._card_lines[y].render(self.app.console)).apply_style(style).crop_extend(0, width, style)
+            segments = list(Segment.apply_style(self._card_lines[y].render(self.app.console), style))
+            strip = Strip(Segment.adjust_line_length(segments, width, style), width)
             self._card_strips[y] = strip
         return strip
 
@@ -155,17 +169,26 @@ class Card(Widget, can_focus=True):
         `spark_height` rows tall; a tall one shows its scale (the top value)
         in its top-left corner.
 
-        A tall sparkline puts TALL_STEP polls in a column (their highest, so
-        a spike stays) and moves once they are all in: every row of it is
-        redrawn whenever it moves, and on a big screen that was most of
-        what watching cost. It shows that much more history too."""
+        A tall sparkline puts several polls in a column (`polls_per_column`,
+        their highest, so a spike stays) and moves once they are all in:
+        every row of it is redrawn whenever it moves, and on a big screen
+        that was most of what watching cost. It shows that much more
+        history too."""
         rows = self.spark_height
-        step = TALL_STEP if rows >= TALL_ROWS else 1
-        columns = []
+        step = polls_per_column(rows)
+        series = []
         for label, name, top, style in (left, right):
             pad = max(len(label), 5) if rows > 2 else len(label)
             span = (width - 1) // 2 - pad
-            values = _columns(history, name, max(0, span), step)
+            series.append((label, top, style, pad, span, _columns(history, name, max(0, span), step)))
+        # The rows of a tall sparkline between its moves: the same Text
+        # objects, which the paint then knows unchanged without comparing.
+        key = (width, rows, [(label, top, style, pad, span) for label, top, style, pad, span, _ in series],
+               [values for *_, values in series])
+        if self._sparks_drawn is not None and self._sparks_drawn[0] == key:
+            return self._sparks_drawn[1]
+        columns = []
+        for label, top, style, pad, span, values in series:
             shown = values[-span:] if span > 0 else []
             chart = r.spark_rows(values, span, rows, top=top, style=style)
             peak = top if top is not None else (max(shown) if shown else 0)
@@ -175,7 +198,11 @@ class Card(Widget, can_focus=True):
                 tag = label if i == rows - 1 else scale if i == 0 else ""
                 labelled.append(Text(f"{tag:<{pad}}"[:pad], style="dim") + line)
             columns.append(labelled)
-        return r.side_by_side(columns[0], columns[1])
+        lines = r.side_by_side(columns[0], columns[1])
+        self._sparks_drawn = (key, lines)
+        return lines
+
+    _sparks_drawn: tuple | None = None
 
 
 def notice_line(notice: Notice | None, width: int) -> Text | None:

@@ -58,3 +58,41 @@ def test_flow_wraps_between_fields_not_inside_them():
 
     lines = render.flow([Text("aaaa"), Text("bbbb"), Text("cccc")], 10)
     assert [line.plain for line in lines] == ["aaaa  bbbb", "cccc"]
+
+
+def test_a_taller_sparkline_moves_less_often_so_the_rows_redrawn_stay_few():
+    from sparktop.ui.cards import polls_per_column
+
+    assert [polls_per_column(rows) for rows in (1, 2, 3)] == [1, 1, 1]  # an 80x24 screen: every poll
+    assert [polls_per_column(rows) for rows in (4, 8, 9, 12)] == [2, 2, 3, 3]
+    for rows in range(1, 13):  # the rows redrawn per poll when it moves, per chart
+        assert rows / polls_per_column(rows) <= 4
+
+
+def test_a_tall_sparkline_keeps_its_rows_between_moves_and_shows_each_columns_peak():
+    """Between moves the card hands the paint the very same rows (nothing to
+    compare or redraw); a column is the highest of its polls, so a one-poll
+    spike stays in view."""
+    from sparktop.observe.state import History
+    from sparktop.ui.cards import EngineCard
+
+    card = EngineCard("http://a:8000")
+    card.spark_height = 12  # 3 polls a column
+    history = History()
+    for i, value in enumerate([10, 10, 10, 10, 90, 10, 10, 10, 10]):
+        history.push(float(i), {"gen_tps": value, "prompt_tps": 1.0})
+    left = ("gen ", "gen_tps", None, "cyan")
+    right = ("prompt ", "prompt_tps", None, "blue")
+    first = card._sparks(left, right, 40, history)
+    assert len(first) == 12
+    history.push(9.0, {"gen_tps": 10.0, "prompt_tps": 1.0})  # the 4th column starts filling: nothing moves
+    assert card._sparks(left, right, 40, history) is first
+    history.push(10.0, {"gen_tps": 10.0, "prompt_tps": 1.0})
+    history.push(11.0, {"gen_tps": 10.0, "prompt_tps": 1.0})  # ... and is complete
+    moved = card._sparks(left, right, 40, history)
+    assert moved is not first
+    top_row = moved[0].plain
+    assert "90" in top_row  # the scale is the spike's
+    columns = [line.plain[5:19] for line in moved]  # the gen chart's cells
+    full = [i for i in range(14) if all(line[i] == "█" for line in columns[1:])]
+    assert len(full) == 1  # the spike's column, once, at full height

@@ -228,3 +228,53 @@ def test_status_json_from_an_older_engine_has_them_as_null():
                 "admission_rejection_rate", "admission_rejections_recent", "admission_rejections_recent_s",
                 "mem_bw_gbs", "mem_read_gbs", "mem_write_gbs"):
         assert old[key] is None, key
+
+
+def _uncached(text: str, histograms: bool) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for family in text_string_to_metric_families(relevant_lines(text, histograms)):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+@pytest.mark.parametrize("histograms", [True, False])
+def test_lines_parsed_before_are_reused_and_read_the_same(histograms, monkeypatch):
+    """A scrape reuses the samples of lines it has seen (most lines of the next
+    scrape), and what it reads is what prometheus-client reads from the whole
+    text: on vLLM's own output, and on a copy whose counters moved."""
+    from sparktop.observe import vllm_metrics
+
+    monkeypatch.setattr(vllm_metrics, "_LINE_CACHE", {})
+    before, after = real("metrics-idle.txt"), real()
+    first = Scrape.parse(before, 0.0, histograms=histograms)
+    assert first.samples == _uncached(before, histograms)
+    parsed = []
+    real_parser = vllm_metrics.text_string_to_metric_families
+    monkeypatch.setattr(vllm_metrics, "text_string_to_metric_families",
+                        lambda text: parsed.append(text.count("\n")) or real_parser(text))
+    again = Scrape.parse(before, 1.0, histograms=histograms)
+    assert again.samples == first.samples and parsed == []  # nothing parsed twice
+    later = Scrape.parse(after, 2.0, histograms=histograms)
+    assert later.samples == _uncached(after, histograms)
+    changed = set(relevant_lines(after, histograms).splitlines()) - set(relevant_lines(before, histograms).splitlines())
+    assert parsed == [len(changed)]  # only the lines that changed went to the parser
+
+
+def test_a_full_line_cache_starts_afresh_and_still_reads_right(monkeypatch):
+    from sparktop.observe import vllm_metrics
+
+    monkeypatch.setattr(vllm_metrics, "_LINE_CACHE", {})
+    monkeypatch.setattr(vllm_metrics, "_LINE_CACHE_MAX", 10)  # fewer than one scrape's lines
+    for name in ("metrics-idle.txt", "metrics-after.txt", "metrics-idle.txt"):
+        assert Scrape.parse(real(name), 0.0).samples == _uncached(real(name), True)
+        assert len(vllm_metrics._LINE_CACHE) <= len(relevant_lines(real(name)).splitlines())
+
+
+def test_a_bad_line_is_still_a_metrics_error():
+    from sparktop.observe.vllm_metrics import MetricsError
+
+    with pytest.raises(MetricsError):
+        Scrape.parse('vllm:num_requests_running{engine="0"} not-a-number\n', 0.0)

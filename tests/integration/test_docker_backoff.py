@@ -1,0 +1,63 @@
+"""A node whose docker fails (its daemon down) is asked less and less often,
+and at once again when something calls for it; a docker that answers is
+read every DOCKER_EVERY_S. The `docker` here is a real executable on the
+node's PATH that fails the way the CLI does without a daemon, and counts
+its calls; the clock the probe reads is moved by hand."""
+
+from __future__ import annotations
+
+import stat
+
+from sparktop.observe import host_probe
+from sparktop.observe.host_probe import DOCKER_EVERY_S, DOCKER_RETRY_MAX_S, DOCKER_RETRY_S, HostProbe
+from sparktop.remote.local import LocalTransport
+
+FAILING = """#!/bin/sh
+echo call >> "$(dirname "$0")/calls"
+if [ -e "$(dirname "$0")/up" ]; then exit 0; fi
+echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+exit 1
+"""
+
+
+async def test_a_failing_docker_is_asked_less_often_until_it_answers(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(FAILING)
+    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    calls = bin_dir / "calls"
+    now = [1000.0]
+    monkeypatch.setattr(host_probe.time, "monotonic", lambda: now[0])
+    probe = HostProbe("here", LocalTransport("here", env={"PATH": f"{bin_dir}:/usr/bin:/bin"}))
+
+    def count() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    asked_at = []
+    for _ in range(900):  # 900 s, a poll a second
+        before = count()
+        snap = await probe.poll()
+        if count() > before:
+            asked_at.append(now[0] - 1000.0)
+        now[0] += 1.0
+    assert "Cannot connect" in snap.docker_status
+    gaps = [b - a for a, b in zip(asked_at, asked_at[1:], strict=False)]
+    assert gaps[:4] == [DOCKER_RETRY_S, 2 * DOCKER_RETRY_S, 4 * DOCKER_RETRY_S, 8 * DOCKER_RETRY_S]
+    assert max(gaps) == DOCKER_RETRY_MAX_S  # and no longer
+    # An engine stopped answering: the list is read on the next poll, whatever the wait.
+    (bin_dir / "up").touch()
+    probe.refresh_docker()
+    before = count()
+    snap = await probe.poll()
+    assert count() == before + 1 and snap.docker_status == "ok"
+    # Answering again: read every few seconds, as before it failed.
+    asked_at = []
+    for _ in range(10):
+        now[0] += 1.0
+        before = count()
+        await probe.poll()
+        if count() > before:
+            asked_at.append(now[0])
+    assert [b - a for a, b in zip(asked_at, asked_at[1:], strict=False)] == [DOCKER_EVERY_S] * (len(asked_at) - 1)
+    assert len(asked_at) >= 3
