@@ -1,0 +1,210 @@
+"""Parallel layouts: how one recipe is spread over some of the inventory's nodes.
+
+A layout is `r` replicas of one engine, each engine over `tp × pp` nodes
+(tensor parallel across nodes, pipeline stages across nodes), on vLLM's own
+distributed machinery: Ray (`ray`) or `--nnodes/--node-rank` multiprocessing
+(`mp`); replicas sit behind the LiteLLM router (`shuffle` or `least-busy`).
+Written the way vLLM's flags read, short enough to type:
+
+    solo             one engine on one node
+    tp=4             one engine, tensor parallel over 4 nodes (multiprocessing)
+    tp=4,ray         the same over Ray
+    pp=2             two pipeline stages on two nodes
+    tp=2,pp=2        four nodes: two stages, each tensor parallel over two
+    tp=2,ep          tensor parallel with expert parallel (MoE models)
+    2x tp=2          two engines of two nodes each behind the router (least-busy unless told)
+    4x solo,shuffle  four solo engines behind the router, simple-shuffle
+
+The five two-node names sparktop started with stay as aliases of their
+layouts, so recipes, runs and reports written with them keep reading the
+same: solo, cluster-ray (tp=2,ray), cluster-mp (tp=2), shuffle
+(2x solo,shuffle), least-busy (2x solo,least-busy). A layout that is one of
+them is still *named* by its alias everywhere (`Layout.name`).
+
+This module only describes and checks layouts; the plans, the twin and the
+predictions read them (issue 13 builds them out beyond two nodes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sparktop.errors import SparktopError
+
+BACKENDS = ("mp", "ray")
+ROUTERS = ("shuffle", "least-busy")
+MAX_NODES = 8  # a QSFP switch's worth of Sparks
+ALIASES = {
+    "solo": "solo",
+    "cluster-ray": "tp=2,ray",
+    "cluster-mp": "tp=2",
+    "shuffle": "2x solo,shuffle",
+    "least-busy": "2x solo,least-busy",
+}
+_REPLICAS = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.*)$")
+
+
+class LayoutError(SparktopError):
+    pass
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    replicas: int = 1
+    backend: str = "mp"  # how the nodes of one engine are joined: mp (--nnodes) or ray
+    router: str | None = None  # with replicas > 1: shuffle | least-busy
+    ep: bool = False  # expert parallel (vLLM's --enable-expert-parallel) across the tensor-parallel ranks
+
+    @property
+    def nodes_per_engine(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def nodes(self) -> int:
+        return self.replicas * self.nodes_per_engine
+
+    @property
+    def spans_nodes(self) -> bool:
+        """One engine over more than one node (a Ray cluster or --nnodes)."""
+        return self.nodes_per_engine > 1
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling: `tp=2,pp=2`, `2x tp=2,least-busy`, `4x solo,shuffle`."""
+        parts = []
+        if self.tp > 1:
+            parts.append(f"tp={self.tp}")
+        if self.pp > 1:
+            parts.append(f"pp={self.pp}")
+        if not parts:
+            parts.append("solo")
+        if self.ep:
+            parts.append("ep")
+        if self.spans_nodes and self.backend == "ray":
+            parts.append("ray")
+        if self.router:
+            parts.append(self.router)
+        body = ",".join(parts)
+        return f"{self.replicas}x {body}" if self.replicas > 1 else body
+
+    @property
+    def name(self) -> str:
+        """What runs, reports and the app call it: the two-node alias when it is one."""
+        for alias, text in ALIASES.items():
+            if parse_layout(text, aliases=False) == self:
+                return alias
+        return self.text
+
+    def vllm_flags(self) -> dict[str, object]:
+        """The parallel flags of each engine's `vllm serve` (the node flags, --nnodes and
+        --node-rank, depend on the node and are the plan's)."""
+        flags: dict[str, object] = {}
+        if self.tp > 1:
+            flags["tensor-parallel-size"] = self.tp
+        if self.pp > 1:
+            flags["pipeline-parallel-size"] = self.pp
+        if self.ep:
+            flags["enable-expert-parallel"] = True
+        if self.spans_nodes:
+            flags["distributed-executor-backend"] = self.backend
+        return flags
+
+    def engines(self, nodes: list[str]) -> list[list[str]]:
+        """The nodes of each engine, in order (its head first), from the nodes
+        the layout was given: `2x tp=2` on a,b,c,d is [[a, b], [c, d]]."""
+        if len(nodes) != self.nodes:
+            raise LayoutError(f"{self.text} runs on {self.nodes} node{'s' * (self.nodes != 1)}; "
+                              f"{len(nodes)} given ({', '.join(nodes) or 'none'})")
+        if len(set(nodes)) != len(nodes):
+            twice = sorted({n for n in nodes if nodes.count(n) > 1})
+            raise LayoutError(f"{self.text}: node {', '.join(twice)} given twice")
+        k = self.nodes_per_engine
+        return [nodes[i:i + k] for i in range(0, len(nodes), k)]
+
+    def weights_per_node_gib(self, weights_gib: float) -> float:
+        """The weights each node of an engine holds: split over its tp × pp ranks."""
+        return weights_gib / self.nodes_per_engine
+
+
+def parse_layout(text: str, *, aliases: bool = True) -> Layout:
+    """A layout from its spelling (see the module docstring); a bad one is a
+    one-line LayoutError that says what was expected."""
+    raw = text
+    text = text.strip().lower()
+    if aliases and text in ALIASES:
+        text = ALIASES[text]
+    replicas = 1
+    m = _REPLICAS.match(text)
+    if m:
+        replicas, text = int(m.group(1)), m.group(2)
+    if replicas < 1:
+        raise LayoutError(f"layout {raw!r}: at least one replica")
+    tp = pp = 1
+    backend: str | None = None
+    router: str | None = None
+    ep = solo = False
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise LayoutError(f"layout {raw!r}: empty (solo, tp=N, pp=N, or Nx before them for replicas)")
+    for part in parts:
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if eq and key in ("tp", "pp"):
+            if not value.strip().isdigit() or int(value) < 1:
+                raise LayoutError(f"layout {raw!r}: {key}= takes a whole number of nodes, not {value.strip()!r}")
+            if key == "tp":
+                tp = int(value)
+            else:
+                pp = int(value)
+        elif eq:
+            raise LayoutError(f"layout {raw!r}: unknown {key!r} (tp=N, pp=N)")
+        elif part == "solo":
+            solo = True
+        elif part == "ep":
+            ep = True
+        elif part in BACKENDS:
+            backend = part
+        elif part in ROUTERS:
+            router = part
+        else:
+            raise LayoutError(f"layout {raw!r}: unknown {part!r} (solo, tp=N, pp=N, ep, ray, mp, shuffle, "
+                              f"least-busy, or Nx before them for replicas)")
+    if solo and (tp > 1 or pp > 1):
+        raise LayoutError(f"layout {raw!r}: solo is one node; tp= or pp= spread an engine over several")
+    if router and replicas == 1:
+        raise LayoutError(f"layout {raw!r}: {router} routes between replicas; write e.g. 2x {text}")
+    if backend and tp * pp == 1:
+        raise LayoutError(f"layout {raw!r}: {backend} joins the nodes of one engine; solo has one")
+    if ep and tp == 1:
+        raise LayoutError(f"layout {raw!r}: ep spreads a MoE model's experts over its tp ranks; add tp=N")
+    layout = Layout(tp=tp, pp=pp, replicas=replicas, backend=backend or "mp",
+                    router=router or ("least-busy" if replicas > 1 else None), ep=ep)
+    if layout.nodes > MAX_NODES:
+        raise LayoutError(f"layout {raw!r} needs {layout.nodes} nodes; sparktop runs layouts of up to {MAX_NODES}")
+    return layout
+
+
+def layouts_for(node_count: int, *, max_nodes: int | None = None, min_nodes_per_engine: int = 1,
+                moe: bool = False) -> list[Layout]:
+    """Every layout over at most `node_count` nodes (and a recipe's
+    `max_nodes`), engines of at least `min_nodes_per_engine` nodes (a model
+    that fits no fewer): what `predict --layout all` ranks. Powers of two for
+    tp (vLLM needs tp to divide the attention heads), Ray and mp both for one
+    engine over nodes, least-busy for replicas, ep beside tp for MoE models."""
+    limit = min(node_count, max_nodes or node_count, MAX_NODES)
+    out: list[Layout] = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8):
+            per_engine = tp * pp
+            if per_engine > limit or per_engine < min_nodes_per_engine:
+                continue
+            for replicas in range(1, limit // per_engine + 1):
+                backends = BACKENDS if per_engine > 1 else ("mp",)
+                for backend in backends:
+                    for ep in ((False, True) if moe and tp > 1 else (False,)):
+                        out.append(Layout(tp=tp, pp=pp, replicas=replicas, backend=backend,
+                                          router="least-busy" if replicas > 1 else None, ep=ep))
+    return out
