@@ -99,11 +99,11 @@ PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # round trip, ~10 ms of CPU): the container list is read at most this often,
 # and at once when the poller asks (an engine stopped answering).
 DOCKER_EVERY_S = 3.0
-# A docker that fails (no daemon, no permission) is asked again this rarely,
+# A docker that fails (no daemon, no permission) is asked again a minute later,
 # then half as often each time it fails again, down to once in DOCKER_RETRY_MAX_S:
 # its CLI costs as much to fail as to answer (~30 ms of CPU), and a daemon that
 # is down stays down. An engine that stops answering still has it asked at once.
-DOCKER_RETRY_S = 30.0
+DOCKER_RETRY_S = 60.0
 DOCKER_RETRY_MAX_S = 300.0
 
 

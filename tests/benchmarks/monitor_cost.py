@@ -137,7 +137,9 @@ def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | No
         command = (f"exec env TERM=xterm-256color {env_prefix} {spy} record --idle --nonblocking -r {SPY_RATE} "
                    f"-f speedscope -o {spy_out} -- {sys.executable} -m sparktop {engines} -i 1")
     spy_started = time.monotonic()
-    tmux("new-session", "-d", "-s", session, "-x", str(COLS), "-y", str(ROWS), command)
+    # Started in the source tree measured: `python -m` puts its working directory first on sys.path, so
+    # from anywhere else (this repository, where the benchmark runs) PYTHONPATH would not choose the tree.
+    tmux("new-session", "-d", "-s", session, "-x", str(COLS), "-y", str(ROWS), "-c", str(src), command)
     try:
         pid = int(tmux("list-panes", "-t", session, "-F", "#{pane_pid}"))
         size = tmux("display-message", "-p", "-t", session, "#{window_width}x#{window_height}")

@@ -146,7 +146,11 @@ def one_run(mon: Monitor, args, run: int, pin: list[str]) -> float | None:
     session = f"{mon.name}-{run}"
     spy_out = Path(f"{args.py_spy}-{mon.name}-{run}.json") if args.py_spy and mon.kind == "sparktop" else None
     spy_started = time.monotonic()
-    tmux("new-session", "-d", "-s", session, "-x", str(COLS), "-y", str(ROWS), command(mon, args, pin, spy_out))
+    # In the source tree measured: `python -m` puts its working directory first on sys.path, so started
+    # from anywhere else (this repository, where the benchmark runs) PYTHONPATH would not choose the tree.
+    cwd = str(mon.src) if mon.kind == "sparktop" and mon.src else tempfile.gettempdir()
+    tmux("new-session", "-d", "-s", session, "-x", str(COLS), "-y", str(ROWS), "-c", cwd,
+         command(mon, args, pin, spy_out))
     window = pane = proc = None
     try:
         pid = int(tmux("list-panes", "-t", session, "-F", "#{pane_pid}"))
