@@ -99,8 +99,8 @@ PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # round trip, ~10 ms of CPU): the container list is read at most this often,
 # and at once when the poller asks (an engine stopped answering).
 DOCKER_EVERY_S = 3.0
-# A docker that fails (no daemon, no permission) is asked again a minute later,
-# then half as often each time it fails again, down to once in DOCKER_RETRY_MAX_S:
+# A docker that fails twice in a row (no daemon, no permission) is asked again a
+# minute later, then half as often each time it fails again, down to once in DOCKER_RETRY_MAX_S:
 # its CLI costs as much to fail as to answer (~30 ms of CPU), and a daemon that
 # is down stays down. An engine that stops answering still has it asked at once.
 DOCKER_RETRY_S = 60.0
@@ -158,8 +158,10 @@ class HostProbe:
 
     async def poll(self) -> NodeSnapshot:
         started = time.monotonic()
-        every = self.docker_every if self._docker is None or self._docker[0] == "ok" else min(
-            DOCKER_RETRY_MAX_S, DOCKER_RETRY_S * 2 ** max(0, self._docker_failures - 1))
+        # One failure may be a hiccup (a container removed mid-list): asked again at the usual pace.
+        # Failing again, the daemon is down: asked less and less often.
+        every = self.docker_every if self._docker is None or self._docker[0] == "ok" or self._docker_failures <= 1 \
+            else min(DOCKER_RETRY_MAX_S, DOCKER_RETRY_S * 2 ** max(0, self._docker_failures - 2))
         docker_due = self._docker is None or self._docker_at is None or started - self._docker_at >= every - 0.05
         servers_due = self._servers_at is None or started - self._servers_at >= self.docker_every - 0.05
         if isinstance(self.transport, LocalTransport):
