@@ -98,9 +98,14 @@ class EngineProbe:
     kind: str = "vllm"  # a LiteLLM router has no vLLM metrics: it is read by liveness and model list
 
     @property
+    def direct(self) -> str:
+        """The engine's own address, without /v1 (what `base` is unless reached through a forward)."""
+        return self.url.rstrip("/").removesuffix("/v1")
+
+    @property
     def base(self) -> str:
         if self._base is None:
-            self._base = self.url.rstrip("/").removesuffix("/v1")
+            self._base = self.direct
         return self._base
 
     async def _get(self, path: str) -> Response:
@@ -116,13 +121,12 @@ class EngineProbe:
         if self.transport is None or self._forwarded:
             return None
         parts = urlsplit(self.url)
-        direct = self.url.rstrip("/").removesuffix("/v1")
         for host in dict.fromkeys([parts.hostname or "127.0.0.1", "127.0.0.1"]):
             try:
                 local = await self.transport.forward(parts.port or 80, host)
             except TransportError:
                 return None
-            if f"http://127.0.0.1:{local}" == direct:
+            if f"http://127.0.0.1:{local}" == self.direct:
                 continue  # the node is this machine: that is the address just refused
             self._base = f"http://127.0.0.1:{local}"
             try:
