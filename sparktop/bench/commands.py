@@ -95,6 +95,10 @@ def cmd_sweep(args) -> int:
                               f"  TTFT {fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
                 if lv.contaminated:
                     console.print(f"[yellow]⚠ c{lv.concurrency} contaminated: {lv.contamination}[/]")
+                if lv.tg_unmeasured:
+                    console.print(f"[yellow]⚠ c{lv.concurrency}: {lv.tg_unmeasured} of {lv.requests} streams arrived "
+                                  "in one piece, so they show no decode rate (a proxy buffered them, or this "
+                                  "client was short of CPU)[/]")
                 if lv.tg_approximate and "approximate" not in warned:
                     warned.add("approximate")
                     console.print("[yellow]⚠ decode rates are approximate: the server sends neither token ids nor "

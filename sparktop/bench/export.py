@@ -31,7 +31,7 @@ JSON_KEYS = ("concurrency", "requests", "errors", "pp_tps_total", "pp_tps_req", 
              "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "peak_tps", "kv_cache_usage_max",
              "e2e_tps_total", "e2e_tps_req", "wall_s_mean",
              # llama-benchy's own decode figures (its N-1 count), to compare like with like
-             "tg_tps_req_llama_benchy", "tg_tps_total_llama_benchy", "tg_approximate",
+             "tg_tps_req_llama_benchy", "tg_tps_total_llama_benchy", "tg_approximate", "tg_unmeasured",
              # the clean-measurement guard
              "contaminated", "foreign_requests", "contamination", "remeasured",
              # energy: the nodes' GPU power during the level (nvidia-smi), per generated token

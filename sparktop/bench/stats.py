@@ -85,6 +85,7 @@ class BatchStats:
     tg_tps_total_llama_benchy: float | None = None
     tg_tps_req_llama_benchy: list[float] = field(default_factory=list)
     tg_approximate: bool = False
+    tg_unmeasured: int = 0
 
 
 def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_prompt: int = 0,
@@ -96,6 +97,7 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
     tg_req_lb: list[float] = []
     ttft: list[float] = []
     prompt_sum = 0
+    unmeasured = 0  # streams read in one piece: no decode rate to see in them
     for r in ok:
         prompt = r.prompt_tokens or expected_prompt
         prompt_sum += prompt
@@ -107,7 +109,9 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
             pp_req.append(prompt / est)
         if len(r.token_times) > 1:
             span = r.token_times[-1] - r.token_times[0]
-            if span > 0:
+            if span <= 0:
+                unmeasured += 1
+            else:
                 if decode := r.decode_tokens:
                     tg_req.append(decode / span)
                 if decode_lb := r.decode_tokens_llama_benchy:
@@ -140,7 +144,8 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
             e2e_total = sum(n for _, _, n in ends) / wall
         e2e_req = [n / (e - s) for s, e, n in ends if e > s and n]
     return BatchStats(len(records), len(records) - len(ok), pp_total, tg_total, peak_tps, pp_req, tg_req, ttft,
-                      e2e_total, e2e_req, wall, tg_total_lb, tg_req_lb, any(r.approximate for r in ok))
+                      e2e_total, e2e_req, wall, tg_total_lb, tg_req_lb, any(r.approximate for r in ok),
+                      unmeasured)
 
 
 @dataclass
@@ -205,6 +210,10 @@ class LevelStats:
     # Some request was counted one token per chunk (no token ids, usage or
     # tokenizer): the decode figures are a guess that is low when chunks hold more.
     tg_approximate: bool = False
+    # Requests whose every token arrived in one read (a proxy that buffered
+    # the stream, or a client starved of CPU): they have no decode rate, and
+    # a level of only such requests has none either.
+    tg_unmeasured: int = 0
     # Energy: the nodes' GPU power during the level over the tokens it
     # generated per second of wall time (prefill included: serving a request
     # costs both), J per generated token and Wh per million.
@@ -269,6 +278,7 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         remeasured=eng.remeasured,
         tg_tps_total_llama_benchy=_mean(tg_tot_lb), tg_tps_req_llama_benchy=_mean(tg_req_lb),
         tg_approximate=any(b.tg_approximate for b in per),
+        tg_unmeasured=sum(b.tg_unmeasured for b in per),
         power_w=eng.power_w, j_per_token=j_per_token,
         wh_per_mtok=None if j_per_token is None else j_per_token * 1e6 / 3600,
     )

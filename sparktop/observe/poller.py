@@ -393,6 +393,12 @@ class Poller:
                 delay = w.health.backoff(self._interval)
             else:
                 w.health.ok()
+                if not w.ever_ready and not w.target.container and not w.target.process:
+                    # An address that just started answering: which container or process serves it (and
+                    # so its topology and model) is read on the node's next poll, not seconds later.
+                    node = self._nodes.get(w.target.node or "")
+                    if node is not None:
+                        node.probe.refresh_docker()
                 w.ever_ready = True
                 w.stage = None
                 w.error = None

@@ -20,7 +20,7 @@ from sparktop.observe.targets import node_targets
 from sparktop.settings import load_inventory
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
-from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat
+from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat, sparktop
 from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -51,6 +51,7 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
         return poller
 
     app = SparktopApp(start_source=start, inventory=inventory, launch_timeout=120)
+    passed = False
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: len(app.state.nodes) == 2 and
@@ -96,8 +97,10 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
             await pilot.press("escape")
             urls = {e.url for e in run.plan.endpoints}
             try:
+                # Ready, and named by its container (its topology) within a node poll or two.
                 await until(pilot, lambda: urls <= set(app.state.engines) and
-                            all(app.state.engines[u].state == "ready" for u in urls))
+                            all(app.state.engines[u].state == "ready" and app.state.engines[u].topology
+                                for u in urls))
             except AssertionError:
                 raise AssertionError({u: (e.state, e.reason, e.topology)
                                       for u, e in app.state.engines.items()}) from None
@@ -110,6 +113,9 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
             await pilot.press("y")
             await until(pilot, lambda: app.launcher.active() == [], timeout=60)
             await until(pilot, lambda: not (urls & set(app.state.engines)), timeout=30)
+        passed = True
     finally:
         await poller.close()
+        if not passed:  # what a failed case started must not fail the next one (port 8000 in use)
+            await asyncio.to_thread(sparktop, lab, "stop", "--inventory", str(lab.inventory()), "--all")
     assert_nothing_left(lab)

@@ -111,3 +111,16 @@ def test_a_record_survives_the_file_round_trip():
     b = RequestRecord.from_dict(json.loads(a.to_json()))
     assert b.token_times == pytest.approx(a.token_times, abs=1e-6)
     assert b.decode_tokens == 1 and b.prompt_tokens == 100
+
+
+def test_a_stream_read_in_one_piece_has_no_decode_rate_and_is_counted():
+    """What a starved client or a buffering proxy leaves: 64 tokens stamped at
+    one instant. No rate is made up from them, and the level says how many."""
+    whole = rec(0.0, 1.4, [1.4] * 64, level=1)
+    timed = rec(2.0, 2.1, [2.1 + 0.01 * i for i in range(64)], level=1, run=2)
+    one = level_stats(1, [[whole]])
+    assert (one.tg_tps_total, one.tg_unmeasured) == (None, 1)
+    both = level_stats(1, [[whole], [timed]])
+    assert both.tg_tps_total == pytest.approx(100.0)  # only the stream with a span
+    assert both.tg_unmeasured == 1
+    assert level_stats(1, [[timed]]).tg_unmeasured == 0
