@@ -23,6 +23,31 @@ PEAK_FIGURES = ("running", "waiting", "kv_usage", "prompt_tps", "gen_tps")
 
 
 @dataclass
+class ClusterSummary:
+    """The cluster at a glance: the monitor's summary line for three nodes
+    and more. Routers are left out of the engine counts and rates (their
+    tokens are their engines')."""
+
+    nodes: int = 0
+    nodes_ok: int = 0
+    mem_used: int = 0  # bytes, over the nodes that reported memory
+    mem_total: int = 0
+    engines: int = 0
+    engines_ready: int = 0
+    gen_tps: float = 0.0
+    prompt_tps: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
+    watts: float | None = None  # every node's GPU power (None: some node reports none)
+
+    @property
+    def j_per_token(self) -> float | None:
+        if self.watts is None or self.gen_tps <= 0:
+            return None
+        return self.watts / self.gen_tps
+
+
+@dataclass
 class Reset:
     """Replay seeking: forget everything before the events that follow."""
 
@@ -209,6 +234,31 @@ class ClusterState:
         if not seen or watts is None:
             return None
         return Energy(watts=watts, tokens_per_s=tps, nodes=[name], window_s=ENERGY_WINDOW_S)
+
+    def summary(self) -> ClusterSummary:
+        out = ClusterSummary(nodes=len(self.nodes))
+        watts: float | None = 0.0
+        for name, n in self.nodes.items():
+            out.nodes_ok += n.state == "ok"
+            if n.memory is not None:
+                out.mem_used += n.memory.used
+                out.mem_total += n.memory.total
+            # Averaged as each card's energy is: over the window the token rates cover.
+            power = self.mean_power(name, n.t) if n.state == "ok" else None
+            watts = None if watts is None or power is None else watts + power
+        for e in self.engines.values():
+            if e.kind == "router":
+                continue
+            out.engines += 1
+            if e.state not in ("ready", "sleeping"):
+                continue
+            out.engines_ready += 1
+            out.gen_tps += e.gen_tps or 0.0
+            out.prompt_tps += e.prompt_tps or 0.0
+            out.running += e.running or 0.0
+            out.waiting += e.waiting or 0.0
+        out.watts = watts if self.nodes else None
+        return out
 
     def ordered_nodes(self) -> list[NodeSnapshot]:
         return [self.nodes[k] for k in sorted(self.nodes)]

@@ -416,10 +416,11 @@ class EngineCard(Card):
     kind = "engine"
 
     def show(self, snap: EngineSnapshot, history: History | None, notice: Notice | None = None,
-             energy: Energy | None = None) -> None:
-        self._last = (snap, history, notice, energy)
+             energy: Energy | None = None, nodes: list[str] | None = None) -> None:
+        self._last = (snap, history, notice, energy, nodes)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height, id(notice))
+        stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height, id(notice),
+                 tuple(nodes or ()))
         if stamp == self._drawn:
             return
         self._drawn = stamp
@@ -433,15 +434,17 @@ class EngineCard(Card):
             badge = sleep_badge(snap)
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
         self.set_class(snap.state == "starting", "-starting")
-        self._paint(title, badge, self._lines(snap, history, width, notice, energy))
+        self._paint(title, badge, self._lines(snap, history, width, notice, energy, nodes))
 
     def _lines(self, snap: EngineSnapshot, history: History | None, width: int, notice: Notice | None = None,
-               energy: Energy | None = None) -> list[Text]:
+               energy: Energy | None = None, nodes: list[str] | None = None) -> list[Text]:
         lines = []
         where = snap.url.removeprefix("http://").removeprefix("https://")
         head = Text(where, style="dim")
         if snap.node:
-            head.append(f"  on {snap.node}", style="dim")
+            # An engine over several nodes names them all (the head first) where they fit.
+            spread = nodes if nodes and len(nodes) > 1 else [snap.node]
+            head.append(f"  on {r.nodes_named(spread, width - head.cell_len - 5)}", style="dim")
         if snap.kind == "router":
             head.append("  router", style="cyan")
         lines.append(head)

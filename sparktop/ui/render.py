@@ -156,6 +156,17 @@ def num(value: float | None, fmt: str = "{:.0f}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
+def nodes_named(nodes: list[str], width: int) -> str:
+    """"spark-a" / "spark-a, spark-b" / "spark-a +3": the nodes an engine
+    runs on, the head first, in `width` cells at most."""
+    if not nodes:
+        return ""
+    every = ", ".join(nodes)
+    if len(every) <= width or len(nodes) == 1:
+        return every
+    return f"{nodes[0]} +{len(nodes) - 1}"
+
+
 STATE_STYLES = {
     "ok": "green", "ready": "green", "starting": "yellow", "connecting": "grey62", "stale": "yellow",
     "down": "bold red", "unreachable": "bold red", "failed": "bold red",

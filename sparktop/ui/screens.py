@@ -8,7 +8,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, VerticalScroll
+from textual.containers import Grid, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
@@ -19,6 +19,7 @@ from sparktop.ui import charts
 from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts
 from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
+from sparktop.ui.rows import EngineRow, NodeRow, summary_line
 
 CARD_WIDTH = 40
 
@@ -54,6 +55,32 @@ class LiveScreen(Screen):
         self.query_one(StatusLine).update(status)
 
 
+NODE_CARD_LINES = 9  # a node card's height with one container and a one-row sparkline
+ENGINE_CARD_LINES = 13  # an engine card's
+MANY_NODES = 3  # from this many nodes on, the cluster gets a summary line
+
+
+def compact_view(width: int, height: int, nodes: int, engines: int) -> tuple[bool, bool]:
+    """Whether nodes, and engines, show as one line each: only with three
+    nodes or more, and only what does not fit the screen as cards — nodes
+    first (their cards say least that a line cannot), then engines, when
+    there are three or more of them."""
+    if nodes < MANY_NODES:
+        return False, False
+    fit = max(1, width // CARD_WIDTH)
+    room = height - 3  # the status, summary and footer lines
+
+    def card_lines(count: int, lines: int) -> int:
+        return -(-count // min(fit, count)) * lines if count else 0
+
+    if card_lines(nodes, NODE_CARD_LINES) + card_lines(engines, ENGINE_CARD_LINES) <= room:
+        return False, False
+    room -= 1  # the line between the nodes' lines and the engines
+    if nodes + card_lines(engines, ENGINE_CARD_LINES) <= room or engines < MANY_NODES:
+        return True, False
+    return True, True
+
+
 class MonitorScreen(LiveScreen):
     BINDINGS = [
         Binding("enter", "open_detail", "Detail"),
@@ -61,8 +88,12 @@ class MonitorScreen(LiveScreen):
         Binding("left,shift+tab", "app.focus_previous", "Prev", show=False),
     ]
 
+    compact: tuple[bool, bool] = (False, False)  # (nodes, engines) shown one line each
+
     def compose(self) -> ComposeResult:
-        yield StatusLine(id="status")
+        with Vertical(id="head"):  # docked as one: two docked lines would overlap
+            yield StatusLine(id="status")
+            yield StatusLine(id="cluster")
         # Cards sit straight in the screen (which scrolls): every container
         # between a card and the screen is one more render per card update.
         yield Grid(id="nodes")
@@ -71,22 +102,33 @@ class MonitorScreen(LiveScreen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#cluster").display = False
         self._layout_columns()
 
     def on_resize(self) -> None:
         self._layout_columns()
+        self.post_message(RepaintRequested())  # the view (cards or lines) may change with the size
 
     def _layout_columns(self) -> None:
         fit = max(1, self.size.width // CARD_WIDTH)
+        many = self.query_one("#cluster").display  # three nodes or more: the summary line shows
         rows = 0
+        used = 2 + many  # the status line (and the summary), the footer
         for grid in self.query(Grid):
             count = len(grid.children)
+            if grid.has_class("-rows"):  # one line each, one under the other, and a line after
+                grid.styles.grid_size_columns = 1
+                used += count + 1
+                continue
             # Two cards share a wide screen; many cards wrap at ~40 columns each.
             columns = max(1, min(fit, count or 1))
             grid.styles.grid_size_columns = columns
-            rows += -(-count // columns) if count else 0
+            grid_rows = -(-count // columns) if count else 0
+            rows += grid_rows
+            # A card's height with one-row sparklines (two nodes keep the rough 10 they always had).
+            used += grid_rows * ((ENGINE_CARD_LINES if grid.id == "engines" else NODE_CARD_LINES) if many else 10)
         # Spare height goes to taller sparklines (an 80x24 screen keeps one row).
-        spare = (self.size.height - 2) - rows * 10
+        spare = self.size.height - used
         height = max(1, min(12, 1 + spare // max(1, rows)))
         for card in self.query(Card):
             if card.spark_height != height:
@@ -94,14 +136,24 @@ class MonitorScreen(LiveScreen):
                 card.redraw()
 
     def show_state(self, state: ClusterState, status: Text) -> None:
-        self.query_one(StatusLine).update(status)
+        self.query_one("#status", StatusLine).update(status)
         now = state.now or time.time()  # a replay's clock, not the wall's
         nodes = {n.name: n for n in state.ordered_nodes()}
         engines = {e.key: e for e in state.ordered_engines()}
-        self._sync(self.query_one("#nodes", Grid), NodeCard, nodes, state.node_history,
-                   lambda key: (state.last_notice(key, now), state.node_energy(key)))
-        self._sync(self.query_one("#engines", Grid), EngineCard, engines, state.engine_history,
-                   lambda key: (state.last_notice(key, now), state.engine_energy(engines[key])))
+        self.compact = compact_view(self.size.width, self.size.height, len(nodes), len(engines))
+        many = len(nodes) >= MANY_NODES
+        cluster = self.query_one("#cluster", StatusLine)
+        if many:
+            cluster.update(summary_line(state.summary(), max(1, self.size.width)))
+        if cluster.display != many:
+            cluster.display = many
+            self.call_after_refresh(self._layout_columns)
+        self._sync(self.query_one("#nodes", Grid), NodeRow if self.compact[0] else NodeCard, nodes,
+                   state.node_history, lambda key: (state.last_notice(key, now), state.node_energy(key)))
+        self._sync(self.query_one("#engines", Grid), EngineRow if self.compact[1] else EngineCard, engines,
+                   state.engine_history,
+                   lambda key: (state.last_notice(key, now), state.engine_energy(engines[key]),
+                                state.engine_nodes(engines[key])))
         empty = self.query_one("#empty", Static)
         if not state.engines:
             empty.update(Text("No engines yet: sparktop looks for vLLM containers on every node and on "
@@ -113,10 +165,12 @@ class MonitorScreen(LiveScreen):
     def _sync(self, grid: Grid, cls, items: dict, histories: dict, extras) -> None:
         cards = {card.key: card for card in grid.query(cls)}
         if list(cards) != list(items):
-            # Membership or order changed: rebuild in order (rare; keeps focus simple).
+            # Membership, order or view changed: rebuild in order (rare; keeps focus simple).
             focused = self.focused.key if isinstance(self.focused, Card) else None
             grid.remove_children()
-            new = [cls(key, classes="card") for key in items]
+            rows = cls in (NodeRow, EngineRow)
+            grid.set_class(rows, "-rows")
+            new = [cls(key, classes="row" if rows else "card") for key in items]
             grid.mount_all(new)
             self.call_after_refresh(self._layout_columns)
             for card in new:
