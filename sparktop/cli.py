@@ -130,7 +130,8 @@ def cmd_launch(args) -> int:
     inventory, nodes = _launch_inventory(args)
     if args.node:
         nodes = [inventory.node(args.node).name]
-    return run(args.recipe, args.topology, inventory, nodes, args.set, args.port, args.dry_run, args.yes,
+    topology = f"{args.topology},{args.router}" if args.router else args.topology
+    return run(args.recipe, topology, inventory, nodes, args.set, args.port, args.dry_run, args.yes,
                args.timeout, args.recipes)
 
 
@@ -206,8 +207,11 @@ def _add_launching(add) -> None:
     """`sparktop launch and stop`."""
     launch = add("launch", "launch a recipe in a topology (prints the plan, runs preflight, starts it)", cmd_launch)
     launch.add_argument("recipe", help="a recipe's name (see `sparktop recipes`) or a YAML file")
-    launch.add_argument("--topology", "-t", default="solo",
-                        choices=["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"])
+    launch.add_argument("--layout", "--topology", "-t", dest="topology", default="solo", metavar="LAYOUT",
+                        help="solo, cluster-ray, cluster-mp, shuffle, least-busy, or a layout over more nodes: "
+                             "tp=4, tp=4,ray, tp=2,pp=2, tp=2,ep, '2x tp=2', '4x solo' (default: solo)")
+    launch.add_argument("--router", choices=["shuffle", "least-busy"],
+                        help="how the router spreads requests over replicas (default: least-busy)")
     launch.add_argument("--inventory", metavar="FILE", help="cluster inventory (sparktop cluster.yaml, a sparkrun "
                         "cluster file, or eugr's .env)")
     launch.add_argument("--nodes", metavar="A,B", help="ssh hosts for a one-off launch (the first is the head)")

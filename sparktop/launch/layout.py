@@ -91,6 +91,11 @@ class Layout:
         return f"{self.replicas}x {body}" if self.replicas > 1 else body
 
     @property
+    def slug(self) -> str:
+        """The name as it can stand in a container's name or a path: `tp2-pp2`, `2x-tp2-ray`."""
+        return re.sub(r"[^a-z0-9]+", "-", self.name.replace("=", "")).strip("-")
+
+    @property
     def name(self) -> str:
         """What runs, reports and the app call it: the two-node alias when it is one."""
         for alias, text in ALIASES.items():

@@ -6,7 +6,8 @@ with a one-line reason:
   memory) fits in MemAvailable with room to spare, the weights fit in that
   share, and the KV cache left holds one max_model_len request (GB10 has no
   separate GPU memory: a Spark that runs out of memory freezes);
-- the image is on every node, with the same ID on both for a cluster;
+- the image is on every node, with the same ID on all of them for an engine
+  over several nodes (a warning for replicas);
 - the weights are in the HF cache on every node (warning: vLLM would
   download them at startup);
 - the ports are free on the addresses the engines bind;
@@ -27,6 +28,7 @@ import ipaddress
 import shlex
 from dataclasses import dataclass, field
 
+from sparktop.launch.layout import parse_layout
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
 from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
@@ -275,10 +277,11 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     vllm, image = plan.vllm, plan.image or inventory.defaults.image
     util = float(vllm.get("gpu_memory_utilization", 0.9))
     max_model_len = vllm.get("max_model_len")
-    cluster = plan.topology in ("cluster-ray", "cluster-mp")
-    tp = len(plan.nodes) if cluster else 1
+    layout = parse_layout(plan.topology)
+    cluster = layout.spans_nodes
+    tp = layout.nodes_per_engine  # the weights (and the KV cache) split over tp x pp ranks, one per node
     weights = recipe.estimated_weights_gib()
-    weights_per_node = weights / tp if weights else None
+    weights_per_node = layout.weights_per_node_gib(weights) if weights else None
     kv_token = seq_state = None
     card = recipe.twin_card()
     if card is not None:
@@ -291,20 +294,19 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     detect = cluster and any(not (n.eth_if and n.fabric_ip) for n in map(inventory.node, plan.nodes))
     want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
                 kv_token, seq_state, detect_fabric=detect)
-    head = plan.nodes[0]
+    # Every engine's head listens for its other nodes: the rendezvous (mp) or Ray's GCS.
+    heads = {group[0] for group in layout.engines(plan.nodes)} if cluster else set()
     jobs = []
     for node_name in plan.nodes:
         node = inventory.node(node_name)
         ports = sorted({int(e.url.rsplit(":", 1)[1]) for e in plan.endpoints if e.node == node_name})
-        if plan.topology == "cluster-mp" and node_name == head:
-            ports.append(inventory.defaults.master_port)
-        if plan.topology == "cluster-ray" and node_name == head:
-            ports.append(inventory.defaults.ray_port)
+        if node_name in heads:
+            ports.append(inventory.defaults.ray_port if layout.backend == "ray" else inventory.defaults.master_port)
         jobs.append(_check_node(NodeChecks(node, transports[node_name], want, ports)))
     results = list(await asyncio.gather(*jobs))
     fabric = await resolve_fabric(results) if detect else {}
     checks = [c for on in results for c in on.checks]
-    if cluster or plan.topology in ("shuffle", "least-busy"):
+    if len(plan.nodes) > 1:
         ids = {c.node: c.message.split()[-1] for c in checks if c.name == "image" and c.status == "pass"}
         if len(set(ids.values())) > 1:
             checks.append(Check("image", "all", "fail" if cluster else "warn",
@@ -456,15 +458,20 @@ async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
         return {}
     chosen[head.node.name] = head_ports[0]
     fabric = {on.node.name: _fabric_of(on, chosen[on.node.name]) for on in ons}
+    # One MTU on every port: NCCL over RoCE between ports that disagree stalls or falls back.
+    mtus = {name: f.mtu for name, f in fabric.items() if f.mtu}
+    mismatch = (f"; the MTU differs between nodes ({', '.join(f'{n} {m}' for n, m in mtus.items())}): "
+                "set one MTU on every node's port") if len(set(mtus.values())) > 1 else ""
     for on in ons:
         f = fabric[on.node.name]
         roce = f", RoCE {','.join(f.ib_if)}" if f.ib_if else ""
         if on is head:
             mtu = f", MTU {f.mtu}" if f.mtu else ""
-            on.put_fabric("pass", f"{head_ports[0].netdev} {_port_text(head_ports[0])}{roce}{mtu} "
-                                  f"({_source(on)})")
+            on.put_fabric("warn" if mismatch else "pass", f"{head_ports[0].netdev} {_port_text(head_ports[0])}{roce}"
+                                                          f"{mtu} ({_source(on)}){mismatch}")
         else:
             status, text = links[on.node.name]
-            on.put_fabric(status, f"{text}{roce} ({_source(on)})")
+            on.put_fabric("warn" if mismatch and status == "pass" else status,
+                          f"{text}{roce} ({_source(on)}){mismatch}")
     # The inventory's nodes keep their own values; the plan needs only what was detected.
     return {on.node.name: fabric[on.node.name] for on in ons if not (on.node.eth_if and on.node.fabric_ip)}

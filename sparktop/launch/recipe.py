@@ -13,7 +13,7 @@ A recipe is one YAML file. sparktop's own format::
       max_model_len: 131072
     extra_args: ["--enable-auto-tool-choice"]
     env: {VLLM_USE_FLASHINFER_MOE_FP4: "0"}
-    limits: {solo_only: false, cluster_only: false, min_nodes: 1, max_nodes: 2}
+    limits: {solo_only: false, cluster_only: false, min_nodes: 1, max_nodes: 8}
     topologies:                          # per-topology overrides
       cluster-mp: {vllm: {max_model_len: 262144}}
     memory: {weights_gib: 61}            # or params_b + bits
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktop.errors import ConfigError, SparktopError
+from sparktop.launch.layout import MAX_NODES, Layout, LayoutError, parse_layout
 from sparktop.model.cards import UnknownModel, find_card
 from sparktop.model.quant import Quantization
 from sparktop.model.serving import Serving
@@ -89,7 +90,7 @@ class Recipe:
     solo_only: bool = False
     cluster_only: bool = False
     min_nodes: int = 1
-    max_nodes: int = 2
+    max_nodes: int = MAX_NODES  # the nodes a layout of it may take (community formats default to 2)
     topologies: dict[str, Override] = field(default_factory=dict)
     weights_gib: float | None = None
     params_b: float | None = None
@@ -103,33 +104,41 @@ class Recipe:
         return self.served_model_name or self.model
 
     def allowed_topologies(self, node_count: int) -> list[str]:
-        out = []
-        for topology in TOPOLOGIES:
-            nodes_needed = 1 if topology == "solo" else 2
-            if nodes_needed > node_count or nodes_needed > self.max_nodes:
-                continue
-            if topology == "solo" and (self.cluster_only or self.min_nodes > 1):
-                continue
-            if topology in CLUSTER_TOPOLOGIES and self.solo_only:
-                continue
-            # A router topology runs the recipe solo on every node.
-            if topology in ROUTER_TOPOLOGIES and (self.cluster_only or self.min_nodes > 1):
-                continue
-            out.append(topology)
-        return out
+        """The five two-node names this recipe can run as on `node_count` nodes."""
+        return [t for t in TOPOLOGIES if self.why_not_layout(parse_layout(t), node_count) is None]
 
     def why_not(self, topology: str, node_count: int) -> str:
-        if topology not in TOPOLOGIES:
-            return f"unknown topology {topology!r} (one of: {', '.join(TOPOLOGIES)})"
-        if topology != "solo" and node_count < 2:
-            return f"{topology} needs two nodes; the inventory has {node_count}"
-        if topology == "solo" and (self.cluster_only or self.min_nodes > 1):
+        try:
+            layout = parse_layout(topology)
+        except LayoutError as exc:
+            return str(exc)
+        return self.why_not_layout(layout, node_count) or f"{topology} is not allowed for {self.id}"
+
+    def why_not_layout(self, layout: Layout, node_count: int) -> str | None:
+        """Why this recipe cannot run in `layout` on `node_count` nodes (None: it can).
+        `max_nodes` bounds the nodes the layout takes, `min_nodes` those of
+        one engine (a model that does not fit fewer)."""
+        k = layout.nodes_per_engine
+        name = layout.name
+        if layout.nodes > node_count:
+            count = "two nodes" if layout.nodes == 2 else f"{layout.nodes} nodes"
+            return f"{name} needs {count}; the inventory has {node_count}"
+        if k == 1 and (self.cluster_only or self.min_nodes > 1):
+            if layout.router:
+                return f"{name} runs {self.id} solo on each node, but it is cluster only"
             return f"{self.id} is cluster only: it does not fit one Spark"
-        if topology in ROUTER_TOPOLOGIES and (self.cluster_only or self.min_nodes > 1):
-            return f"{topology} runs {self.id} solo on each node, but it is cluster only"
-        if topology in CLUSTER_TOPOLOGIES and self.solo_only:
+        if k > 1 and self.solo_only:
             return f"{self.id} is solo only"
-        return f"{topology} is not allowed for {self.id}"
+        if k < self.min_nodes:
+            return f"{self.id} needs engines of at least {self.min_nodes} nodes; {name} spreads one over {k}"
+        if layout.ep:
+            card = self.twin_card()
+            if card is not None and not card.is_moe:
+                return f"{name}: expert parallel spreads a MoE model's experts; {self.id} is a dense model"
+        if layout.nodes > self.max_nodes:
+            return (f"runs on at most {self.max_nodes} node{'s' * (self.max_nodes != 1)} "
+                    f"(limits.max_nodes); {name} takes {layout.nodes}")
+        return None
 
     def settings(self, topology: str) -> tuple[dict[str, Any], list[str], dict[str, str], str | None, int | None]:
         """vLLM flags, extra args, env, image, port for one topology."""

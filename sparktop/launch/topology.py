@@ -33,6 +33,7 @@ import time
 import yaml
 
 from sparktop.errors import SparktopError
+from sparktop.launch.layout import LayoutError, parse_layout
 from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
 from sparktop.launch.recipe import Recipe, flag_args
 from sparktop.observe.fabric import Fabric
@@ -49,7 +50,11 @@ class PlanError(SparktopError):
 def launch_id(recipe: Recipe, topology: str, nodes: list[str], port: int) -> str:
     digest = hashlib.blake2b(f"{recipe.id}|{topology}|{','.join(nodes)}|{port}|{time.time()}".encode(),
                              digest_size=3).hexdigest()
-    return f"{recipe.id}-{topology}-{digest}"
+    try:
+        slug = parse_layout(topology).slug  # "tp=2,pp=2" cannot stand in a container's name
+    except LayoutError:
+        slug = topology
+    return f"{recipe.id}-{slug}-{digest}"
 
 
 def _network_env(fabric: Fabric, address: str, head_address: str) -> dict[str, str]:
@@ -71,7 +76,8 @@ class Builder:
                  fabric: dict[str, Fabric] | None = None):
         self.recipe = recipe
         self.detected = dict(fabric or {})  # node -> what preflight found where the inventory gives nothing
-        self.topology = topology
+        self.layout = parse_layout(topology)
+        self.topology = self.layout.name  # the alias of a two-node layout, else its spelling
         self.inv = inventory
         self.nodes = nodes
         vllm, extra, env, image, recipe_port = recipe.settings(topology)
@@ -84,7 +90,7 @@ class Builder:
         # Engines get HF_TOKEN and what the recipe passes by name; the router
         # alone gets its master key (a file of its own on the head).
         self.secrets = list(dict.fromkeys(n for n in (*SECRET_ENV, *recipe.pass_env) if os.environ.get(n)))
-        self.router_secrets = [ROUTER_KEY_ENV] if topology in ("shuffle", "least-busy") else []
+        self.router_secrets = [ROUTER_KEY_ENV] if self.layout.router else []
         self.steps: list[Step] = []
         self.endpoints: list[Endpoint] = []
         self.containers: dict[str, list[str]] = {}
@@ -119,7 +125,7 @@ class Builder:
         return _network_env(self.fabric(node), self.peer_address(node), self.peer_address(head))
 
     def fabric_notes(self) -> list[str]:
-        if self.topology not in ("cluster-ray", "cluster-mp"):
+        if not self.layout.spans_nodes:
             return []
         notes = []
         for n in self.nodes:
@@ -194,7 +200,11 @@ class Builder:
         return endpoint
 
     def wait_ready(self, endpoint: Endpoint, key_env: str | None = None) -> None:
-        """Readiness: /health and the model in /v1/models (the last step waits on it)."""
+        """Readiness: /health and the model in /v1/models (the last step waits on it).
+        A Ray engine has a step of its own for that already (its head starts
+        vLLM only once every worker has joined)."""
+        if any(s.role == "wait" and s.wait.url == endpoint.url for s in self.steps):
+            return
         step = next(s for s in reversed(self.steps) if s.container == endpoint.container)
         step.wait = Wait("http", container=endpoint.container, url=endpoint.url, model=endpoint.model,
                          api_key_env=key_env)
@@ -204,86 +214,112 @@ class Builder:
         for node in self.nodes:
             self.write_secrets(node, self.secrets)
         self.write_secrets(head, self.router_secrets, "router.env")
-        if self.topology == "solo":
-            self.wait_ready(self.solo(head))
-        elif self.topology == "cluster-mp":
-            self.cluster_mp()
-        elif self.topology == "cluster-ray":
-            self.cluster_ray()
-        elif self.topology in ("shuffle", "least-busy"):
-            self.router()
+        groups = self.layout.engines([n.name for n in self.nodes])
+        by_name = {n.name: n for n in self.nodes}
+        engines = []
+        for group in groups:
+            nodes = [by_name[name] for name in group]
+            # Replicas tell their containers apart by their head's name; one engine keeps the plain roles.
+            suffix = f"-{nodes[0].name}" if self.layout.replicas > 1 else ""
+            if len(nodes) == 1:
+                engines.append(self.solo(nodes[0], role=f"vllm{suffix}"))
+            elif self.layout.backend == "ray":
+                engines.append(self.cluster_ray(nodes, suffix))
+            else:
+                engines.append(self.cluster_mp(nodes, suffix))
+        if self.layout.router:
+            self.router(engines)
         else:
-            raise PlanError(f"unknown topology {self.topology!r}")
+            self.wait_ready(engines[0])
         notes = self.fabric_notes()
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
                     vllm=dict(self.vllm), image=self.image, notes=notes)
 
-    def cluster_mp(self) -> None:
-        head, workers = self.nodes[0], self.nodes[1:]
-        tp = len(self.nodes)
-        dist = ["--tensor-parallel-size", str(tp), "--nnodes", str(tp), "--master-addr", self.peer_address(head),
+    def parallel_args(self) -> list[str]:
+        """--tensor-parallel-size, --pipeline-parallel-size and expert parallel
+        (unless the recipe already asks for it) for an engine over nodes."""
+        flags = self.layout.vllm_flags()
+        flags.pop("distributed-executor-backend", None)  # mp is vLLM's default; Ray is set where it runs
+        if self.vllm.get("enable_expert_parallel") or self.vllm.get("enable-expert-parallel"):
+            flags.pop("enable-expert-parallel", None)
+        args: list[str] = []
+        for flag, value in flags.items():
+            args += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
+        return args
+
+    def describe(self) -> str:
+        """"TP=2" (the two-node names), "TP=2 x PP=2", "TP=4, expert parallel"."""
+        parts = [f"TP={self.layout.tp}"] + ([f"PP={self.layout.pp}"] if self.layout.pp > 1 else [])
+        text = " x ".join(parts)
+        return text + (", expert parallel" if self.layout.ep else "")
+
+    def cluster_mp(self, nodes: list[Node], suffix: str = "") -> Endpoint:
+        head, workers = nodes[0], nodes[1:]
+        k = len(nodes)
+        dist = [*self.parallel_args(), "--nnodes", str(k), "--master-addr", self.peer_address(head),
                 "--master-port", str(self.inv.defaults.master_port)]
         # Workers first: the head waits for them at the master address.
         for rank, node in enumerate(workers, 1):
             args = ["serve", self.recipe.model, *dist, "--node-rank", str(rank), "--headless",
                     *flag_args(self.vllm), *self.extra]
-            name, argv = self.docker_run(node, f"worker{rank}", {**self.env, **self.network_env(node, head)}, "vllm",
-                                         args)
+            name, argv = self.docker_run(node, f"worker{rank}{suffix}", {**self.env, **self.network_env(node, head)},
+                                         "vllm", args)
             self.steps.append(Step(node.name, argv, f"start vLLM worker rank {rank} (headless) on {node.name}",
                                    container=name, wait=Wait("running", container=name), role="worker"))
         url = self.url(head, self.port)
         args = self.serve_args(head, [*dist, "--node-rank", "0"])
-        name, argv = self.docker_run(head, "vllm", {**self.env, **self.network_env(head, head)}, "vllm", args,
-                                     endpoint=url)
-        self.steps.append(Step(head.name, argv, f"start vLLM head rank 0 (TP={tp}, no Ray) on {head.name}",
+        name, argv = self.docker_run(head, f"vllm{suffix}", {**self.env, **self.network_env(head, head)}, "vllm",
+                                     args, endpoint=url)
+        self.steps.append(Step(head.name, argv, f"start vLLM head rank 0 ({self.describe()}, no Ray) on {head.name}",
                                container=name, role="engine"))
-        self.endpoints.append(Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name))
-        self.wait_ready(self.endpoints[-1])
+        endpoint = Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name)
+        self.endpoints.append(endpoint)
+        return endpoint
 
-    def cluster_ray(self) -> None:
-        head, workers = self.nodes[0], self.nodes[1:]
-        tp = len(self.nodes)
+    def cluster_ray(self, nodes: list[Node], suffix: str = "") -> Endpoint:
+        head, workers = nodes[0], nodes[1:]
+        k = len(nodes)
         ray_port = str(self.inv.defaults.ray_port)
         url = self.url(head, self.port)
-        serve = ["vllm", *self.serve_args(head, ["--tensor-parallel-size", str(tp),
-                                                 "--distributed-executor-backend", "ray"])]
+        serve = ["vllm", *self.serve_args(head, [*self.parallel_args(), "--distributed-executor-backend", "ray"])]
         # One head container: Ray head first, then (once every worker has
         # joined) vLLM as the Ray driver, in the same container so its log
         # is the container's log.
         script = (
             f"ray start --head --port {shlex.quote(ray_port)} --node-ip-address {shlex.quote(self.peer_address(head))}"
             f" --disable-usage-stats && "
-            f"until [ \"$(ray status 2>/dev/null | grep -c ' node_')\" -ge {tp} ]; do "
-            f"echo 'waiting for {tp - 1} Ray worker node(s) to join'; sleep 2; done && "
+            f"until [ \"$(ray status 2>/dev/null | grep -c ' node_')\" -ge {k} ]; do "
+            f"echo 'waiting for {k - 1} Ray worker node(s) to join'; sleep 2; done && "
             f"exec {render(serve)}"
         )
         # Ray's memory monitor kills workers on unified memory that looks full to it.
         ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
-        name, argv = self.docker_run(head, "vllm", {**self.env, **self.network_env(head, head), **ray_env}, "sh",
-                                     ["-c", script], endpoint=url)
-        self.steps.append(Step(head.name, argv, f"start the Ray head and vLLM (TP={tp}, Ray) on {head.name}",
+        name, argv = self.docker_run(head, f"vllm{suffix}", {**self.env, **self.network_env(head, head), **ray_env},
+                                     "sh", ["-c", script], endpoint=url)
+        self.steps.append(Step(head.name, argv, f"start the Ray head and vLLM ({self.describe()}, Ray) on {head.name}",
                                container=name, wait=Wait("running", container=name), role="ray-head"))
         for rank, node in enumerate(workers, 1):
             args = ["start", "--address", f"{self.peer_address(head)}:{ray_port}", "--node-ip-address",
                     self.peer_address(node),
                     "--disable-usage-stats", "--block"]
-            wname, wargv = self.docker_run(node, f"ray{rank}", {**self.env, **self.network_env(node, head), **ray_env},
-                                           "ray", args)
+            wname, wargv = self.docker_run(node, f"ray{rank}{suffix}",
+                                           {**self.env, **self.network_env(node, head), **ray_env}, "ray", args)
             self.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
                                    wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
-        self.endpoints.append(Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name))
+        endpoint = Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name)
+        self.endpoints.append(endpoint)
         # vLLM starts once every worker has joined: the last wait is on the head's API.
         self.steps.append(Step(head.name, [], f"wait for vLLM on {head.name} to serve", container=None,
                                wait=Wait("http", container=name, url=url, model=self.recipe.served_name),
                                role="wait"))
+        return endpoint
 
-    def router(self) -> None:
+    def router(self, backends: list[Endpoint]) -> None:
         head = self.nodes[0]
-        backends = [self.solo(node, role=f"vllm-{node.name}") for node in self.nodes]
         for endpoint in backends:
             self.wait_ready(endpoint)
-        strategy = "simple-shuffle" if self.topology == "shuffle" else "least-busy"
+        strategy = "simple-shuffle" if self.layout.router == "shuffle" else "least-busy"
         config = {
             "model_list": [
                 {"model_name": self.recipe.served_name,
@@ -334,12 +370,16 @@ def _home_mount(state_dir: str, file: str) -> _HomeMount:
 def make_plan(recipe: Recipe, topology: str, inventory: Inventory, node_names: list[str] | None = None,
               overrides: dict | None = None, port: int | None = None, lid: str | None = None,
               fabric: dict[str, Fabric] | None = None) -> Plan:
-    """The plan for `recipe` as `topology` on the inventory's nodes (or
-    `node_names`); `fabric` is what preflight detected per node, used where
-    the inventory gives no eth_if, fabric_ip or ib_if."""
+    """The plan for `recipe` in a layout (`topology`: one of the five names
+    or a layout's spelling, see `layout.py`) on the inventory's first nodes
+    (or `node_names`, the head first); `fabric` is what preflight detected
+    per node, used where the inventory gives no eth_if, fabric_ip or ib_if."""
+    try:
+        layout = parse_layout(topology)
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
     nodes = [inventory.node(n) for n in node_names] if node_names else list(inventory.nodes)
-    wanted = 1 if topology == "solo" else 2
-    if topology not in recipe.allowed_topologies(len(nodes)):
-        raise PlanError(f"{recipe.id}: {recipe.why_not(topology, len(nodes))}")
-    nodes = nodes[:wanted] if topology == "solo" else nodes[: max(2, min(len(nodes), recipe.max_nodes))]
-    return Builder(recipe, topology, inventory, nodes, overrides, port, lid, fabric).build()
+    why = recipe.why_not_layout(layout, len(nodes))
+    if why:
+        raise PlanError(f"{recipe.id}: {why}")
+    return Builder(recipe, topology, inventory, nodes[: layout.nodes], overrides, port, lid, fabric).build()

@@ -88,10 +88,20 @@ def _padded(rows: int, tile: int) -> int:
 
 @dataclass
 class PerfModel:
-    """Timing and memory of one engine (one node, or `tp` nodes) serving `card`."""
+    """Timing and memory of one engine (one node, or `tp` x `pp` nodes) serving `card`.
+
+    Pipeline parallel (`pp` stages, each over `tp` nodes) splits the layers:
+    each node holds 1/(tp x pp) of the weights and 1/pp of the KV cache. A
+    batch passes the stages one after the other, so one pass costs what the
+    tp-only engine's step costs plus a hop of activations between stages;
+    vLLM keeps `pp` micro-batches in flight, so a step of n sequences costs
+    a pass of n/pp of them. Decode that is bound by reading the weights
+    gains nothing from that (every token still reads all of them, one
+    stage after another); prefill, bound by compute, gains up to pp times."""
 
     card: ModelCard
     tp: int = 1
+    pp: int = 1
     hw: Hardware = GB10
     k: Constants = DEFAULT_CONSTANTS
     kv_dtype_bytes: int | None = None
@@ -147,23 +157,24 @@ class PerfModel:
 
     @property
     def weights_bytes_per_node(self) -> float:
-        return self.card.weights_gib * GIB / self.tp
+        return self.card.weights_gib * GIB / (self.tp * self.pp)
 
     @property
     def kv_bytes_per_token(self) -> float:
         """KV bytes one more token of context takes on one node: the
-        full-attention layers (sliding layers stop growing at the window)."""
+        full-attention layers (sliding layers stop growing at the window)
+        of its pipeline stage."""
         full = sum(layers * per for layers, per, window, _ in self._attn if not window)
-        return full or sum(layers * per for layers, per, _, _ in self._attn) or 1.0
+        return (full or sum(layers * per for layers, per, _, _ in self._attn) or 1.0) / self.pp
 
     @property
     def seq_state_bytes(self) -> float:
         """Fixed per-sequence memory on one node: recurrent state, and the
         sliding-window layers' KV (a window's worth, once the sequence is
-        longer than it)."""
+        longer than it), of its pipeline stage."""
         sliding = sum(layers * per * window for layers, per, window, _ in self._attn if window)
         has_full = any(not window for _, _, window, _ in self._attn)
-        return self._rec_state + (sliding if has_full else 0.0)
+        return (self._rec_state + (sliding if has_full else 0.0)) / self.pp
 
     def activation_reserve_bytes(self, max_num_batched_tokens: int = 8192) -> float:
         # Peak activations grow with the batch the profiler runs.
@@ -213,7 +224,7 @@ class PerfModel:
         total = sum(decode_ctx)
         sums = [sum(min(c, w) for c in decode_ctx) if w and decode_ctx and min(decode_ctx) < w else
                 (len(decode_ctx) * w if w else total) for _, _, w, _ in self._attn]
-        return self._step(len(decode_ctx), sums, prefill)
+        return self._staged(len(decode_ctx), sums, prefill)
 
     def decode_time(self, n: int, ctx_sum: float, min_ctx: int) -> float | None:
         """A pure decode step of n sequences whose contexts add up to ctx_sum,
@@ -221,7 +232,35 @@ class PerfModel:
         sequence is still shorter than a sliding window (use step_time)."""
         if any(w and min_ctx < w for _, _, w, _ in self._attn):
             return None
-        return self._step(n, [n * w if w else ctx_sum for _, _, w, _ in self._attn], ())
+        return self._staged(n, [n * w if w else ctx_sum for _, _, w, _ in self._attn], ())
+
+    def _staged(self, n_decode: int, decode_sums: Sequence[float], prefill: Sequence[tuple[int, int]]) -> float:
+        """A step through every pipeline stage: with pp micro-batches in
+        flight, a pass of 1/pp of the step's sequences, plus the hops
+        between the stages (see the class docstring)."""
+        pp = self.pp
+        if pp == 1:
+            return self._step(n_decode, decode_sums, prefill)
+        if n_decode + len(prefill) < pp:  # too few sequences to fill the pipeline: one pass
+            tokens = n_decode + sum(n for n, _ in prefill)
+            return self._step(n_decode, decode_sums, prefill) + (pp - 1) * self._hop(tokens)
+        # pp micro-batches of whole sequences; the slowest sets the pace.
+        worst = 0.0
+        for i in range(pp):
+            n = n_decode // pp + (i < n_decode % pp)
+            chunks = list(prefill[i::pp])
+            if not n and not chunks:
+                continue
+            share = n / n_decode if n_decode else 0.0
+            tokens = n + sum(c for c, _ in chunks)
+            worst = max(worst, self._step(n, [v * share for v in decode_sums], chunks) + (pp - 1) * self._hop(tokens))
+        return worst
+
+    def _hop(self, tokens: int) -> float:
+        """One stage handing its activations (BF16) to the next over the link."""
+        k = self.k
+        return k.allreduce_latency_s / 2 + tokens * self.card.hidden_size * 2 / (
+            self.hw.link_gbps / 8 * 1e9 * k.link_efficiency)
 
     def _step(self, n_decode: int, decode_sums: Sequence[float], prefill: Sequence[tuple[int, int]]) -> float:
         k = self.k
@@ -272,7 +311,10 @@ class PerfModel:
         return batch / self.step_time([ctx] * batch)
 
     def decode_bytes(self, batch: int = 1, ctx: int = 1024) -> float:
-        """Bytes one node reads for one decode step of `batch` sequences."""
+        """Bytes one node reads for one decode step of `batch` sequences
+        (with pipeline stages: what the stages read one after the other,
+        per node of a stage; the time a step can take is bound by it all
+        the same, micro-batches or not)."""
         card = self.card
         experts = card.touched_experts(batch ** self.k.expert_batch_exponent) * self._expert_bytes
         kv = sum(layers * per * (min(ctx, window) if window else ctx) for layers, per, window, _ in self._attn)
@@ -280,8 +322,10 @@ class PerfModel:
         return dense + self._head_bytes + experts + batch * (kv + 2 * self._rec_state)
 
     def roofline_decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
-        """Upper bound: every byte read at the full nominal bandwidth, nothing else."""
-        return batch / (self.decode_bytes(batch, ctx) / (self.hw.bandwidth_gbs * 1e9))
+        """Upper bound: every byte read at the full nominal bandwidth, nothing else.
+        Pipeline stages read for pp micro-batches of batch/pp sequences each."""
+        micro = -(-batch // self.pp) if batch >= self.pp else batch
+        return batch / (self.decode_bytes(micro, ctx) / (self.hw.bandwidth_gbs * 1e9))
 
     def prefill_seconds(self, prompt_tokens: int, chunk: int = 8192) -> float:
         """Time to prefill one prompt alone, in chunks of `chunk` tokens."""

@@ -31,6 +31,8 @@ class ServeArgs:
     port: int = 8000
     served_model_name: str | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     max_num_seqs: int = 1024  # vLLM's default on a GPU of 70 GiB or more (model.serving)
@@ -64,6 +66,11 @@ class ServeArgs:
         return self.served_model_name or self.model
 
     @property
+    def world_size(self) -> int:
+        """GPUs (here nodes) one engine spans: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
     def ray(self) -> bool:
         return self.distributed_executor_backend == "ray"
 
@@ -81,6 +88,8 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=str)
     p.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
@@ -129,6 +138,8 @@ def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
         port=ns.port,
         served_model_name=ns.served_model_name[0] if ns.served_model_name else None,
         tensor_parallel_size=ns.tensor_parallel_size,
+        pipeline_parallel_size=ns.pipeline_parallel_size,
+        enable_expert_parallel=ns.enable_expert_parallel,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         max_model_len=parse_length(ns.max_model_len) if ns.max_model_len is not None else None,
         max_num_seqs=ns.max_num_seqs,

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
 
 
+def worker_process_name(rank: int, tp: int, pp: int) -> str:
+    """vLLM's name for a worker process: `VLLM::Worker_TP1`, or with
+    pipeline stages `VLLM::Worker_PP1_TP0` (stage, then rank within it)."""
+    if pp == 1:
+        return f"VLLM::Worker_TP{rank}"
+    return f"VLLM::Worker_PP{rank // tp}_TP{rank % tp}"
+
+
 class MultiNode:
     """Distributed start-up for the head and for headless workers."""
 
@@ -50,7 +58,7 @@ class MultiNode:
 
     async def _start_distributed(self, plan: StartupPlan) -> None:
         args, log = self.args, self.log
-        tp = args.tensor_parallel_size
+        world = args.world_size  # one GPU per node: every rank is a node
         used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024)
         if args.ray:
             from sparktop.twin.ray import RayDriver, head_address
@@ -59,13 +67,13 @@ class MultiNode:
             if not address:
                 raise StartupError(
                     "ValueError: The number of required GPUs exceeds the total number of available GPUs in "
-                    f"the placement group. Required: {tp}, available: 1 (no Ray cluster is running; start "
+                    f"the placement group. Required: {world}, available: 1 (no Ray cluster is running; start "
                     "one with `ray start --head` and `ray start --address`)"
                 )
             log.info("ray_utils.py:357", f"Connecting to existing Ray cluster at address: {address}")
             driver = RayDriver(address, f"{self.host.name if self.host else 'twin'}-{os.getpid()}")
             try:
-                workers = await driver.connect(tp, used_mib)
+                workers = await driver.connect(world, used_mib)
             except (TimeoutError, OSError) as exc:
                 raise StartupError(
                     f"ConnectionError: could not connect to the Ray cluster at {address}: {exc}") from exc
@@ -78,12 +86,19 @@ class MultiNode:
             return
         if args.nnodes < 2:
             raise StartupError(
-                f"ValueError: world_size ({tp}) is larger than the number of available GPUs (1) on this node; "
+                f"ValueError: world_size ({world}) is larger than the number of available GPUs (1) on this node; "
                 "use --nnodes/--node-rank for multi-node tensor parallelism or the Ray executor"
+            )
+        if args.nnodes != world:
+            # One GPU per Spark: the ranks are the nodes.
+            raise StartupError(
+                f"ValueError: world_size ({world} = tensor_parallel_size {args.tensor_parallel_size} x "
+                f"pipeline_parallel_size {args.pipeline_parallel_size}) must equal nnodes ({args.nnodes}) x "
+                "the GPUs per node (1)"
             )
         init = f"tcp://{args.master_addr}:{args.master_port}"
         log.engine("parallel_state.py:1402",
-                   f"world_size={tp} rank=0 local_rank=0 distributed_init_method={init} backend=nccl")
+                   f"world_size={world} rank=0 local_rank=0 distributed_init_method={init} backend=nccl")
         self._rdv = HeadRendezvous(args.master_addr, args.master_port, args.nnodes, args.model,
                                    on_lost=self._peer_lost)
         try:
@@ -137,7 +152,8 @@ class MultiNode:
         self._peer_writer = writer  # keep the connection open while we serve
         used = int(reply.get("used_mib", 0))
         if self.host:
-            self.host.register(os.getpid(), f"VLLM::Worker_TP{rank}", used)
+            self.host.register(os.getpid(), worker_process_name(rank, args.tensor_parallel_size,
+                                                                args.pipeline_parallel_size), used)
             self._registered = True
         log.engine("parallel_state.py:1715", f"rank {rank} joined the head; serving as a headless worker")
         self.stage = "ready"

@@ -122,8 +122,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         log.info("model.py:1680", f"Using max model len {plan.max_model_len}")
         log.info("scheduler.py:239",
                  f"Chunked prefill is enabled with max_num_batched_tokens={plan.max_num_batched_tokens}.")
-        tp = args.tensor_parallel_size
-        if tp > 1:
+        if args.world_size > 1:
             await self._start_distributed(plan)
         else:
             log.engine("parallel_state.py:1402", "world_size=1 rank=0 local_rank=0 backend=nccl")

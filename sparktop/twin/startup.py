@@ -40,7 +40,7 @@ def fitted_constants():
 def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0) -> StartupPlan:
     """Size everything vLLM sizes at startup; raise StartupError where vLLM would."""
     kv_dtype = 1 if args.kv_cache_dtype.startswith("fp8") else None
-    perf = PerfModel(card, tp=args.tensor_parallel_size, kv_dtype_bytes=kv_dtype,
+    perf = PerfModel(card, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size, kv_dtype_bytes=kv_dtype,
                      ray=args.ray, enforce_eager=args.enforce_eager, k=fitted_constants())
     hw = perf.hw
     max_len = args.max_model_len or card.max_model_len

@@ -24,10 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparktop.launch.catalog import load_recipe_file
+from sparktop.launch.layout import parse_layout
 from sparktop.launch.topology import make_plan
 from sparktop.settings import Inventory, Node
 
-TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy"]
+TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy",
+              "tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle"]
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
 ROUTER_IMAGE = "ghcr.io/berriai/litellm:v1.106.2"
 
@@ -84,8 +86,8 @@ def hostile(draw):
 
 
 def inventory() -> Inventory:
-    return Inventory(nodes=[Node("spark-a", "spark-a.lan", fabric_ip="10.0.0.1", eth_if="eth0"),
-                            Node("spark-b", "spark-b.lan", fabric_ip="10.0.0.2", eth_if="eth0")])
+    return Inventory(nodes=[Node(f"spark-{c}", f"spark-{c}.lan", fabric_ip=f"10.0.0.{i + 1}", eth_if="eth0")
+                            for i, c in enumerate("abcd")])
 
 
 def sandbox(root: Path) -> dict[str, str]:
@@ -95,7 +97,7 @@ def sandbox(root: Path) -> dict[str, str]:
     (root / "home").mkdir()
     docker = bin_dir / "docker"
     docker.write_text(f"#!{sys.executable} -S\n" + FAKE_DOCKER)
-    ray_status = "[ \"$1\" = status ] && printf ' node_1\\n node_2\\n'"
+    ray_status = "[ \"$1\" = status ] && printf ' node_%s\\n' 1 2 3 4 5 6 7 8"
     for name, extra in (("vllm", ""), ("ray", ray_status), ("litellm", "")):
         (bin_dir / name).write_text(RECORDER.format(name=name, extra=extra))
     for exe in bin_dir.iterdir():
@@ -152,7 +154,9 @@ def test_hostile_recipe_values_reach_vllm_literally_and_never_run(tmp_path_facto
     assert not marker.exists(), "a hostile recipe value ran as shell code"
     engines = recorded(root, "vllm")
     # One vLLM process per engine or worker, each with every hostile value intact.
-    assert len(engines) == {"solo": 1, "cluster-mp": 2, "cluster-ray": 1}.get(topology, 2)
+    layout = parse_layout(topology)
+    per_engine = layout.nodes_per_engine if layout.backend == "mp" else 1  # Ray: vLLM on the head only
+    assert len(engines) == layout.replicas * per_engine
     for argv, container_env in engines:
         assert argv[:2] == ["serve", model]
         assert value_after(argv, "--chat-template") == template
@@ -160,7 +164,7 @@ def test_hostile_recipe_values_reach_vllm_literally_and_never_run(tmp_path_facto
         if "--headless" not in argv:
             assert value_after(argv, "--served-model-name") == served
         assert container_env == env_value
-    if topology in ("shuffle", "least-busy"):
+    if layout.router:
         [(router_argv, _)] = recorded(root, "litellm")
         config = yaml.safe_load(Path(value_after(router_argv, "--config")).read_text())
         assert {m["model_name"] for m in config["model_list"]} == {served}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparktop.launch.catalog import discover, find_recipe
+from sparktop.launch.layout import parse_layout
 from sparktop.launch.plan import Home, render
 from sparktop.launch.topology import PlanError, make_plan
 from sparktop.settings import Inventory, Node
@@ -18,13 +19,16 @@ from sparktop.settings import Inventory, Node
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plans"
 
 
-def inventory() -> Inventory:
+def inventory(nodes: int = 2) -> Inventory:
     return Inventory(nodes=[
-        Node("spark-a", "spark-a.lan", fabric_ip="192.168.100.10", eth_if="enp1s0f1np1",
-             ib_if=["rocep1s0f1", "roceP2p1s0f1"]),
-        Node("spark-b", "spark-b.lan", fabric_ip="192.168.100.11", eth_if="enp1s0f1np1",
-             ib_if=["rocep1s0f1", "roceP2p1s0f1"]),
+        Node(f"spark-{c}", f"spark-{c}.lan", fabric_ip=f"192.168.100.{10 + i}", eth_if="enp1s0f1np1",
+             ib_if=["rocep1s0f1", "roceP2p1s0f1"])
+        for i, c in enumerate("abcdefgh"[:nodes])
     ])
+
+
+# The layouts four Sparks on a switch add to the five two-node ones.
+FOUR_NODE_LAYOUTS = ("tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle", "tp=4,ep")
 
 
 def cases():
@@ -32,14 +36,23 @@ def cases():
     for rid in sorted(recipes):
         for topology in recipes[rid].allowed_topologies(2):
             yield rid, topology
+        for layout in FOUR_NODE_LAYOUTS:
+            if recipes[rid].why_not_layout(parse_layout(layout), 4) is None:
+                yield rid, layout
+
+
+def golden_name(rid: str, topology: str) -> str:
+    return f"{rid}__{topology.replace(' ', '_').replace(',', '+').replace('=', '')}.txt"
 
 
 @pytest.mark.parametrize("rid, topology", list(cases()))
 def test_golden_plans(rid, topology, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    plan = make_plan(find_recipe(rid), topology, inventory(), lid=f"{rid}-{topology}-golden")
+    nodes = parse_layout(topology).nodes
+    lid = f"{rid}-{parse_layout(topology).slug}-golden"
+    plan = make_plan(find_recipe(rid), topology, inventory(max(2, nodes)), lid=lid)
     text = plan.render()
-    path = GOLDEN / f"{rid}__{topology}.txt"
+    path = GOLDEN / golden_name(rid, topology)
     if os.environ.get("SPARKTOP_UPDATE_GOLDEN"):
         path.write_text(text)
     assert path.exists(), f"no golden file {path.name}: run with SPARKTOP_UPDATE_GOLDEN=1"
@@ -47,7 +60,7 @@ def test_golden_plans(rid, topology, monkeypatch):
 
 
 def test_every_shipped_recipe_and_topology_has_a_golden_file():
-    expected = {f"{rid}__{topology}.txt" for rid, topology in cases()}
+    expected = {golden_name(rid, topology) for rid, topology in cases()}
     assert expected == {p.name for p in GOLDEN.glob("*.txt")}
 
 
@@ -131,3 +144,83 @@ def test_overrides_and_port_reach_the_command():
 def test_home_paths_expand_on_the_node_and_nothing_else_does():
     assert render(["ls", Home("~/a b/$(x)")]) == "ls \"$HOME\"/'a b/$(x)'"
     assert render(["echo", "$HOME"]) == "echo '$HOME'"
+
+
+def test_tp4_without_ray_starts_three_ranked_workers_then_the_head():
+    plan = make_plan(find_recipe("llama-3.1-8b"), "tp=4", inventory(4), lid="t")
+    assert plan.topology == "tp=4" and plan.nodes == ["spark-a", "spark-b", "spark-c", "spark-d"]
+    engines = [s for s in plan.steps if s.argv and s.role in ("worker", "engine")]
+    assert [(s.role, s.node) for s in engines] == [("worker", "spark-b"), ("worker", "spark-c"),
+                                                    ("worker", "spark-d"), ("engine", "spark-a")]
+    for rank, step in enumerate([*engines[3:], *engines[:3]]):
+        argv = argv_of(step)
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--nnodes") + 1] == "4" and argv[argv.index("--tensor-parallel-size") + 1] == "4"
+        assert argv[argv.index("--master-addr") + 1] == "192.168.100.10"  # every rank meets at the head
+    assert [e.url for e in plan.endpoints] == ["http://192.168.100.10:8000"]
+    assert engines[-1].wait.kind == "http"
+
+
+def test_tp4_over_ray_waits_for_four_members_before_serving():
+    plan = make_plan(find_recipe("llama-3.1-8b"), "tp=4,ray", inventory(4), lid="t")
+    head, *joins, serve = [s for s in plan.steps if s.role in ("ray-head", "ray-worker", "wait")]
+    script = argv_of(head)[-1]
+    assert "-ge 4 ]" in script and "--tensor-parallel-size 4" in script and "--distributed-executor-backend ray" \
+        in script
+    assert [(s.node, s.wait.count) for s in joins] == [("spark-b", 2), ("spark-c", 3), ("spark-d", 4)]
+    assert serve.wait.kind == "http" and serve.wait.url == "http://192.168.100.10:8000"
+
+
+def test_pipeline_and_expert_parallel_reach_vllm_once():
+    plan = make_plan(find_recipe("llama-3.1-8b"), "tp=2,pp=2", inventory(4), lid="t")
+    head = next(s for s in plan.steps if s.role == "engine")
+    argv = argv_of(head)
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert argv[argv.index("--nnodes") + 1] == "4"
+    # The recipe asks for expert parallel already: the layout's ep does not repeat it.
+    qwen = make_plan(find_recipe("qwen3-235b-a22b"), "tp=4,ep", inventory(4), lid="t")
+    for step in qwen.steps:
+        if step.argv and step.role in ("worker", "engine"):
+            assert argv_of(step).count("--enable-expert-parallel") == 1
+    with pytest.raises(PlanError, match="dense model"):
+        make_plan(find_recipe("llama-3.1-8b"), "tp=4,ep", inventory(4))
+
+
+def test_two_engines_of_two_nodes_behind_the_router():
+    plan = make_plan(find_recipe("gpt-oss-120b"), "2x tp=2", inventory(4), lid="t")
+    assert plan.topology == "2x tp=2,least-busy"
+    engines = [e for e in plan.endpoints if e.kind == "vllm"]
+    assert [(e.node, e.url) for e in engines] == [("spark-a", "http://192.168.100.10:8000"),
+                                                  ("spark-c", "http://192.168.100.12:8000")]
+    names = [n for names in plan.containers.values() for n in names]
+    assert len(names) == len(set(names)) == 5  # two heads, two workers, the router
+    assert plan.containers["spark-b"] == ["sparktop-t-worker1-spark-a"]
+    assert plan.containers["spark-d"] == ["sparktop-t-worker1-spark-c"]
+    config = next(s for s in plan.steps if "LiteLLM config" in s.title).stdin_text
+    assert "192.168.100.10:8000" in config and "192.168.100.12:8000" in config and "least-busy" in config
+    # The second engine's workers meet at their own head, not the first's.
+    worker = next(s for s in plan.steps if s.node == "spark-d")
+    assert argv_of(worker)[argv_of(worker).index("--master-addr") + 1] == "192.168.100.12"
+
+
+def test_layout_names_stay_the_same_in_plan_launch_id_and_labels():
+    from sparktop.launch.topology import launch_id
+
+    recipe = find_recipe("llama-3.1-8b")
+    lid = launch_id(recipe, "2x tp=2", ["spark-a", "spark-b", "spark-c", "spark-d"], 8000)
+    assert lid.startswith("llama-3.1-8b-2x-tp2-least-busy-")  # a container name may hold no = or ,
+    plan = make_plan(recipe, "cluster-mp", inventory(4), lid="t")
+    assert plan.topology == "cluster-mp" and plan.nodes == ["spark-a", "spark-b"]  # the alias takes two nodes
+    assert "sparktop.topology=cluster-mp" in plan.steps[-1].command or any(
+        "sparktop.topology=cluster-mp" in s.command for s in plan.steps)
+
+
+def test_a_layout_that_does_not_fit_the_inventory_or_the_recipe_is_refused():
+    with pytest.raises(PlanError, match="tp=4 needs 4 nodes; the inventory has 2"):
+        make_plan(find_recipe("llama-3.1-8b"), "tp=4", inventory(2))
+    with pytest.raises(PlanError, match="runs on at most 1 node"):
+        make_plan(find_recipe("nemotron-nano-9b-v2"), "4x solo", inventory(4))
+    with pytest.raises(PlanError, match="cluster only"):
+        make_plan(find_recipe("qwen3-235b-a22b"), "4x solo", inventory(4))
+    with pytest.raises(PlanError, match="pp= takes a whole number"):
+        make_plan(find_recipe("llama-3.1-8b"), "pp=two", inventory(4))
