@@ -3,6 +3,7 @@
     python scripts/screenshots.py            # monitor at 80x24 and 160x48, detail view, launcher
     python scripts/screenshots.py --record tests/fixtures/recording.jsonl [--incident]
     python scripts/screenshots.py --only 120x40   # every screen at 120x40, no twin needed
+    python scripts/screenshots.py --only nodes    # the monitor with 4 and 8 nodes (a fanned-out replay)
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
 lets the histories fill, then drives the app headless (Textual's
@@ -193,6 +194,33 @@ async def shoot_every_screen(size: tuple[int, int] = (120, 40)) -> None:
             await layouts.every_screen(pilot, results, shot)
 
 
+async def shoot_many_nodes() -> None:
+    """The monitor with four and eight nodes at 80x24, 120x40 and 160x48, from
+    the demo recording fanned out to that many nodes (as the snapshot tests)."""
+    import os
+    import time
+
+    from sparktop.observe.record import ReplaySource
+    from tests.helpers.fanout import fanned_recording
+
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    recording = ROOT / "tests" / "fixtures" / "recording-demo.jsonl"
+    for nodes in (4, 8):
+        for size in ((80, 24), (120, 40), (160, 48)):
+            source = ReplaySource(fanned_recording(recording, nodes), speed=1.0)
+            source.seek(1e12)
+            source.pause()
+            app = SparktopApp(source, replay=True)
+            async with app.run_test(size=size) as pilot:
+                for _ in range(80):
+                    if len(app.state.engines) == nodes and len(app.state.nodes) == nodes:
+                        break
+                    await pilot.pause(0.1)
+                await pilot.pause(0.8)
+                save(app, f"monitor-{nodes}-nodes-{size[0]}x{size[1]}")
+
+
 async def incident(cluster: TwinCluster, model: str) -> None:
     """spark-b's engine dies and is started again under the same name, so
     the event log has something to show: down, back, restarted."""
@@ -212,6 +240,9 @@ async def main(args) -> None:
     OUT.mkdir(exist_ok=True)
     if args.only == "120x40":
         await shoot_every_screen((120, 40))
+        return
+    if args.only == "nodes":
+        await shoot_many_nodes()
         return
     with tempfile.TemporaryDirectory() as tmp:
         defaults = Defaults()
@@ -279,5 +310,5 @@ if __name__ == "__main__":
     ap.add_argument("--record", help="also record the session to this JSONL file")
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
-    ap.add_argument("--only", choices=["sweep", "launcher", "120x40"], help="only these pictures")
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes"], help="only these pictures")
     asyncio.run(main(ap.parse_args()))

@@ -194,7 +194,9 @@ def _add_watching(add, watch_options) -> None:
     monitor.add_argument("--study", metavar="ID", help="attach to a study another process runs (sparktop study): "
                          "its screen over the monitor")
     monitor.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)  # sparktop web's sessions
-    demo = add("demo", "start a two-node twin cluster on this machine and watch it", cmd_demo)
+    demo = add("demo", "start a twin cluster on this machine (two nodes, or --nodes N) and watch it", cmd_demo)
+    demo.add_argument("--nodes", type=int, default=2, metavar="N", help="twin nodes, 1 to 8 (default 2): one engine "
+                      "on each")
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
@@ -319,8 +321,10 @@ def _add_studying(add) -> None:
     study = add("study", "launch, sweep and stop every topology of a recipe in turn, unattended and resumable; "
                 "then report which serves best", cmd_study)
     study.add_argument("recipe", nargs="?", help="a recipe's name (see `sparktop recipes`) or a YAML file")
-    study.add_argument("--topologies", default="all", metavar="all|solo,cluster-mp,...",
-                       help="which topologies (default: all the recipe allows on the nodes)")
+    study.add_argument("--topologies", "--layouts", dest="topologies", default="all",
+                       metavar="all|solo,cluster-mp,...",
+                       help="which layouts: all (the five two-node names the recipe allows on the nodes, the "
+                            "default) or a list, e.g. solo,cluster-mp or 'tp=4,2x tp=2,4x solo'")
     study.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
                        help="concurrency levels (default 1,2,4,8,16,32,64)")
     study.add_argument("--runs", type=int, default=5, help="batches per level (default 5)")
@@ -363,7 +367,9 @@ def _add_recipes_and_predict(add) -> None:
     pred.add_argument("recipe", nargs="?", help="a recipe (name or YAML file), a model card, or a config.json")
     pred.add_argument("--model", help="a model card instead of a recipe (see `sparktop twin cards`), or a path "
                       "to any model's config.json")
-    pred.add_argument("--topology", help="comma-separated topologies, or all (default: what the recipe allows "
+    pred.add_argument("--layout", "--topology", dest="topology", metavar="LAYOUTS",
+                      help="layouts, comma-separated (solo,cluster-mp or tp=4,2x tp=2), or all: every layout "
+                           "the inventory's nodes allow (default: what the recipe allows "
                       "on the inventory's nodes)")
     pred.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS")
     pred.add_argument("--pp", type=int, default=1024)

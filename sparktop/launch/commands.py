@@ -26,6 +26,7 @@ from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.layouts import LayoutError, layouts_for, parse_layout, split_layouts
 from sparktop.model.cards import ModelCard
 from sparktop.model.simulate import TOPOLOGIES
 from sparktop.remote import transport_for
@@ -196,29 +197,42 @@ def _predict_subject(args) -> tuple[Recipe | None, ModelCard]:
 
 
 def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int) -> tuple[list[str], str | None]:
-    """The topologies to predict, and a note on why, when it is not obvious."""
+    """The layouts to predict, and a note on why, when it is not obvious.
+    `all` is the five two-node names on two nodes or fewer, and every layout
+    of the inventory's nodes beyond that whose weights fit its nodes."""
     from sparktop.model.hardware import GB10
 
     note = None
-    if args.topology == "all":
+    if args.topology == "all" and nodes > 2:
+        fits = [layout for layout in layouts_for(nodes, moe=card.is_moe, routers=("shuffle", "least-busy"))
+                if card.weights_gib / layout.nodes_per_engine < 0.9 * GB10.memory_gib
+                and (recipe is None or recipe.why_not_layout(layout, nodes) is None)]
+        topologies = [layout.name for layout in fits]
+        note = f"every layout of {nodes} nodes whose weights fit its nodes: {len(topologies)}"
+    elif args.topology == "all":
         topologies = [t for t in TOPOLOGIES if recipe is None or t in recipe.allowed_topologies(2)]
     elif args.topology:
-        topologies = [t.strip() for t in args.topology.split(",")]
-        for t in topologies:
-            if t not in TOPOLOGIES:
-                raise SparktopError(f"--topology {t!r}: one of {', '.join(TOPOLOGIES)} or all")
-            if recipe is not None and t not in recipe.allowed_topologies(2):
-                raise SparktopError(f"--topology {t}: {recipe.why_not(t, 2)}")
+        topologies = []
+        for text in split_layouts(args.topology):
+            try:
+                layout = parse_layout(text)
+            except LayoutError as exc:
+                raise SparktopError(f"--layout: {exc}") from None
+            # A prediction may be for nodes not bought yet: only the recipe's own limits count.
+            why = recipe.why_not_layout(layout, layout.nodes) if recipe is not None else None
+            if why:
+                raise SparktopError(f"--layout {text}: {why}")
+            topologies.append(layout.name)
     else:
         topologies = recipe.allowed_topologies(nodes) if recipe else (list(TOPOLOGIES) if nodes > 1 else ["solo"])
         if recipe is None and card.weights_gib > 0.9 * GB10.memory_gib:
             topologies = [t for t in TOPOLOGIES if t.startswith("cluster")]
             note = f"{card.name} ({card.weights_gib:.0f} GiB of weights) does not fit one node: TP=2 only"
         elif nodes < 2:
-            note = "this inventory has one node; --topology all adds the two-node topologies"
+            note = "this inventory has one node; --layout all adds the two-node layouts"
     if not topologies:
-        raise SparktopError(f"{recipe.id if recipe else card.name}: no topology fits {nodes} node(s); "
-                            "try --topology all")
+        raise SparktopError(f"{recipe.id if recipe else card.name}: no layout fits {nodes} node(s); "
+                            "try --layout all")
     return topologies, note
 
 

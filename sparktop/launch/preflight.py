@@ -28,9 +28,9 @@ import ipaddress
 import shlex
 from dataclasses import dataclass, field
 
-from sparktop.launch.layout import parse_layout
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
+from sparktop.layouts import parse_layout
 from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_meminfo
 from sparktop.remote import Transport, TransportError

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sparktop.errors import ConfigError, SparktopError
-from sparktop.launch.layout import MAX_NODES, Layout, LayoutError, parse_layout
+from sparktop.layouts import MAX_NODES, Layout, LayoutError, parse_layout
 from sparktop.model.cards import UnknownModel, find_card
 from sparktop.model.quant import Quantization
 from sparktop.model.serving import Serving

@@ -28,6 +28,8 @@ from sparktop.launch.preflight import Preflight, run_preflight
 from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
+from sparktop.layouts import layouts_for
+from sparktop.model.hardware import GB10
 from sparktop.observe.fabric import Fabric
 from sparktop.remote import Transport, TransportError, transport_for
 from sparktop.settings import Inventory
@@ -184,7 +186,22 @@ class Launcher:
         return discover(self.recipe_dirs)
 
     def topologies(self, recipe: Recipe) -> list[str]:
-        return recipe.allowed_topologies(len(self.inventory.nodes))
+        """The layouts offered for `recipe`: the five two-node names it allows,
+        then, with more than two nodes, every layout of three nodes or more
+        whose weights fit its nodes (least-busy for replicas, as `--layout 2x tp=2`)."""
+        count = len(self.inventory.nodes)
+        names = recipe.allowed_topologies(count)
+        if count <= 2:
+            return names
+        card = recipe.twin_card()
+        weights = recipe.estimated_weights_gib()
+        for layout in layouts_for(count, moe=bool(card and card.is_moe)):
+            if layout.nodes <= 2 or recipe.why_not_layout(layout, count) is not None:
+                continue
+            if weights and weights / layout.nodes_per_engine > 0.9 * GB10.memory_gib:
+                continue
+            names.append(layout.name)
+        return names
 
     def plan(self, request: LaunchRequest) -> Plan:
         recipe = request.recipe

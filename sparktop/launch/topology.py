@@ -33,9 +33,9 @@ import time
 import yaml
 
 from sparktop.errors import SparktopError
-from sparktop.launch.layout import LayoutError, parse_layout
 from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
 from sparktop.launch.recipe import Recipe, flag_args
+from sparktop.layouts import LayoutError, parse_layout
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
 

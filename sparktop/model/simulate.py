@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from sparktop.bench.request import RequestRecord
 from sparktop.bench.stats import LevelStats, level_stats
+from sparktop.layouts import parse_layout
 from sparktop.model.cards import ModelCard
 from sparktop.model.perf import DEFAULT_CONSTANTS, Constants, PerfModel
 from sparktop.model.scheduler import EngineConfig, FinishEvent, Scheduler, Sequence, TokenEvent
@@ -42,11 +43,11 @@ DEFAULT_SERVING = Serving()  # vLLM's defaults (frozen: one instance serves ever
 
 def perf_for(card: ModelCard, topology: str, k: Constants = DEFAULT_CONSTANTS,
              serving: Serving = DEFAULT_SERVING) -> PerfModel:
-    tp = 2 if topology.startswith("cluster") else 1
+    layout = parse_layout(topology)  # one engine of it: replicas are the router's to add
     if serving.moe_backend != "auto" or serving.linear_backend != "auto":
         card = dataclasses.replace(card, quant=card.quant.on_backend(serving.moe_backend, serving.linear_backend))
-    return PerfModel(card, tp=tp, k=k, kv_dtype_bytes=serving.kv_dtype_bytes, ray=topology == "cluster-ray",
-                     enforce_eager=serving.enforce_eager)
+    return PerfModel(card, tp=layout.tp, pp=layout.pp, k=k, kv_dtype_bytes=serving.kv_dtype_bytes,
+                     ray=layout.spans_nodes and layout.backend == "ray", enforce_eager=serving.enforce_eager)
 
 
 def scheduler_for(perf: PerfModel, serving: Serving, clock) -> Scheduler:
@@ -276,8 +277,15 @@ def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 12
             k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING) -> Prediction:
     """One lockstep batch of c requests (a llama-benchy level), as measured."""
     perf = perf_for(card, topology, k, serving)
-    router = k.request_overhead_s + (k.router_overhead_s if topology in ROUTED else 0.0)
-    if topology == "shuffle":
+    layout = parse_layout(topology)
+    router = k.request_overhead_s + (k.router_overhead_s if layout.router else 0.0)
+    if layout.router == "shuffle" and layout.replicas > 2:
+        # Each request to a replica drawn at random: the expectation over draws of the split.
+        splits = _multinomial_splits(c, layout.replicas)
+        stats = _expected_over(lambda split: _records([o for a in split for o in _engine(perf, serving, a, pp, tg)],
+                                                      c, pp, router), c, splits)
+        n = round(sum(w * max(split) for split, w in splits) / sum(w for _, w in splits)) if c else 0
+    elif layout.router == "shuffle":
         stats = _expected(lambda a: _records(_engine(perf, serving, a, pp, tg) + _engine(perf, serving, c - a, pp, tg),
                                              c, pp, router), c)
         busiest = max(range(c + 1), key=lambda a: _binom(c, a)) if c else 0
@@ -328,11 +336,13 @@ _SERVE_CACHE: dict[tuple, ServePrediction] = {}
 
 def _predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: int, tg: int,
                    k: Constants, serving: Serving) -> ServePrediction:
-    if topology in ROUTED:
-        # Two engines, each with half the requests and half the concurrency.
-        perf = perf_for(card, "solo", k, serving)
-        halves = [run_closed_loop(perf, serving, r, max(1, cc), pp, tg)
-                  for r, cc in ((requests - requests // 2, c - c // 2), (requests // 2, c // 2)) if r and cc]
+    layout = parse_layout(topology)
+    if layout.router:
+        # r engines, each with its share of the requests and of the concurrency.
+        perf = perf_for(card, topology, k, serving)
+        r_ = layout.replicas
+        shares = [(requests // r_ + (i < requests % r_), c // r_ + (i < c % r_)) for i in range(r_)]
+        halves = [run_closed_loop(perf, serving, r, max(1, cc), pp, tg) for r, cc in shares if r and cc]
         outs = [o for h in halves for o in h[0]]
         # Each slot sends its requests one after another, each paying the overheads.
         wall = max(h[1] for h in halves) + math.ceil(requests / c) * (k.router_overhead_s + k.request_overhead_s)
@@ -342,7 +352,7 @@ def _predict_serve(card: ModelCard, topology: str, requests: int, c: int, pp: in
         wall += math.ceil(requests / c) * k.request_overhead_s
     ok = [o for o in outs if o.times and not o.error]
     tokens = sum(len(o.times) for o in ok)
-    extra = k.request_overhead_s + (k.router_overhead_s if topology in ROUTED else 0.0)
+    extra = k.request_overhead_s + (k.router_overhead_s if layout.router else 0.0)
     ttft = [(o.times[0] - o.start + extra) * 1000 for o in ok]
     tpot = [(o.times[-1] - o.times[0]) / (len(o.times) - 1) * 1000 for o in ok if len(o.times) > 1]
     return ServePrediction(topology, c, requests, wall, tokens / wall if wall > 0 else 0.0,
@@ -384,14 +394,38 @@ def _split_points(c: int) -> list[tuple[int, float]]:
     return points
 
 
+SHUFFLE_DRAWS = 12  # random splits averaged for a shuffle over more than two replicas
+
+
+def _multinomial_splits(c: int, replicas: int) -> list[tuple[tuple[int, ...], float]]:
+    """Splits of c requests over `replicas` engines, each drawn as the
+    router draws them (uniformly, independently), from a fixed seed so a
+    prediction reads the same every time; equal weights."""
+    import random
+
+    rng = random.Random(c * 1009 + replicas)
+    splits = []
+    for _ in range(SHUFFLE_DRAWS):
+        counts = [0] * replicas
+        for _ in range(c):
+            counts[rng.randrange(replicas)] += 1
+        splits.append((tuple(counts), 1.0))
+    return splits
+
+
 def _expected(make, c: int) -> LevelStats:
     """The expectation of each statistic over the shuffle's random split."""
+    return _expected_over(make, c, _split_points(c))
+
+
+def _expected_over(make, c: int, points) -> LevelStats:
+    """The expectation of each statistic over weighted splits (`make(split)` gives their records)."""
     keys = ("pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req", "ttft_ms_mean", "ttft_ms_p50",
             "ttft_ms_p95", "peak_tps", "e2e_tps_total", "e2e_tps_req", "wall_s_mean")
     acc = {key: 0.0 for key in keys}
     weight = 0.0
     base = None
-    for a, w in _split_points(c):
+    for a, w in points:
         lv = level_stats(c, [make(a)], 0.0, 0, peak=False)
         base = base or lv
         for key in keys:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from sparktop.layouts import Layout
 from sparktop.observe import hostparse
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
@@ -401,10 +402,19 @@ def _vllm_details(args: list[str], command: str) -> tuple[str | None, str | None
     if model is None and command.endswith("serve"):
         after = args[args.index("serve") + 1:] if "serve" in args else []
         model = next((a for a in after if not a.startswith("-")), None)
-    tp = _flag(args, "-tp", "--tensor-parallel-size")
-    if tp and tp != "1":
-        return model, "cluster-ray" if _flag(args, "--distributed-executor-backend") == "ray" else "cluster-mp"
-    return model, "solo"
+    return model, _layout_name(args)
+
+
+def _layout_name(args: list[str]) -> str:
+    """The layout a `vllm serve` command line runs: solo, cluster-mp, tp=4,ray, tp=2,pp=2 ..."""
+    def size(*names: str) -> int:
+        value = _flag(args, *names)
+        return int(value) if value and value.isdigit() and int(value) > 0 else 1
+
+    layout = Layout(tp=size("-tp", "--tensor-parallel-size"), pp=size("-pp", "--pipeline-parallel-size"),
+                    backend="ray" if _flag(args, "--distributed-executor-backend") == "ray" else "mp",
+                    ep="--enable-expert-parallel" in args and size("-tp", "--tensor-parallel-size") > 1)
+    return layout.name
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:
@@ -513,12 +523,7 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
         if model is None:
             after = args[args.index("serve") + 1:]
             model = next((a for a in after if not a.startswith("-")), None)
-        tp = _flag(args, "-tp", "--tensor-parallel-size")
-        if tp and tp != "1":
-            backend = _flag(args, "--distributed-executor-backend")
-            topology = "cluster-ray" if backend == "ray" else "cluster-mp"
-        else:
-            topology = "solo"
+        topology = _layout_name(args)
     return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
                             kind="router" if is_router and not is_vllm else "vllm", topology=topology,
                             model=model)

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
@@ -173,20 +174,28 @@ class ClusterState:
         launch, or, for one sparktop did not launch, every node with GPU work."""
         if e.node is None:
             return []
-        if not (e.topology or "").startswith("cluster"):
+        layout = layout_of(e.topology)
+        if layout is None or not layout.spans_nodes:
             return [e.node]
         home = self.nodes.get(e.node)
-        launch = None
+        launch = role = None
         if home is not None and e.container:
-            launch = next((c.labels.get("sparktop.launch") for c in home.containers if c.name == e.container), None)
-        nodes = []
+            mine = next((c for c in home.containers if c.name == e.container), None)
+            if mine is not None:
+                launch, role = mine.labels.get("sparktop.launch"), mine.labels.get("sparktop.role", "")
+        # Replicas of one launch tell their containers apart by their head's name ("worker1-spark-c").
+        suffix = role[len("vllm"):] if role and role.startswith("vllm") else ""
+        nodes = [e.node]
         for name, n in sorted(self.nodes.items()):
+            if name == e.node:
+                continue
             if launch is not None:
                 ours = any(c.state == "running" and c.labels.get("sparktop.launch") == launch
-                           and c.labels.get("sparktop.kind") != "router" for c in n.containers)
+                           and c.labels.get("sparktop.kind") != "router"
+                           and c.labels.get("sparktop.role", "").endswith(suffix) for c in n.containers)
             else:
                 ours = bool(n.processes)
-            if ours or name == e.node:
+            if ours:
                 nodes.append(name)
         return nodes
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sparktop.errors import SparktopError
 from sparktop.launch.recipe import Recipe
+from sparktop.layouts import LayoutError, parse_layout, split_layouts
 from sparktop.model.perf import Constants
 from sparktop.model.simulate import TOPOLOGIES, perf_for
 from sparktop.settings import Inventory
@@ -35,22 +36,24 @@ class Estimate:
 
 
 def choose_topologies(recipe: Recipe, text: str, nodes: int) -> list[str]:
-    """`all` (what the recipe allows on these nodes) or a comma list, checked."""
+    """`all` (the five two-node names the recipe allows on these nodes) or a
+    list of layouts (`solo,cluster-mp`, `tp=4,2x tp=2`), checked."""
     allowed = recipe.allowed_topologies(nodes)
     if text.strip() in ("", "all"):
         if not allowed:
             raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s)")
         return [t for t in TOPOLOGIES if t in allowed]
     out = []
-    for name in (t.strip() for t in text.split(",")):
-        if not name:
-            continue
-        if name not in TOPOLOGIES:
-            raise SparktopError(f"--topologies {name!r}: one of {', '.join(TOPOLOGIES)} or all")
-        if name not in allowed:
-            raise SparktopError(f"--topologies {name}: {recipe.why_not(name, nodes)}")
-        if name not in out:
-            out.append(name)
+    for text_ in split_layouts(text):
+        try:
+            layout = parse_layout(text_)
+        except LayoutError as exc:
+            raise SparktopError(f"--topologies: {exc}") from None
+        why = recipe.why_not_layout(layout, nodes)
+        if why:
+            raise SparktopError(f"--topologies {text_}: {why}")
+        if layout.name not in out:
+            out.append(layout.name)
     return out
 
 

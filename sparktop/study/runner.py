@@ -263,7 +263,8 @@ class StudyRunner:
         study = self.study
         t.status = SWEEPING
         self._stage(t, "sweeping")
-        api = plan.endpoints[0]
+        # What a user of the layout calls: its router when it has one, else its (one) engine.
+        api = next((e for e in plan.endpoints if e.kind == "router"), plan.endpoints[0])
         settings = SweepSettings(
             endpoint=api.url, levels=list(study.levels), runs=study.runs, pp=study.pp, tg=study.tg,
             extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe.id,

@@ -324,11 +324,13 @@ def roofline_share(snap) -> float | None:
     key = (snap.model, snap.topology)
     perf = _ROOFLINE_CACHE.get(key)
     if perf is None and key not in _ROOFLINE_CACHE:
+        from sparktop.layouts import layout_of
         from sparktop.model.cards import UnknownModel, find_card
         from sparktop.model.perf import PerfModel
 
+        layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
         try:
-            perf = PerfModel(find_card(snap.model), tp=2 if (snap.topology or "").startswith("cluster") else 1)
+            perf = PerfModel(find_card(snap.model), tp=layout.tp if layout else 1, pp=layout.pp if layout else 1)
         except UnknownModel:
             perf = None
         _ROOFLINE_CACHE[key] = perf

@@ -17,7 +17,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, OptionList, RichLog, Select, Static
+from textual.widgets import (
+    Button,
+    DataTable,
+    Footer,
+    Input,
+    Label,
+    OptionList,
+    RichLog,
+    Select,
+    SelectionList,
+    Static,
+)
 from textual.widgets.option_list import Option
 
 from sparktop.errors import SparktopError
@@ -33,6 +44,7 @@ from sparktop.launch.session import (
     parse_overrides,
     parse_port,
 )
+from sparktop.layouts import describe, layout_of
 from sparktop.observe.vllm_log import strip_prefix
 from sparktop.settings import Inventory
 from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested, StudyPlanRequested
@@ -64,9 +76,18 @@ def short_log_line(line: str) -> Text:
 
 
 def nodes_text(topologies: list[str]) -> str:
-    solo = "solo" in topologies
-    multi = any(t != "solo" for t in topologies)
-    return "1 or 2" if solo and multi else "1" if solo else "2" if multi else "none here"
+    """The nodes a recipe's layouts take: "1", "1 or 2", "1–4"."""
+    counts = sorted({layout.nodes for t in topologies if (layout := layout_of(t)) is not None})
+    if not counts:
+        return "none here"
+    if len(counts) <= 2:
+        return " or ".join(map(str, counts))
+    return f"{counts[0]}–{counts[-1]}"
+
+
+def topology_text(topology: str) -> str:
+    layout = layout_of(topology)
+    return TOPOLOGY_TEXT.get(topology) or (describe(layout) if layout else topology)
 
 
 def preflight_text(preflight: Preflight | None, error: str | None = None, running: bool = False) -> Text:
@@ -152,6 +173,8 @@ class LaunchScreen(LiveScreen):
                     yield Select([], id="topology", allow_blank=True, prompt="topology")
                     yield Label("on", classes="label")
                     yield Select([], id="node", allow_blank=True, prompt="head: the first node")
+                # With more than two nodes: which of them (the head first, then these in order).
+                yield SelectionList(id="pick-nodes", compact=True)
                 with Horizontal(classes="form-row", id="overrides"):
                     yield Input(id="port", placeholder="port", type="integer", classes="small")
                     yield Input(id="gpu_memory_utilization", placeholder="gpu mem util", classes="small")
@@ -186,6 +209,10 @@ class LaunchScreen(LiveScreen):
             self.notify(error, title="recipe skipped", severity="warning", timeout=8)
         nodes = [(n.name, n.name) for n in self.launcher.inventory.nodes]
         self.query_one("#node", Select).set_options(nodes)
+        pick = self.query_one("#pick-nodes", SelectionList)
+        pick.border_title = "nodes (space: in or out)"
+        pick.add_options([(name, name, True) for name, _ in nodes])
+        pick.display = len(nodes) > 2
         for select in self.query(Select):
             self.watch(select, "expanded", self._dropdown, init=False)
         table.focus()
@@ -209,7 +236,7 @@ class LaunchScreen(LiveScreen):
         topologies = self.launcher.topologies(recipe)
         select = self.query_one("#topology", Select)
         with self.prevent(Select.Changed):
-            select.set_options([(f"{t} · {TOPOLOGY_TEXT[t]}", t) for t in topologies])
+            select.set_options([(f"{t} · {topology_text(t)}", t) for t in topologies])
             if topologies:
                 select.value = topologies[0]
         vllm, _, _, _, port = recipe.settings(topologies[0] if topologies else "solo")
@@ -241,6 +268,7 @@ class LaunchScreen(LiveScreen):
 
     @on(Select.Changed)
     @on(Input.Changed)
+    @on(SelectionList.SelectedChanged)
     def _changed(self, event) -> None:
         if isinstance(event, Select.Changed) and event.select.id == "topology":
             self.request = None
@@ -259,9 +287,18 @@ class LaunchScreen(LiveScreen):
                                 "node(s)")
         node = self.query_one("#node", Select).value
         nodes = None
-        if node is not Select.NULL:
-            names = [n.name for n in self.launcher.inventory.nodes]
-            nodes = [str(node)] + [n for n in names if n != node]  # the chosen node leads (solo runs there)
+        names = [n.name for n in self.launcher.inventory.nodes]
+        pick = self.query_one("#pick-nodes", SelectionList)
+        if pick.display:
+            chosen = set(pick.selected)
+            names = [n for n in names if n in chosen or n == node]
+        if node is not Select.NULL or pick.display:
+            head = [str(node)] if node is not Select.NULL else []
+            nodes = head + [n for n in names if n != node]  # the chosen node leads (solo runs there)
+            layout = layout_of(str(topology))
+            if layout is not None and len(nodes) < layout.nodes:
+                raise SparktopError(f"{topology} runs on {layout.nodes} nodes; {len(nodes)} chosen "
+                                    f"({', '.join(nodes) or 'none'})")
         overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value
                                      for key in OVERRIDE_FLAGS})
         port = parse_port(self.query_one("#port", Input).value)

@@ -1,7 +1,7 @@
-"""The lab: two test hosts on this machine, reached over real OpenSSH.
+"""The lab: test hosts on this machine (two, or up to eight), reached over real OpenSSH.
 
-Each host has its own sshd on its own loopback address (127.0.0.2 and
-127.0.0.3) with its own host keys, and sessions that land in the host's own
+Each host has its own sshd on its own loopback address (127.0.0.2,
+127.0.0.3, ...) with its own host keys, and sessions that land in the host's own
 HOME with the twin's `docker`, `vllm`, `ray` and `nvidia-smi` first on PATH
 (sshd's SetEnv). sparktop reaches them with its real SSHTransport through an
 ssh config and known_hosts written here, exactly as it reaches real Sparks.
@@ -29,8 +29,8 @@ from sparktop.twin.node import install
 from tests.helpers.venvs import ensure_tool
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-ADDRESSES = ("127.0.0.2", "127.0.0.3")
-NAMES = ("spark-a", "spark-b")
+ADDRESSES = tuple(f"127.0.0.{i + 2}" for i in range(8))
+NAMES = tuple(f"spark-{c}" for c in "abcdefgh")
 IMAGE = Defaults().image
 ROUTER_IMAGE = Defaults().router_image
 LITELLM = "litellm[proxy]==1.106.2"
@@ -78,6 +78,7 @@ class Lab:
     speed: float = 4.0
     hosts: list[LabHost] = field(default_factory=list)
     real_vllm_env: dict[str, str] | None = None  # REAL_IMAGE's ENV; None: no such image
+    size: int = 2  # hosts: spark-a on 127.0.0.2, spark-b on 127.0.0.3, ...
 
     def __post_init__(self):
         self.client_home = self.root / "client"  # HOME of the sparktop process under test
@@ -95,7 +96,7 @@ class Lab:
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         venv_bin = str(Path(sys.executable).parent)
         known, config = [], []
-        for name, address in zip(NAMES, ADDRESSES, strict=False):
+        for name, address in zip(NAMES[: self.size], ADDRESSES[: self.size], strict=True):
             root = self.root / name
             twin = TwinHost(root / "twin")
             images: list = [IMAGE, ROUTER_IMAGE]

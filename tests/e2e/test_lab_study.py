@@ -83,6 +83,10 @@ def test_a_study_of_every_topology_completes_and_leaves_nothing_running(lab):
         batches = complete_batches(study_dir / "runs" / t["run"])
         assert sorted(batches) == [(c, r) for c in (1, 2) for r in (1, 2)]
         assert set(batches.values()) == {1}
+        # A router's layout is measured through its router, as its users call it.
+        meta = json.loads((study_dir / "runs" / t["run"] / "meta.json").read_text())
+        port = 4000 if t["name"] in ("shuffle", "least-busy") else 8000
+        assert meta["endpoint"] == f"http://127.0.0.2:{port}", (t["name"], meta["endpoint"])
     assert_nothing_left(lab)
     print(f"lab study wall time: {wall:.0f} s")
 

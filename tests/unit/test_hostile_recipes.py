@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparktop.launch.catalog import load_recipe_file
-from sparktop.launch.layout import parse_layout
 from sparktop.launch.topology import make_plan
+from sparktop.layouts import parse_layout
 from sparktop.settings import Inventory, Node
 
 TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy",

@@ -1,4 +1,4 @@
-"""Parallel layouts (sparktop/launch/layout.py): how they are written, what
+"""Parallel layouts (sparktop/layouts.py): how they are written, what
 they need and what they pass vLLM; the five two-node names are aliases of
 their layouts and stay the names runs and reports use."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparktop.launch.layout import ALIASES, MAX_NODES, Layout, LayoutError, layouts_for, parse_layout
+from sparktop.layouts import ALIASES, MAX_NODES, Layout, LayoutError, layouts_for, parse_layout, split_layouts
 
 
 @pytest.mark.parametrize(("text", "canonical", "nodes", "flags"), [
@@ -91,3 +91,23 @@ def test_every_layout_a_four_node_inventory_allows():
     assert all(layout.nodes_per_engine >= 2 for layout in layouts_for(8, min_nodes_per_engine=2))
     assert {layout.nodes for layout in layouts_for(8, max_nodes=2)} == {1, 2}
     assert max(layout.nodes for layout in layouts_for(8)) == 8
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("solo,cluster-mp,shuffle", ["solo", "cluster-mp", "shuffle"]),
+    ("tp=2,pp=2", ["tp=2,pp=2"]),
+    ("tp=4,2x tp=2,ray", ["tp=4", "2x tp=2,ray"]),
+    ("4x solo,shuffle", ["4x solo,shuffle"]),
+    ("solo,shuffle", ["solo", "shuffle"]),
+    ("tp=4,ray,tp=2,ep", ["tp=4,ray", "tp=2,ep"]),
+    ("2x solo,least-busy,4x solo,shuffle", ["2x solo,least-busy", "4x solo,shuffle"]),
+    ("tp=2,pp=2;pp=4", ["tp=2,pp=2", "pp=4"]),
+])
+def test_a_list_of_layouts_splits_where_a_person_would(text, expected):
+    assert split_layouts(text) == expected
+
+
+def test_layouts_for_both_routers():
+    names = {layout.name for layout in layouts_for(4, routers=("shuffle", "least-busy"))}
+    assert {"4x solo,shuffle", "4x solo,least-busy", "2x tp=2,shuffle", "2x tp=2,ray,least-busy", "tp=2,pp=2",
+            "pp=4,ray", "solo", "cluster-mp", "shuffle", "least-busy"} <= names

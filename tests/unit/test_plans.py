@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sparktop.launch.catalog import discover, find_recipe
-from sparktop.launch.layout import parse_layout
 from sparktop.launch.plan import Home, render
 from sparktop.launch.topology import PlanError, make_plan
+from sparktop.layouts import parse_layout
 from sparktop.settings import Inventory, Node
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plans"

@@ -198,3 +198,17 @@ async def test_a_containers_own_process_is_the_containers_engine():
             "http://127.0.0.2:8000": "container sparktop-vllm"}
     finally:
         await poller.close()
+
+
+def test_a_command_line_names_its_layout():
+    from sparktop.observe.host_probe import _layout_name
+
+    assert _layout_name(["vllm", "serve", "m"]) == "solo"
+    assert _layout_name(["vllm", "serve", "m", "-tp", "2"]) == "cluster-mp"
+    assert _layout_name(["vllm", "serve", "m", "--tensor-parallel-size", "2", "--distributed-executor-backend",
+                         "ray"]) == "cluster-ray"
+    assert _layout_name(["vllm", "serve", "m", "--tensor-parallel-size", "4", "--distributed-executor-backend",
+                         "ray"]) == "tp=4,ray"
+    assert _layout_name(["vllm", "serve", "m", "-tp", "2", "--pipeline-parallel-size", "2", "--nnodes", "4"]) == \
+        "tp=2,pp=2"
+    assert _layout_name(["vllm", "serve", "m", "-tp", "x"]) == "solo"  # nonsense is not a layout

@@ -192,8 +192,62 @@ def parse_layout(text: str, *, aliases: bool = True) -> Layout:
     return layout
 
 
+def describe(layout: Layout) -> str:
+    """A layout in words, for a list to choose from: "TP=4 over 4 nodes, Ray",
+    "2 engines of TP=2 + LiteLLM least-busy"."""
+    parts = [f"TP={layout.tp}"] if layout.tp > 1 else []
+    parts += [f"PP={layout.pp}"] if layout.pp > 1 else []
+    shape = " x ".join(parts) + (" + EP" if layout.ep else "")
+    ray = layout.backend == "ray"
+    if layout.replicas > 1:
+        if not layout.spans_nodes:
+            return f"solo x{layout.replicas} + LiteLLM {layout.router}"
+        return f"{layout.replicas} engines of {shape}{' over Ray' if ray else ''} + LiteLLM {layout.router}"
+    if not layout.spans_nodes:
+        return "one node"
+    return f"{shape} over {layout.nodes_per_engine} nodes, " + ("Ray" if ray else "no Ray")
+
+
+def layout_of(topology: str | None) -> Layout | None:
+    """The layout a run, a container label or a report names; None for a
+    name that is none (an engine sparktop did not launch)."""
+    if not topology:
+        return None
+    try:
+        return parse_layout(topology)
+    except LayoutError:
+        return None
+
+
+def split_layouts(text: str) -> list[str]:
+    """A comma-separated list of layouts, some with commas of their own:
+    "solo,cluster-mp" is two, "tp=2,pp=2" one, "tp=4,2x tp=2,ray" two and
+    "4x solo,shuffle" one (a router joins the replicas before it).
+    Separating them with ";" always works."""
+    if ";" in text:
+        return [p.strip() for p in text.split(";") if p.strip()]
+    groups: list[list[str]] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        low = token.lower()
+        current = groups[-1] if groups else None
+        head = current[0].lower() if current else ""
+        replicas = bool(_REPLICAS.match(head))
+        spread = current is not None and head not in ALIASES and (replicas or head.startswith(("tp=", "pp=")))
+        joins = current is not None and (
+            low in ("ep", "ray", "mp") and spread
+            or low in ROUTERS and replicas and not any(t.lower() in ROUTERS for t in current)
+            or low.startswith("pp=") and spread and not any(t.lower().startswith("pp=") for t in current))
+        if joins and current is not None:
+            current.append(token)
+        else:
+            groups.append([token])
+    return [",".join(g) for g in groups]
+
+
 def layouts_for(node_count: int, *, max_nodes: int | None = None, min_nodes_per_engine: int = 1,
-                moe: bool = False) -> list[Layout]:
+                moe: bool = False, routers: tuple[str, ...] = ("least-busy",)) -> list[Layout]:
     """Every layout over at most `node_count` nodes (and a recipe's
     `max_nodes`), engines of at least `min_nodes_per_engine` nodes (a model
     that fits no fewer): what `predict --layout all` ranks. Powers of two for
@@ -210,6 +264,7 @@ def layouts_for(node_count: int, *, max_nodes: int | None = None, min_nodes_per_
                 backends = BACKENDS if per_engine > 1 else ("mp",)
                 for backend in backends:
                     for ep in ((False, True) if moe and tp > 1 else (False,)):
-                        out.append(Layout(tp=tp, pp=pp, replicas=replicas, backend=backend,
-                                          router="least-busy" if replicas > 1 else None, ep=ep))
+                        for router in (routers if replicas > 1 else (None,)):
+                            out.append(Layout(tp=tp, pp=pp, replicas=replicas, backend=backend, router=router,
+                                              ep=ep))
     return out
