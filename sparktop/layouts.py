@@ -208,6 +208,28 @@ def describe(layout: Layout) -> str:
     return f"{shape} over {layout.nodes_per_engine} nodes, " + ("Ray" if ray else "no Ray")
 
 
+def order(name: str) -> tuple:
+    """Sort key for layout names: the five two-node names in their usual
+    order, then the others by the nodes they take, fewest first."""
+    if name in ALIASES:
+        return (0, list(ALIASES).index(name))
+    layout = layout_of(name)
+    if layout is None:
+        return (2, name)
+    return (1, layout.nodes, layout.replicas, -layout.tp, layout.pp, layout.backend, layout.router or "",
+            layout.ep)
+
+
+def to_label(name: str) -> str:
+    """A layout's name as a container label can hold it: `docker ps` joins
+    the labels with commas, so a comma in a value would split it there."""
+    return name.replace(",", ";")
+
+
+def from_label(value: str | None) -> str | None:
+    return value.replace(";", ",") if value else value
+
+
 def layout_of(topology: str | None) -> Layout | None:
     """The layout a run, a container label or a report names; None for a
     name that is none (an engine sparktop did not launch)."""

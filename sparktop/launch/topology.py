@@ -35,7 +35,7 @@ import yaml
 from sparktop.errors import SparktopError
 from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
 from sparktop.launch.recipe import Recipe, flag_args
-from sparktop.layouts import LayoutError, parse_layout
+from sparktop.layouts import LayoutError, parse_layout, to_label
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
 
@@ -146,7 +146,7 @@ class Builder:
 
     def labels(self, role: str, endpoint: str | None = None, kind: str = "vllm") -> list[str]:
         out = ["--label", f"sparktop.launch={self.lid}", "--label", f"sparktop.recipe={self.recipe.id}",
-               "--label", f"sparktop.topology={self.topology}", "--label", f"sparktop.role={role}",
+               "--label", f"sparktop.topology={to_label(self.topology)}", "--label", f"sparktop.role={role}",
                "--label", f"sparktop.model={self.recipe.served_name}"]
         if endpoint:
             out += ["--label", f"sparktop.endpoint={endpoint}", "--label", f"sparktop.kind={kind}"]

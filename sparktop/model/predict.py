@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from sparktop.bench.compare import Metric, crossovers
 from sparktop.bench.results import Run
+from sparktop.layouts import order
 from sparktop.model.cards import ModelCard
 from sparktop.model.perf import Constants
 from sparktop.model.serving import Serving
-from sparktop.model.simulate import TOPOLOGIES, Prediction, predict
+from sparktop.model.simulate import Prediction, predict
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -77,7 +78,7 @@ SHAPES = (  # (what the articles call it, levels, metric key, higher is better)
 
 
 def recommend(rows: list[Row]) -> list[dict]:
-    topologies = sorted({r.topology for r in rows}, key=TOPOLOGIES.index)
+    topologies = sorted({r.topology for r in rows}, key=order)
     levels = sorted({r.concurrency for r in rows})
     out = []
     for shape, at, key, higher in SHAPES:
@@ -102,7 +103,7 @@ def crossover_lines(rows: list[Row]) -> list[str]:
     from sparktop.bench.stats import level_stats
 
     runs = []
-    for t in sorted({r.topology for r in rows}, key=TOPOLOGIES.index):
+    for t in sorted({r.topology for r in rows}, key=order):
         levels = []
         for r in (x for x in rows if x.topology == t):
             lv = level_stats(r.concurrency, [])

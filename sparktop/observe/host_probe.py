@@ -23,7 +23,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from sparktop.layouts import Layout
+from sparktop.layouts import Layout, from_label
 from sparktop.observe import hostparse
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
@@ -496,7 +496,8 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
         url = labels["sparktop.endpoint"]
         port = int(url.rsplit(":", 1)[-1].split("/")[0]) if url.count(":") >= 2 else 80
         return DiscoveredEngine(url=url, port=port, host=None, container=container.name,
-                                kind=labels.get("sparktop.kind", "vllm"), topology=labels.get("sparktop.topology"),
+                                kind=labels.get("sparktop.kind", "vllm"),
+                                topology=from_label(labels.get("sparktop.topology")),
                                 model=labels.get("sparktop.model"))
     try:
         args = shlex.split(container.command)

@@ -344,20 +344,25 @@ class LaunchScreen(LiveScreen):
         try:
             result = await self.launcher.preflight(plan, recipe)
         except Exception as exc:  # an unreachable node is a preflight answer, not a crash
-            self.query_one("#preflight", Static).update(preflight_text(None, error=f"preflight: {exc}"))
+            self._show_preflight(preflight_text(None, error=f"preflight: {exc}"))
             return
         if plan is not self.plan:
             return
         self.preflight, self.preflight_for = result, plan.render()
-        self.query_one("#preflight", Static).update(preflight_text(result))
+        self._show_preflight(preflight_text(result))
         try:
             predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology,
                                                   self.launcher.inventory)
         except Exception:  # noqa: BLE001 - a prediction is a hint; never in the way of a launch
             return
-        if plan is self.plan and predicted is not None and self.is_mounted:
-            for box in self.query("#preflight").results(Static):  # gone if the screen closed meanwhile
-                box.update(Text.assemble(preflight_text(result), "\n", predicted))
+        if plan is self.plan and predicted is not None:
+            self._show_preflight(Text.assemble(preflight_text(result), "\n", predicted))
+
+    def _show_preflight(self, text: Text) -> None:
+        """The answer, on the screen if it is still there: a check outlives a screen closed meanwhile."""
+        if self.is_mounted:
+            for box in self.query("#preflight").results(Static):
+                box.update(text)
 
     def action_recheck(self) -> None:
         self.check()

@@ -288,9 +288,10 @@ class SweepScreen(LiveScreen):
         """The prediction beside the measurement (the twin's model, fitted)."""
         import asyncio
 
+        from sparktop.layouts import layout_of
         from sparktop.model.cards import UnknownModel, find_card
         from sparktop.model.fit import load_constants
-        from sparktop.model.simulate import TOPOLOGIES, predict
+        from sparktop.model.simulate import predict
 
         if self.sweep is None:
             return
@@ -301,7 +302,7 @@ class SweepScreen(LiveScreen):
         except UnknownModel:
             table.update_cell(str(c), "predicted", "—")
             return
-        topology = s.topology if s.topology in TOPOLOGIES else "solo"
+        topology = s.topology if s.topology and layout_of(s.topology) is not None else "solo"
         p = await asyncio.to_thread(predict, card, topology, c, s.pp, s.tg, load_constants())
         if str(c) in table.rows:
             table.update_cell(str(c), "predicted", fmt(p.stats.tg_tps_total))

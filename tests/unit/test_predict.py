@@ -45,7 +45,7 @@ def test_predict_a_model_no_article_measured_says_how_unsure_it_is(capsys):
 
 def test_predict_errors_are_one_line(capsys):
     assert main(["predict", "gpt-oss-120b", "--topology", "mesh"]) == 2
-    assert "--topology 'mesh'" in capsys.readouterr().err
+    assert "layout 'mesh': unknown 'mesh'" in capsys.readouterr().err
     assert main(["predict"]) == 2
     assert "give a RECIPE or --model CARD" in capsys.readouterr().err
 
