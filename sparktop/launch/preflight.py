@@ -14,7 +14,9 @@ with a one-line reason:
 - the fabric, for cluster topologies: the interface named in the inventory
   is up; where the inventory does not give `eth_if` and `fabric_ip`, each
   node's ConnectX-7 port that is up, its address, RoCE devices and MTU are
-  detected (`observe/fabric.py`), every worker pings the head over it, and
+  detected (`observe/fabric.py`), every worker pings the head over it (and,
+  with three nodes or more, every other worker: NCCL's ring needs every pair),
+  one MTU on all of them (a warning), and
   what was found is returned for the plan (`Preflight.fabric`; the
   inventory's values win);
 - nothing of sparktop's is already running there (warning, with the
@@ -457,6 +459,27 @@ async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
         head.put_fabric("pass", f"{_ports_text(head_ports)} ({_source(head)})")
         return {}
     chosen[head.node.name] = head_ports[0]
+    # Tensor parallel over three nodes or more rings every node to its neighbours, not only to the head:
+    # each worker pings every later worker over the ports chosen (all of a node's pings go at once).
+    if len(workers) > 1:
+        async def peers(i: int, on: NodeChecks) -> list[str]:
+            missed = []
+            for other in workers[i + 1:]:
+                target = str(chosen[other.node.name].address.ip)
+                reached, said = await _ping(on, chosen[on.node.name], target)
+                if reached is False:
+                    missed.append(f"{other.node.name} {target} ({said})")
+            return missed
+        unreached = await asyncio.gather(*(peers(i, on) for i, on in enumerate(workers)))
+        if any(unreached):
+            for on, missed in zip(workers, unreached, strict=True):
+                status, text = links[on.node.name]
+                if missed:
+                    status, text = "fail", (f"{text}; but does not reach {', '.join(missed)} over the fabric: "
+                                            "every pair of nodes must reach each other (NCCL's ring)")
+                on.put_fabric(status, text)
+            head.put_fabric("pass", f"{_ports_text(head_ports)} ({_source(head)})")
+            return {}
     fabric = {on.node.name: _fabric_of(on, chosen[on.node.name]) for on in ons}
     # One MTU on every port: NCCL over RoCE between ports that disagree stalls or falls back.
     mtus = {name: f.mtu for name, f in fabric.items() if f.mtu}

@@ -124,6 +124,40 @@ async def test_nodes_that_do_not_reach_each_other_fail_clearly(tmp_path):
     assert fabric_check(result, "spark-a").status == "pass"
 
 
+def four_nodes(tmp_path, reachable: dict[str, dict[str, str]]) -> Inventory:
+    """spark-a and spark-b as captured; spark-c and spark-d as spark-b's
+    capture with the fabric address moved to .31 and .32 (a switch's worth of
+    Sparks in one link-local subnet)."""
+    for name, ip in (("spark-c", "169.254.127.31"), ("spark-d", "169.254.127.32")):
+        path = tmp_path / f"ip-br-addr-{name}.txt"
+        path.write_text(ADDR["spark-b"].read_text().replace(WORKER_IP + "/16", ip + "/16"))
+        ADDR[name], IBDEV[name] = path, IBDEV["spark-b"]
+    return Inventory(nodes=[local_node(tmp_path, n, reachable.get(n)) for n in ("spark-a", "spark-b", "spark-c",
+                                                                                 "spark-d")])
+
+
+async def test_four_nodes_must_reach_each_other_not_only_the_head(tmp_path):
+    head = {f"enp1s0f1np1 {HEAD_IP}": "reply"}
+    every = {n: {**head, **{f"enp1s0f1np1 169.254.127.{i}": "reply" for i in (30, 31, 32)}}
+             for n in ("spark-b", "spark-c", "spark-d")}
+    try:
+        _, result = await fabric_preflight(four_nodes(tmp_path, every), "tp=4")
+        assert [fabric_check(result, n).status for n in ("spark-a", "spark-b", "spark-c", "spark-d")] == \
+            ["pass"] * 4, result.render()
+        assert sorted(result.fabric) == ["spark-a", "spark-b", "spark-c", "spark-d"]
+        # spark-c's port cannot reach spark-d's (a switch port in the wrong VLAN): the ring would hang.
+        broken = {**every, "spark-c": {**head, "enp1s0f1np1 169.254.127.30": "reply"}}
+        _, result = await fabric_preflight(four_nodes(tmp_path, broken), "tp=4")
+        c = fabric_check(result, "spark-c")
+        assert c.status == "fail" and result.fabric == {}
+        assert "does not reach spark-d 169.254.127.32" in c.message and "every pair of nodes" in c.message
+        assert fabric_check(result, "spark-b").status == "pass"
+    finally:
+        for name in ("spark-c", "spark-d"):
+            ADDR.pop(name, None)
+            IBDEV.pop(name, None)
+
+
 async def test_different_mtus_warn(tmp_path):
     inventory = Inventory(nodes=[local_node(tmp_path, "spark-a", mtu=9000),
                                  local_node(tmp_path, "spark-b", {f"enp1s0f1np1 {HEAD_IP}": "reply"})])
