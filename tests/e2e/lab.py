@@ -13,12 +13,14 @@ it runs in its own container anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +188,26 @@ class Lab:
     def gpu_processes(self, host: LabHost) -> list[str]:
         out = self.sh(host, "nvidia-smi --query-compute-apps=process_name --format=csv,noheader").stdout
         return [line for line in out.splitlines() if line]
+
+    @contextlib.contextmanager
+    def workers_crash(self, host: LabHost):
+        """While inside: a vLLM worker container on `host` dies as soon as it starts, every time."""
+        stop = threading.Event()
+
+        def kill() -> None:
+            while not stop.is_set():
+                for name in self.containers(host):
+                    if "worker" in name:
+                        self.sh(host, f"docker rm -f {name}")
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill, daemon=True)
+        killer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            killer.join()
 
     # -- tear down ---------------------------------------------------------------
 

@@ -19,8 +19,9 @@ from sparktop.observe.poller import Poller
 from sparktop.observe.targets import node_targets
 from sparktop.settings import load_inventory
 from sparktop.ui.app import SparktopApp
-from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
+from sparktop.ui.launcher import ConfirmStop, ProgressScreen, StopScreen
 from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, chat, sparktop
+from tests.helpers.pilot import open_launcher
 from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -56,14 +57,8 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: len(app.state.nodes) == 2 and
                         all(n.state == "ok" for n in app.state.nodes.values()))
-            await pilot.press("l")
-            await until(pilot, lambda: isinstance(app.screen, LaunchScreen))
-            screen = app.screen
+            screen = await open_launcher(pilot, RECIPE)
             table = screen.query_one("#recipes", DataTable)
-            rows = [row.key.value for row in table.ordered_rows]
-            for _ in range(rows.index(RECIPE)):
-                await pilot.press("down")
-            await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == RECIPE)
 
             # The topology, from its drop-down, by keyboard.
             select = screen.query_one("#topology", Select)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -104,25 +102,9 @@ def test_a_recipe_that_does_not_fit_fails_in_preflight(lab):
 def test_a_worker_that_never_comes_up_fails_the_launch_and_tears_down(lab):
     inventory = lab.inventory()
     lab.put_weights(MODEL)
-    worker_host = lab.hosts[1]
-    stop_killing = threading.Event()
-
-    def kill_workers():
-        # The worker crashes as soon as it starts, every time.
-        while not stop_killing.is_set():
-            for name in lab.containers(worker_host):
-                if "worker" in name:
-                    lab.sh(worker_host, f"docker rm -f {name}")
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_workers, daemon=True)
-    killer.start()
-    try:
+    with lab.workers_crash(lab.hosts[1]):
         r = sparktop(lab, "launch", RECIPE, "-t", "cluster-mp", "--inventory", str(inventory), "--yes",
                      "--timeout", "60")
-    finally:
-        stop_killing.set()
-        killer.join()
     assert r.returncode != 0
     assert "launch failed" in r.stderr
     assert "removed" in r.stdout  # what was started was torn down

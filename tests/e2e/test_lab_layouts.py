@@ -9,7 +9,6 @@ fail the launch with the node named and leave nothing behind.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -95,24 +94,9 @@ def test_a_worker_that_never_joins_fails_the_launch_with_its_node_named(lab4):
     lab = lab4
     inventory = lab.inventory()
     lab.put_weights(MODEL)
-    last = lab.hosts[3]
-    stop = threading.Event()
-
-    def kill_workers():
-        while not stop.is_set():  # spark-d's worker dies as soon as it starts, every time
-            for name in lab.containers(last):
-                if "worker" in name:
-                    lab.sh(last, f"docker rm -f {name}")
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_workers, daemon=True)
-    killer.start()
-    try:
+    with lab.workers_crash(lab.hosts[3]):  # spark-d's worker dies as soon as it starts
         r = sparktop(lab, "launch", RECIPE, "--layout", "tp=4", "--inventory", str(inventory), "--yes",
                      "--timeout", "60", timeout=300)
-    finally:
-        stop.set()
-        killer.join()
     assert r.returncode != 0
     assert "launch failed: spark-d" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
@@ -149,8 +133,8 @@ async def test_two_engines_of_two_nodes_launched_from_the_app_choosing_four_node
     from sparktop.observe.targets import node_targets
     from sparktop.settings import load_inventory
     from sparktop.ui.app import SparktopApp
-    from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
-    from tests.helpers.pilot import until
+    from sparktop.ui.launcher import ConfirmStop, ProgressScreen, StopScreen
+    from tests.helpers.pilot import open_launcher, until
 
     lab = lab4
     env = lab.env()
@@ -171,14 +155,8 @@ async def test_two_engines_of_two_nodes_launched_from_the_app_choosing_four_node
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: len(app.state.nodes) == 4 and
                         all(n.state == "ok" for n in app.state.nodes.values()), timeout=60)
-            await pilot.press("l")
-            await until(pilot, lambda: isinstance(app.screen, LaunchScreen))
-            screen = app.screen
+            screen = await open_launcher(pilot, RECIPE)
             table = screen.query_one("#recipes", DataTable)
-            rows = [row.key.value for row in table.ordered_rows]
-            for _ in range(rows.index(RECIPE)):
-                await pilot.press("down")
-            await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == RECIPE)
             select = screen.query_one("#topology", Select)
             offered = [value for _, value in select._options if value is not Select.NULL]
             assert offered[:5] == ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]

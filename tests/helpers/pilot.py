@@ -10,3 +10,20 @@ async def until(pilot, predicate, timeout: float = 15.0, step: float = 0.2) -> N
             raise AssertionError("condition not met in time")
         await pilot.pause(step)
         waited += step
+
+
+async def open_launcher(pilot, recipe: str):
+    """`l`, then down the recipe list to `recipe`, as a user would: the launcher screen."""
+    from textual.widgets import DataTable
+
+    from sparktop.ui.launcher import LaunchScreen
+
+    await pilot.press("l")
+    await until(pilot, lambda: isinstance(pilot.app.screen, LaunchScreen), timeout=30)
+    screen = pilot.app.screen
+    table = screen.query_one("#recipes", DataTable)
+    rows = [row.key.value for row in table.ordered_rows]
+    for _ in range(rows.index(recipe)):
+        await pilot.press("down")
+    await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == recipe, timeout=30)
+    return screen

@@ -19,6 +19,7 @@ from sparktop.ui.app import SparktopApp
 from sparktop.ui.launcher import ConfirmStop, LaunchScreen, ProgressScreen, StopScreen
 from sparktop.ui.screens import MonitorScreen
 from tests.conftest import free_port
+from tests.helpers.pilot import open_launcher
 from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.slow,
@@ -38,18 +39,6 @@ def app_for(cluster) -> tuple[SparktopApp, Poller]:
         return poller
 
     return SparktopApp(start_source=start, inventory=cluster.inventory(), launch_timeout=60), poller
-
-
-async def open_launcher(pilot, recipe: str) -> LaunchScreen:
-    await pilot.press("l")
-    await until(pilot, lambda: isinstance(pilot.app.screen, LaunchScreen))
-    screen = pilot.app.screen
-    table = screen.query_one("#recipes", DataTable)
-    rows = [row.key.value for row in table.ordered_rows]
-    for _ in range(rows.index(recipe)):
-        await pilot.press("down")
-    await until(pilot, lambda: screen.recipe is not None and screen.recipe.id == recipe)
-    return screen
 
 
 async def type_into(pilot, screen, widget_id: str, text: str) -> None:
