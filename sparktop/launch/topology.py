@@ -341,7 +341,9 @@ class Builder:
         url = self.url(head, port)
         # Mounted at the same path inside the container, so one path works either way.
         name, argv = self.docker_run(
-            head, "router", {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "litellm",
+            # Offline Hub: LiteLLM looks up a tokenizer for the served name on every streamed reply, and
+            # without Internet each lookup stalls the stream ~23 s (it falls back to tiktoken after).
+            head, "router", {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}, "litellm",
             ["--config", config_path, "--host", head.bind, "--port", str(port)], endpoint=url, kind="router",
             gpu=False, volumes=[_home_mount(self.state_dir, "litellm.yaml")], image=self.inv.defaults.router_image,
             env_file=self.router_secrets_file)
