@@ -28,7 +28,7 @@ from sparktop.observe.record import Recorder  # noqa: E402
 from sparktop.settings import Defaults  # noqa: E402
 from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster  # noqa: E402
 from sparktop.ui.app import SparktopApp  # noqa: E402
-from sparktop.ui.cards import EngineCard  # noqa: E402
+from sparktop.ui.cards import Card, EngineCard  # noqa: E402
 
 OUT = ROOT / "screenshots"
 
@@ -213,8 +213,10 @@ async def shoot_many_nodes() -> None:
             source.pause()
             app = SparktopApp(source, replay=True)
             async with app.run_test(size=size) as pilot:
-                for _ in range(80):
-                    if len(app.state.engines) == nodes and len(app.state.nodes) == nodes:
+                # Shown, not only in the state: a paused replay's screen is painted at most once a second.
+                for _ in range(600):
+                    if len(list(app.screen.query(Card))) == 2 * nodes and f"{nodes} nodes" in str(
+                            app.screen.query_one("#status").content):
                         break
                     await pilot.pause(0.1)
                 await pilot.pause(0.8)
