@@ -367,7 +367,7 @@ def _engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int) -> list
     """run_engine, remembered: a fit asks for the same batch many times."""
     if n <= 0:
         return []
-    key = (perf.card.name, perf.card.quant, perf.tp, perf.ray, perf.enforce_eager, perf.kv_dtype_bytes,
+    key = (perf.card.name, perf.card.quant, perf.tp, perf.pp, perf.ray, perf.enforce_eager, perf.kv_dtype_bytes,
            repr(perf.k), serving, n, pp, tg)
     if key not in _CACHE:
         if len(_CACHE) > 20000:

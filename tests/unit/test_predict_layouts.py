@@ -34,8 +34,12 @@ def test_all_ranks_every_layout_four_nodes_allow(capsys, inventory4):
     # A MoE model reads little per token: four nodes' all-reduces (six hops each, twice a layer) cost more
     # than the reading they split, so one user is served no faster by tp=4 than by tp=2.
     assert by[("tp=4", 1)]["decode_tps"] < by[("cluster-mp", 1)]["decode_tps"]
-    # Pipeline stages read the weights one after another: one user gains nothing from them.
+    # Pipeline stages read the weights one after another: one user gains nothing from them;
+    # 64 users' prompts split over two stages' micro-batches prefill faster (a layout is its own
+    # prediction, never another's remembered one).
     assert by[("pp=2", 1)]["decode_tps"] <= by[("solo", 1)]["decode_tps"]
+    assert by[("pp=2", 64)]["prefill_tps"] > 1.3 * by[("solo", 64)]["prefill_tps"]
+    assert by[("tp=2,pp=2", 64)]["prefill_tps"] > 1.3 * by[("cluster-mp", 64)]["prefill_tps"]
     # Four engines behind the router serve many users more than one engine can.
     assert by[("4x solo,shuffle", 64)]["decode_tps"] > 1.5 * by[("solo", 64)]["decode_tps"]
     # The recommendation names one of these layouts.
