@@ -28,7 +28,7 @@ from sparktop.observe.record import Recorder  # noqa: E402
 from sparktop.settings import Defaults  # noqa: E402
 from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster  # noqa: E402
 from sparktop.ui.app import SparktopApp  # noqa: E402
-from sparktop.ui.cards import Card, EngineCard  # noqa: E402
+from sparktop.ui.cards import EngineCard  # noqa: E402
 
 OUT = ROOT / "screenshots"
 
@@ -200,26 +200,16 @@ async def shoot_many_nodes() -> None:
     import os
     import time
 
-    from sparktop.observe.record import ReplaySource
-    from tests.helpers.fanout import fanned_recording
+    from tests.helpers.fanout import fanned_app, settle_fanned
 
     os.environ["TZ"] = "UTC"
     time.tzset()
     recording = ROOT / "tests" / "fixtures" / "recording-demo.jsonl"
     for nodes in (4, 8):
         for size in ((80, 24), (120, 40), (160, 48)):
-            source = ReplaySource(fanned_recording(recording, nodes), speed=1.0)
-            source.seek(1e12)
-            source.pause()
-            app = SparktopApp(source, replay=True)
+            app = fanned_app(recording, nodes)
             async with app.run_test(size=size) as pilot:
-                # Shown, not only in the state: a paused replay's screen is painted at most once a second.
-                for _ in range(600):
-                    if len(list(app.screen.query(Card))) == 2 * nodes and f"{nodes} nodes" in str(
-                            app.screen.query_one("#status").content):
-                        break
-                    await pilot.pause(0.1)
-                await pilot.pause(0.8)
+                await settle_fanned(pilot, nodes)
                 save(app, f"monitor-{nodes}-nodes-{size[0]}x{size[1]}")
 
 

@@ -85,6 +85,15 @@ def nodes_text(topologies: list[str]) -> str:
     return f"{counts[0]}–{counts[-1]}"
 
 
+OPTION_WIDTH = 30  # what the drop-down shows on one line at 120 columns
+
+
+def option_text(topology: str) -> str:
+    """"cluster-mp · TP=2, no Ray"; a long layout name alone, never wrapped onto two lines."""
+    text = f"{topology} · {topology_text(topology)}"
+    return text if len(text) <= OPTION_WIDTH else topology
+
+
 def topology_text(topology: str) -> str:
     layout = layout_of(topology)
     return TOPOLOGY_TEXT.get(topology) or (describe(layout) if layout else topology)
@@ -236,7 +245,7 @@ class LaunchScreen(LiveScreen):
         topologies = self.launcher.topologies(recipe)
         select = self.query_one("#topology", Select)
         with self.prevent(Select.Changed):
-            select.set_options([(f"{t} · {topology_text(t)}", t) for t in topologies])
+            select.set_options([(option_text(t), t) for t in topologies])
             if topologies:
                 select.value = topologies[0]
         vllm, _, _, _, port = recipe.settings(topologies[0] if topologies else "solo")
@@ -258,7 +267,8 @@ class LaunchScreen(LiveScreen):
                         style="cyan")
             info.append(" (of 119.6 GiB unified memory per Spark)\n", style="dim")
         if topologies:
-            info.append("here: " + ", ".join(topologies) + "\n", style="dim")
+            shown = topologies if len(topologies) <= 6 else [*topologies[:5], f"{len(topologies) - 5} more layouts"]
+            info.append("here: " + ", ".join(shown) + "\n", style="dim")
         else:
             info.append(recipe.why_not("solo", len(self.launcher.inventory.nodes)) + "\n", style="yellow")
         info.append(f"{recipe.format}: {recipe.path}", style="dim")

@@ -63,3 +63,28 @@ def fanned_recording(path: Path, nodes: int) -> Recording:
             elif isinstance(event, EngineGone) and f"127.0.0.{source + 2}:" in event.key:
                 rows.append((t, EngineGone(_url(event.key, source, index))))
     return Recording(recording.path, recording.header, rows)
+
+
+def fanned_app(path: Path, nodes: int):
+    """The app on a paused replay of the recording fanned out to `nodes` nodes, at its end."""
+    from sparktop.observe.record import ReplaySource
+    from sparktop.ui.app import SparktopApp
+
+    source = ReplaySource(fanned_recording(path, nodes), speed=1.0)
+    source.seek(1e12)
+    source.pause()
+    return SparktopApp(source, replay=True)
+
+
+async def settle_fanned(pilot, nodes: int) -> None:
+    """Until the screen shows every node and engine, not only the state (a
+    paused replay's screen is painted at most once a second), then a moment more."""
+    from sparktop.ui.cards import Card
+
+    app = pilot.app
+    for _ in range(600):
+        if len(list(app.screen.query(Card))) == 2 * nodes and f"{nodes} nodes" in str(
+                app.screen.query_one("#status").content):
+            break
+        await pilot.pause(0.1)
+    await pilot.pause(0.8)

@@ -10,8 +10,8 @@ import pytest
 
 from sparktop.observe.record import Recording, ReplaySource
 from sparktop.ui.app import SparktopApp
-from sparktop.ui.cards import Card, EngineCard
-from tests.helpers.fanout import fanned_recording
+from sparktop.ui.cards import EngineCard
+from tests.helpers.fanout import fanned_app, settle_fanned
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "recording-demo.jsonl"
 
@@ -59,26 +59,12 @@ def test_engine_detail(snap_compare):
     assert snap_compare(replay_app(), terminal_size=(120, 40), run_before=open_detail)
 
 
-def fanned_app(nodes: int) -> SparktopApp:
-    source = ReplaySource(fanned_recording(RECORDING, nodes), speed=1.0)
-    source.seek(1e12)
-    source.pause()
-    return SparktopApp(source, replay=True)
-
-
 @pytest.mark.parametrize("nodes", [4, 8])
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_monitor_many_nodes(snap_compare, nodes, size):
     """Four and eight Sparks: cards where they fit, a line per node (and per
     engine) where they do not, and the cluster's summary line."""
     async def settle_all(pilot):
-        app = pilot.app
-        # Shown, not only in the state: a paused replay's screen is painted at most once a second.
-        for _ in range(600):
-            if len(list(app.screen.query(Card))) == 2 * nodes and f"{nodes} nodes" in str(
-                    app.screen.query_one("#status").content):
-                break
-            await pilot.pause(0.1)
-        await pilot.pause(0.8)
+        await settle_fanned(pilot, nodes)
 
-    assert snap_compare(fanned_app(nodes), terminal_size=size, run_before=settle_all)
+    assert snap_compare(fanned_app(RECORDING, nodes), terminal_size=size, run_before=settle_all)
