@@ -12,7 +12,8 @@ with a one-line reason:
   download them at startup);
 - the ports are free on the addresses the engines bind;
 - the fabric, for cluster topologies: the interface named in the inventory
-  is up; where the inventory does not give `eth_if` and `fabric_ip`, each
+  is up, every node pings every other over it (NCCL's ring needs every
+  pair) and their MTUs agree (a warning); where the inventory does not give `eth_if` and `fabric_ip`, each
   node's ConnectX-7 port that is up, its address, RoCE devices and MTU are
   detected (`observe/fabric.py`), every worker pings the head over it (and,
   with three nodes or more, every other worker: NCCL's ring needs every pair),
@@ -128,6 +129,7 @@ class NodeChecks:
     checks: list[Check] = field(default_factory=list)
     found: NodeFabric | None = None  # what fabric detection saw here
     fabric_at: int | None = None  # where the fabric check goes once every node has been seen
+    named_mtu: int | None = None  # the MTU of the inventory's eth_if, once it is found up
 
     def add(self, name: str, status: str, message: str) -> None:
         self.checks.append(Check(name, self.node.name, status, message))
@@ -252,12 +254,16 @@ async def _fabric(on: NodeChecks) -> None:
     if not eth:
         on.add("fabric", "warn", "no eth_if in the inventory: NCCL and Gloo will pick an interface themselves")
         return
-    r = await on.run(f'cat "${{SPARKTOP_SYS_ROOT:-/sys}}"/class/net/{shlex.quote(eth)}/operstate')
-    state = r.stdout.strip()
+    net = f'"${{SPARKTOP_SYS_ROOT:-/sys}}"/class/net/{shlex.quote(eth)}'
+    r = await on.run(f"cat {net}/operstate && (cat {net}/mtu 2>/dev/null || echo -)")
+    state, _, mtu = r.stdout.strip().partition("\n")
     if not r.ok:
         on.add("fabric", "fail", f"interface {eth} does not exist here (check eth_if in the inventory)")
     elif state in ("up", "unknown"):
-        on.add("fabric", "pass", f"{eth} is {state}")
+        # The pairs are pinged once every node has been seen (`named_pairs`).
+        on.named_mtu = int(mtu) if mtu.strip().isdigit() else None
+        on.fabric_at = len(on.checks)
+        on.add("fabric", "pass", f"{eth} is {state}" + (f", MTU {on.named_mtu}" if on.named_mtu else ""))
     else:
         on.add("fabric", "fail", f"{eth} is {state}: is the QSFP cable in?")
 
@@ -307,6 +313,8 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
         jobs.append(_check_node(NodeChecks(node, transports[node_name], want, ports)))
     results = list(await asyncio.gather(*jobs))
     fabric = await resolve_fabric(results) if detect else {}
+    if cluster and not detect:
+        await named_pairs(results)
     checks = [c for on in results for c in on.checks]
     if len(plan.nodes) > 1:
         ids = {c.node: c.message.split()[-1] for c in checks if c.name == "image" and c.status == "pass"}
@@ -498,3 +506,50 @@ async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
                           f"{text}{roce} ({_source(on)}){mismatch}")
     # The inventory's nodes keep their own values; the plan needs only what was detected.
     return {on.node.name: fabric[on.node.name] for on in ons if not (on.node.eth_if and on.node.fabric_ip)}
+
+
+# -- the fabric the inventory names ---------------------------------------------
+
+async def named_pairs(ons: list[NodeChecks]) -> None:
+    """Every pair of nodes over the inventory's eth_if and fabric_ip: each
+    node pings every node before it in the plan (the head first), so every
+    pair is tried once, and one MTU on all of them. The answers go into each
+    node's fabric check; nothing is pinged when an interface is already
+    down or missing (that check has failed and says why)."""
+    named = [on for on in ons if on.fabric_at is not None and on.node.fabric_ip]
+    if len(named) < 2 or len(named) < len(ons):
+        return
+
+    async def pings(i: int, on: NodeChecks) -> tuple[list[str], list[str], bool]:
+        reached: list[str] = []
+        missed: list[str] = []
+        unchecked = False
+        port = Port(on.node.eth_if or "", ipaddress.IPv4Interface(f"{on.node.fabric_ip}/32"), on.named_mtu)
+        for other in named[:i]:
+            ok, said = await _ping(on, port, str(other.node.fabric_ip))
+            if ok is None:
+                unchecked = True
+                break
+            (reached if ok else missed).append(f"{other.node.name} {other.node.fabric_ip}"
+                                               + ("" if ok else f" ({said})"))
+        return reached, missed, unchecked
+
+    answers = await asyncio.gather(*(pings(i, on) for i, on in enumerate(named)))
+    mtus = {on.node.name: on.named_mtu for on in named if on.named_mtu}
+    mismatch = (f"; the MTU differs between nodes ({', '.join(f'{n} {m}' for n, m in mtus.items())}): "
+                "set one MTU on every node's port") if len(set(mtus.values())) > 1 else ""
+    for on, (reached, missed, unchecked) in zip(named, answers, strict=True):
+        check = on.checks[on.fabric_at]  # type: ignore[index]
+        status, text = check.status, f"{check.message} ({_source(on)})"
+        if missed:
+            status = "fail"
+            text += (f"; does not reach {', '.join(missed)} over {on.node.eth_if}: every pair of nodes must reach "
+                     "each other over the fabric (check the cables and the switch, and fabric_ip in the inventory)")
+        elif unchecked:
+            status = "warn"
+            text += "; the other nodes not pinged: ping is not installed here"
+        elif reached:
+            text += f"; reaches {', '.join(reached)}"
+        if mismatch and status == "pass":
+            status = "warn"
+        on.checks[on.fabric_at] = Check("fabric", on.node.name, status, text + mismatch)  # type: ignore[index]

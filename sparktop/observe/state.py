@@ -6,10 +6,13 @@ events; the UI only reads it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import shlex
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
@@ -186,18 +189,43 @@ class ClusterState:
         # Replicas of one launch tell their containers apart by their head's name ("worker1-spark-c").
         suffix = role[len("vllm"):] if role and role.startswith("vllm") else ""
         nodes = [e.node]
+        if launch is None:
+            return nodes + self._workers_of(e, home)
         for name, n in sorted(self.nodes.items()):
             if name == e.node:
                 continue
-            if launch is not None:
-                ours = any(c.state == "running" and c.labels.get("sparktop.launch") == launch
-                           and c.labels.get("sparktop.kind") != "router"
-                           and c.labels.get("sparktop.role", "").endswith(suffix) for c in n.containers)
-            else:
-                ours = bool(n.processes)
-            if ours:
+            if any(c.state == "running" and c.labels.get("sparktop.launch") == launch
+                   and c.labels.get("sparktop.kind") != "router"
+                   and c.labels.get("sparktop.role", "").endswith(suffix) for c in n.containers):
                 nodes.append(name)
         return nodes
+
+    def _workers_of(self, e: EngineSnapshot, home: NodeSnapshot | None) -> list[str]:
+        """The other nodes of an engine sparktop did not launch, from their
+        command lines: a headless vLLM whose --master-addr is the head's,
+        or a Ray worker started with the head's address. Where no node
+        says whom it serves (its commands cannot be read), every node with
+        GPU work that is not another engine's head or worker."""
+        heads = {urlsplit(e.url).hostname or ""}
+        for argv in _commands(home):
+            if _serves(argv) is None:  # the head's own commands: the address its workers are given
+                heads |= {a for a in (_flag(argv, "--master-addr"), _flag(argv, "--node-ip-address")) if a}
+        heads.discard("")
+        claimed: dict[str, str | None] = {}  # node -> the head address its workers serve (None: a head itself)
+        for name, n in self.nodes.items():
+            if name == e.node:
+                continue
+            for argv in _commands(n):
+                target = _serves(argv)
+                if target is not None:
+                    claimed[name] = target
+                    break
+                if "serve" in argv and "--headless" not in argv:
+                    claimed.setdefault(name, None)
+        if any(target is not None for target in claimed.values()):
+            return sorted(name for name, target in claimed.items() if target in heads)
+        return sorted(name for name, n in self.nodes.items()
+                      if name != e.node and n.processes and name not in claimed)
 
     def mean_power(self, node: str, until: float, window: float = ENERGY_WINDOW_S) -> float | None:
         """The node's GPU power (W) averaged over the `window` seconds before `until`."""
@@ -274,3 +302,43 @@ class ClusterState:
 
     def ordered_engines(self) -> list[EngineSnapshot]:
         return sorted(self.engines.values(), key=lambda e: (e.node or "~", e.url))
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _commands(node: NodeSnapshot | None) -> list[list[str]]:
+    """The command lines of a node's running containers and vLLM processes."""
+    if node is None:
+        return []
+    out = [p.argv for p in node.servers]
+    for c in node.containers:
+        if c.state != "running" or not c.command:
+            continue
+        try:
+            argv = shlex.split(c.command)
+        except ValueError:
+            argv = c.command.split()
+        out.append(argv)
+        if len(argv) > 2 and argv[1] == "-c":  # `sh -c "ray start --head ... && vllm serve ..."`
+            with contextlib.suppress(ValueError):
+                out += [shlex.split(part) for part in argv[2].split("&&")]
+    return out
+
+
+def _serves(argv: list[str]) -> str | None:
+    """The head address a worker's command line joins: `vllm serve --headless
+    --master-addr A` or `ray start --address A:port` (not `--head`)."""
+    if "--headless" in argv:
+        return _flag(argv, "--master-addr")
+    if "ray" in " ".join(argv[:3]) and "start" in argv and "--head" not in argv:
+        address = _flag(argv, "--address")
+        return address.rsplit(":", 1)[0] if address else None
+    return None
+

@@ -9,8 +9,10 @@ agree on lives there:
                        name, memory, utilisation, updated periodically
     containers/<name>.json  what `docker` started
     proc/meminfo       a GB10-like /proc/meminfo, rewritten when memory changes
-    sys/class/net/<if>/operstate  the network interfaces a Spark has (the
-                       ConnectX-7 fabric ports and lo), for preflight's check
+    sys/class/net/<if>/operstate, mtu  the network interfaces a Spark has
+                       (the ConnectX-7 fabric ports and lo), for preflight's check
+    config.json "unreachable"  fabric addresses this host's `ping` gets no
+                       reply from (a cable that is out, a switch port down)
     ray/               the Ray stand-in's head address and members
 
 Files are replaced atomically (write then rename) so readers never see half.
@@ -122,11 +124,41 @@ class TwinHost:
         return list(self.config.get("images", []))
 
 
-    def set_interface(self, interface: str, state: str) -> None:
-        """Bring a simulated interface up or down (`operstate`: up, down, unknown)."""
+    def set_interface(self, interface: str, state: str, mtu: int | None = None) -> None:
+        """Bring a simulated interface up or down (`operstate`: up, down,
+        unknown), and set its MTU (1500 until said otherwise, as on a Spark
+        out of the box)."""
         path = self.home / "sys/class/net" / interface / "operstate"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(state + "\n")
+        mtu_path = path.with_name("mtu")
+        if mtu is not None or not mtu_path.exists():
+            mtu_path.write_text(f"{mtu or (65536 if interface == 'lo' else 1500)}\n")
+
+    def interface(self, interface: str) -> tuple[str, int] | None:
+        """An interface's operstate and MTU; None when the host has no such interface."""
+        d = self.home / "sys/class/net" / interface
+        try:
+            state = (d / "operstate").read_text().strip()
+        except OSError:
+            return None
+        try:
+            mtu = int((d / "mtu").read_text())
+        except (OSError, ValueError):
+            mtu = 1500
+        return state, mtu
+
+    def cut_link(self, address: str, cut: bool = True) -> None:
+        """Stop (or restore) replies from a peer's fabric address to this host's pings."""
+        config = self.config
+        unreachable = set(config.get("unreachable", []))
+        unreachable = unreachable | {address} if cut else unreachable - {address}
+        config["unreachable"] = sorted(unreachable)
+        write_json(self.home / "config.json", config)
+
+    @property
+    def unreachable(self) -> set[str]:
+        return set(self.config.get("unreachable", []))
 
     # -- GPU processes --------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Make a shell on this machine behave like a Spark node.
 
-`install(bin_dir)` writes `vllm`, `docker`, `ray` and `nvidia-smi` commands
+`install(bin_dir)` writes `vllm`, `docker`, `ray`, `nvidia-smi` and `ping` commands
 into `bin_dir`; a test host puts that directory first on its PATH and sets
 `$SPARKTOP_TWIN_HOME` to its own state directory (`TwinHost.env()` gives
 both). sparktop's real launch and monitor commands then run unchanged and
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-TOOLS = ("vllm", "docker", "ray", "nvidia-smi")
+TOOLS = ("vllm", "docker", "ray", "nvidia-smi", "ping")
 # In a container's environment (an image's ENV): the python of a real vLLM
 # install; `vllm serve` then runs it instead of the twin.
 REAL_VLLM = "SPARKTOP_REAL_VLLM"
@@ -27,6 +27,8 @@ def main(tool: str, argv: list[str]) -> int:
         from sparktop.twin.nvidia_smi import main as run
     elif tool == "ray":
         from sparktop.twin.ray import main as run
+    elif tool == "ping":
+        from sparktop.twin.ping import main as run
     elif tool == "vllm":
         return vllm_main(argv)
     else:

@@ -21,7 +21,13 @@ from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
 from sparktop.ui.rows import EngineRow, NodeRow, summary_line
 
-CARD_WIDTH = 40
+CARD_WIDTH = 40  # two nodes: their two cards side by side from 80 columns on
+MANY_CARD_WIDTH = 54  # three nodes or more: 2 columns at 160, 3 at 200, 4 from 216
+
+
+def card_columns(width: int, many: bool) -> int:
+    """How many cards side by side a screen this wide holds."""
+    return max(1, width // (MANY_CARD_WIDTH if many else CARD_WIDTH))
 
 # Every screen carries one width class and one height class; sparktop.tcss
 # lays the screens out by them (80x24 is -narrow -short, 120x40 -medium
@@ -67,7 +73,7 @@ def compact_view(width: int, height: int, nodes: int, engines: int) -> tuple[boo
     there are three or more of them."""
     if nodes < MANY_NODES:
         return False, False
-    fit = max(1, width // CARD_WIDTH)
+    fit = card_columns(width, True)
     room = height - 3  # the status, summary and footer lines
 
     def card_lines(count: int, lines: int) -> int:
@@ -110,8 +116,8 @@ class MonitorScreen(LiveScreen):
         self.post_message(RepaintRequested())  # the view (cards or lines) may change with the size
 
     def _layout_columns(self) -> None:
-        fit = max(1, self.size.width // CARD_WIDTH)
         many = self.query_one("#cluster").display  # three nodes or more: the summary line shows
+        fit = card_columns(self.size.width, many)
         rows = 0
         used = 2 + many  # the status line (and the summary), the footer
         for grid in self.query(Grid):
@@ -120,7 +126,7 @@ class MonitorScreen(LiveScreen):
                 grid.styles.grid_size_columns = 1
                 used += count + 1
                 continue
-            # Two cards share a wide screen; many cards wrap at ~40 columns each.
+            # Two cards share a wide screen; many cards wrap (see card_columns).
             columns = max(1, min(fit, count or 1))
             grid.styles.grid_size_columns = columns
             grid_rows = -(-count // columns) if count else 0

@@ -127,6 +127,46 @@ async def test_a_fabric_port_that_is_down_fails_cluster_topologies_only(cluster)
     assert not [c for c in solo.checks if c.name == "fabric"] and solo.ok
 
 
+async def test_the_pair_named_in_the_inventory_is_pinged_over_its_interface(cluster):
+    put_weights(cluster, "nvidia/Llama-3.1-8B-Instruct-FP8")
+    result = await preflight(cluster, "llama-3.1-8b", "cluster-mp")
+    worker = check(result, "fabric", "spark-b")
+    assert worker.status == "pass"
+    head = cluster.node("spark-a").address
+    assert worker.message == f"enp1s0f1np1 is up, MTU 1500 (inventory); reaches spark-a {head}"
+    # The worker cannot reach the head: the launch would hang at NCCL's first all-reduce.
+    cluster.node("spark-b").host.cut_link(cluster.node("spark-a").address)
+    result = await preflight(cluster, "llama-3.1-8b", "cluster-mp")
+    worker = check(result, "fabric", "spark-b")
+    assert not result.ok and worker.status == "fail"
+    assert f"does not reach spark-a {cluster.node('spark-a').address} (1 packets transmitted, 0 received" \
+           in worker.message and "over enp1s0f1np1" in worker.message
+
+
+async def test_four_named_nodes_ping_every_pair_and_agree_on_one_mtu(tmp_path):
+    cluster = TwinCluster(tmp_path / "four", names=("spark-a", "spark-b", "spark-c", "spark-d"),
+                          images=[IMAGE, ROUTER_IMAGE]).setup()
+    put_weights(cluster, "nvidia/Llama-3.1-8B-Instruct-FP8")
+    address = {n.name: n.address for n in cluster.nodes}
+    result = await preflight(cluster, "llama-3.1-8b", "tp=4")
+    assert result.ok and [c.status for c in result.checks if c.name == "fabric"] == ["pass"] * 4, result.render()
+    assert check(result, "fabric", "spark-d").message.endswith(
+        f"reaches spark-a {address['spark-a']}, spark-b {address['spark-b']}, spark-c {address['spark-c']}")
+    # spark-c and spark-d reach the head but not each other (a switch port's VLAN, say).
+    cluster.node("spark-d").host.cut_link(address["spark-c"])
+    cluster.node("spark-c").host.set_interface("enp1s0f1np1", "up", mtu=9000)
+    result = await preflight(cluster, "llama-3.1-8b", "tp=4")
+    d = check(result, "fabric", "spark-d")
+    assert d.status == "fail" and f"does not reach spark-c {address['spark-c']}" in d.message
+    assert "every pair of nodes must reach each other" in d.message
+    a = check(result, "fabric", "spark-a")
+    assert a.status == "warn" and "the MTU differs between nodes (spark-a 1500, spark-b 1500, spark-c 9000, " \
+                                  "spark-d 1500)" in a.message
+    # Solo engines behind a router need no fabric: nothing is pinged.
+    replicas = await preflight(cluster, "llama-3.1-8b", "4x solo,shuffle")
+    assert not [c for c in replicas.checks if c.name == "fabric"]
+
+
 async def test_weights_not_in_the_cache_warn_and_name_the_model(cluster):
     put_weights(cluster, "nvidia/Llama-3.1-8B-Instruct-FP8", nodes={"spark-a"})
     result = await preflight(cluster, "llama-3.1-8b", "shuffle")

@@ -12,7 +12,7 @@ from sparktop.observe.state import ClusterState
 from sparktop.ui.cards import EngineCard
 from sparktop.ui.render import nodes_named
 from sparktop.ui.rows import engine_line, node_line, summary_line
-from sparktop.ui.screens import compact_view
+from sparktop.ui.screens import card_columns, compact_view
 
 GIB = 1024**3
 NAMES = [f"spark-{c}" for c in "abcdefgh"]
@@ -38,7 +38,10 @@ def engine(url: str, node_name: str, topology: str = "solo", gen: float = 100.0,
 
 @pytest.mark.parametrize(("size", "nodes", "engines", "expected"), [
     ((80, 24), 2, 2, (False, False)),  # two nodes: the cards, always
-    ((160, 48), 8, 8, (False, False)),  # eight cards of each fit in four columns
+    ((160, 48), 4, 4, (False, False)),  # four cards of each fit in two columns
+    ((160, 48), 8, 8, (True, True)),  # sixteen cards in two columns do not
+    ((200, 50), 8, 2, (False, False)),  # three columns at 200
+    ((240, 60), 8, 8, (False, False)),  # four at 240
     ((120, 40), 4, 4, (True, False)),  # a line per node leaves room for the engines' cards
     ((120, 40), 8, 8, (True, True)),
     ((80, 24), 8, 8, (True, True)),
@@ -47,6 +50,12 @@ def engine(url: str, node_name: str, topology: str = "solo", gen: float = 100.0,
 ])
 def test_the_view_that_fits(size, nodes, engines, expected):
     assert compact_view(*size, nodes, engines) == expected
+
+
+@pytest.mark.parametrize(("width", "columns"), [(80, 1), (120, 2), (160, 2), (200, 3), (240, 4)])
+def test_many_cards_take_two_columns_at_160_and_three_or_four_from_200(width, columns):
+    assert card_columns(width, many=True) == columns
+    assert card_columns(160, many=False) == 4  # two nodes' cards: always side by side from 80
 
 
 def test_a_node_line_fits_80_columns_and_says_memory_gpu_and_cpu():
