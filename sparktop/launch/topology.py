@@ -309,16 +309,23 @@ class Builder:
                                    wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
         endpoint = Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name)
         self.endpoints.append(endpoint)
-        # vLLM starts once every worker has joined: the last wait is on the head's API.
-        self.steps.append(Step(head.name, [], f"wait for vLLM on {head.name} to serve", container=None,
-                               wait=Wait("http", container=name, url=url, model=self.recipe.served_name),
-                               role="wait"))
+        if self.layout.replicas == 1:  # replicas are waited for once they have all started (`router`)
+            self.wait_for(endpoint)
         return endpoint
+
+    def wait_for(self, endpoint: Endpoint) -> None:
+        """A step of its own that waits for an engine to serve: vLLM on a Ray
+        head starts once every worker has joined, and replicas load their
+        weights side by side before the first is waited for."""
+        self.steps.append(Step(endpoint.node, [], f"wait for vLLM on {endpoint.node} to serve", container=None,
+                               wait=Wait("http", container=endpoint.container, url=endpoint.url,
+                                         model=endpoint.model), role="wait"))
 
     def router(self, backends: list[Endpoint]) -> None:
         head = self.nodes[0]
+        # Every engine has started (each loads its weights on its own nodes); now wait for each to serve.
         for endpoint in backends:
-            self.wait_ready(endpoint)
+            self.wait_for(endpoint)
         strategy = "simple-shuffle" if self.layout.router == "shuffle" else "least-busy"
         config = {
             "model_list": [
