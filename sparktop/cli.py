@@ -197,7 +197,10 @@ def _add_watching(add, watch_options) -> None:
     demo = add("demo", "start a twin cluster on this machine (two nodes, or --nodes N) and watch it", cmd_demo)
     demo.add_argument("--nodes", type=int, default=2, metavar="N", help="twin nodes, 1 to 8 (default 2): one engine "
                       "on each")
-    demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b)")
+    demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b); "
+                      "with --layout, the recipe to launch")
+    demo.add_argument("--layout", "-t", metavar="L", help="launch the recipe in this layout over the demo's nodes "
+                      "instead of a solo engine on each (tp=4, 2x tp=2, 4x solo,shuffle, ...)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")

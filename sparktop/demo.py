@@ -1,6 +1,9 @@
 """`sparktop demo`: a twin cluster on this machine (two nodes, or up to eight
 with --nodes), serving a model under a light background load, watched by
-the real app.
+the real app. By default one solo engine runs on each node; `--layout L`
+launches the model's recipe in that layout instead (`tp=4`, `2x tp=2`,
+`4x solo,shuffle`, ...), through the same launcher, plan and preflight as
+`sparktop launch`.
 
 The nodes live under the state directory (`demo/`), each with its own
 stand-in `docker`, `nvidia-smi`, `vllm` and `ray`; the engines start through
@@ -35,12 +38,19 @@ def node_names(count: int) -> tuple[str, ...]:
 
 
 async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: float = 30.0,
-                             wait: bool = True, nodes: int = 2) -> tuple[TwinCluster, list[str]]:
+                             wait: bool = True, nodes: int = 2, engines: bool = True) -> tuple[TwinCluster, list[str]]:
+    """The demo's nodes, fresh, and (`engines`) a solo engine on each."""
     # The images the inventory's recipes use are "pulled" too, so the launcher works in the demo.
     defaults = Defaults()
-    cluster = TwinCluster(demo_root(), names=node_names(nodes), speed=speed, startup_speed=startup_speed,
+    root = demo_root()
+    if root.exists():  # a demo left running: its engines go before its directories do
+        left = tuple(sorted(p.name for p in root.glob("spark-*") if p.is_dir()))
+        if left:
+            await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
+    cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image]).setup()
-    await cluster.stop_all()
+    if not engines:
+        return cluster, []
     urls = await cluster.run_solo(model=model, startup_speed=startup_speed)
     if wait:
         await wait_ready(urls, timeout=180)
@@ -55,38 +65,106 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
     cluster = TwinCluster(root, speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image])
     cluster.setup(fresh=not root.exists())
+    _link_litellm(cluster)
+    return cluster.inventory()
+
+
+def _link_litellm(cluster: TwinCluster) -> None:
     # The router topologies run the real LiteLLM proxy inside the twin's
     # "container": the one on this machine's PATH, when there is one.
     litellm = shutil.which("litellm")
     link = cluster.root / "bin" / "litellm"
     if litellm and not link.exists():
         link.symlink_to(litellm)
-    return cluster.inventory()
 
 
-def start_load(urls: list[str], low: int = 1, high: int = 6) -> subprocess.Popen:
+async def launch_layout(cluster: TwinCluster, recipe_id: str, layout: str, say=print):
+    """Launch `recipe_id` in `layout` over every node of the demo, as
+    `sparktop launch --yes` would: the plan, preflight (stopping on a
+    failure), then each step. Returns the launcher (to stop it) and the
+    launched plan; a layout that cannot run raises SparktopError."""
+    from sparktop.launch.catalog import find_recipe
+    from sparktop.launch.session import Launcher, LaunchRequest
+
+    recipe = find_recipe(recipe_id)
+    _link_litellm(cluster)
+    launcher = Launcher(cluster.inventory())
+    try:
+        request = LaunchRequest(recipe, layout)
+        plan = launcher.plan(request)
+        if any(e.kind == "router" for e in plan.endpoints) and not (cluster.root / "bin" / "litellm").exists():
+            raise SparktopError(f"--layout {layout}: the router needs LiteLLM on this machine "
+                                "(pip install 'litellm[proxy]')")
+        result = await launcher.preflight(plan, recipe)
+        if not result.ok:
+            failed = result.failures[0]
+            raise SparktopError(f"--layout {layout}: preflight failed on {failed.node}: {failed.message}")
+        launcher.begin(plan)
+        async for _event in launcher.follow():
+            pass
+        run = launcher.run
+        assert run is not None
+        if run.status != "ready":
+            raise SparktopError(f"--layout {layout}: the launch failed: {run.reason}")
+        say(f"  {run.plan.launch_id} ready in {run.seconds:.1f} s on {', '.join(run.plan.nodes)}")
+        return launcher, run.plan
+    except BaseException:
+        await launcher.close()
+        raise
+
+
+def start_load(urls: list[str], low: int = 1, high: int = 6, key: str | None = None) -> subprocess.Popen:
     # Same process group as the app, and it exits when its parent does, so a
     # closed terminal never leaves load running against the next demo.
+    env = {**os.environ, "SPARKTOP_LOAD_API_KEY": key} if key else None  # a router's key: never on argv
     return subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", str(low),
                              "--max", str(high), "--parent", str(os.getpid())],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+async def stop_everything(cluster: TwinCluster) -> int:
+    """Remove every container on the demo's nodes (solo engines, a
+    launched layout's workers, Ray and router); how many were removed."""
+    removed = 0
+    for node in cluster.nodes:
+        transport = node.transport()
+        names = (await transport.run(["docker", "ps", "-a", "--format", "{{.Names}}"], timeout=30)).stdout.split()
+        if names:
+            await transport.run(["docker", "rm", "-f", *names], timeout=60)
+            removed += len(names)
+    return removed
 
 
 async def run_demo(args) -> int:
+    layout = getattr(args, "layout", None)
     if args.stop:
         # As many nodes as the demo left running had.
         names = tuple(sorted(p.name for p in demo_root().glob("spark-*") if p.is_dir())) or node_names(2)
         cluster = TwinCluster(demo_root(), names=names).setup(fresh=False)
-        await cluster.stop_all()
-        print("Stopped the demo cluster.")
+        removed = await stop_everything(cluster)
+        _forget_launches(cluster)
+        print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed).")
         return 0
     count = getattr(args, "nodes", 2) or 2
     what = f"a {count}-node twin cluster" if count != 2 else "a two-node twin cluster"
+    print(f"Starting {what} serving {args.model}" + (f" as {layout}" if layout else "") + " ...", flush=True)
+    if layout:
+        cluster, _ = await start_demo_cluster(args.model, args.speed, wait=False, nodes=count, engines=False)
+        launcher, plan = await launch_layout(cluster, args.model, layout)
+        await launcher.close()
+        served = [e for e in plan.endpoints if e.kind == "router"] or plan.endpoints
+        urls = [e.url for e in served]
+        key = launcher.state.key(plan.launch_id) if served[0].api_key_env else None
+    else:
+        cluster, urls = await start_demo_cluster(args.model, args.speed, wait=args.no_wait, nodes=count)
+        key = None
     if args.no_wait:
-        print(f"Starting {what} serving {args.model} ...", flush=True)
-        cluster, urls = await start_demo_cluster(args.model, args.speed, nodes=count)
-        for node, url in zip(cluster.nodes, urls, strict=False):
-            print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
+        if layout:
+            for e in plan.endpoints:
+                print(f"  {e.kind:6} {e.node:8} {e.url}/v1")
+        else:
+            for node, url in zip(cluster.nodes, urls, strict=False):
+                print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
         print(f"Left running; stop with: sparktop demo --stop  (state in {cluster.root})")
         return 0
 
@@ -94,9 +172,7 @@ async def run_demo(args) -> int:
     from sparktop.observe.poller import NodeTarget, Poller
     from sparktop.ui.run import run_monitor
 
-    print(f"Starting {what} serving {args.model} ...", flush=True)
-    cluster, urls = await start_demo_cluster(args.model, args.speed, wait=False, nodes=count)
-    load = start_load(urls)
+    load = start_load(urls, key=key)
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes],
                     interval=args.interval, default_port=None, router_key=api_key_for)
     try:
@@ -108,8 +184,19 @@ async def run_demo(args) -> int:
             load.wait(5)
         except subprocess.TimeoutExpired:
             load.kill()
-        await cluster.stop_all()
+        await stop_everything(cluster)
+        _forget_launches(cluster)
     return 0
+
+
+def _forget_launches(cluster: TwinCluster) -> None:
+    """Mark what was launched on the demo's nodes as stopped (its containers are gone)."""
+    from sparktop.launch.state import LaunchState
+
+    state = LaunchState(cluster.inventory())
+    for record in state.active():
+        state.update(record.id, status="stopped")
+        state.drop_key(record.id)
 
 
 def main(args) -> int:

@@ -178,7 +178,7 @@ class ClusterState:
         if e.node is None:
             return []
         layout = layout_of(e.topology)
-        if layout is None or not layout.spans_nodes:
+        if layout is None or not layout.spans_nodes or e.kind == "router":  # a router runs on one node
             return [e.node]
         home = self.nodes.get(e.node)
         launch = role = None

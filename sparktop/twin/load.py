@@ -6,6 +6,9 @@ thousand words; a share of them repeat a long shared prefix, so the prefix
 cache has something to hit. Run it as its own process:
 
     python -m sparktop.twin.load http://127.0.0.2:8000 http://127.0.0.3:8000
+
+A LiteLLM router in front wants its master key: `$SPARKTOP_LOAD_API_KEY`
+(from the environment, never the command line, which `ps` shows).
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ async def drive(url: str, low: int, high: int, period: float, seed: int) -> None
     loop = asyncio.get_running_loop()
     start = loop.time()
     inflight: set[asyncio.Task] = set()
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=high + 4)) as client:
+    key = os.environ.get("SPARKTOP_LOAD_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=high + 4), headers=headers) as client:
         model = None
         while True:
             if model is None:

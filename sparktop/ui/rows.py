@@ -9,8 +9,11 @@ same whichever view shows it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.text import Text
 
+from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterSummary, History
@@ -127,10 +130,8 @@ class EngineRow(Card):
 def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None,
                 history: History | None = None) -> Text:
     line = _dot(snap.state)
-    name = snap.model or "engine"
-    if snap.topology:
-        name += f" · {snap.topology}"
-    line.append(f"{_cut(name, 24):<24} ", style="bold")
+    room = min(34, max(24, width - 54))  # the name takes what a wide screen spares, up to 34
+    line.append(f"{row_name(snap, room):<{room}} ", style="bold")
     where = nodes_named(nodes or ([snap.node] if snap.node else []), 12)
     line.append(f"{_cut(where, 12):<12}", style="dim")
     if snap.state == "starting":
@@ -146,6 +147,14 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
              r.field("wait", f"{r.num(snap.waiting):>2}", "yellow" if (snap.waiting or 0) > 0 else ""),
              r.field("gen", f"{r.rate(snap.gen_tps):>5} t/s", "cyan"),
              r.field("TTFT", f"{r.ms(snap.ttft_p50):>5}")]
+    if snap.kind == "router":
+        # A router holds no KV cache and its tokens are its engines' (their rows count them):
+        # it says where it sends requests and what it has in flight.
+        layout = layout_of(snap.topology)
+        parts = [Text(f" routes to {layout.replicas} engines" if layout and layout.replicas > 1 else " router",
+                      style="cyan")]
+        if snap.running is not None:
+            parts.append(r.field("in flight", f"{r.num(snap.running):>2}"))
     for part in parts:  # as many as fit, in this order of importance
         if line.cell_len + 1 + part.cell_len > width:
             break
@@ -154,6 +163,23 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
     else:
         _trailing_spark(line, width, history, "gen_tps", None, "cyan")
     return line
+
+
+def row_name(snap: EngineSnapshot, room: int = 34) -> str:
+    """"gpt-oss-120b · 2x tp=2" for a replica (the router's row names the
+    router: "gpt-oss-120b · router least-busy"), the whole layout otherwise;
+    in `room` cells, the model is cut before the layout is."""
+    model = snap.model or "engine"
+    layout = layout_of(snap.topology)
+    what = snap.topology or ""
+    if layout is not None and layout.router:
+        what = f"router {layout.router}" if snap.kind == "router" else replace(layout, router=None).text
+    if not what:
+        return _cut(model, room)
+    if len(model) + 3 + len(what) <= room:
+        return f"{model} · {what}"
+    left = room - 3 - len(what)
+    return f"{_cut(model, left)} · {what}" if left >= 4 else _cut(what, room)
 
 
 def summary_line(s: ClusterSummary, width: int) -> Text:

@@ -118,3 +118,20 @@ def test_a_lost_node_and_a_down_engine_show_in_the_summary():
     assert s.watts is None  # a node without power: no cluster-wide energy figure
     text = summary_line(s, 200).plain
     assert "2/3 nodes ok" in text and "1/2 engines ready" in text and "J/tok" not in text
+
+
+def test_replicas_and_their_router_each_say_what_they_are_on_one_line():
+    state = ClusterState()
+    for name in ("spark-a", "spark-b", "spark-c", "spark-d"):
+        state.nodes[name] = node(name, launch="L2")
+        state.nodes[name].containers[0].labels["sparktop.role"] = "vllm-spark-a" if name < "spark-c" else \
+            "vllm-spark-c"
+    replica = engine("http://10.0.0.1:8000", "spark-a", topology="2x tp=2,least-busy", launch="L2")
+    router = engine("http://10.0.0.1:4000", "spark-a", topology="2x tp=2,least-busy", launch="L2")
+    router.kind, router.kv_usage, router.gen_tps = "router", None, None
+    text = engine_line(replica, 76, ["spark-a", "spark-b"]).plain
+    assert "qwen3-235b · 2x tp=2 " in text and "spark-a +1" in text  # the router's name is on its own row
+    line = engine_line(router, 116, state.engine_nodes(router)).plain
+    assert "qwen3-235b · router least-busy" in line and "routes to 2 engines" in line
+    assert "KV" not in line and "gen" not in line  # no cache, and its tokens are its engines'
+    assert state.engine_nodes(router) == ["spark-a"]  # the router runs on its node alone
