@@ -22,7 +22,8 @@ On top: a fixed cost per step (scheduling, sampling), per layer (kernel
 launches; more without CUDA graphs), per sequence (sampling and output
 processing). Tensor parallelism over k nodes divides weights, heads and
 FLOPs by k and adds two ring all-reduces per layer over the link
-(2(k−1)/k of the activations, plus a latency per hop); Ray adds its
+(2(k−1)/k of the activations, plus NCCL's per-call latency and a few
+microseconds per hop past two); Ray adds its
 executor's cost per step.
 
 Memory: KV capacity is `gpu_memory_utilization × memory − weights −
@@ -59,7 +60,15 @@ class Constants:
     layer_overhead_s: float = 0.00005  # kernel launches per layer with CUDA graphs
     eager_layer_overhead_s: float = 0.0004  # ... without CUDA graphs (--enforce-eager)
     seq_overhead_s: float = 0.00002  # per sequence in a step: sampling, detokenizing, streaming
-    allreduce_latency_s: float = 50e-6  # one all-reduce between two nodes (two ring hops)
+    # One small all-reduce between two nodes: mostly NCCL's own per-call cost
+    # (kernel, host proxy), not the wire (nccl-tests on two Sparks: 30-35 us at 8 KB).
+    allreduce_latency_s: float = 50e-6
+    # What each ring hop past those two adds (tp=k makes 2(k-1) hops): one more
+    # small RoCE send through the switch, a few microseconds (`ib_write_lat`).
+    # Four Sparks at TP4 spend 54-64 us on a 48 KB all-reduce, near 1.5x two
+    # nodes' cost, not the 3x that pricing every hop at half of it would say
+    # (model/data/gb10-sources.md).
+    allreduce_hop_s: float = 2.5e-6
     link_efficiency: float = 0.8
     ray_step_overhead_s: float = 0.0008  # Ray executor per step (vs multiprocessing)
     request_overhead_s: float = 0.010  # the API server per request: parsing, chat template, tokenizing
@@ -300,11 +309,21 @@ class PerfModel:
 
     def _allreduce(self, tokens: int) -> float:
         """Ring all-reduces of the step's activations (BF16) over the link."""
-        k, tp = self.k, self.tp
         msg = tokens * self.card.hidden_size * 2
-        hops = 2 * (tp - 1)
-        per = k.allreduce_latency_s / 2 * hops + msg * hops / tp / (self.hw.link_gbps / 8 * 1e9 * k.link_efficiency)
-        return self._allreduces * per
+        return self._allreduces * self.allreduce_s(msg)
+
+    def _allreduce_wire(self, msg: int) -> float:
+        """The time a ring all-reduce of `msg` bytes spends on the link: each
+        node sends and receives 2(k-1)/k of it."""
+        hops = 2 * (self.tp - 1)
+        return msg * hops / self.tp / (self.hw.link_gbps / 8 * 1e9 * self.k.link_efficiency)
+
+    def allreduce_s(self, msg: int) -> float:
+        """One all-reduce of `msg` bytes across this engine's tensor-parallel nodes."""
+        if self.tp <= 1:
+            return 0.0
+        hops = 2 * (self.tp - 1)
+        return self.k.allreduce_latency_s + (hops - 2) * self.k.allreduce_hop_s + self._allreduce_wire(msg)
 
     def decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
         """Aggregate generation tokens/s of `batch` sequences all decoding."""

@@ -31,9 +31,9 @@ def test_all_ranks_every_layout_four_nodes_allow(capsys, inventory4):
     names = {t for t, _ in by}
     assert {"solo", "cluster-mp", "shuffle", "tp=4", "tp=4,ray", "pp=2", "tp=2,pp=2", "pp=4", "2x tp=2,least-busy",
             "4x solo,shuffle", "4x solo,least-busy", "tp=4,ep"} <= names  # gpt-oss is a MoE model: ep too
-    # A MoE model reads little per token: four nodes' all-reduces (six hops each, twice a layer) cost more
-    # than the reading they split, so one user is served no faster by tp=4 than by tp=2.
-    assert by[("tp=4", 1)]["decode_tps"] < by[("cluster-mp", 1)]["decode_tps"]
+    # A MoE model reads little per token: the step's fixed costs and two all-reduces a layer stay while
+    # the reading is split, so one user gains far less than the 2x that halving the reads would give.
+    assert by[("tp=4", 1)]["decode_tps"] < 1.35 * by[("cluster-mp", 1)]["decode_tps"]
     # Pipeline stages read the weights one after another: one user gains nothing from them;
     # 64 users' prompts split over two stages' micro-batches prefill faster (a layout is its own
     # prediction, never another's remembered one).
@@ -65,7 +65,8 @@ def test_no_layout_breaks_the_bandwidth_roofline(capsys, inventory4):
     card = find_card("llama-3.1-70b")
     by = {r["topology"]: r for r in data["rows"]}
     # A dense 70B reads 67 GiB a token: splitting that over four nodes outweighs the all-reduces.
-    assert by["tp=4"]["decode_tps"] > by["cluster-mp"]["decode_tps"] > by["solo"]["decode_tps"]
+    assert by["tp=4"]["decode_tps"] > 1.6 * by["cluster-mp"]["decode_tps"]
+    assert by["cluster-mp"]["decode_tps"] > by["solo"]["decode_tps"]
     for r in data["rows"]:
         layout = parse_layout(r["topology"])
         roof = PerfModel(card, tp=layout.tp, pp=layout.pp).roofline_decode_tps(1, ctx=1024 + 64)
