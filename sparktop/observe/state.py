@@ -272,6 +272,43 @@ class ClusterState:
             return None
         return Energy(watts=watts, tokens_per_s=tps, nodes=[name], window_s=ENERGY_WINDOW_S)
 
+    def cluster_points(self, name: str, *, nodes: bool = False, window_s: float = 300.0,
+                       step_s: float = 1.0) -> tuple[list[float], list[float]]:
+        """A figure summed over the cluster, sampled every `step_s` over the
+        last `window_s`: every engine's (routers left out: their tokens are
+        their engines') or, with `nodes`, every node's. Each history holds
+        its last value until its next one, since polls do not line up."""
+        if nodes:
+            histories = list(self.node_history.values())
+        else:
+            histories = [h for key, h in self.engine_history.items()
+                         if key not in self.engines or self.engines[key].kind != "router"]
+        newest = max((h.t[-1] for h in histories if h.t), default=None)
+        if newest is None:
+            return [], []
+        start = newest - window_s
+        buckets = int(window_s / step_s) + 1
+        sums, seen = [0.0] * buckets, [False] * buckets
+        for h in histories:
+            points = []
+            for t, v in zip(reversed(h.t), reversed(h.series.get(name, ())), strict=False):
+                if t < start - step_s:
+                    break  # newest first: the rest is older
+                if v is not None:
+                    points.append((t, float(v)))
+            points.reverse()
+            j, last = 0, None
+            for b in range(buckets):
+                at = start + b * step_s
+                while j < len(points) and points[j][0] <= at:
+                    last = points[j][1]
+                    j += 1
+                if last is not None:
+                    sums[b] += last
+                    seen[b] = True
+        return ([start + b * step_s for b in range(buckets) if seen[b]],
+                [sums[b] for b in range(buckets) if seen[b]])
+
     def summary(self) -> ClusterSummary:
         out = ClusterSummary(nodes=len(self.nodes))
         watts: float | None = 0.0

@@ -12,6 +12,7 @@ def line_chart(title: str, series: list[tuple[str, list[float], list[float]]], w
     import plotext as plt  # only the detail view needs it
 
     plt.clear_figure()
+    plt.limitsize(False, False)  # the size asked for: plotext would cap it at the process's terminal (80x24 headless)
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("pro")
     plt.title(title)

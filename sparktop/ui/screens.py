@@ -104,11 +104,13 @@ class MonitorScreen(LiveScreen):
         # between a card and the screen is one more render per card update.
         yield Grid(id="nodes")
         yield Grid(id="engines")
+        yield Static("", id="cluster-chart")  # under the lines of a big cluster, where the screen has room
         yield Static("", id="empty")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#cluster").display = False
+        self.query_one("#cluster-chart").display = False
         self._layout_columns()
 
     def on_resize(self) -> None:
@@ -160,6 +162,7 @@ class MonitorScreen(LiveScreen):
                    state.engine_history,
                    lambda key: (state.last_notice(key, now), state.engine_energy(engines[key]),
                                 state.engine_nodes(engines[key])))
+        self._cluster_chart(state, len(nodes), len(engines))
         empty = self.query_one("#empty", Static)
         if not state.engines:
             empty.update(Text("No engines yet: sparktop looks for vLLM containers on every node and on "
@@ -167,6 +170,41 @@ class MonitorScreen(LiveScreen):
             empty.display = True
         else:
             empty.display = False
+
+    _chart_drawn: tuple = ()
+
+    def _cluster_chart(self, state: ClusterState, nodes: int, engines: int) -> None:
+        """When every node and engine is a line and the screen has rows to
+        spare (eight Sparks at 160x48), the cluster's generation rate and
+        memory over the last five minutes fill them."""
+        chart = self.query_one("#cluster-chart", Static)
+        room = self.size.height - 3 - (nodes + 1) - (engines + 1) - 1  # the head, the footer, lines and gaps
+        show = self.compact == (True, True) and room >= 8
+        if chart.display != show:
+            chart.display = show
+        if not show:
+            return
+        stamp = (state.version, self.size)
+        if stamp == self._chart_drawn or (self._chart_drawn and time.monotonic() - self._chart_at < 2.0
+                                          and self._chart_drawn[1] == self.size):
+            return  # a chart every two seconds is enough, and plotext is not free
+        self._chart_drawn, self._chart_at = stamp, time.monotonic()
+        width = max(40, self.size.width - 2)
+        two = room >= 17
+        height = (room - 1) // 2 if two else room
+        gen_t, gen = state.cluster_points("gen_tps")
+        parts = [charts.line_chart(f"cluster: generation tokens/s ({engines} engines, routers left out)",
+                                   [("generation", gen_t, gen)], width, height, ymin=0)]
+        if two:
+            mem_t, mem = state.cluster_points("mem_used_gib", nodes=True)
+            total = state.summary().mem_total / 1024**3 or None
+            parts.append(charts.line_chart(f"cluster: unified memory used (GiB, {nodes} nodes)",
+                                           [("used", mem_t, mem)], width, height, ymin=0, ymax=total))
+        for part in parts:
+            part.rstrip()
+        chart.update(Text("\n").join(parts))
+
+    _chart_at: float = 0.0
 
     def _sync(self, grid: Grid, cls, items: dict, histories: dict, extras) -> None:
         cards = {card.key: card for card in grid.query(cls)}

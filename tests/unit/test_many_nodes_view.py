@@ -135,3 +135,20 @@ def test_replicas_and_their_router_each_say_what_they_are_on_one_line():
     assert "qwen3-235b · router least-busy" in line and "routes to 2 engines" in line
     assert "KV" not in line and "gen" not in line  # no cache, and its tokens are its engines'
     assert state.engine_nodes(router) == ["spark-a"]  # the router runs on its node alone
+
+
+def test_the_cluster_chart_sums_engines_polled_at_different_moments_and_leaves_routers_out():
+    state = ClusterState()
+    t0 = 1_000_000.0
+    for i in range(10):  # two engines polled half a second apart, a router beside them
+        a = engine("http://10.0.0.1:8000", "spark-a", gen=100.0)
+        b = engine("http://10.0.0.3:8000", "spark-c", gen=50.0 if i < 5 else 80.0)
+        router = engine("http://10.0.0.1:4000", "spark-a", gen=150.0)
+        router.kind = "router"
+        a.t, b.t, router.t = t0 + i, t0 + i + 0.5, t0 + i
+        for snap in (a, b, router):
+            state.apply(snap)
+    t, gen = state.cluster_points("gen_tps", window_s=8.0)
+    assert t[-1] == t0 + 9.5 and gen[-1] == 180.0  # 100 + 80: the router's 150 are theirs
+    assert gen[0] == 150.0  # 100 + 50, eight seconds earlier
+    assert all(b - a == 1.0 for a, b in zip(t, t[1:], strict=False))
