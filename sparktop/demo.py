@@ -6,14 +6,13 @@ launches the model's recipe in that layout instead (`tp=4`, `2x tp=2`,
 `sparktop launch`.
 
 The nodes live under the state directory (`demo/`), each with its own
-stand-in `docker`, `nvidia-smi`, `vllm` and `ray`; the engines start through
+stand-in `docker`, `nvidia-smi`, `vllm`, `ray` and `ping`; the engines start through
 the twin's docker exactly as on a real node, and the monitor reaches them
 the way it reaches real nodes: a shell per node, HTTP per engine.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ import sys
 
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
+from sparktop.remote import Transport
 from sparktop.settings import Defaults, state_dir
 from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
 
@@ -123,11 +123,20 @@ def start_load(urls: list[str], low: int = 1, high: int = 6, key: str | None = N
 
 
 async def stop_everything(cluster: TwinCluster) -> int:
-    """Remove every container on the demo's nodes (solo engines, a
-    launched layout's workers, Ray and router); how many were removed."""
+    """Remove everything on the demo's nodes: a launched layout as `sparktop
+    stop` removes it (containers, Ray, router, its state directory with the
+    router's key, its record), then any container left (the solo engines);
+    how many containers were removed."""
+    from sparktop.launch.session import running_launch_ids, stop_launches
+    from sparktop.launch.state import LaunchState
+
+    state = LaunchState(cluster.inventory())
+    transports: dict[str, Transport] = {node.name: node.transport() for node in cluster.nodes}
+    launches = await running_launch_ids(state, transports)
     removed = 0
-    for node in cluster.nodes:
-        transport = node.transport()
+    if launches:
+        removed += sum((await stop_launches(state, launches, transports)).values())
+    for transport in transports.values():
         names = (await transport.run(["docker", "ps", "-a", "--format", "{{.Names}}"], timeout=30)).stdout.split()
         if names:
             await transport.run(["docker", "rm", "-f", *names], timeout=60)
@@ -142,7 +151,6 @@ async def run_demo(args) -> int:
         names = tuple(sorted(p.name for p in demo_root().glob("spark-*") if p.is_dir())) or node_names(2)
         cluster = TwinCluster(demo_root(), names=names).setup(fresh=False)
         removed = await stop_everything(cluster)
-        _forget_launches(cluster)
         print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed).")
         return 0
     count = getattr(args, "nodes", 2) or 2
@@ -185,19 +193,4 @@ async def run_demo(args) -> int:
         except subprocess.TimeoutExpired:
             load.kill()
         await stop_everything(cluster)
-        _forget_launches(cluster)
     return 0
-
-
-def _forget_launches(cluster: TwinCluster) -> None:
-    """Mark what was launched on the demo's nodes as stopped (its containers are gone)."""
-    from sparktop.launch.state import LaunchState
-
-    state = LaunchState(cluster.inventory())
-    for record in state.active():
-        state.update(record.id, status="stopped")
-        state.drop_key(record.id)
-
-
-def main(args) -> int:
-    return asyncio.run(run_demo(args))

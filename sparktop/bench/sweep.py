@@ -653,9 +653,12 @@ class Sweep:
                 self._finish(status, reason)
                 raise
             finally:
-                for task in (watcher, power):
-                    if task is not None:
-                        task.cancel()
+                tasks = [task for task in (watcher, power) if task is not None]
+                for task in tasks:
+                    task.cancel()
+                # Gone before the session closes: a scrape started after it would fail with "Session is
+                # closed", an exception nobody retrieves, printed as a traceback when the user pressed Ctrl-C.
+                await asyncio.gather(*tasks, return_exceptions=True)
             return self._finish(status, reason)
 
     async def _prepare(self, session: aiohttp.ClientSession, previous: Run | None) -> tuple[_Target, dict]:

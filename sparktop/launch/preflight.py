@@ -391,9 +391,11 @@ def _source(on: NodeChecks) -> str:
     return "detected: " + ", ".join(x for x in ((found.source if found else ""), "ip -br addr") if x)
 
 
-async def _ping(on: NodeChecks, port: Port, address: str) -> tuple[bool | None, str]:
-    """From this node over `port` to `address`: reached (None: cannot tell), and what ping said."""
-    r = await on.run(f"LC_ALL=C ping -c1 -W2 -I {shlex.quote(port.netdev)} {shlex.quote(address)}", timeout=15)
+async def _ping(on: NodeChecks, port: Port | str, address: str) -> tuple[bool | None, str]:
+    """From this node over `port` (or the interface named) to `address`:
+    reached (None: cannot tell), and what ping said."""
+    netdev = port if isinstance(port, str) else port.netdev
+    r = await on.run(f"LC_ALL=C ping -c1 -W2 -I {shlex.quote(netdev)} {shlex.quote(address)}", timeout=15)
     if r.exit_status == 127:
         return None, "not checked: ping is not installed here"
     result = parse_ping(r.stdout + "\n" + r.stderr, r.exit_status)
@@ -511,22 +513,22 @@ async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
 # -- the fabric the inventory names ---------------------------------------------
 
 async def named_pairs(ons: list[NodeChecks]) -> None:
-    """Every pair of nodes over the inventory's eth_if and fabric_ip: each
-    node pings every node before it in the plan (the head first), so every
-    pair is tried once, and one MTU on all of them. The answers go into each
-    node's fabric check; nothing is pinged when an interface is already
-    down or missing (that check has failed and says why)."""
+    """Every pair of nodes over the inventory's eth_if and fabric_ip, both
+    ways (a link can fail one way), and one MTU on all of them. The answers
+    go into each node's fabric check; nothing is pinged when an interface
+    is already down or missing (that check has failed and says why)."""
     named = [on for on in ons if on.fabric_at is not None and on.node.fabric_ip]
     if len(named) < 2 or len(named) < len(ons):
         return
 
-    async def pings(i: int, on: NodeChecks) -> tuple[list[str], list[str], bool]:
+    async def pings(on: NodeChecks) -> tuple[list[str], list[str], bool]:
         reached: list[str] = []
         missed: list[str] = []
         unchecked = False
-        port = Port(on.node.eth_if or "", ipaddress.IPv4Interface(f"{on.node.fabric_ip}/32"), on.named_mtu)
-        for other in named[:i]:
-            ok, said = await _ping(on, port, str(other.node.fabric_ip))
+        for other in named:
+            if other is on:
+                continue
+            ok, said = await _ping(on, on.node.eth_if or "", str(other.node.fabric_ip))
             if ok is None:
                 unchecked = True
                 break
@@ -534,7 +536,7 @@ async def named_pairs(ons: list[NodeChecks]) -> None:
                                                + ("" if ok else f" ({said})"))
         return reached, missed, unchecked
 
-    answers = await asyncio.gather(*(pings(i, on) for i, on in enumerate(named)))
+    answers = await asyncio.gather(*(pings(on) for on in named))
     mtus = {on.node.name: on.named_mtu for on in named if on.named_mtu}
     mismatch = (f"; the MTU differs between nodes ({', '.join(f'{n} {m}' for n, m in mtus.items())}): "
                 "set one MTU on every node's port") if len(set(mtus.values())) > 1 else ""

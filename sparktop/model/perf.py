@@ -65,8 +65,8 @@ class Constants:
     allreduce_latency_s: float = 50e-6
     # What each ring hop past those two adds (tp=k makes 2(k-1) hops): one more
     # small RoCE send through the switch, a few microseconds (`ib_write_lat`).
-    # Four Sparks at TP4 spend 54-64 us on a 48 KB all-reduce, near 1.5x two
-    # nodes' cost, not the 3x that pricing every hop at half of it would say
+    # Four Sparks at TP4 spend 54-64 us on a 48 KB all-reduce, about 1.5-2x
+    # two nodes' 30-35 us, not the 3x that pricing every hop at half of it would say
     # (model/data/gb10-sources.md).
     allreduce_hop_s: float = 2.5e-6
     link_efficiency: float = 0.8

@@ -22,6 +22,7 @@ HISTORY = 3600  # points per series: an hour at the default interval
 NOTICES = 200  # event-log lines kept per engine or node
 NOTICE_ON_CARD_S = 90.0  # how long a card shows its last notice
 ENERGY_WINDOW_S = 5.0  # power is averaged over the window the engine's token rate covers
+HOLD_S = 10.0  # how long the cluster's charts hold a figure past its poll (polls run every 1-5 s)
 PEAK_FIGURES = ("running", "waiting", "kv_usage", "prompt_tps", "gen_tps")
 
 
@@ -174,7 +175,8 @@ class ClusterState:
     def engine_nodes(self, e: EngineSnapshot) -> list[str]:
         """The nodes an engine runs on: its own, and for one spread over
         nodes (tensor parallel) every node running a container of the same
-        launch, or, for one sparktop did not launch, every node with GPU work."""
+        launch, or, for one sparktop did not launch, the nodes whose
+        workers name its head (`_workers_of`)."""
         if e.node is None:
             return []
         layout = layout_of(e.topology)
@@ -203,14 +205,15 @@ class ClusterState:
     def _workers_of(self, e: EngineSnapshot, home: NodeSnapshot | None) -> list[str]:
         """The other nodes of an engine sparktop did not launch, from their
         command lines: a headless vLLM whose --master-addr is the head's,
-        or a Ray worker started with the head's address. Where no node
-        says whom it serves (its commands cannot be read), every node with
-        GPU work that is not another engine's head or worker."""
-        heads = {urlsplit(e.url).hostname or ""}
-        for argv in _commands(home):
-            if _serves(argv) is None:  # the head's own commands: the address its workers are given
-                heads |= {a for a in (_flag(argv, "--master-addr"), _flag(argv, "--node-ip-address")) if a}
-        heads.discard("")
+        or a Ray worker started with the head's address. A node whose
+        worker names no address this head is known by (its commands cannot
+        be read, or the head was given a name) counts when it has GPU work
+        and does not name another engine's head."""
+        mine = _head_addresses(e, home)
+        others: set[str] = set()
+        for other in self.engines.values():
+            if other.key != e.key and other.node and other.node != e.node and other.kind != "router":
+                others |= _head_addresses(other, self.nodes.get(other.node))
         claimed: dict[str, str | None] = {}  # node -> the head address its workers serve (None: a head itself)
         for name, n in self.nodes.items():
             if name == e.node:
@@ -222,10 +225,12 @@ class ClusterState:
                     break
                 if "serve" in argv and "--headless" not in argv:
                     claimed.setdefault(name, None)
-        if any(target is not None for target in claimed.values()):
-            return sorted(name for name, target in claimed.items() if target in heads)
+        named = sorted(name for name, target in claimed.items() if target in mine)
+        if named:
+            return named
         return sorted(name for name, n in self.nodes.items()
-                      if name != e.node and n.processes and name not in claimed)
+                      if name != e.node and n.processes and claimed.get(name, "") not in others
+                      and (name not in claimed or claimed[name] is not None))
 
     def mean_power(self, node: str, until: float, window: float = ENERGY_WINDOW_S) -> float | None:
         """The node's GPU power (W) averaged over the `window` seconds before `until`."""
@@ -276,13 +281,14 @@ class ClusterState:
                        step_s: float = 1.0) -> tuple[list[float], list[float]]:
         """A figure summed over the cluster, sampled every `step_s` over the
         last `window_s`: every engine's (routers left out: their tokens are
-        their engines') or, with `nodes`, every node's. Each history holds
-        its last value until its next one, since polls do not line up."""
+        their engines') or, with `nodes`, every node's, of those there now.
+        Each history holds its last value until its next one (polls do not
+        line up), for at most HOLD_S."""
         if nodes:
-            histories = list(self.node_history.values())
+            histories = [h for key, h in self.node_history.items() if key in self.nodes]
         else:
             histories = [h for key, h in self.engine_history.items()
-                         if key not in self.engines or self.engines[key].kind != "router"]
+                         if key in self.engines and self.engines[key].kind != "router"]
         newest = max((h.t[-1] for h in histories if h.t), default=None)
         if newest is None:
             return [], []
@@ -297,13 +303,15 @@ class ClusterState:
                 if v is not None:
                     points.append((t, float(v)))
             points.reverse()
-            j, last = 0, None
+            j, last, last_t = 0, None, 0.0
             for b in range(buckets):
                 at = start + b * step_s
                 while j < len(points) and points[j][0] <= at:
-                    last = points[j][1]
+                    last_t, last = points[j]
                     j += 1
-                if last is not None:
+                # A value holds until the next poll, not past HOLD_S: an engine that stopped
+                # answering (its history stops) no longer adds its last rate.
+                if last is not None and at - last_t <= HOLD_S:
                     sums[b] += last
                     seen[b] = True
         return ([start + b * step_s for b in range(buckets) if seen[b]],
@@ -367,6 +375,17 @@ def _commands(node: NodeSnapshot | None) -> list[list[str]]:
             with contextlib.suppress(ValueError):
                 out += [shlex.split(part) for part in argv[2].split("&&")]
     return out
+
+
+def _head_addresses(e: EngineSnapshot, home: NodeSnapshot | None) -> set[str]:
+    """What an engine's workers may call its head: its URL's host, and the
+    --master-addr or --node-ip-address its own command lines give."""
+    heads = {urlsplit(e.url).hostname or ""}
+    for argv in _commands(home):
+        if _serves(argv) is None:
+            heads |= {a for a in (_flag(argv, "--master-addr"), _flag(argv, "--node-ip-address")) if a}
+    heads.discard("")
+    return heads
 
 
 def _serves(argv: list[str]) -> str | None:

@@ -64,6 +64,7 @@ class LiveScreen(Screen):
 NODE_CARD_LINES = 9  # a node card's height with one container and a one-row sparkline
 ENGINE_CARD_LINES = 13  # an engine card's
 MANY_NODES = 3  # from this many nodes on, the cluster gets a summary line
+CHART_EVERY_S = 2.0  # the cluster chart under the lines is drawn at most this often
 
 
 def compact_view(width: int, height: int, nodes: int, engines: int) -> tuple[bool, bool]:
@@ -185,9 +186,16 @@ class MonitorScreen(LiveScreen):
         if not show:
             return
         stamp = (state.version, self.size)
-        if stamp == self._chart_drawn or (self._chart_drawn and time.monotonic() - self._chart_at < 2.0
-                                          and self._chart_drawn[1] == self.size):
-            return  # a chart every two seconds is enough, and plotext is not free
+        if stamp == self._chart_drawn:
+            return
+        wait = CHART_EVERY_S - (time.monotonic() - self._chart_at)
+        if self._chart_drawn and self._chart_drawn[1] == self.size and wait > 0:
+            # A chart every two seconds is enough (plotext takes ~15 ms); the change is drawn then,
+            # even when nothing else changes by then (a paused replay).
+            if not self._chart_due:
+                self._chart_due = True
+                self.set_timer(wait, self._chart_timer)
+            return
         self._chart_drawn, self._chart_at = stamp, time.monotonic()
         width = max(40, self.size.width - 2)
         two = room >= 17
@@ -205,6 +213,11 @@ class MonitorScreen(LiveScreen):
         chart.update(Text("\n").join(parts))
 
     _chart_at: float = 0.0
+    _chart_due = False
+
+    def _chart_timer(self) -> None:
+        self._chart_due = False
+        self.post_message(RepaintRequested())
 
     def _sync(self, grid: Grid, cls, items: dict, histories: dict, extras) -> None:
         cards = {card.key: card for card in grid.query(cls)}

@@ -2,7 +2,7 @@
 
 Each host has its own sshd on its own loopback address (127.0.0.2,
 127.0.0.3, ...) with its own host keys, and sessions that land in the host's own
-HOME with the twin's `docker`, `vllm`, `ray` and `nvidia-smi` first on PATH
+HOME with the twin's `docker`, `vllm`, `ray`, `nvidia-smi` and `ping` first on PATH
 (sshd's SetEnv). sparktop reaches them with its real SSHTransport through an
 ssh config and known_hosts written here, exactly as it reaches real Sparks.
 The router topologies use the real LiteLLM proxy, installed from PyPI into

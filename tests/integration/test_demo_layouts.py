@@ -6,6 +6,7 @@ left running with --no-wait and removed by --stop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -110,4 +111,28 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
         removed = await stop_everything(cluster)
     assert removed == 5  # two workers, two heads, the router
     await asyncio.sleep(0.5)
+    assert not twin_processes(state_home), twin_processes(state_home)
+
+
+def test_a_layout_demo_left_running_is_stopped_with_its_router_key(state_home, lab_litellm):
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2", "--no-wait", "--speed", "4", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        lines = started.stdout.splitlines()
+        assert any("2x-tp2-least-busy" in line and "ready in" in line for line in lines), started.stdout
+        assert [line.split()[:2] for line in lines if line.startswith("  vllm") or line.startswith("  router")] == \
+            [["vllm", "spark-a"], ["vllm", "spark-c"], ["router", "spark-a"]]
+        keys = list((state_home / "sparktop/launches/keys").glob("*.key"))
+        assert len(keys) == 1  # the router's master key, kept for the monitor
+        key = keys[0].read_text().strip()
+        assert key not in started.stdout + started.stderr  # and never printed
+        r = httpx.get("http://127.0.0.2:4000/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "gpt-oss-120b"
+    finally:
+        stopped = sparktop("demo", "--stop", env=env)
+    assert stopped.returncode == 0 and "5 containers removed" in stopped.stdout, stopped.stdout
+    assert not list((state_home / "sparktop/launches/keys").glob("*.key"))
+    records = [json.loads(p.read_text()) for p in (state_home / "sparktop/launches").glob("*.json")]
+    assert [row["status"] for rec in records for row in rec["launches"]] == ["stopped"]
     assert not twin_processes(state_home), twin_processes(state_home)

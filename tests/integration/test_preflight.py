@@ -141,6 +141,11 @@ async def test_the_pair_named_in_the_inventory_is_pinged_over_its_interface(clus
     assert not result.ok and worker.status == "fail"
     assert f"does not reach spark-a {cluster.node('spark-a').address} (1 packets transmitted, 0 received" \
            in worker.message and "over enp1s0f1np1" in worker.message
+    # A link that fails one way only is found from the other end.
+    cluster.node("spark-b").host.cut_link(cluster.node("spark-a").address, cut=False)
+    cluster.node("spark-a").host.cut_link(cluster.node("spark-b").address)
+    result = await preflight(cluster, "llama-3.1-8b", "cluster-mp")
+    assert check(result, "fabric", "spark-a").status == "fail" and check(result, "fabric", "spark-b").status == "pass"
 
 
 async def test_four_named_nodes_ping_every_pair_and_agree_on_one_mtu(tmp_path):

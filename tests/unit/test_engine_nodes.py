@@ -59,12 +59,26 @@ def test_ray_workers_join_their_own_head():
     assert state.engine_nodes(engine("spark-a", "tp=3,ray")) == ["spark-a", "spark-b", "spark-c"]
 
 
-def test_workers_started_outside_docker_are_read_from_their_processes():
-    worker = ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "meta/llama", "--headless", "--master-addr",
-              "10.0.0.1"]
-    state = state_of(node("spark-a", servers=[["vllm", "serve", "meta/llama", "--master-addr", "10.0.0.1"]]),
-                     node("spark-b", servers=[worker]), node("spark-c"))  # spark-c: GPU work of its own
+def test_a_head_started_outside_docker_is_known_by_its_master_address():
+    # vLLM's own API server as a plain process (read from /proc); its worker in a container.
+    head = ["vllm", "serve", "meta/llama", "--nnodes", "2", "--master-addr", "192.168.100.1"]
+    state = state_of(node("spark-a", servers=[head]), node("spark-b", [mp(1, "192.168.100.1", False)]),
+                     node("spark-c"))  # spark-c: GPU work of its own
     assert state.engine_nodes(engine("spark-a")) == ["spark-a", "spark-b"]
+
+
+def test_a_head_known_by_a_name_keeps_its_workers_but_not_another_engines():
+    # The head's URL names it (spark-a.local) and its own command gives no address: its Ray workers'
+    # --address cannot be matched, so busy nodes count, except one whose worker serves another head.
+    state = state_of(node("spark-a", ["ray start --head --port 6379"]),
+                     node("spark-b", ["ray start --address 192.168.100.1:6379 --block"]),
+                     node("spark-c", [mp(0, "192.168.100.3", True)]),
+                     node("spark-d", [mp(1, "192.168.100.3", False)]))
+    named = EngineSnapshot(key="http://spark-a.local:8000", url="http://spark-a.local:8000", t=time.time(),
+                           state="ready", node="spark-a", topology="tp=2,ray", model="llama-3.1-70b",
+                           container="c0")
+    state.engines = {named.key: named, "c": engine("spark-c")}
+    assert state.engine_nodes(named) == ["spark-a", "spark-b"]
 
 
 def test_without_readable_commands_every_busy_node_but_another_head_counts():
