@@ -519,8 +519,15 @@ class Sweep:
             w.power_w = self._power_sum / w.power_samples
 
     async def _watch_metrics(self, session: aiohttp.ClientSession) -> None:
-        while True:
-            await self._read(session)
+        # Ends with its session: a cancellation aiohttp swallowed mid-request must not leave it
+        # scraping a closed session (an exception nobody retrieves, a traceback at Ctrl-C).
+        while not session.closed:
+            try:
+                await self._read(session)
+            except RuntimeError:
+                if session.closed:
+                    return
+                raise
             await asyncio.sleep(METRICS_INTERVAL)
 
     async def _wait_idle(self, session: aiohttp.ClientSession, c: int) -> _Window:
@@ -658,7 +665,11 @@ class Sweep:
                     task.cancel()
                 # Gone before the session closes: a scrape started after it would fail with "Session is
                 # closed", an exception nobody retrieves, printed as a traceback when the user pressed Ctrl-C.
-                await asyncio.gather(*tasks, return_exceptions=True)
+                if tasks:
+                    done, _ = await asyncio.wait(tasks, timeout=5)
+                    for task in done:  # retrieved: a watcher's error never reaches the user as a traceback
+                        if not task.cancelled():
+                            task.exception()
             return self._finish(status, reason)
 
     async def _prepare(self, session: aiohttp.ClientSession, previous: Run | None) -> tuple[_Target, dict]:
