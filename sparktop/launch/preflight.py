@@ -130,6 +130,7 @@ class NodeChecks:
     found: NodeFabric | None = None  # what fabric detection saw here
     fabric_at: int | None = None  # where the fabric check goes once every node has been seen
     named_mtu: int | None = None  # the MTU of the inventory's eth_if, once it is found up
+    named_up: str | None = None  # "enp1s0f1np1 is up, MTU 9000": the inventory's interface, found up
 
     def add(self, name: str, status: str, message: str) -> None:
         self.checks.append(Check(name, self.node.name, status, message))
@@ -260,10 +261,10 @@ async def _fabric(on: NodeChecks) -> None:
     if not r.ok:
         on.add("fabric", "fail", f"interface {eth} does not exist here (check eth_if in the inventory)")
     elif state in ("up", "unknown"):
-        # The pairs are pinged once every node has been seen (`named_pairs`).
+        # The check is made once every node has been seen and the pairs pinged (`named_pairs`).
         on.named_mtu = int(mtu) if mtu.strip().isdigit() else None
+        on.named_up = f"{eth} is {state}" + (f", MTU {on.named_mtu}" if on.named_mtu else "")
         on.fabric_at = len(on.checks)
-        on.add("fabric", "pass", f"{eth} is {state}" + (f", MTU {on.named_mtu}" if on.named_mtu else ""))
     else:
         on.add("fabric", "fail", f"{eth} is {state}: is the QSFP cable in?")
 
@@ -391,10 +392,8 @@ def _source(on: NodeChecks) -> str:
     return "detected: " + ", ".join(x for x in ((found.source if found else ""), "ip -br addr") if x)
 
 
-async def _ping(on: NodeChecks, port: Port | str, address: str) -> tuple[bool | None, str]:
-    """From this node over `port` (or the interface named) to `address`:
-    reached (None: cannot tell), and what ping said."""
-    netdev = port if isinstance(port, str) else port.netdev
+async def _ping(on: NodeChecks, netdev: str, address: str) -> tuple[bool | None, str]:
+    """From this node over interface `netdev` to `address`: reached (None: cannot tell), and what ping said."""
     r = await on.run(f"LC_ALL=C ping -c1 -W2 -I {shlex.quote(netdev)} {shlex.quote(address)}", timeout=15)
     if r.exit_status == 127:
         return None, "not checked: ping is not installed here"
@@ -410,7 +409,7 @@ async def _link(on: NodeChecks, head: str, options: list[tuple[Port, Port]]) -> 
     what was found, and the pair."""
     tried = []
     for h, w in options[:PING_TRIES]:
-        reached, said = await _ping(on, w, str(h.address.ip))
+        reached, said = await _ping(on, w.netdev, str(h.address.ip))
         if reached is False:
             tried.append(f"ping -I {w.netdev} {h.address.ip}: {said}")
             continue
@@ -476,7 +475,7 @@ async def resolve_fabric(ons: list[NodeChecks]) -> dict[str, Fabric]:
             missed = []
             for other in workers[i + 1:]:
                 target = str(chosen[other.node.name].address.ip)
-                reached, said = await _ping(on, chosen[on.node.name], target)
+                reached, said = await _ping(on, chosen[on.node.name].netdev, target)
                 if reached is False:
                     missed.append(f"{other.node.name} {target} ({said})")
             return missed
@@ -517,8 +516,10 @@ async def named_pairs(ons: list[NodeChecks]) -> None:
     ways (a link can fail one way), and one MTU on all of them. The answers
     go into each node's fabric check; nothing is pinged when an interface
     is already down or missing (that check has failed and says why)."""
-    named = [on for on in ons if on.fabric_at is not None and on.node.fabric_ip]
-    if len(named) < 2 or len(named) < len(ons):
+    named = [on for on in ons if on.named_up is not None]
+    if len(named) < len(ons):  # a node down or an interface missing: its own check says so
+        for on in named:
+            on.put_fabric("pass", f"{on.named_up} ({_source(on)})")
         return
 
     async def pings(on: NodeChecks) -> tuple[list[str], list[str], bool]:
@@ -528,7 +529,7 @@ async def named_pairs(ons: list[NodeChecks]) -> None:
         for other in named:
             if other is on:
                 continue
-            ok, said = await _ping(on, on.node.eth_if or "", str(other.node.fabric_ip))
+            ok, said = await _ping(on, str(on.node.eth_if), str(other.node.fabric_ip))
             if ok is None:
                 unchecked = True
                 break
@@ -541,8 +542,7 @@ async def named_pairs(ons: list[NodeChecks]) -> None:
     mismatch = (f"; the MTU differs between nodes ({', '.join(f'{n} {m}' for n, m in mtus.items())}): "
                 "set one MTU on every node's port") if len(set(mtus.values())) > 1 else ""
     for on, (reached, missed, unchecked) in zip(named, answers, strict=True):
-        check = on.checks[on.fabric_at]  # type: ignore[index]
-        status, text = check.status, f"{check.message} ({_source(on)})"
+        status, text = "pass", f"{on.named_up} ({_source(on)})"
         if missed:
             status = "fail"
             text += (f"; does not reach {', '.join(missed)} over {on.node.eth_if}: every pair of nodes must reach "
@@ -554,4 +554,4 @@ async def named_pairs(ons: list[NodeChecks]) -> None:
             text += f"; reaches {', '.join(reached)}"
         if mismatch and status == "pass":
             status = "warn"
-        on.checks[on.fabric_at] = Check("fabric", on.node.name, status, text + mismatch)  # type: ignore[index]
+        on.put_fabric(status, text + mismatch)

@@ -479,14 +479,7 @@ class DiscoveredEngine:
     model: str | None = None
 
 
-def _flag(args: list[str], *names: str) -> str | None:
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
+_flag = hostparse.flag_value
 
 
 def engines_in(container: Container, node_address: str) -> DiscoveredEngine | None:

@@ -213,6 +213,17 @@ def server_command(argv: list[str]) -> str | None:
     return None
 
 
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """The value of the first of `names` a command line gives (`--flag V` or `--flag=V`)."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
 def flag_port(argv: list[str]) -> int:
     """The port an API server was told to listen on (vLLM's default without `--port`)."""
     for i, arg in enumerate(argv):

@@ -6,7 +6,7 @@ events; the UI only reads it.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import itertools
 import shlex
 from collections import deque
@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
+from sparktop.observe.hostparse import flag_value as _flag
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
@@ -349,13 +350,13 @@ class ClusterState:
         return sorted(self.engines.values(), key=lambda e: (e.node or "~", e.url))
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
+@functools.lru_cache(maxsize=512)
+def _split(command: str) -> tuple[str, ...]:
+    """A container's command as argv, once per distinct command: engine_nodes runs on every paint."""
+    try:
+        return tuple(shlex.split(command))
+    except ValueError:
+        return tuple(command.split())
 
 
 def _commands(node: NodeSnapshot | None) -> list[list[str]]:
@@ -366,14 +367,10 @@ def _commands(node: NodeSnapshot | None) -> list[list[str]]:
     for c in node.containers:
         if c.state != "running" or not c.command:
             continue
-        try:
-            argv = shlex.split(c.command)
-        except ValueError:
-            argv = c.command.split()
+        argv = list(_split(c.command))
         out.append(argv)
         if len(argv) > 2 and argv[1] == "-c":  # `sh -c "ray start --head ... && vllm serve ..."`
-            with contextlib.suppress(ValueError):
-                out += [shlex.split(part) for part in argv[2].split("&&")]
+            out += [list(_split(part)) for part in argv[2].split("&&")]
     return out
 
 

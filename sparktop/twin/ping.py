@@ -25,10 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     if host is None or address is None:
         print("ping: usage error: Destination address required", file=sys.stderr)
         return 2
-    if iface is not None and host.interface(iface) is None:
+    found = host.interface(iface) if iface is not None else ("up", 65536)
+    if found is None:
         print(f"ping: SO_BINDTODEVICE {iface}: No such device", file=sys.stderr)
         return 2
-    state = host.interface(iface)[0] if iface is not None else "up"  # type: ignore[index]
+    state = found[0]
     source = host.address
     print(f"PING {address} ({address}) from {source} {iface or 'lo'}: 56(84) bytes of data.")
     reached = state in ("up", "unknown") and address not in host.unreachable
