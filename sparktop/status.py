@@ -88,7 +88,10 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
     energy = state.engine_energy(e) if state is not None else None
     return {
         "url": e.url, "state": e.state, "reason": e.reason, "error": e.error, "stage": e.stage, "node": e.node,
-        "kind": e.kind, "found": e.found,
+        "kind": e.kind, "engine": e.engine, "recognised": e.recognised, "found": e.found,
+        # figures this engine does not export (kv, running, waiting, prompt_tps, gen_tps, prefix, preemptions,
+        # finished, ttft, itl, queue, e2e, spec): null in this object because the engine has none, not 0
+        "not_exported": e.not_exported,
         "topology": e.topology, "container": e.container, "model": e.model, "version": e.version,
         "kv_cache_usage": _r(e.kv_usage, 4), "running": e.running, "waiting": e.waiting,
         "prompt_tps": _r(e.prompt_tps, 1), "gen_tps": _r(e.gen_tps, 1),
@@ -116,6 +119,9 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "latency_ms": None if e.latency is None else {
             name: {k: _ms(v) for k, v in figures.items()} for name, figures in e.latency.items()},
         "queue_over_5s": e.queue_slow,
+        # speculative decoding over the last 30 s: the share of drafted tokens accepted, tokens per step
+        "spec_acceptance": _r(e.spec_acceptance, 4), "spec_accept_len": _r(e.spec_accept_len, 3),
+        "slots": e.slots,
         "nodes": state.engine_nodes(e) if state is not None else ([e.node] if e.node else []),
         "peaks": None if state is None else state.peaks.get(e.key),
         "energy": None if energy is None else energy.to_dict(prefs.energy_price_per_kwh if prefs else None),
@@ -197,19 +203,25 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             ", ".join(c.name for c in n.containers if c.state == "running") or "—",
         )
     console.print(nodes)
-    engines = Table(title="engines", title_justify="left")
-    for col in ("endpoint", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50", "ITL p50"):
+    engines = Table(title="engines", title_justify="left",
+                    caption="n/e: not exported by that engine" if any(
+                        e.not_exported for e in state.engines.values()) else None, caption_justify="left")
+    for col in ("endpoint", "engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50",
+                "ITL p50"):
         engines.add_column(col)
     for e in state.ordered_engines():
+        def cell(figure: str, value: str, e: EngineSnapshot = e) -> str:
+            return value if e.exports(figure) or e.kind == "router" else "n/e"
+
         engines.add_row(
-            e.url, e.model or "—", engine_state(e),
-            f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—",
-            f"{e.running:.0f}" if e.running is not None else "—",
-            _waiting(e),
-            f"{e.prompt_tps:.1f}" if e.prompt_tps is not None else "—",
-            f"{e.gen_tps:.1f}" if e.gen_tps is not None else "—",
-            f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—",
-            f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—",
+            e.url, f"{e.engine or e.kind} {e.version or ''}".strip(), e.model or "—", engine_state(e),
+            cell("kv", f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—"),
+            cell("running", f"{e.running:.0f}" if e.running is not None else "—"),
+            cell("waiting", _waiting(e)),
+            cell("prompt_tps", f"{e.prompt_tps:.1f}" if e.prompt_tps is not None else "—"),
+            cell("gen_tps", f"{e.gen_tps:.1f}" if e.gen_tps is not None else "—"),
+            cell("ttft", f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—"),
+            cell("itl", f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—"),
         )
     console.print(engines)
     if launches:

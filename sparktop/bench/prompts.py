@@ -131,10 +131,18 @@ async def calibrate(target: int, probe: Probe, tokenizer: LocalTokenizer | None 
         maker = PromptMaker(target, max(1, round(body / max(ratio, 1e-6))), template, True,
                             tokenizer=tokenizer, seed=seed)
         return maker
-    a, b = 16, 16 + max(64, min(target, 2048))
+    # Short probes first, then one as long as the target at most: a probe
+    # longer than the requested prompt could exceed the server's context
+    # (llama-server's slots hold a few hundred tokens each), and words are
+    # worth very different numbers of tokens from one tokenizer to another.
+    a, b = 16, 32
     ta = await probe(words_text(a, rng))
     tb = await probe(words_text(b, rng))
     per_word = max((tb - ta) / (b - a), 1e-3)
+    c = a + round((min(target, 2048) - ta) / per_word)
+    if c > 2 * b:
+        tc = await probe(words_text(c, rng))
+        per_word = max((tc - ta) / (c - a), 1e-3)
     template = round(ta - a * per_word)
     words = max(1, round((target - template) / per_word))
     exact = False

@@ -15,8 +15,11 @@ request only after it arrives and drops it before the client sees its end,
 so an honest sweep never exceeds it). Anything more is foreign traffic: the
 level is *contaminated*, measured once more under a new attempt number,
 and reported as contaminated if that happens again. The engines watched are
-`guard_urls` (vLLM engines behind a router), else the endpoint itself; an
-endpoint without vLLM metrics means no guard, said once in the run's meta.
+`guard_urls` (the engines behind a router), else the endpoint itself, each
+recognised by what it answers and read as its engine exports its figures
+(`observe.engines`: vLLM's or SGLang's /metrics, llama.cpp's /metrics and
+/slots, TensorRT-LLM's /prometheus/metrics); an endpoint that exports no
+running and queued requests means no guard, said once in the run's meta.
 
 `Sweep.events()` is the sweep as an async iterator of `bench.events`
 (the CLI draws a rich progress display from them, the app its sweep
@@ -58,7 +61,7 @@ from sparktop.errors import SparktopError
 from sparktop.events import emitting
 
 if TYPE_CHECKING:
-    from sparktop.observe.vllm_metrics import Scrape
+    from sparktop.observe.engines import Answer, Engine
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 METRICS_INTERVAL = 0.25  # s between /metrics reads during the sweep
@@ -258,7 +261,7 @@ class _Reading:
     got: float
     running: float | None
     waiting: float | None
-    finished: float | None  # vllm:request_success_total
+    finished: float | None  # requests finished, as the engine counts them
     kv: float | None
     preemptions: float | None
     peak: int
@@ -361,6 +364,8 @@ class Sweep:
         # current attempt's window.
         self._flight = _InFlight()
         self._watched: list[str] = []
+        self._engines: dict[str, Engine] = {}  # the watched engines, by URL, as recognised
+        self.engine_names: dict[str, str] = {}  # "vLLM 0.32.0", "llama.cpp b11434", by URL
         self.guard = "off: not started"
         self._window: _Window | None = None
         self._attempt = 1  # the newest attempt number in use
@@ -392,10 +397,24 @@ class Sweep:
                 data = await r.json(content_type=None)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise SweepError(f"{self.s.endpoint}: cannot reach the endpoint ({type(e).__name__}: {e})") from None
-        models = [str(m["id"]) for m in (data or {}).get("data") or [] if isinstance(m, dict) and m.get("id")]
-        if not models:
+        rows = [m for m in (data or {}).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        if not rows:
             raise SweepError(f"{self.s.endpoint}/v1/models lists no model")
-        return models[0]
+        self._check_context(rows[0])
+        return str(rows[0]["id"])
+
+    def _check_context(self, model: dict) -> None:
+        """A request longer than the server holds fails every time: said before anything is sent.
+        The context one request may use: vLLM's and SGLang's `max_model_len`, llama.cpp's per-slot `n_ctx`."""
+        meta = model.get("meta")
+        context = model.get("max_model_len") or (meta.get("n_ctx") if isinstance(meta, dict) else None)
+        if not isinstance(context, int) or context <= 0:
+            return
+        need = self.s.pp + self.s.tg + self.s.depth
+        if need > context:
+            raise SweepError(f"{self.s.endpoint}: a request of --pp {self.s.pp} --tg {self.s.tg}"
+                             + (f" --depth {self.s.depth}" if self.s.depth else "")
+                             + f" needs {need} tokens of context; the server holds {context} per request")
 
     async def _latency(self, session: aiohttp.ClientSession) -> float:
         if self.s.latency_mode == "none":
@@ -431,55 +450,84 @@ class Sweep:
 
     # -- engine metrics and the guard ------------------------------------------
 
-    async def _scrape(self, session: aiohttp.ClientSession, url: str) -> Scrape | None:
-        from sparktop.observe.vllm_metrics import MetricsError, Scrape
+    async def _answer(self, session: aiohttp.ClientSession, url: str, path: str) -> Answer:
+        from sparktop.observe.engines import Answer, EngineUnreachable
 
         try:
-            async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                if r.status != 200:
-                    return None
-                text = await r.text()
-            return Scrape.parse(text, time.monotonic(), histograms=False)
-        except (aiohttp.ClientError, OSError, TimeoutError, MetricsError, UnicodeDecodeError):
+            async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read())
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from None
+
+    async def _figures(self, session: aiohttp.ClientSession, url: str):
+        """What one watched engine reports now (`prometheus.Derived`), or None."""
+        from sparktop.observe.engines import EngineUnreachable
+
+        engine = self._engines.get(url)
+        if engine is None:
+            return None
+        try:
+            return await engine.read(lambda path: self._answer(session, url, path), time.monotonic(), False)
+        except EngineUnreachable:
             return None
 
     async def _setup_guard(self, session: aiohttp.ClientSession) -> None:
-        """Which engines to watch: those of `guard_urls` (or the endpoint) that answer with vLLM metrics."""
-        from sparktop.observe.vllm_metrics import RUNNING
+        """Which engines to watch: those of `guard_urls` (or the endpoint) that
+        export their running and queued requests, whatever the engine."""
+        from sparktop.observe.engines import EngineUnreachable, NotAnEngine, recognise
 
         if not self.s.metrics:
             self.guard = "off: metrics are not read"
             return
         urls = list(dict.fromkeys(self.s.guard_urls or [self.s.endpoint]))
-        scrapes = await asyncio.gather(*(self._scrape(session, u) for u in urls))
-        self._watched = [u for u, sc in zip(urls, scrapes, strict=True)
-                         if sc is not None and sc.is_vllm and sc.total(RUNNING) is not None]
+        why: dict[str, str] = {}
+        for url in urls:
+            def get(path: str, url: str = url) -> Awaitable[Answer]:
+                return self._answer(session, url, path)
+
+            try:
+                engine = await recognise(get)
+            except (EngineUnreachable, NotAnEngine) as exc:
+                why[url] = str(exc)
+                continue
+            if engine.router:
+                why[url] = f"a {engine.name} router: its engines count its requests"
+                continue
+            try:
+                figures = await engine.read(get, time.monotonic(), False)
+            except EngineUnreachable as exc:
+                why[url] = f"{engine.name}, {exc.reason}"
+                continue
+            if figures.running is None:
+                why[url] = f"{engine.name} exports no running requests"
+                continue
+            self._engines[url] = engine
+            self.engine_names[url] = f"{engine.name} {engine.version or ''}".strip()
+        self._watched = [u for u in urls if u in self._engines]
         missing = [u for u in urls if u not in self._watched]
         if not self._watched:
-            self.guard = f"off: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no vllm metrics"
+            self.guard = "off: " + "; ".join(f"{u}: {why[u]}" for u in missing)
         else:
             self.guard = "on: " + ", ".join(self._watched)
             if missing:
-                self.guard += f" ({', '.join(missing)}: no vllm metrics, not watched)"
+                self.guard += " (not watched: " + "; ".join(f"{u}: {why[u]}" for u in missing) + ")"
 
     async def _read(self, session: aiohttp.ClientSession) -> _Reading | None:
         """The watched engines now, summed; None when one of them did not answer."""
-        from sparktop.observe.vllm_metrics import KV_USAGE, PREEMPTIONS, REQUESTS, RUNNING, WAITING
-
         sent = time.monotonic()
-        scrapes = await asyncio.gather(*(self._scrape(session, u) for u in self._watched))
+        read = await asyncio.gather(*(self._figures(session, u) for u in self._watched))
         got = time.monotonic()
-        if not scrapes or any(sc is None for sc in scrapes):
+        if not read or any(d is None for d in read):
             return None
-        done = [sc for sc in scrapes if sc is not None]
+        done = [d for d in read if d is not None]
 
-        def total(names: tuple[str, ...]) -> float | None:
-            values = [sc.total(names) for sc in done]
-            return None if any(v is None or math.isnan(v) for v in values) else sum(v for v in values if v is not None)
+        def total(name: str) -> float | None:
+            values = [getattr(d, name) for d in done]
+            return None if any(v is None or math.isnan(v) for v in values) else sum(values)
 
-        kvs = [v for sc in done if (v := sc.mean(KV_USAGE)) is not None and not math.isnan(v)]
-        reading = _Reading(sent, got, total(RUNNING), total(WAITING), total(REQUESTS), max(kvs) if kvs else None,
-                           total(PREEMPTIONS), self._flight.peak(sent - GUARD_SLACK, got))
+        kvs = [d.kv_usage for d in done if d.kv_usage is not None and not math.isnan(d.kv_usage)]
+        reading = _Reading(sent, got, total("running"), total("waiting"), total("requests"), max(kvs) if kvs else None,
+                           total("preemptions"), self._flight.peak(sent - GUARD_SLACK, got))
         self._take(reading)
         return reading
 

@@ -49,6 +49,9 @@ class EngineConfig:
     # run. The twin settles the race one way, so that two tools measuring it
     # see the same server. A lone request is not delayed by it.
     join_window: float = 0.005
+    # The KV cache's size in tokens where the engine fixes it itself (llama.cpp's -c, SGLang's
+    # --max-total-tokens); None: what gpu_memory_utilization leaves after weights and activations.
+    kv_tokens: int | None = None
 
 
 @dataclass
@@ -227,8 +230,11 @@ class Scheduler:
         self.metrics = metrics or _NullMetrics()
         self.clock = clock
         block_bytes = BLOCK * perf.kv_bytes_per_token
-        budget = perf.kv_budget_bytes(config.gpu_memory_utilization, config.max_num_batched_tokens)
-        self.num_blocks = max(0, int(budget // block_bytes))
+        if config.kv_tokens is not None:
+            self.num_blocks = ceil_div(config.kv_tokens, BLOCK)
+        else:
+            budget = perf.kv_budget_bytes(config.gpu_memory_utilization, config.max_num_batched_tokens)
+            self.num_blocks = max(0, int(budget // block_bytes))
         self.seq_blocks = ceil_div(int(perf.seq_state_bytes), int(block_bytes)) if perf.seq_state_bytes else 0
         self.pool = BlockPool(self.num_blocks)
         self.waiting: collections.deque[Sequence] = collections.deque()

@@ -23,8 +23,9 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from sparktop.layouts import Layout, from_label
-from sparktop.observe import hostparse
+from sparktop.layouts import from_label
+from sparktop.observe import engines, hostparse
+from sparktop.observe.argv import flag_value
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
@@ -50,15 +51,16 @@ _SCRIPT_DOCKER = (
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
 )
-# vLLM API servers outside Docker, in one pass over the process table: one
-# grep finds the candidates (an argument named `vllm`, vLLM's API server
-# module or `sparktop`; `vll[m]` so grep does not find itself), then one
+# Engine API servers outside Docker, in one pass over the process table: one
+# grep finds the candidates (an argument naming an engine's server, each
+# engine module's `process_arg`, or `sparktop`; `vll[m]` and the like so grep
+# does not find itself), then one
 # grep|tr prints their argv, shell builtins their cgroups, one `ls` their
 # sockets and one `ss` the listening ones (the kernel answers a LISTEN-only
 # query without walking its connection table, which reading /proc/net/tcp
 # does). Nothing runs past the first grep when no candidate is found, nor when
 # the candidates are the processes the previous read found (`unchanged`).
-SERVER_ARG = r"(^|/)vll[m]$|^vll[m]\.entrypoints\.(openai\.api_server|cli\.main)$|(^|/)sparkto[p]$"
+SERVER_ARG = engines.process_pattern() + r"|(^|/)sparkto[p]$"
 _SERVERS_READ = (
     'echo candidates $c; grep -azH \'\' $c | tr \'\\0\' \'\\n\'; f=; '
     'for p in $c; do d=${p%/cmdline}; f="$f $d/fd"; '
@@ -237,7 +239,7 @@ class HostProbe:
 
 # -- vLLM servers on this machine -------------------------------------------------
 
-_SERVER_ARG = re.compile(SERVER_ARG.replace("[m]", "m").replace("[p]", "p"))
+_SPARKTOP_ARG = re.compile(r"(^|/)sparktop$")
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR, _NLMSG_DONE = 4, 20, 2, 3
 _TCP_LISTEN = 10
 
@@ -262,10 +264,10 @@ def read_servers_here(proc: str = "/proc") -> str:
             continue
         finally:
             os.close(fd)
-        if b"vllm" not in raw and b"sparktop" not in raw:
+        if b"sparktop" not in raw and not any(needle in raw for needle in engines.PROCESS_BYTES):
             continue
         args = raw.decode(errors="replace").removesuffix("\0").split("\0")
-        if not any(_SERVER_ARG.search(a) for a in args):
+        if not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a) for a in args):
             continue
         base = f"{proc}/{pid}"
         out += [f"{base}/cmdline:{a}" for a in args]
@@ -346,14 +348,16 @@ def _sock_diag_listening() -> list[tuple[str, int, int]]:
 
 @dataclass
 class ProcessEngine:
-    """The API endpoint of a vLLM server running as a plain process."""
+    """The API endpoint of an engine's server running as a plain process."""
 
     url: str
     port: int
     host: str | None  # the address it was told to bind, when it named one
     found: str  # "process 4242 (vllm serve, port 8000)"
+    kind: str = "vllm"  # the engine it is (`observe.engines`), to be confirmed by what it answers
     topology: str | None = None
     model: str | None = None
+    argv: list[str] | None = None
 
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -372,6 +376,12 @@ def _same_address(a: str, b: str) -> bool:
     return a == b or (a in _LOCAL_NAMES and b in _LOCAL_NAMES)
 
 
+def _engine_of(kind: str) -> type[engines.Engine]:
+    engine = engines.by_id(kind) or engines.by_id("vllm")
+    assert engine is not None
+    return engine
+
+
 def process_engine(server: ServerProcess, node_address: str, other_nodes: Collection[str] = ()) -> \
         ProcessEngine | None:
     """The endpoint a server process on this node serves, or None when it is
@@ -379,42 +389,20 @@ def process_engine(server: ServerProcess, node_address: str, other_nodes: Collec
     hosts share one process table), or to a loopback address the monitor
     reaches only from that node itself."""
     args = server.argv
-    host = _flag(args, "--host")
-    if host in (None, "", "0.0.0.0", "::", "[::]"):
-        host = None
+    engine = _engine_of(server.engine)
+    host = engine.host(args)
     if host is not None and not _same_address(host, node_address) and (host in other_nodes or _loopback(host)):
         return None
     address = node_address if host is None or _same_address(host, node_address) else host
     if ":" in address and not address.startswith("["):
         address = f"[{address}]"  # an IPv6 address in a URL
-    flag = hostparse.flag_port(args)
+    flag = engine.port(args)
     port = flag if flag in server.ports or not server.ports else server.ports[0]
     how = f"port {port}" if server.port_source == "socket" else (
-        f"port {port} from --port" if _flag(args, "--port") else f"port {port}, vLLM's default")
-    model, topology = _vllm_details(args, server.command)
+        f"port {port} from --port" if flag_value(args, "--port") else f"port {port}, {engine.name}'s default")
     return ProcessEngine(url=f"http://{address}:{port}", port=port, host=host,
-                         found=f"process {server.pid} ({server.command}, {how})", topology=topology, model=model)
-
-
-def _vllm_details(args: list[str], command: str) -> tuple[str | None, str | None]:
-    """(model, topology) from a vLLM command line."""
-    model = _flag(args, "--served-model-name") or _flag(args, "--model")
-    if model is None and command.endswith("serve"):
-        after = args[args.index("serve") + 1:] if "serve" in args else []
-        model = next((a for a in after if not a.startswith("-")), None)
-    return model, _layout_name(args)
-
-
-def _layout_name(args: list[str]) -> str:
-    """The layout a `vllm serve` command line runs: solo, cluster-mp, tp=4,ray, tp=2,pp=2 ..."""
-    def size(*names: str) -> int:
-        value = _flag(args, *names)
-        return int(value) if value and value.isdigit() and int(value) > 0 else 1
-
-    layout = Layout(tp=size("-tp", "--tensor-parallel-size"), pp=size("-pp", "--pipeline-parallel-size"),
-                    backend="ray" if _flag(args, "--distributed-executor-backend") == "ray" else "mp",
-                    ep="--enable-expert-parallel" in args and size("-tp", "--tensor-parallel-size") > 1)
-    return layout.name
+                         found=f"process {server.pid} ({server.command}, {how})", kind=engine.id,
+                         topology=engine.layout(args).name, model=engine.served_model(args), argv=list(args))
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:
@@ -444,7 +432,7 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
         if apps_rc in (0, None):
             snap.processes = hostparse.parse_compute_apps(apps_body)
     if "servers" in sections:
-        snap.servers = hostparse.parse_vllm_processes(sections["servers"][0])
+        snap.servers = hostparse.parse_server_processes(sections["servers"][0])
 
     docker_body, docker_rc, docker_missing = sections.get("docker", ("", None, True))
     if docker_missing:
@@ -474,12 +462,31 @@ class DiscoveredEngine:
     port: int
     host: str | None  # the address the engine bound, when it named one
     container: str
-    kind: str = "vllm"
+    kind: str = "vllm"  # the engine its command or image suggests; what it answers decides
     topology: str | None = None
     model: str | None = None
+    argv: list[str] | None = None
 
 
-_flag = hostparse.flag_value
+def _split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def container_argv(container: Container) -> list[str]:
+    """The command a container runs; inside `sh -c "... && exec CMD"` or
+    `bash -c '...'`, the part that starts a server."""
+    args = _split(container.command)
+    if len(args) > 2 and args[0].rsplit("/", 1)[-1] in ("sh", "bash") and args[1] in ("-c", "-lc", "-ec"):
+        for part in reversed(re.split(r"&&|;|\|\|", args[2])):
+            inner = _split(part.strip())
+            if inner and inner[0] == "exec":
+                inner = inner[1:]
+            if inner and (engines.for_command(inner) is not None or "litellm" in part):
+                return inner
+    return args
 
 
 def engines_in(container: Container, node_address: str) -> DiscoveredEngine | None:
@@ -491,33 +498,25 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
         return DiscoveredEngine(url=url, port=port, host=None, container=container.name,
                                 kind=labels.get("sparktop.kind", "vllm"),
                                 topology=from_label(labels.get("sparktop.topology")),
-                                model=labels.get("sparktop.model"))
-    try:
-        args = shlex.split(container.command)
-    except ValueError:
-        args = container.command.split()
+                                model=labels.get("sparktop.model"), argv=container_argv(container))
+    args = container_argv(container)
     if not args:
         return None
-    text = " ".join(args)
-    if "--headless" in args:
-        return None  # a TP worker: no API of its own
-    is_vllm = "serve" in args and ("vllm" in text or "vllm" in container.image)
-    is_router = "litellm" in text
-    if not (is_vllm or is_router):
-        return None
-    port = int(_flag(args, "--port") or (4000 if is_router and not is_vllm else 8000))
-    host = _flag(args, "--host")
-    if host in (None, "0.0.0.0", "::", ""):
-        host = None
+    found = engines.for_command(args)
+    if found is None:
+        # An image whose entrypoint is the server (`ollama/ollama`: "/bin/ollama serve" may be cut off).
+        by_image = engines.for_image(container.image) if container.image else None
+        if by_image is None or by_image.id == "vllm" and "serve" not in args:
+            return None
+        engine: type[engines.Engine] = by_image
+    else:
+        engine = found[0]
+    if engine.is_worker(args):
+        return None  # a worker of an engine over several nodes: no API of its own
+    port = engine.port(args)
+    host = engine.host(args)
     address = host or node_address
-    topology = None
-    model = None
-    if is_vllm:
-        model = _flag(args, "--served-model-name") or _flag(args, "--model")
-        if model is None:
-            after = args[args.index("serve") + 1:]
-            model = next((a for a in after if not a.startswith("-")), None)
-        topology = _layout_name(args)
     return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
-                            kind="router" if is_router and not is_vllm else "vllm", topology=topology,
-                            model=model)
+                            kind="router" if engine.router else engine.id,
+                            topology=None if engine.router else engine.layout(args).name,
+                            model=None if engine.router else engine.served_model(args), argv=args)

@@ -1,6 +1,6 @@
 """Pure parsers for what a node prints: /proc/meminfo, /proc/stat,
 `nvidia-smi` (CSV queries and the default table), `docker ps --format
-'{{json .}}'`, `free`, and the vLLM servers in the process list.
+'{{json .}}'`, `free`, and the engines' servers in the process list.
 
 GB10 quirks handled here: memory fields are `[N/A]`, `N/A` or "Not
 Supported"; CSV values may carry units (`96 %`) unless `nounits` was given;
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 
+from sparktop.observe import engines
+from sparktop.observe.argv import flag_value
 from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory, ServerProcess
 
 NA = {"[n/a]", "n/a", "not supported", "[not supported]", "", "[unknown error]", "[insufficient permissions]"}
@@ -185,7 +187,7 @@ def parse_docker_ps(text: str) -> list[Container]:
     return out
 
 
-# -- vLLM servers in the process list -------------------------------------------------
+# -- engine servers in the process list -------------------------------------------
 
 # A process in a container (Docker, containerd, Kubernetes, Podman): docker discovery finds it.
 _CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods|libpod")
@@ -193,48 +195,19 @@ _PROC_LINE = re.compile(r"^/proc/(\d+)/(cmdline|cgroup):(.*)$", re.S)
 _FD_HEADER = re.compile(r"^/proc/(\d+)/fd:$")
 _FD_ERROR = re.compile(r"^ls: .*'/proc/(\d+)/fd'")
 _SOCKET = re.compile(r" -> socket:\[(\d+)\]$")
-VLLM_DEFAULT_PORT = 8000
 
 
-def server_command(argv: list[str]) -> str | None:
-    """What kind of vLLM API server an argv runs, or None: `vllm serve`
-    (the console script, or `python -m vllm.entrypoints.cli.main serve`),
-    `python -m vllm.entrypoints.openai.api_server`, or sparktop's twin
-    (`sparktop twin serve`, `python -m sparktop twin serve`)."""
+def server_command(argv: list[str]) -> tuple[str, str] | None:
+    """(engine id, what its server is called) for an engine's API server
+    command line: `vllm serve`, vLLM's API server module, `sglang
+    launch_server`, `llama-server`, `trtllm-serve`, `ollama serve`, ... or
+    sparktop's twin (`sparktop twin serve`, speaking vLLM); None otherwise."""
     for i, arg in enumerate(argv):
-        base = arg.rsplit("/", 1)[-1]
-        rest = argv[i + 1:i + 3]
-        if (base == "vllm" or arg == "vllm.entrypoints.cli.main") and rest[:1] == ["serve"]:
-            return "vllm serve"
-        if arg == "vllm.entrypoints.openai.api_server":
-            return "vllm api_server"
-        if base == "sparktop" and rest == ["twin", "serve"]:
-            return "sparktop twin serve"
-    return None
-
-
-def flag_value(argv: list[str], *names: str) -> str | None:
-    """The value of the first of `names` a command line gives (`--flag V` or `--flag=V`)."""
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                return argv[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def flag_port(argv: list[str]) -> int:
-    """The port an API server was told to listen on (vLLM's default without `--port`)."""
-    for i, arg in enumerate(argv):
-        value = argv[i + 1] if arg == "--port" and i + 1 < len(argv) else (
-            arg.split("=", 1)[1] if arg.startswith("--port=") else None)
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return VLLM_DEFAULT_PORT
-    return VLLM_DEFAULT_PORT
+        if arg.rsplit("/", 1)[-1] == "sparktop" and argv[i + 1:i + 3] == ["twin", "serve"]:
+            runtime = flag_value(argv, "--runtime") or "vllm"
+            return runtime, "sparktop twin serve"
+    found = engines.for_command(argv)
+    return (found[0].id, found[1]) if found is not None else None
 
 
 def _listening(line: str) -> tuple[int, int] | None:
@@ -257,7 +230,7 @@ def _listening(line: str) -> tuple[int, int] | None:
         return None
 
 
-def parse_vllm_processes(text: str) -> list[ServerProcess]:
+def parse_server_processes(text: str) -> list[ServerProcess]:
     """The `@@servers` section: each candidate's argv (`/proc/PID/cmdline:ARG`,
     one line per argument), its cgroups (`/proc/PID/cgroup:LINE`), its open
     descriptors (`ls -lR /proc/PID/fd`, or ls's error when they cannot be
@@ -265,7 +238,8 @@ def parse_vllm_processes(text: str) -> list[ServerProcess]:
     /proc/net/tcp and tcp6). Kept: vLLM API servers outside any container
     (TP workers, `--headless`, have no API); each with the ports its sockets
     listen on, or its `--port` when its descriptors are another user's (or
-    it does not listen yet). Those whose sockets were read come first."""
+    it does not listen yet). Those whose sockets were read come first.
+    Every engine's servers, not only vLLM's (`observe.engines`)."""
     argv: dict[int, list[str]] = {}
     in_container: set[int] = set()
     sockets: dict[int, list[int]] = {}  # pid -> socket inodes, for the pids whose descriptors were read
@@ -307,14 +281,19 @@ def parse_vllm_processes(text: str) -> list[ServerProcess]:
             argv[last_arg][-1] += "\n" + line  # an argument with a newline in it
     out: list[ServerProcess] = []
     for pid, args in argv.items():
-        command = server_command(args)
-        if command is None or "--headless" in args or pid in in_container or pid in gone:
+        found = server_command(args)
+        if found is None or pid in in_container or pid in gone:
             continue
+        engine_id, command = found
+        engine = engines.by_id(engine_id) or engines.by_id("vllm")
+        assert engine is not None
+        if engine.is_worker(args):
+            continue  # a worker of an engine over several nodes: no API of its own
         ports = sorted({listening[i] for i in sockets.get(pid, []) if i in listening})
         if ports and pid not in unreadable:
-            out.append(ServerProcess(pid, args, ports, "socket", command))
+            out.append(ServerProcess(pid, args, ports, "socket", command, engine_id))
         else:
-            out.append(ServerProcess(pid, args, [flag_port(args)], "flag", command))
+            out.append(ServerProcess(pid, args, [engine.port(args)], "flag", command, engine_id))
     # Those whose sockets were read first: a launcher in front of a server (`uv run vllm serve ...`) holds
     # none, and the server's own entry, on the same address and port, is the one to name.
     return sorted(out, key=lambda s: s.port_source != "socket")

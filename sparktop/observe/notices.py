@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from sparktop.observe.prometheus import QUEUE_WAIT_S
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
-from sparktop.observe.vllm_metrics import QUEUE_WAIT_S
 
 KV_HIGH = 0.90  # KV cache usage that starts a notice ...
 KV_CLEAR = 0.85  # ... and the level it must fall under before another

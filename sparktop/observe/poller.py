@@ -14,11 +14,13 @@ to at most 3 s, so a returning node is seen within a few seconds; recovery
 needs nothing from the user.
 
 Engines are found four ways: given (`--engine URL`), discovered from the
-containers a node runs (`vllm serve` and LiteLLM commands, or sparktop's
-labels), discovered from its process list (vLLM started outside Docker, on
-the port it listens on), or candidates (the default port on each node),
+containers a node runs (any engine's server command, LiteLLM, or sparktop's
+labels), discovered from its process list (engines started outside Docker,
+on the port they listen on), or candidates (the default port on each node),
 which are shown only once they have answered. Each says how
-(`EngineSnapshot.found`).
+(`EngineSnapshot.found`); what it is, it says by what it answers
+(`observe.engines.recognise`, `EngineSnapshot.recognised`). An address
+that answers as no engine is shown as such, with why (`unrecognised`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable
+from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
@@ -59,9 +61,10 @@ class EngineTarget:
     origin: str = "given"  # given | discovered | candidate
     container: str | None = None
     topology: str | None = None
-    kind: str | None = None
+    kind: str | None = None  # the engine (or `router`) its container or process suggests; what answers decides
     model: str | None = None  # as launched, until the engine says
     process: str | None = None  # discovered in the process list: "process 4242 (vllm serve, port 8000)"
+    argv: list[str] | None = None  # its server's command line, where it was read
 
     @property
     def found(self) -> str:
@@ -231,11 +234,13 @@ class Poller:
             existing = self._engines[key]
             # A candidate that turns out to be a known container gains its details.
             if target.origin != "candidate":
-                for attr in ("container", "topology", "kind", "model"):
+                for attr in ("container", "topology", "kind", "model", "argv"):
                     if getattr(target, attr):
                         setattr(existing.target, attr, getattr(target, attr))
                 if existing.target.origin == "candidate":
                     existing.target.origin = target.origin
+                existing.probe.hint = existing.target.kind
+                existing.probe.argv = existing.target.argv
             return
         node = self._nodes.get(target.node) if target.node else None
         api_key = self.api_key
@@ -243,8 +248,8 @@ class Poller:
             api_key = self.router_key(key)
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
-                            timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key,
-                            kind=target.kind or "vllm")
+                            timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
+                            argv=target.argv)
         worker = _EngineWorker(target, probe)
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")
@@ -339,7 +344,7 @@ class Poller:
             if container.state == "running":
                 self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered",
                                               container=found.container, topology=found.topology, kind=found.kind,
-                                              model=found.model))
+                                              model=found.model, argv=found.argv))
                 self._engines[key].exited = None
             elif key in self._engines and self._engines[key].target.container == container.name:
                 # A crashed engine stays on screen, with why, until its container is removed.
@@ -352,7 +357,7 @@ class Poller:
                 self._remove_engine(key)
 
     def _discover_processes(self, w: _NodeWorker, snap: NodeSnapshot, seen: set[str]) -> None:
-        """vLLM started outside Docker, from the node's process list."""
+        """Engines started outside Docker, from the node's process list."""
         others = {n.target.address for n in self._nodes.values() if n is not w}
         for server in snap.servers:
             found = process_engine(server, w.target.address, others)
@@ -365,8 +370,9 @@ class Poller:
                 # it is gone, and a process still serving its URL is found on the next poll.
                 continue
             seen.add(key)
-            self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered", kind="vllm",
-                                          topology=found.topology, model=found.model, process=found.found))
+            self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered", kind=found.kind,
+                                          topology=found.topology, model=found.model, process=found.found,
+                                          argv=found.argv))
             target = self._engines[key].target
             if target.origin == "discovered":  # a candidate it answered as, or a restart on the same port
                 target.process = found.found
@@ -380,6 +386,11 @@ class Poller:
                 snap = await w.probe.poll()
             except asyncio.CancelledError:
                 raise
+            except NotAnEngine as exc:
+                # It answers, as nothing sparktop knows: said once per poll, asked again now and then.
+                w.health.ok()
+                self._not_an_engine(w, exc.reason)
+                delay = self._interval
             except EngineUnreachable as exc:
                 definite = "refused" in exc.reason
                 w.health.fail(exc.reason, definite)
@@ -406,13 +417,23 @@ class Poller:
                 snap.container = w.target.container
                 snap.topology = w.target.topology
                 snap.found = w.target.found
-                if w.target.kind == "router":
-                    snap.kind = "router"
+                snap.model = snap.model or w.target.model
                 w.last = snap
                 w.shown_state = "ready"
                 self._put_engine(snap)
                 delay = self._interval
             await self._sleep_until(started + delay)
+
+    def _not_an_engine(self, w: _EngineWorker, reason: str) -> None:
+        if not self._visible(w):
+            return  # a candidate port where something else listens: not shown
+        snap = EngineSnapshot(key=w.probe.url, url=w.probe.url, t=time.time(), state="unrecognised", reason=reason,
+                              node=w.target.node, container=w.target.container, topology=w.target.topology,
+                              kind=w.target.kind or "openai", model=w.target.model)
+        snap.found = w.target.found
+        w.last = snap
+        w.shown_state = "unrecognised"
+        self._put_engine(snap)
 
     async def _engine_failed(self, w: _EngineWorker, exc: EngineUnreachable | None) -> None:
         node = self._nodes.get(w.target.node or "")

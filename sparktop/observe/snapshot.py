@@ -13,6 +13,15 @@ from typing import Any
 
 GIB = 1024**3
 
+# The engine figures the monitor shows, by the name `EngineSnapshot.not_exported` lists them under,
+# with what people call them.
+FIGURES: dict[str, str] = {
+    "kv": "KV cache", "running": "running", "waiting": "queued", "prompt_tps": "prompt t/s",
+    "gen_tps": "generation t/s", "prefix": "prefix-cache hits", "preemptions": "preemptions",
+    "finished": "finished requests", "ttft": "TTFT", "itl": "ITL", "queue": "queue time", "e2e": "e2e latency",
+    "spec": "speculative decoding",
+}
+
 
 @dataclass
 class Memory:
@@ -83,7 +92,9 @@ class ServerProcess:
     # socket: read from its open sockets | flag: its --port (vLLM's 8000 without one), because its
     # sockets could not be read (another user's process) or it does not listen yet
     port_source: str = "socket"
-    command: str = "vllm serve"  # vllm serve | vllm api_server | sparktop twin serve
+    # vllm serve | vllm api_server | sparktop twin serve | sglang launch_server | llama-server | trtllm-serve | ...
+    command: str = "vllm serve"
+    engine: str = "vllm"  # the engine module that knows it (`observe/engines/`): vllm | sglang | llama.cpp | ...
 
 
 @dataclass
@@ -118,7 +129,13 @@ class EngineSnapshot:
     state: str = "connecting"
     reason: str | None = None
     node: str | None = None
-    kind: str = "vllm"  # vllm | router | other
+    # What answers: the engine's id (vllm | sglang | llama.cpp | trtllm | ollama | tgi | openai, the last any
+    # other OpenAI-compatible server) or `router` (LiteLLM: its tokens are its engines')
+    kind: str = "vllm"
+    engine: str | None = None  # the engine's name for people: "vLLM", "SGLang", "llama.cpp", "TensorRT-LLM", ...
+    recognised: str | None = None  # how it was recognised: "owned_by sglang in /v1/models", "Server: llama.cpp header"
+    # The figures (`FIGURES` keys) this engine does not export: shown as such, never as 0 or a blank
+    not_exported: list[str] = field(default_factory=list)
     topology: str | None = None
     container: str | None = None
     stage: str | None = None  # startup stage while starting
@@ -156,6 +173,9 @@ class EngineSnapshot:
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" (last 30 s), "p95_1m" (last minute)}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
     queue_slow: float | None = None  # requests in the last 30 s that waited over 5 s in the queue
+    spec_acceptance: float | None = None  # speculative decoding: drafted tokens accepted, 0..1, last 30 s
+    spec_accept_len: float | None = None  # ... and tokens per step of a draft accepted, mean
+    slots: int | None = None  # llama.cpp: parallel slots (its largest batch); busy ones are `running`
     poll_ms: float | None = None
     error: str | None = None  # failed: the first error line of its death, from the container's log
     # how it was found: "given (--engine)", "container vllm-solo", "process 4242 (vllm serve, port 8000)",
@@ -165,6 +185,15 @@ class EngineSnapshot:
     @property
     def label(self) -> str:
         return self.model or self.url
+
+    def exports(self, figure: str) -> bool:
+        """Whether this engine exports a figure (`FIGURES`); unknown until it has been read."""
+        return figure not in self.not_exported
+
+    def not_exported_text(self, *figures: str) -> str:
+        """"TTFT, ITL: not exported by llama.cpp" for the given figures it lacks (all of them by default)."""
+        names = [FIGURES[f] for f in (figures or tuple(FIGURES)) if f in self.not_exported]
+        return f"{', '.join(names)}: not exported by {self.engine or self.kind}" if names else ""
 
     @property
     def mem_bw(self) -> float | None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from sparktop.layouts import layout_of
+from sparktop.observe import engines
+from sparktop.observe.argv import flag_value as _flag
 from sparktop.observe.energy import Energy
-from sparktop.observe.hostparse import flag_value as _flag
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
@@ -224,8 +225,9 @@ class ClusterState:
                 if target is not None:
                     claimed[name] = target
                     break
-                if "serve" in argv and "--headless" not in argv:
-                    claimed.setdefault(name, None)
+                found = engines.for_command(argv)
+                if found is not None and not found[0].is_worker(argv):
+                    claimed.setdefault(name, None)  # a head of its own
         named = sorted(name for name, target in claimed.items() if target in mine)
         if named:
             return named
@@ -387,9 +389,11 @@ def _head_addresses(e: EngineSnapshot, home: NodeSnapshot | None) -> set[str]:
 
 def _serves(argv: list[str]) -> str | None:
     """The head address a worker's command line joins: `vllm serve --headless
-    --master-addr A` or `ray start --address A:port` (not `--head`)."""
-    if "--headless" in argv:
-        return _flag(argv, "--master-addr")
+    --master-addr A`, SGLang's `--node-rank 1 --dist-init-addr A:port`, or
+    `ray start --address A:port` (not `--head`)."""
+    found = engines.for_command(argv)
+    if found is not None and found[0].is_worker(argv):
+        return found[0].head_of(argv)
     if "ray" in " ".join(argv[:3]) and "start" in argv and "--head" not in argv:
         address = _flag(argv, "--address")
         return address.rsplit(":", 1)[0] if address else None

@@ -249,7 +249,7 @@ class StudyRunner:
         return True
 
     async def _version(self, plan: Plan) -> str | None:
-        engine = next((e for e in plan.endpoints if e.kind == "vllm"), None)
+        engine = next((e for e in plan.endpoints if e.kind != "router"), None)
         if engine is None:
             return None
         try:
@@ -270,7 +270,7 @@ class StudyRunner:
             extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe.id,
             topology=t.name, nodes=list(plan.nodes), label=t.name)
         # The guard watches the engines themselves: a router has no vLLM metrics.
-        settings.guard_urls = [e.url for e in plan.endpoints if e.kind == "vllm"]
+        settings.guard_urls = [e.url for e in plan.endpoints if e.kind != "router"]
         executor = self._executor
         assert executor is not None, "the sweep follows a launch"
         key = executor.api_key(api.api_key_env) if api.api_key_env else None

@@ -45,6 +45,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from sparktop.twin.dialects.base import TwinMetrics
+
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -96,7 +98,7 @@ def buckets_1_2_5(maximum: int) -> list[int]:
         exponent += 1
 
 
-class VllmMetrics:
+class VllmMetrics(TwinMetrics):
     """Engine metrics as vLLM exports them; also the engine's MetricsSink."""
 
     def __init__(self, model_name: str, max_model_len: int, engine: str = "0"):

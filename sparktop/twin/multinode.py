@@ -21,10 +21,10 @@ from sparktop.twin.startup import StartupError, StartupPlan
 
 if TYPE_CHECKING:
     from sparktop.twin.args import ServeArgs
+    from sparktop.twin.dialects.base import TwinLog
     from sparktop.twin.engine import Engine
     from sparktop.twin.host import TwinHost
     from sparktop.twin.ray import RayDriver
-    from sparktop.twin.vlog import VllmLog
 
 HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
 
@@ -42,7 +42,7 @@ class MultiNode:
 
     # The server's state this mixin works on (TwinServer.__init__ sets it).
     args: ServeArgs
-    log: VllmLog
+    log: TwinLog
     host: TwinHost | None
     engine: Engine | None
     startup_speed: float

@@ -31,22 +31,23 @@ import secrets
 import time
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from aiohttp import web
 
 from sparktop import __version__
 from sparktop.model.cards import GIB
+from sparktop.twin.dialects.base import TWIN
 from sparktop.twin.engine import BLOCK, PAUSE_MODES, FinishEvent, Sequence, TokenEvent
 from sparktop.twin.text import OutputText, Tokenizer, chat_prompt_ids, natural_lengths
 
 if TYPE_CHECKING:
     from sparktop.model.cards import ModelCard
     from sparktop.twin.args import ServeArgs
+    from sparktop.twin.dialects.base import Dialect, TwinLog, TwinMetrics
     from sparktop.twin.engine import Engine
-    from sparktop.twin.metrics import VllmMetrics
+    from sparktop.twin.server import TwinServer
     from sparktop.twin.startup import StartupPlan
-    from sparktop.twin.vlog import VllmLog
 
 VLLM_VERSION = "0.32.0"
 TWIN_HEADER = "X-Sparktop-Twin"
@@ -101,10 +102,11 @@ class OpenAIRoutes:
     # engine, metrics and plan exist once start-up reaches the API server).
     args: ServeArgs
     card: ModelCard
-    log: VllmLog
+    dialect: Dialect
+    log: TwinLog
     tokenizer: Tokenizer
     engine: Engine | None
-    metrics: VllmMetrics | None
+    metrics: TwinMetrics | None
     plan: StartupPlan | None
     speed: float
     failure: str | None
@@ -112,14 +114,15 @@ class OpenAIRoutes:
     _created: int
     _sleep_level: int = 0  # the level of the last /sleep, until a full wake-up
 
+    @property
+    def _twin(self) -> TwinServer:
+        return cast("TwinServer", self)  # the mixin is only ever part of a TwinServer
+
     def _application(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app[TWIN] = self
         app.on_response_prepare.append(self._mark_twin)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/ping", self.health)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/load", self.load)
-        app.router.add_get("/metrics", self.metrics_route)
+        self.dialect.routes(app, self._twin)  # its own: health, metrics, version, info routes
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
@@ -131,11 +134,12 @@ class OpenAIRoutes:
 
     @property
     def sleep_routes(self) -> bool:
-        return self.args.enable_sleep_mode and dev_mode()
+        return self.args.enable_sleep_mode and dev_mode() and self.dialect.id == "vllm"
 
-    @staticmethod
-    async def _mark_twin(request: web.Request, response: web.StreamResponse) -> None:
+    async def _mark_twin(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[TWIN_HEADER] = __version__
+        if self.dialect.server_header:
+            response.headers["Server"] = self.dialect.server_header
 
     def _authorized(self, request: web.Request) -> bool:
         key = self.args.api_key
@@ -144,13 +148,14 @@ class OpenAIRoutes:
         return request.headers.get("Authorization", "") == f"Bearer {key}"
 
     def _access(self, request: web.Request, status: int) -> None:
-        peer = request.remote or "-"
-        self.log.raw(f'INFO:     {peer} - "{request.method} {request.path} HTTP/1.1" {status} '
-                     f'{"OK" if status == 200 else ""}'.rstrip())
+        self.dialect.access(self._twin, request, status)
 
     @property
-    def system_fingerprint(self) -> str:
-        """vLLM's `full` fingerprint: version, parallelism, 8 hex of the config's hash."""
+    def system_fingerprint(self) -> str | None:
+        """vLLM's `full` fingerprint: version, parallelism, 8 hex of the config's hash (other engines'
+        as their dialect says, or none)."""
+        if self.dialect.id != "vllm":
+            return self.dialect.fingerprint(self._twin)
         assert self.plan is not None, "the API server starts after the plan"
         args = self.args
         config = (args.model, args.name, args.tensor_parallel_size, self.plan.max_model_len, args.kv_cache_dtype,
@@ -164,42 +169,11 @@ class OpenAIRoutes:
 
     # -- small routes -------------------------------------------------------------
 
-    async def health(self, request: web.Request) -> web.Response:
-        if self.failure:
-            return web.Response(status=503)
-        return web.Response(status=200)
-
-    async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": VLLM_VERSION})
-
-    async def load(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        assert engine is not None, "the API server starts after the engine"
-        return web.json_response({"server_load": len(engine.running) + len(engine.waiting)})
-
-    async def metrics_route(self, request: web.Request) -> web.Response:
-        engine, metrics = self.engine, self.metrics
-        assert engine is not None and metrics is not None, "the API server starts after the engine"
-        metrics.set_idle(len(engine.running), len(engine.waiting), engine.kv_usage)
-        return web.Response(body=metrics.render(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized"}, status=401)
         self._access(request, 200)
-        assert self.plan is not None, "the API server starts after the plan"
-        permission = {
-            "id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission", "created": int(time.time()),
-            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
-            "group": None, "is_blocking": False,
-        }
-        return web.json_response({"object": "list", "data": [{
-            "id": self.args.name, "object": "model", "created": self._created, "owned_by": "vllm",
-            "root": self.args.model, "parent": None, "max_model_len": self.plan.max_model_len,
-            "permission": [permission],
-        }]})
+        return web.json_response(self.dialect.models_body(self._twin))
 
     # -- sleep mode (vLLM's development routes) -------------------------------------
 
@@ -312,13 +286,7 @@ class OpenAIRoutes:
                 return _invalid(f"max_tokens={requested} cannot be greater than max_model_len={max_len}. "
                                 "Please request fewer output tokens.", "max_tokens", requested)
         if prompt_len > max_len:
-            # A text prompt is tokenized with truncation at max_model_len + 1,
-            # so vLLM knows only that it has at least that many tokens.
-            count = min(prompt_len, max_len + 1) if from_text else prompt_len
-            qualifier = "at least " if count == max_len + 1 else ""
-            return _invalid(f"This model's maximum context length is {max_len} tokens. However, your prompt "
-                            f"contains {qualifier}{count} input tokens, which exceeds this limit even without any "
-                            "output tokens. Please reduce the length of the input prompt.", "input_tokens", count)
+            return self.dialect.too_long(self._twin, prompt_len, max_len, from_text)
         room = max_len - prompt_len
         if room < 1:
             return _invalid(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
@@ -356,8 +324,9 @@ class OpenAIRoutes:
                                "extract fields from", body)
         model = body.get("model")
         if model not in (None, self.args.name):
-            return _error(404, f"The model `{model}` does not exist. Valid aliases: {self.args.name}.",
-                          "NotFoundError", "model")
+            refused = self.dialect.unknown_model(self._twin, str(model))
+            if refused is not None:
+                return refused
         failure = self.failure or engine.failed
         if failure:
             return _error(500, failure, "InternalServerError")
@@ -435,7 +404,7 @@ class OpenAIRoutes:
     def _usage(self, seq: Sequence, req: _Request, completion: int, final: bool) -> dict:
         """A usage object as each place in vLLM builds it."""
         usage: dict[str, object] = {"prompt_tokens": seq.prompt_len, "total_tokens": seq.prompt_len + completion,
-                                    "completion_tokens": completion}
+                                    "completion_tokens": completion, **self.dialect.usage_extra(self._twin)}
         if not req.stream:
             usage["prompt_tokens_details"] = self._prompt_details(seq, req.chat, False)
             usage["completion_tokens_details"] = None
@@ -482,6 +451,7 @@ class OpenAIRoutes:
         extra: dict[str, object] = {}
         if choice["finish_reason"] is not None and not req.include_usage:
             extra["system_fingerprint"] = self.system_fingerprint
+            extra.update(self.dialect.final_chunk_extra(self._twin, seq, completion))
         if req.continuous:
             extra["usage"] = self._usage(seq, req, completion, final=False)
         return self._chunk(seq, req, [choice], **extra)
@@ -523,7 +493,8 @@ class OpenAIRoutes:
             parts.append(self._token_chunk(seq, req, choice, event.completion_tokens))
         if req.include_usage:
             parts.append(self._chunk(seq, req, [], usage=self._usage(seq, req, event.completion_tokens, final=True),
-                                     system_fingerprint=self.system_fingerprint))
+                                     system_fingerprint=self.system_fingerprint,
+                                     **self.dialect.final_chunk_extra(self._twin, seq, event.completion_tokens)))
         parts.append(b"data: [DONE]\n\n")
         return b"".join(parts)
 

@@ -24,15 +24,15 @@ from aiohttp import web
 
 from sparktop.model.cards import GIB, UnknownModel, find_card
 from sparktop.twin.args import ServeArgs, parse_serve_args
+from sparktop.twin.dialects import dialect_for
+from sparktop.twin.dialects.base import Dialect, TwinMetrics
 from sparktop.twin.engine import BLOCK, Engine, EngineConfig
 from sparktop.twin.host import TwinHost
-from sparktop.twin.metrics import VllmMetrics
 from sparktop.twin.multinode import HEAD_WAIT_SECONDS, MultiNode
 from sparktop.twin.openai_api import VLLM_VERSION, OpenAIRoutes
 from sparktop.twin.rendezvous import HeadRendezvous
 from sparktop.twin.startup import StartupError, StartupPlan, fitted_constants, plan_startup
 from sparktop.twin.text import load_tokenizer
-from sparktop.twin.vlog import VllmLog
 
 # node.py, cli.py and tests import these from here, though most are defined next door.
 __all__ = ["HEAD_WAIT_SECONDS", "VLLM_VERSION", "StartupError", "StartupPlan", "TwinServer", "fitted_constants",
@@ -44,10 +44,12 @@ class TwinServer(MultiNode, OpenAIRoutes):
     """One vLLM stand-in. `await start()` runs startup and begins serving;
     `await stop()` shuts down. `run()` does both and waits for a signal."""
 
-    def __init__(self, args: ServeArgs, log: TextIO | None = None, host: TwinHost | None = None):
+    def __init__(self, args: ServeArgs, log: TextIO | None = None, host: TwinHost | None = None,
+                 dialect: Dialect | None = None):
         self.args = args
+        self.dialect = dialect or dialect_for("vllm")  # whose words it speaks
         self.card = find_card(args.model)
-        self.log = VllmLog(log)
+        self.log = self.dialect.logger(log)
         self.host = host if host is not None else (TwinHost(args.twin_home) if args.twin_home else TwinHost.from_env())
         # A simulated host may set its own pace (the lab speeds startup up);
         # flags given on the command line win.
@@ -55,7 +57,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self.speed = args.speed if "speed" in args.given else float(config.get("speed", args.speed) or 1.0)
         self.startup_speed = args.startup_speed or float(config.get("startup_speed", 0) or 0) or self.speed
         self.engine: Engine | None = None
-        self.metrics: VllmMetrics | None = None
+        self.metrics: TwinMetrics | None = None
         self.plan: StartupPlan | None = None
         self.tokenizer = load_tokenizer(args.tokenizer, self.card.vocab_size)
         self.stage = "init"
@@ -106,47 +108,35 @@ class TwinServer(MultiNode, OpenAIRoutes):
     # -- startup ---------------------------------------------------------------
 
     async def start(self) -> None:
-        args, card, log = self.args, self.card, self.log
-        log.banner(VLLM_VERSION, args.model)
-        shown = {"model_tag": args.model, **{k: v for k, v in args.given.items() if k != "api_key"}}
-        if args.extra:
-            shown["extra"] = " ".join(args.extra)
-        log.info("utils.py:233", f"non-default args: {shown}")
+        args, card, say = self.args, self.card, self.dialect
+        say.begin(self)
         if args.headless:
             await self._run_headless()
             return
         self._bind()
-        log.info("model.py:555", f"Resolved architecture: {card.architecture} ({card.name})")
         other = self.host.used_mib(exclude_pid=os.getpid()) if self.host else 0
         self.plan = plan = plan_startup(card, args, other)
-        log.info("model.py:1680", f"Using max model len {plan.max_model_len}")
-        log.info("scheduler.py:239",
-                 f"Chunked prefill is enabled with max_num_batched_tokens={plan.max_num_batched_tokens}.")
+        say.planned(self, plan)
         if args.world_size > 1:
             await self._start_distributed(plan)
-        else:
-            log.engine("parallel_state.py:1402", "world_size=1 rank=0 local_rank=0 backend=nccl")
         used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024)
         weights_gib = plan.perf.weights_bytes_per_node / GIB
         if self.host:
-            self.host.register(os.getpid(), "VLLM::EngineCore", int(weights_gib * 1024),
+            self.host.register(os.getpid(), say.process_name, int(weights_gib * 1024),
                                cache_mib=int(weights_gib * 1024))
             self._registered = True
         stages = dict(plan.perf.startup_stages(args.load_format))
-        log.engine("gpu_model_runner.py:4777", f"Starting to load model {args.model}...")
+        say.loading(self)
         self.stage = "loading weights"
         await self._sleep(stages["loading weights"])
-        log.engine("default_loader.py:384", f"Loading weights took {stages['loading weights']:.2f} seconds")
-        log.engine("gpu_model_runner.py:4879",
-                   f"Model loading took {weights_gib:.2f} GiB memory and "
-                   f"{stages['init'] + stages['loading weights']:.6f} seconds")
+        say.loaded(self, weights_gib, stages["loading weights"], stages["init"] + stages["loading weights"])
         self.stage = "memory profiling"
         if "torch.compile" in stages:
             await self._sleep(stages["torch.compile"])
-            log.engine("monitor.py:53", f"torch.compile took {stages['torch.compile']:.2f} s in total")
+            say.compiled(self, stages["torch.compile"])
         await self._sleep(stages["memory profiling"])
-        log.engine("gpu_worker.py:440", f"Available KV cache memory: {plan.kv_budget_gib:.2f} GiB")
-        self.metrics = metrics = VllmMetrics(args.name, plan.max_model_len)
+        say.profiled(self, plan)
+        self.metrics = metrics = say.metrics(self, plan)
         # vLLM estimates each step's FLOPs and bytes only with --enable-mfu-metrics.
         traffic = (lambda t: metrics.on_traffic(t.flops, t.read_bytes, t.write_bytes)) \
             if args.enable_mfu_metrics else None
@@ -154,26 +144,25 @@ class TwinServer(MultiNode, OpenAIRoutes):
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
             max_model_len=plan.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=args.enable_prefix_caching, speed=self.speed,
+            kv_tokens=say.kv_tokens(self, plan),
         ), metrics, traffic=traffic)
         metrics.log_cache_config(self._cache_config(plan, self.engine))
-        log.engine("kv_cache_utils.py:1711", f"GPU KV cache size: {self.engine.kv_capacity_tokens:,} tokens")
-        log.engine("kv_cache_utils.py:1716", f"Maximum concurrency for {plan.max_model_len:,} tokens per "
-                                             f"request: {self.engine.max_concurrency(plan.max_model_len):.2f}x")
+        say.kv_sized(self, self.engine.kv_capacity_tokens, plan.max_model_len,
+                     self.engine.max_concurrency(plan.max_model_len))
         if self.host:
-            self.host.register(os.getpid(), "VLLM::EngineCore", used_mib, cache_mib=int(weights_gib * 1024))
+            self.host.register(os.getpid(), say.process_name, used_mib, cache_mib=int(weights_gib * 1024))
         if "graph capture" in stages:
             self.stage = "graph capture"
-            log.engine("gpu_model_runner.py:6042", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)")
+            say.capturing(self)
             await self._sleep(stages["graph capture"])
-            log.engine("gpu_model_runner.py:6133",
-                       f"Graph capturing finished in {stages['graph capture']:.0f} secs, took 0.66 GiB")
         total_init = stages["memory profiling"] + stages.get("torch.compile", 0) + stages.get("graph capture", 0)
-        log.engine("core.py:299", f"init engine (profile, create kv cache, warmup model) took {total_init:.2f} seconds")
+        say.captured(self, stages.get("graph capture", 0.0), total_init)
         self.stage = "api server"
         await self._sleep(stages["api server"])
         self.engine.start()
         await self._serve_http()
         self.stage = "ready"
+        say.ready(self)
         self._tasks.append(asyncio.create_task(self._heartbeat()))
         self._tasks.append(asyncio.create_task(self._stats_log()))
         self.ready.set()
@@ -196,18 +185,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         assert self.sock is not None, "start() binds the port before the API server starts"
         site = web.SockSite(self._runner, self.sock)
         await site.start()
-        self.log.info("api_server.py:602", f"Starting vLLM API server 0 on http://{self.args.host}:{self.port}")
-        routes = ["/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions"]
-        if self.sleep_routes:
-            self.log.warning("__init__.py:43", "SECURITY WARNING: Development endpoints are enabled! "
-                                               "This should NOT be used in production!")
-            routes += ["/sleep", "/wake_up", "/is_sleeping"]
-        for route in routes:
-            post = "completions" in route or route in ("/sleep", "/wake_up")
-            self.log.info("launcher.py:46", f"Route: {route}, Methods: {'POST' if post else 'GET'}")
-        self.log.raw(f"INFO:     Started server process [{os.getpid()}]")
-        self.log.raw("INFO:     Waiting for application startup.")
-        self.log.raw("INFO:     Application startup complete.")
+        self.dialect.serving(self)
 
     async def _heartbeat(self) -> None:
         """Publish GPU utilisation for nvidia-smi (here and on TP peers)."""
@@ -222,7 +200,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
             await asyncio.sleep(0.5)
 
     async def _stats_log(self) -> None:
-        """vLLM's periodic 'Engine 000: Avg prompt throughput ...' line."""
+        """The engine's periodic throughput line (vLLM's 'Engine 000: Avg prompt throughput ...')."""
         engine = self.engine
         assert engine is not None, "the stats log starts once the engine has"
         last = (time.monotonic(), engine.total_prompt_tokens, engine.total_generation_tokens)
@@ -233,11 +211,8 @@ class TwinServer(MultiNode, OpenAIRoutes):
             if now[1] == last[1] and now[2] == last[2] and not engine.running and not engine.waiting:
                 last = now
                 continue
-            self.log.info("loggers.py:271", (
-                f"Engine 000: Avg prompt throughput: {(now[1] - last[1]) / dt:.1f} tokens/s, "
-                f"Avg generation throughput: {(now[2] - last[2]) / dt:.1f} tokens/s, "
-                f"Running: {len(engine.running)} reqs, Waiting: {len(engine.waiting)} reqs, "
-                f"GPU KV cache usage: {engine.kv_usage * 100:.1f}%, Prefix cache hit rate: 0.0%"))
+            self.dialect.stats(self, (now[1] - last[1]) / dt, (now[2] - last[2]) / dt, len(engine.running),
+                               len(engine.waiting), engine.kv_usage)
             last = now
 
     # -- shutdown --------------------------------------------------------------
@@ -292,14 +267,13 @@ class TwinServer(MultiNode, OpenAIRoutes):
             failed = asyncio.create_task(self.failed.wait())
             await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
             if self.failed.is_set():
-                self.log.error("core.py:1000", f"EngineCore failed: {self.failure}")
+                self.dialect.died(self, self.failure or "")
                 code = 1
             failed.cancel()
             stopper.cancel()
-            self.log.info("launcher.py:110", "Shutting down FastAPI HTTP server.")
+            self.dialect.stopping(self)
         except StartupError as exc:
-            self.log.error("core.py:866", "EngineCore failed to start.")
-            self.log.raw(str(exc))
+            self.dialect.start_failed(self, str(exc))
             code = 1
         except OSError as exc:
             self.log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}")
@@ -309,10 +283,12 @@ class TwinServer(MultiNode, OpenAIRoutes):
         return code
 
 
-def serve_main(argv: list[str], prog: str = "vllm serve") -> int:
-    args = parse_serve_args(argv, prog=prog)
+def serve_main(argv: list[str], prog: str = "vllm serve", engine: str = "vllm") -> int:
+    """A twin server from its engine's command line (`vllm serve ...`, `llama-server ...`)."""
+    dialect = dialect_for(engine)
+    args = parse_serve_args(argv, prog=prog) if engine == "vllm" else dialect.parse(argv)
     try:
-        server = TwinServer(args)
+        server = TwinServer(args, dialect=dialect)
     except UnknownModel as exc:
         print(f"ValueError: {exc}", file=sys.stderr)
         return 1

@@ -6,41 +6,16 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from typing import TextIO
+
+from sparktop.twin.dialects.base import TwinLog
 
 
-class VllmLog:
-    def __init__(self, stream: TextIO | None = None, process: str = "APIServer"):
-        self.stream = stream or sys.stdout
-        self.process = process
-        self.pid = os.getpid()
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass  # a closed log must not take the server down
-
+class VllmLog(TwinLog):
     def line(self, level: str, where: str, message: str, process: str | None = None) -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
         proc = process or self.process
         self._write(f"({proc} pid={self.pid}) {level} {stamp} [{where}] {message}")
-
-    def info(self, where: str, message: str, process: str | None = None) -> None:
-        self.line("INFO", where, message, process)
-
-    def warning(self, where: str, message: str, process: str | None = None) -> None:
-        self.line("WARNING", where, message, process)
-
-    def error(self, where: str, message: str, process: str | None = None) -> None:
-        self.line("ERROR", where, message, process)
-
-    def engine(self, where: str, message: str) -> None:
-        self.info(where, message, "EngineCore")
 
     def raw(self, message: str, process: str | None = None) -> None:
         self._write(f"({process or self.process} pid={self.pid}) {message}")

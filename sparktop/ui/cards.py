@@ -20,6 +20,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from sparktop.observe.energy import Energy
+from sparktop.observe.engines import name_of
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import History
 from sparktop.ui import render as r
@@ -414,8 +415,49 @@ def engine_facts(snap: EngineSnapshot) -> list[Text]:
     return facts
 
 
+# The figures a card shows, in the order its "not exported by" line names the missing ones (KV has its own line).
+SHOWN_FIGURES = ("running", "waiting", "gen_tps", "prompt_tps", "ttft", "itl", "queue", "e2e", "preemptions")
+
+
+def engine_word(snap: EngineSnapshot) -> str:
+    """"SGLang 0.5.23", "llama.cpp b11434", "router": what answers, as the card's head says it."""
+    if snap.kind == "router":
+        return "router"
+    name = snap.engine or (name_of(snap.kind) if snap.kind else "")  # a recording made before engines had names
+    version = snap.version or ""
+    if version and len(version) > 16:
+        version = version[:15] + "…"
+    return f"{name} {version}".strip()
+
+
+def spec_text(snap: EngineSnapshot) -> str:
+    """Speculative decoding: "72% acc, 2.9 tok/step"."""
+    parts = []
+    if snap.spec_acceptance is not None:
+        parts.append(f"{snap.spec_acceptance:.0%} acc")
+    if snap.spec_accept_len is not None:
+        parts.append(f"{snap.spec_accept_len:.1f} tok/step")
+    return ", ".join(parts)
+
+
 class EngineCard(Card):
     kind = "engine"
+
+    def _router_lines(self, snap: EngineSnapshot, width: int, notice: Notice | None) -> list[Text]:
+        """A router holds no KV cache and its tokens are its engines' (their cards count them)."""
+        from sparktop.layouts import layout_of
+
+        layout = layout_of(snap.topology)
+        lines = [Text(f"routes to {layout.replicas} engines" if layout and layout.replicas > 1 else
+                      "routes requests to its engines", style="cyan"),
+                 Text("its figures are its engines'"[:width], style="dim")]
+        if snap.state != "ready" and snap.reason:
+            lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
+                              else "yellow"))
+        latest = notice_line(notice, width)
+        if latest is not None:
+            lines.append(latest)
+        return lines
 
     def show(self, snap: EngineSnapshot, history: History | None, notice: Notice | None = None,
              energy: Energy | None = None, nodes: list[str] | None = None) -> None:
@@ -447,8 +489,9 @@ class EngineCard(Card):
             # An engine over several nodes names them all (the head first) where they fit.
             spread = nodes if nodes and len(nodes) > 1 else [snap.node]
             head.append(f"  on {r.nodes_named(spread, width - head.cell_len - 5)}", style="dim")
-        if snap.kind == "router":
-            head.append("  router", style="cyan")
+        what = engine_word(snap)
+        if what and head.cell_len + 2 + len(what) <= width:
+            head.append(f"  {what}", style="cyan")
         lines.append(head)
         if snap.state == "starting":
             lines.append(Text(f"starting: {snap.stage or '…'}", style="yellow"))
@@ -460,24 +503,36 @@ class EngineCard(Card):
             # Its figures read like an idle engine's: say first that it serves nothing.
             level = f" L{snap.sleep_level}" if snap.sleep_level is not None else ""
             lines.append(Text(f"sleeping{level}: {SLEEP_SHORT.get(snap.sleep_level, '')}"[:width], style="sky_blue1"))
-        kv_label = f" {r.pct(snap.kv_usage)}"
-        line = Text("KV  ", style="bold")
+        if snap.kind == "router":
+            lines += self._router_lines(snap, width, notice)
+            return lines
         kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
-        line.append_text(r.bar(snap.kv_usage, max(4, width - 4 - len(kv_label) - 10), style=kv_style))
-        line.append(kv_label)
-        if history is not None:
-            line.append(" ")
-            line.append_text(r.spark(history.values("kv", 8), 8, top=1.0, style=kv_style))
+        if snap.exports("kv"):
+            kv_label = f" {r.pct(snap.kv_usage)}"
+            line = Text("KV  ", style="bold")
+            line.append_text(r.bar(snap.kv_usage, max(4, width - 4 - len(kv_label) - 10), style=kv_style))
+            line.append(kv_label)
+            if history is not None:
+                line.append(" ")
+                line.append_text(r.spark(history.values("kv", 8), 8, top=1.0, style=kv_style))
+        else:
+            line = Text("KV  ", style="bold") + Text(f"not exported by {snap.engine or snap.kind}"[:width - 4],
+                                                     style="dim")
         lines.append(line)
-        waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
-        wait = r.field("wait", r.num(snap.waiting), waiting_style)
-        if snap.deferred > 0:  # held back by LoRA budget or KV transfer, not by capacity
-            wait.append(f" ({snap.deferred:.0f} deferred)", style=waiting_style)
-        if history is not None:
-            queue = [a + b for a, b in zip(history.values("running", 6), history.values("waiting", 6), strict=False)]
-            wait.append(" ")
-            wait.append_text(r.spark(queue, 6, style="yellow"))
-        parts = [r.field("run", r.num(snap.running)), wait]
+        parts = []
+        if snap.exports("running"):
+            parts.append(r.field("run", r.num(snap.running)))
+        if snap.exports("waiting"):
+            waiting_style = "yellow" if (snap.waiting or 0) > 0 else ""
+            wait = r.field("wait", r.num(snap.waiting), waiting_style)
+            if snap.deferred > 0:  # held back by LoRA budget or KV transfer, not by capacity
+                wait.append(f" ({snap.deferred:.0f} deferred)", style=waiting_style)
+            if history is not None:
+                queue = [a + b for a, b in
+                         zip(history.values("running", 6), history.values("waiting", 6), strict=False)]
+                wait.append(" ")
+                wait.append_text(r.spark(queue, 6, style="yellow"))
+            parts.append(wait)
         rejected = rejected_field(snap)
         if rejected is not None:
             parts.append(rejected)
@@ -487,16 +542,21 @@ class EngineCard(Card):
                 by = snap.finished_rate_by_reason or {}
                 what = "err" if by.get("error") else "abort"
                 parts.append(r.field(what, f"{r.rate(snap.errors_rate)}/s", "bold red"))
-        parts.append(r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else ""))
+        if snap.exports("preemptions"):
+            parts.append(r.field("preempt", r.num(snap.preemptions), "red" if (snap.preemptions or 0) > 0 else ""))
         if snap.prefix_hit_rate is not None:
             parts.append(r.field("prefix", r.pct(snap.prefix_hit_rate, 0)))
-        lines += r.flow(parts, width)
-        rate_parts = [r.field("gen", f"{r.rate(snap.gen_tps)} t/s", "cyan"),
-                      r.field("prompt", f"{r.rate(snap.prompt_tps)} t/s", "cyan")]
+        if snap.spec_acceptance is not None or snap.spec_accept_len is not None:
+            parts.append(r.field("spec", spec_text(snap)))
+        if parts:
+            lines += r.flow(parts, width)
+        rate_parts = [r.field(label, f"{r.rate(value)} t/s", "cyan") for label, value, figure in
+                      (("gen", snap.gen_tps, "gen_tps"), ("prompt", snap.prompt_tps, "prompt_tps"))
+                      if snap.exports(figure)]
         per_token = joules(energy)
         if per_token:
             rate_parts.append(Text(per_token, style="green"))
-        rates = r.flow(rate_parts, width)
+        rates = r.flow(rate_parts, width) if rate_parts else [Text()]
         # After the rates: the bandwidth vLLM estimates, against the node's
         # (on a line of its own only in a card too narrow for it); then the
         # model's roofline share where there is room, never on a line of its own.
@@ -514,19 +574,27 @@ class EngineCard(Card):
         roof = f"  {share:.0%} of roofline" if share is not None else ""
         if roof and rates[-1].cell_len + len(roof) <= width:
             rates[-1].append(roof, style="dim")
-        lines += rates
-        latency_parts = [r.field("TTFT", f"{r.ms(snap.ttft_p50)}/{r.ms(snap.ttft_p95)}"),
-                         r.field("ITL", f"{r.ms(snap.itl_p50)}/{r.ms(snap.itl_p95)}")]
+        if rates[-1].cell_len:
+            lines += rates
+        latency_parts = [r.field(label, f"{r.ms(p50)}/{r.ms(p95)}") for label, p50, p95 in
+                         (("TTFT", snap.ttft_p50, snap.ttft_p95), ("ITL", snap.itl_p50, snap.itl_p95))
+                         if snap.exports(label.lower())]
         if snap.latency is not None:
             for label, name in (("queue", "queue"), ("e2e", "e2e")):
+                if not snap.exports(name):
+                    continue
                 slow = name == "queue" and (snap.queue_slow or 0) > 0
                 latency_parts.append(r.field(label, f"{r.ms(snap.pct(name, 'p50'))}/{r.ms(snap.pct(name, 'p95'))}",
                                              "yellow" if slow else ""))
-        latency = r.flow(latency_parts, width)
-        if latency[-1].cell_len + len("  p50/p95") <= width:
-            latency[-1].append("  p50/p95", style="dim")
-        lines += latency
-        if history is not None:
+        if latency_parts:
+            latency = r.flow(latency_parts, width)
+            if latency[-1].cell_len + len("  p50/p95") <= width:
+                latency[-1].append("  p50/p95", style="dim")
+            lines += latency
+        missing = snap.not_exported_text(*SHOWN_FIGURES)
+        if missing and snap.state in ("ready", "sleeping", "stale"):
+            lines += r.wrap(Text(missing, style="dim"), width, 2)
+        if history is not None and (snap.exports("gen_tps") or snap.exports("prompt_tps")):
             lines += self._sparks(("gen ", "gen_tps", None, "cyan"), ("prompt ", "prompt_tps", None, "blue"), width,
                                   history)
         if snap.state != "ready" and snap.reason:

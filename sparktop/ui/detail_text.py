@@ -157,8 +157,19 @@ def engine_details(state: ClusterState, e: EngineSnapshot, prefs: Preferences | 
     """Everything above the charts, in order, as lines."""
     now = state.now or time.time()  # a replay's clock in a replay
     out: list[Text] = []
+    if e.engine:
+        what = Text(f"{e.engine} {e.version or ''}".strip(), style="cyan")
+        if e.recognised:
+            what.append(f", recognised by {e.recognised}", style="dim")
+        out.append(label("engine") + what)
     if e.found:
         out.append(label("found") + Text(e.found, style="dim"))
+    if e.not_exported:
+        out.append(label("not exported") + Text(e.not_exported_text().split(": not exported")[0], style="dim"))
+    if e.spec_acceptance is not None or e.spec_accept_len is not None:
+        parts = ([f"{e.spec_acceptance:.0%} of drafted tokens accepted"] if e.spec_acceptance is not None else []) + (
+            [f"{e.spec_accept_len:.2f} tokens per step"] if e.spec_accept_len is not None else [])
+        out.append(label("speculative") + Text(", ".join(parts) + " (last 30 s)"))
     finished = requests_line(e)
     if finished is not None:
         out.append(finished)

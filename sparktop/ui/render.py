@@ -169,7 +169,7 @@ def nodes_named(nodes: list[str], width: int) -> str:
 
 STATE_STYLES = {
     "ok": "green", "ready": "green", "starting": "yellow", "connecting": "grey62", "stale": "yellow",
-    "down": "bold red", "unreachable": "bold red", "failed": "bold red",
+    "down": "bold red", "unreachable": "bold red", "failed": "bold red", "unrecognised": "yellow",
 }
 
 

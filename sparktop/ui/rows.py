@@ -127,6 +127,9 @@ class EngineRow(Card):
         self._paint(snap.model or "engine", r.state_badge(snap.state), [engine_line(snap, width, nodes, history)])
 
 
+NOT_EXPORTED = "n/e"  # a figure the engine does not export (the help screen says so)
+
+
 def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None,
                 history: History | None = None) -> Text:
     line = _dot(snap.state)
@@ -142,11 +145,15 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
                     style="red" if snap.state in ("unreachable", "failed") else "yellow")
         return line[:width]
     kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
-    parts = [r.field(" KV", f"{r.pct(snap.kv_usage, 0):>4}", kv_style),
-             r.field("run", f"{r.num(snap.running):>2}"),
-             r.field("wait", f"{r.num(snap.waiting):>2}", "yellow" if (snap.waiting or 0) > 0 else ""),
-             r.field("gen", f"{r.rate(snap.gen_tps):>5} t/s", "cyan"),
-             r.field("TTFT", f"{r.ms(snap.ttft_p50):>5}")]
+    def shown(figure: str, text: str) -> str:
+        return text if snap.exports(figure) else f"{NOT_EXPORTED:>{len(text)}}"  # the help says what n/e is
+
+    parts = [r.field(" KV", shown("kv", f"{r.pct(snap.kv_usage, 0):>4}"), kv_style),
+             r.field("run", shown("running", f"{r.num(snap.running):>2}")),
+             r.field("wait", shown("waiting", f"{r.num(snap.waiting):>2}"),
+                     "yellow" if (snap.waiting or 0) > 0 else ""),
+             r.field("gen", shown("gen_tps", f"{r.rate(snap.gen_tps):>5} t/s"), "cyan"),
+             r.field("TTFT", shown("ttft", f"{r.ms(snap.ttft_p50):>5}"))]
     if snap.kind == "router":
         # A router holds no KV cache and its tokens are its engines' (their rows count them):
         # it says where it sends requests and what it has in flight.

@@ -366,6 +366,12 @@ latency p50/p95 over the last 30 s. The detail view adds p99 and a p95 \
 over the last minute, peaks since sparktop started, lifetime counters, Wh and cost per \
 million tokens (energy_price_per_kwh in settings.yaml) and the event log; \
 a card shows its newest event for 90 s.
+
+Every engine is recognised by what it answers (vLLM, SGLang, llama.cpp, \
+TensorRT-LLM, Ollama, TGI, LiteLLM, or any other OpenAI-compatible server), \
+named on its card with its version, and shows what it exports: a figure it \
+does not export is said to be so on its card ("TTFT, ITL: not exported by \
+llama.cpp"), and is [b]n/e[/b] in the one-line rows of a big cluster.
 """
 
 

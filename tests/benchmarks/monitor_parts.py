@@ -96,7 +96,8 @@ def counted(owner, name, part):
     setattr(owner, name, w)
 
 from textual.screen import Screen
-from sparktop.observe import host_probe, vllm_metrics
+from sparktop.observe import host_probe
+from sparktop.observe import prometheus as vllm_metrics
 from sparktop.ui import app as app_mod, screens
 timed(Screen, "_compositor_refresh", "compositor")
 timed(screens.MonitorScreen, "show_state", "cards")

@@ -12,10 +12,11 @@ import time
 import openai
 import pytest
 
+from sparktop.observe.engines.vllm import NAMES as VLLM
 from sparktop.observe.poller import EngineTarget, NodeTarget, Poller
+from sparktop.observe.prometheus import EngineMetrics
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ENERGY_WINDOW_S, ClusterState
-from sparktop.observe.vllm_metrics import EngineMetrics
 from sparktop.remote.local import LocalTransport
 from tests.conftest import free_port
 from tests.helpers import depth
@@ -88,7 +89,7 @@ async def test_request_figures_agree_with_the_twins_counters_and_histograms(twin
     snaps = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
     assert len(snaps) == len(proxy.scrapes), "one snapshot per scrape, nothing else scraping"
     texts, times = [r.text for r in proxy.scrapes], [s.t for s in snaps]
-    window = EngineMetrics().rate_window
+    window = EngineMetrics(VLLM).rate_window
     found = []
     for i, snap in enumerate(snaps):
         found += depth.problems(snap, texts, times, i, window)
@@ -188,7 +189,7 @@ async def test_energy_per_token_is_power_over_the_token_rate_by_hand(twin, tmp_p
     i = next(k for k, s in enumerate(snaps) if s is engine)
     counter = [r.values["vllm:generation_tokens_total"] for r in proxy.scrapes]
     candidates = [(counter[i] - counter[k]) / (snaps[i].t - snaps[k].t)
-                  for k in range(i) if snaps[i].t - snaps[k].t <= EngineMetrics().rate_window + 1.0]
+                  for k in range(i) if snaps[i].t - snaps[k].t <= EngineMetrics(VLLM).rate_window + 1.0]
     assert any(abs(engine.gen_tps - tps) <= 0.01 * tps for tps in candidates), (engine.gen_tps, candidates)
     assert energy.watts == pytest.approx(watts, rel=1e-9)
     assert energy.j_per_token == pytest.approx(watts / engine.gen_tps, rel=1e-9)

@@ -219,7 +219,7 @@ async def test_guard_urls_watch_the_engine_behind_a_router_without_metrics(twin,
         # The router alone: no vLLM metrics, so no guard, said once in the run's meta.
         alone = await Sweep(SweepSettings(router + "/v1", levels=[1], runs=1, pp=64, tg=16), tmp_path / "a").run()
         assert alone.status == "done"
-        assert load_run(alone.path).meta["guard"] == f"off: {router} has no vllm metrics"
+        assert load_run(alone.path).meta["guard"] == f"off: {router}: vLLM, /metrics answered HTTP 404"
         assert alone.levels[0].foreign_requests is None and not alone.levels[0].contaminated
 
         # Pointed at the engine behind it: the sweep's own requests through the

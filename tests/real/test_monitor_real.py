@@ -20,9 +20,10 @@ import time
 
 import pytest
 
+from sparktop.observe.engines.vllm import NAMES as VLLM
 from sparktop.observe.poller import EngineTarget, Poller
+from sparktop.observe.prometheus import EngineMetrics
 from sparktop.observe.snapshot import EngineSnapshot
-from sparktop.observe.vllm_metrics import EngineMetrics
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard
 from tests.helpers import depth
@@ -105,7 +106,7 @@ async def test_snapshots_agree_with_the_servers_counters(vllm_server, tmp_path):
     assert snaps and snaps[-1].model == MODEL_NAME and snaps[-1].version == VLLM_VERSION
     busy = [s for s in snaps if s.gen_tps is not None]
     assert len(busy) >= 6, f"only {len(busy)} snapshots with rates in 12 s at a 1 s interval"
-    window = EngineMetrics().rate_window
+    window = EngineMetrics(VLLM).rate_window
     problems = []
     read = {source(proxy, snap): snap for snap in snaps}
     assert len(read) == len(snaps), "two snapshots from one scrape"
@@ -177,7 +178,7 @@ def test_status_json_agrees_with_the_servers_counters(vllm_server, tmp_path):
         (engine, [{k: v[n] for k, n in GAUGES.items()} for v in last])
     # status does not print when it read each scrape: the proxy's clock
     # stands in for it, a few ms to a second off on two busy cores.
-    window = EngineMetrics().rate_window
+    window = EngineMetrics(VLLM).rate_window
     rates = expected_rate([r.values for r in proxy.scrapes], [r.t for r in proxy.scrapes], RATES["gen_tps"], window)
     assert any(abs(engine["gen_tps"] - r) <= 0.25 * max(r, 10) for r in rates), (engine["gen_tps"], rates)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from sparktop.observe import hostparse
+from sparktop.observe.engines.vllm import NAMES as VLLM
+from sparktop.observe.prometheus import EngineMetrics, MetricsError, Scrape, quantile
 from sparktop.observe.vllm_log import startup_state
-from sparktop.observe.vllm_metrics import EngineMetrics, MetricsError, Scrape, quantile
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 CAP = FIX / "captures"
@@ -105,46 +106,46 @@ def test_docker_ps_skips_noise():
 
 def test_spark_metrics_excerpt_without_type_lines():
     # kreuzhofer/dgx-manager fixture: vLLM 0.22.1rc1 on a Spark, grep-filtered, no HELP/TYPE
-    s = Scrape.parse(cap("metrics_vllm-v0.22.1rc1_dgx-spark_grep-excerpt_dgx-manager.txt"), t=0)
-    assert s.is_vllm
+    s = Scrape.parse(cap("metrics_vllm-v0.22.1rc1_dgx-spark_grep-excerpt_dgx-manager.txt"), 0, VLLM)
+    assert s.engine_seen
     assert s.total(("vllm:num_requests_running",)) == 0
     assert s.total(("vllm:num_requests_waiting",)) == 0  # not mixed with _by_reason
     assert s.mean(("vllm:kv_cache_usage_perc",)) == 0
     # `_created` in e+09 notation parses; the monitor keeps it only for the token counters.
-    whole = Scrape.parse(cap("metrics_vllm-v0.22.1rc1_dgx-spark_grep-excerpt_dgx-manager.txt"), t=0, everything=True)
+    whole = Scrape.parse(cap("metrics_vllm-v0.22.1rc1_dgx-spark_grep-excerpt_dgx-manager.txt"), 0)
     assert whole.created(("vllm:num_preemptions_total",)) == pytest.approx(1.781276629357662e9)
 
 
 def test_v0_metrics_legacy_names_and_a_truncated_histogram():
     text = (FIX / "metrics" / "vllm-v0_qwen2.5-coder-1.5b_aibrix-docs.txt").read_text()
-    s = Scrape.parse(text, t=0)
-    d = EngineMetrics().add(s)
+    s = Scrape.parse(text, 0, VLLM)
+    d = EngineMetrics(VLLM).add(s)
     assert d.kv_usage == 0.0  # from vllm:gpu_cache_usage_perc
     assert d.prefix_hit_rate is None  # -1 means "not measured"
     assert d.requests == 4 and d.preemptions == 0
     assert s.total(("vllm:generation_tokens_total",)) == 955
     # The monitor skips series it does not show; parsed whole, the truncated histogram still reads.
     assert s.histogram(("vllm:iteration_tokens_total",)) is None
-    whole = Scrape.parse(text, t=0, everything=True)
+    whole = Scrape.parse(text, 0)
     assert whole.histogram(("vllm:iteration_tokens_total",))[96.0] == 998
 
 
 def test_v0_10_metrics_prefer_v1_names_over_deprecated_ones():
-    s = Scrape.parse((FIX / "metrics" / "vllm-v0.10.0_glm-4.5_production-stack-issue-617.txt").read_text(), t=0)
+    s = Scrape.parse((FIX / "metrics" / "vllm-v0.10.0_glm-4.5_production-stack-issue-617.txt").read_text(), 0, VLLM)
     assert s.mean(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")) == pytest.approx(9.75010481363281e-06)
     assert s.total(("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")) == 32
 
 
 def test_sglang_metrics_are_not_mistaken_for_vllm():
     # sgl-project/sglang docs: SGLang /metrics, histogram _sum before buckets
-    s = Scrape.parse(cap("metrics_sglang_llama3.1-8b_sglang-docs.txt"), t=0)
-    assert not s.is_vllm
-    assert EngineMetrics().add(s).kv_usage is None
+    s = Scrape.parse(cap("metrics_sglang_llama3.1-8b_sglang-docs.txt"), 0, VLLM)
+    assert not s.engine_seen
+    assert EngineMetrics(VLLM).add(s).kv_usage is None
 
 
 def test_garbage_metrics_raise_a_clear_error():
     with pytest.raises(MetricsError):
-        Scrape.parse('vllm:num_requests_running{model_name="a" 1\n', t=0)
+        Scrape.parse('vllm:num_requests_running{model_name="a" 1\n', 0, VLLM)
 
 
 def scrape(t, gen, prompt=0.0, created=1000.0, ttft=None, kv=0.5, nan=False):
@@ -158,18 +159,18 @@ def scrape(t, gen, prompt=0.0, created=1000.0, ttft=None, kv=0.5, nan=False):
     ]
     for le, count in (ttft or {}).items():
         lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{le}",engine="0",model_name="m"}} {count}')
-    return Scrape.parse("\n".join(lines) + "\n", t)
+    return Scrape.parse("\n".join(lines) + "\n", t, VLLM)
 
 
 def test_rates_from_counter_deltas_and_label_order_does_not_matter():
-    m = EngineMetrics()
+    m = EngineMetrics(VLLM)
     assert m.add(scrape(0, 1000, 5000)).gen_tps is None  # no rate from one scrape
     d = m.add(scrape(2, 1400, 9000))
     assert d.gen_tps == pytest.approx(200) and d.prompt_tps == pytest.approx(2000)
 
 
 def test_counter_reset_on_restart_never_gives_a_negative_rate():
-    m = EngineMetrics()
+    m = EngineMetrics(VLLM)
     m.add(scrape(0, 50_000))
     d = m.add(scrape(1, 120, created=2000.0))  # restarted: counter back near zero
     assert d.gen_tps == pytest.approx(120)
@@ -178,19 +179,19 @@ def test_counter_reset_on_restart_never_gives_a_negative_rate():
 
 
 def test_nan_is_no_value():
-    assert EngineMetrics().add(scrape(0, 1, nan=True)).kv_usage is None
+    assert EngineMetrics(VLLM).add(scrape(0, 1, nan=True)).kv_usage is None
 
 
 def test_percentiles_carry_over_scrapes_without_histograms():
-    m = EngineMetrics(window=30)
+    m = EngineMetrics(VLLM, window=30)
     m.add(scrape(0, 0, ttft={"0.1": 100, "0.5": 100, "1.0": 100, "+Inf": 100}))
     d = m.add(scrape(5, 0, ttft={"0.1": 100, "0.5": 150, "1.0": 200, "+Inf": 200}))
-    light = Scrape.parse('vllm:generation_tokens_total{model_name="m"} 5\n', 6, histograms=False)
+    light = Scrape.parse('vllm:generation_tokens_total{model_name="m"} 5\n', 6, VLLM, histograms=False)
     assert m.add(light).ttft_p50 == d.ttft_p50 == pytest.approx(0.5)
 
 
 def test_percentiles_come_from_bucket_deltas_over_the_window():
-    m = EngineMetrics(window=30)
+    m = EngineMetrics(VLLM, window=30)
     old = {"0.1": 100, "0.5": 100, "1.0": 100, "+Inf": 100}  # 100 fast requests long ago
     m.add(scrape(0, 0, ttft=old))
     new = {"0.1": 100, "0.5": 150, "1.0": 200, "+Inf": 200}  # then 50 in (0.1,0.5], 50 in (0.5,1]

@@ -15,7 +15,7 @@ from sparktop.observe.host_probe import (
     servers_script,
     split_sections,
 )
-from sparktop.observe.hostparse import flag_port, parse_vllm_processes, server_command
+from sparktop.observe.hostparse import parse_server_processes, server_command
 from sparktop.observe.poller import EngineTarget, NodeTarget, Poller
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess, node_from_dict, to_dict
 from tests.helpers import gb10
@@ -27,7 +27,7 @@ OTHERS = {32045: 18123, 32047: 18123, 9967: 8000, 9971: 8000}  # other sessions'
 
 def servers(name: str) -> dict[int, ServerProcess]:
     body = split_sections((FIX / f"servers-section_{name}.txt").read_text())["servers"][0]
-    return {s.pid: s for s in parse_vllm_processes(body)}
+    return {s.pid: s for s in parse_server_processes(body)}
 
 
 @pytest.mark.parametrize("name", ["root", "root_no-ss"])
@@ -69,18 +69,26 @@ def test_a_server_whose_sockets_were_read_comes_before_a_launcher_in_front_of_it
         "/proc/11/cmdline:serve", "/proc/11/cmdline:m", "/proc/10/fd:", "/proc/11/fd:",
         "lrwx------ 1 u u 64 Nov 23 16:18 7 -> socket:[99]",
         "LISTEN 0      128      0.0.0.0:8000  0.0.0.0:* ino:99 sk:1 cgroup:/ <->"])
-    assert [(s.pid, s.port_source) for s in parse_vllm_processes(text)] == [(11, "socket"), (10, "flag")]
+    assert [(s.pid, s.port_source) for s in parse_server_processes(text)] == [(11, "socket"), (10, "flag")]
 
 
-def test_what_counts_as_a_vllm_api_server():
-    assert server_command(["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"]) == "vllm serve"
-    assert server_command(["python", "-m", "vllm.entrypoints.cli.main", "serve", "m"]) == "vllm serve"
-    assert server_command(["python", "-m", "vllm.entrypoints.openai.api_server"]) == "vllm api_server"
-    assert server_command(["/v/bin/sparktop", "twin", "serve", "m"]) == "sparktop twin serve"
+def test_what_counts_as_an_engine_api_server():
+    assert server_command(["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"]) == ("vllm", "vllm serve")
+    assert server_command(["python", "-m", "vllm.entrypoints.cli.main", "serve", "m"]) == ("vllm", "vllm serve")
+    assert server_command(["python", "-m", "vllm.entrypoints.openai.api_server"]) == ("vllm", "vllm api_server")
+    assert server_command(["/v/bin/sparktop", "twin", "serve", "m"]) == ("vllm", "sparktop twin serve")
+    assert server_command(["python3", "-m", "sglang.launch_server", "--model-path", "m"]) == \
+        ("sglang", "sglang launch_server")
+    assert server_command(["/usr/local/bin/sglang", "serve", "--model-path", "m"]) == ("sglang", "sglang serve")
+    assert server_command(["/app/llama-server", "-m", "/models/m.gguf"]) == ("llama.cpp", "llama-server")
+    assert server_command(["/app/ggml-rpc-server", "-H", "0.0.0.0"]) == ("llama.cpp", "ggml-rpc-server")
+    assert server_command(["/usr/bin/python3", "/usr/local/bin/trtllm-serve", "m"]) == ("trtllm", "trtllm-serve")
+    assert server_command(["/usr/local/bin/ollama", "serve"]) == ("ollama", "ollama serve")
+    assert server_command(["/usr/local/bin/ollama", "runner", "--port", "41234"]) is None  # its model runner
     assert server_command(["python", "-m", "sparktop", "monitor"]) is None
     assert server_command(["vllm", "bench", "serve"]) is None
     assert server_command(["tail", "-f", "vllm serve.log"]) is None
-    assert flag_port(["vllm", "serve", "--port=9000"]) == 9000 and flag_port(["vllm", "serve"]) == 8000
+    assert server_command(["less", "llama-server.log"]) is None
 
 
 def server(*args: str, ports=(8000,), pid=42) -> ServerProcess:
@@ -200,9 +208,15 @@ async def test_a_containers_own_process_is_the_containers_engine():
         await poller.close()
 
 
-def test_a_command_line_names_its_layout():
-    from sparktop.observe.host_probe import _layout_name
+def _layout_name(argv: list[str]) -> str:
+    from sparktop.observe.engines import for_command
 
+    found = for_command(argv)
+    assert found is not None
+    return found[0].layout(argv).name
+
+
+def test_a_command_line_names_its_layout():
     assert _layout_name(["vllm", "serve", "m"]) == "solo"
     assert _layout_name(["vllm", "serve", "m", "-tp", "2"]) == "cluster-mp"
     assert _layout_name(["vllm", "serve", "m", "--tensor-parallel-size", "2", "--distributed-executor-backend",
@@ -212,3 +226,7 @@ def test_a_command_line_names_its_layout():
     assert _layout_name(["vllm", "serve", "m", "-tp", "2", "--pipeline-parallel-size", "2", "--nnodes", "4"]) == \
         "tp=2,pp=2"
     assert _layout_name(["vllm", "serve", "m", "-tp", "x"]) == "solo"  # nonsense is not a layout
+    assert _layout_name(["python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "2", "--nnodes", "2",
+                         "--node-rank", "0", "--dist-init-addr", "10.0.0.1:25000"]) == "cluster-mp"
+    assert _layout_name(["/app/llama-server", "-m", "m.gguf", "--rpc", "10.0.0.2:50052"]) == "pp=2"
+    assert _layout_name(["trtllm-serve", "m", "--tp_size", "2"]) == "cluster-mp"

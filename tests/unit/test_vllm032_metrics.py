@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sparktop.observe.engines.vllm import NAMES as VLLM
+from sparktop.observe.prometheus import EngineMetrics, Scrape, relevant_lines
 from sparktop.observe.snapshot import EngineSnapshot
-from sparktop.observe.vllm_metrics import EngineMetrics, Scrape, relevant_lines
 from sparktop.status import engine_json
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -62,10 +63,10 @@ def busy(t: float, *, capacity: float = 1, deferred: float = 2, rejected_reqs: f
 
 
 def derive(*texts: str, step: float = 1.0, **kw):
-    m = EngineMetrics(**kw)
+    m = EngineMetrics(VLLM, **kw)
     out = None
     for i, text in enumerate(texts):
-        out = m.add(Scrape.parse(text, i * step))
+        out = m.add(Scrape.parse(text, i * step, VLLM))
     return out
 
 
@@ -96,7 +97,7 @@ def test_older_outputs_leave_the_new_figures_at_none(path):
 
 
 def test_the_filter_keeps_the_new_series_and_nothing_more():
-    kept = relevant_lines(real())
+    kept = relevant_lines(real(), VLLM)
     for name in ("vllm:num_requests_waiting_by_reason{", "vllm:admission_rejections_total{",
                  "vllm:engine_sleep_state{", "vllm:estimated_read_bytes_per_gpu_total{",
                  "vllm:estimated_write_bytes_per_gpu_total{"):
@@ -105,10 +106,10 @@ def test_the_filter_keeps_the_new_series_and_nothing_more():
     assert "vllm:estimated_flops_per_gpu" not in kept  # not shown
     assert "vllm:estimated_read_bytes_per_gpu_created" not in kept
     # The cheap poll without histograms keeps them too.
-    assert kept.count("\n") - relevant_lines(real(), histograms=False).count("\n") > 0
-    assert "vllm:engine_sleep_state{" in relevant_lines(real(), histograms=False)
+    assert kept.count("\n") - relevant_lines(real(), VLLM, histograms=False).count("\n") > 0
+    assert "vllm:engine_sleep_state{" in relevant_lines(real(), VLLM, histograms=False)
     # num_requests_waiting is still read alone, not summed with its breakdown.
-    assert Scrape.parse(busy(0), 0).total(("vllm:num_requests_waiting",)) == 3
+    assert Scrape.parse(busy(0), 0, VLLM).total(("vllm:num_requests_waiting",)) == 3
 
 
 # -- sleep -----------------------------------------------------------------------------
@@ -125,11 +126,11 @@ def test_data_parallel_engines_report_the_deepest_sleep():
     second = "\n".join(line.replace('engine="0"', 'engine="1"') for line in text.splitlines()
                        if line.startswith("vllm:engine_sleep_state{"))
     both = text + second + "\n"
-    assert Scrape.parse(both, 0).sleep() == (False, None)
+    assert Scrape.parse(both, 0, VLLM).sleep(VLLM.sleep_state) == (False, None)
     engine_1 = 'engine="1",model_name="tiny-llama",sleep_state='
     one_asleep = with_values(both, {("vllm:engine_sleep_state", engine_1 + '"awake"'): 0,
                                     ("vllm:engine_sleep_state", engine_1 + '"discard_all"'): 1})
-    assert Scrape.parse(one_asleep, 0).sleep() == (True, 2)
+    assert Scrape.parse(one_asleep, 0, VLLM).sleep(VLLM.sleep_state) == (True, 2)
 
 
 def test_nan_sleep_state_is_no_value():
@@ -151,26 +152,26 @@ def test_waiting_by_reason_sums_to_waiting():
 
 
 def test_rejections_give_a_rate_a_recent_count_and_a_total_by_reason():
-    m = EngineMetrics(window=30, rate_window=5)
-    first = m.add(Scrape.parse(busy(0, rejected_reqs=1.5, rejected_tokens=0.5), 0))
+    m = EngineMetrics(VLLM, window=30, rate_window=5)
+    first = m.add(Scrape.parse(busy(0, rejected_reqs=1.5, rejected_tokens=0.5), 0, VLLM))
     assert first.rejection_rate is None and first.rejections_recent is None  # one scrape: nothing is recent yet
-    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 2))
+    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 2, VLLM))
     assert d.rejection_rate == pytest.approx(2.0) and d.rejections_recent == pytest.approx(4)
     assert d.rejections_span == 2  # watched for 2 s so far: the count says over how long
     assert d.rejections == pytest.approx(4) and d.rejections_by_reason == {"max_num_queued_reqs": 3.0,
                                                                            "max_num_queued_tokens": 1.0}
     # They stop: the rate falls to 0 at once, the count stays for the window.
-    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 10))
+    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 10, VLLM))
     assert d.rejection_rate == 0 and d.rejections_recent == pytest.approx(4)
-    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 40))
+    d = m.add(Scrape.parse(busy(2, rejected_reqs=1.5, rejected_tokens=0.5), 40, VLLM))
     assert d.rejections_recent == 0 and d.rejections == pytest.approx(4) and d.rejections_span == 30
 
 
 def test_rejections_after_a_restart_are_never_negative():
-    m = EngineMetrics()
-    m.add(Scrape.parse(busy(100, rejected_reqs=1), 0))
+    m = EngineMetrics(VLLM)
+    m.add(Scrape.parse(busy(100, rejected_reqs=1), 0, VLLM))
     restarted = with_values(busy(1, rejected_reqs=1), {("vllm:generation_tokens_created", 'engine="0"'): 2e9})
-    d = m.add(Scrape.parse(restarted, 1))
+    d = m.add(Scrape.parse(restarted, 1, VLLM))
     assert d.rejection_rate == pytest.approx(1.0)  # everything since the restart is new
 
 
@@ -234,7 +235,7 @@ def _uncached(text: str, histograms: bool) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict = {}
-    for family in text_string_to_metric_families(relevant_lines(text, histograms)):
+    for family in text_string_to_metric_families(relevant_lines(text, VLLM, histograms)):
         for sample in family.samples:
             out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     return out
@@ -245,36 +246,37 @@ def test_lines_parsed_before_are_reused_and_read_the_same(histograms, monkeypatc
     """A scrape reuses the samples of lines it has seen (most lines of the next
     scrape), and what it reads is what prometheus-client reads from the whole
     text: on vLLM's own output, and on a copy whose counters moved."""
-    from sparktop.observe import vllm_metrics
+    from sparktop.observe import prometheus as vllm_metrics
 
     monkeypatch.setattr(vllm_metrics, "_LINE_CACHE", {})
     before, after = real("metrics-idle.txt"), real()
-    first = Scrape.parse(before, 0.0, histograms=histograms)
+    first = Scrape.parse(before, 0.0, VLLM, histograms=histograms)
     assert first.samples == _uncached(before, histograms)
     parsed = []
     real_parser = vllm_metrics.text_string_to_metric_families
     monkeypatch.setattr(vllm_metrics, "text_string_to_metric_families",
                         lambda text: parsed.append(text.count("\n")) or real_parser(text))
-    again = Scrape.parse(before, 1.0, histograms=histograms)
+    again = Scrape.parse(before, 1.0, VLLM, histograms=histograms)
     assert again.samples == first.samples and parsed == []  # nothing parsed twice
-    later = Scrape.parse(after, 2.0, histograms=histograms)
+    later = Scrape.parse(after, 2.0, VLLM, histograms=histograms)
     assert later.samples == _uncached(after, histograms)
-    changed = set(relevant_lines(after, histograms).splitlines()) - set(relevant_lines(before, histograms).splitlines())
+    changed = set(relevant_lines(after, VLLM, histograms).splitlines()) - set(
+        relevant_lines(before, VLLM, histograms).splitlines())
     assert parsed == [len(changed)]  # only the lines that changed went to the parser
 
 
 def test_a_full_line_cache_starts_afresh_and_still_reads_right(monkeypatch):
-    from sparktop.observe import vllm_metrics
+    from sparktop.observe import prometheus as vllm_metrics
 
     monkeypatch.setattr(vllm_metrics, "_LINE_CACHE", {})
     monkeypatch.setattr(vllm_metrics, "_LINE_CACHE_MAX", 10)  # fewer than one scrape's lines
     for name in ("metrics-idle.txt", "metrics-after.txt", "metrics-idle.txt"):
-        assert Scrape.parse(real(name), 0.0).samples == _uncached(real(name), True)
-        assert len(vllm_metrics._LINE_CACHE) <= len(relevant_lines(real(name)).splitlines())
+        assert Scrape.parse(real(name), 0.0, VLLM).samples == _uncached(real(name), True)
+        assert len(vllm_metrics._LINE_CACHE) <= len(relevant_lines(real(name), VLLM).splitlines())
 
 
 def test_a_bad_line_is_still_a_metrics_error():
-    from sparktop.observe.vllm_metrics import MetricsError
+    from sparktop.observe.prometheus import MetricsError
 
     with pytest.raises(MetricsError):
-        Scrape.parse('vllm:num_requests_running{engine="0"} not-a-number\n', 0.0)
+        Scrape.parse('vllm:num_requests_running{engine="0"} not-a-number\n', 0.0, VLLM)

@@ -1,28 +1,31 @@
-"""vLLM's Prometheus `/metrics`: parsed with prometheus-client's own text
-parser, then turned into the figures the monitor shows.
+"""An engine's Prometheus `/metrics`, whatever the engine: parsed with
+prometheus-client's own text parser, then turned into the figures the
+monitor shows. Which series mean what is each engine's (`MetricNames`, one
+table per engine module in `observe/engines/`); how they are read is here.
 
-- Names: vLLM v1 (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`,
-  `vllm:inter_token_latency_seconds`) and the older ones
-  (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`,
-  `vllm:time_per_output_token_seconds`); the first present wins.
 - Series are matched by sample name, so a scrape with or without
   `# TYPE` lines parses the same; `_created` series are used only to
   detect restarts; label order does not matter; NaN is "no value".
+- Series with several label sets (vLLM's data-parallel `engine`, SGLang's
+  `tp_rank`/`pp_rank`/`dp_rank`) are summed, gauges of a share (KV use)
+  averaged.
 - Rates come from counter deltas between two scrapes; a counter that went
   down (or whose `_created` changed) was reset by a restart, and the new
-  value is the delta, as Prometheus' rate() does: never negative.
-- Percentiles come from histogram bucket deltas over a window of scrapes.
-- Requests finished, by `finished_reason` (stop, length, abort, error,
-  repetition): a rate per reason and the totals over the engine's life; the
-  engine's start time is its token counters' `_created` time.
-- Latency percentiles (TTFT, ITL, queue time, end to end) come from the
-  histograms' bucket deltas: p50/p95/p99 over the window (30 s) and a p95
-  over the last minute, so a spike stays in view after it has passed.
-- vLLM 0.32 adds: waiting requests by reason (`capacity`, `deferred`),
-  admission rejections by queue limit (one counter per API server, with no
-  `engine` label), the sleep state (`awake`, `weights_offloaded` = level 1,
-  `discard_all` = level 2) and its own estimate of the bytes each GPU reads
-  and writes. Each is None when the series is absent (older vLLM).
+  value is the delta, as Prometheus' rate() does: never negative. Gauges
+  that an engine resets when they are read (llama.cpp's `*_seconds` rates)
+  are never used: counters only.
+- Percentiles come from histogram bucket deltas over a window of scrapes:
+  p50/p95/p99 over the window (30 s) and a p95 over the last minute, so a
+  spike stays in view after it has passed.
+- Requests finished, by a reason label where the engine has one (vLLM's
+  `finished_reason`): a rate per reason and the totals over the engine's
+  life; the engine's start time is its token counters' `_created` time.
+- vLLM 0.32's extras (waiting by reason, admission rejections, the sleep
+  state, its estimate of the bytes each GPU moves) are None for an engine
+  that has none of them.
+- Speculative decoding: the share of drafted tokens accepted and the mean
+  accepted length, over the window, from counters (vLLM) or a gauge
+  (SGLang's accept length).
 """
 
 from __future__ import annotations
@@ -30,90 +33,104 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from prometheus_client.parser import text_string_to_metric_families
 
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
-GEN_TOKENS = ("vllm:generation_tokens_total",)
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate",)  # v0 gauge, -1 when unknown
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-REQUESTS = ("vllm:request_success_total",)
-TTFT: tuple[str, ...] = ("vllm:time_to_first_token_seconds",)
-ITL: tuple[str, ...] = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
-QUEUE: tuple[str, ...] = ("vllm:request_queue_time_seconds",)
-E2E: tuple[str, ...] = ("vllm:e2e_request_latency_seconds",)
-# The latency histograms the monitor reads, by the short name it shows them under.
-LATENCIES: dict[str, tuple[str, ...]] = {"ttft": TTFT, "itl": ITL, "queue": QUEUE, "e2e": E2E}
 MINUTE = 60.0  # the span of the "p95 over the last minute"
 QUEUE_WAIT_S = 5.0  # a request that waited longer than this in the queue is worth an event
-# vLLM 0.32
-WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)  # reason: capacity | deferred
-REJECTIONS = ("vllm:admission_rejections_total",)  # reason: max_num_queued_reqs | max_num_queued_tokens
-SLEEP_STATE = ("vllm:engine_sleep_state",)  # sleep_state: awake | weights_offloaded | discard_all
-READ_BYTES = ("vllm:estimated_read_bytes_per_gpu_total",)
-WRITE_BYTES = ("vllm:estimated_write_bytes_per_gpu_total",)
+
+Names = tuple[str, ...]
 
 
-WANTED = {
-    name.removesuffix("_total")
-    for group in (KV_USAGE, RUNNING, WAITING, PROMPT_TOKENS, GEN_TOKENS, PREFIX_QUERIES, PREFIX_HITS,
-                  PREFIX_HIT_RATE, PREEMPTIONS, REQUESTS, TTFT, ITL, QUEUE, E2E, WAITING_BY_REASON, REJECTIONS,
-                  SLEEP_STATE, READ_BYTES, WRITE_BYTES)
-    for name in group
-}
-_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+@dataclass(frozen=True)
+class MetricNames:
+    """Which series of an engine's scrape hold which figure; in each group
+    the first name present wins (an engine's current name, then its older
+    ones). An empty group: the engine does not export that figure."""
+
+    prefix: str  # every series of the engine starts with it: `vllm:`, `sglang:`, `llamacpp:`, `trtllm_`
+    kv_usage: Names = ()  # a gauge, 0..1 (mean over series)
+    running: Names = ()
+    waiting: Names = ()
+    prompt_tokens: Names = ()  # counters
+    gen_tokens: Names = ()
+    prefix_queries: Names = ()  # prompt tokens looked up in the prefix cache, and those found
+    prefix_hits: Names = ()
+    cached_tokens: Names = ()  # prompt tokens served from the cache: hit rate = cached / prompt tokens
+    prefix_hit_rate: Names = ()  # a gauge 0..1, where the engine gives only that (-1: unknown)
+    preemptions: Names = ()  # requests preempted (vLLM) or retracted (SGLang)
+    requests: Names = ()  # requests finished
+    finished_label: str | None = None  # the label that says why a request finished
+    ttft: Names = ()  # histograms, seconds
+    itl: Names = ()
+    queue: Names = ()
+    e2e: Names = ()
+    waiting_by_reason: Names = ()  # vLLM 0.32: reason = capacity | deferred
+    rejections: Names = ()  # vLLM 0.32: admission rejections, reason = max_num_queued_reqs | ..._tokens
+    sleep_state: Names = ()  # vLLM 0.32: sleep_state = awake | weights_offloaded | discard_all
+    read_bytes: Names = ()  # vLLM's estimate of the bytes each GPU reads and writes (counters)
+    write_bytes: Names = ()
+    spec_drafts: Names = ()  # counters: drafts proposed, tokens drafted, tokens accepted
+    spec_draft_tokens: Names = ()
+    spec_accepted: Names = ()
+    spec_accept_len: Names = ()  # a gauge: mean tokens accepted per draft, where that is all there is
+    spec_accept_rate: Names = ()  # a gauge: the share of drafted tokens accepted, likewise
+    created: Names = ()  # counters whose `_created` time changes when the engine restarts
+
+    @property
+    def latencies(self) -> dict[str, Names]:
+        """The latency histograms, by the short name the monitor shows them under."""
+        return {name: group for name, group in
+                (("ttft", self.ttft), ("itl", self.itl), ("queue", self.queue), ("e2e", self.e2e)) if group}
+
+    def groups(self) -> dict[str, Names]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("prefix", "finished_label") and getattr(self, f.name)}
 
 
 class MetricsError(ValueError):
     pass
 
 
-def _base(name: str) -> str:
-    for suffix in _SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-# `_created` is read only to notice restarts, on the token counters.
-CREATED_WANTED = {name.removesuffix("_total") + "_created" for name in PROMPT_TOKENS + GEN_TOKENS}
-
-
-HISTOGRAM_BASES = {name for names in LATENCIES.values() for name in names}
-
-
 def _alternatives(names) -> str:
     return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
-def _filter(histograms: bool) -> re.Pattern:
-    bases = WANTED if histograms else WANTED - HISTOGRAM_BASES
+_FILTERS: dict[tuple[MetricNames, bool], re.Pattern] = {}
+
+
+def line_filter(names: MetricNames, histograms: bool = True) -> re.Pattern:
+    """One regex that keeps the sample lines of the series `names` reads
+    (and the `_created` lines of its restart counters), built once per engine."""
+    key = (names, histograms)
+    found = _FILTERS.get(key)
+    if found is not None:
+        return found
+    latency = {n for group in names.latencies.values() for n in group}
+    bases = {n.removesuffix("_total") for group in names.groups().values() for n in group}
+    if not histograms:
+        bases -= latency
+    created = {n.removesuffix("_total") + "_created" for n in names.created} or {"\x00never"}
     # No `# TYPE` lines: samples are matched by name, and untyped samples
     # parse the same, in half the parser's time.
-    return re.compile(
+    pattern = re.compile(
         rf"^(?:(?:{_alternatives(bases)})(?:_bucket|_count|_sum|_total)?[{{ ].*"
-        rf"|(?:{_alternatives(CREATED_WANTED)})[{{ ].*)$",
+        rf"|(?:{_alternatives(created)})[{{ ].*)$",
         re.M,
     )
+    _FILTERS[key] = pattern
+    return pattern
 
 
-_FILTERS = {True: _filter(True), False: _filter(False)}
-
-
-def relevant_lines(text: str, histograms: bool = True) -> str:
+def relevant_lines(text: str, names: MetricNames, histograms: bool = True) -> str:
     """Only the series the monitor reads.
 
     A vLLM scrape is mostly histogram buckets, Python process metrics and
     `_created` series nobody here looks at; dropping them (one regex pass,
     in C) before prometheus-client parses the rest keeps a 1 s poll cheap.
     """
-    return "\n".join(_FILTERS[histograms].findall(text)) + "\n"
+    return "\n".join(line_filter(names, histograms).findall(text)) + "\n"
 
 
 # Sample lines already parsed, by their exact text: from one scrape to the
@@ -155,30 +172,31 @@ class Scrape:
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str, t: float, everything: bool = False, histograms: bool = True) -> Scrape:
-        """`histograms=False` skips the latency buckets (most of the parse
-        work); percentiles then come from the scrapes that have them."""
+    def parse(cls, text: str, t: float, names: MetricNames | None = None, histograms: bool = True) -> Scrape:
+        """The series `names` reads (every series without `names`);
+        `histograms=False` skips the latency buckets (most of the parse
+        work): percentiles then come from the scrapes that have them."""
         scrape = cls(t)
-        scrape.vllm = "vllm:" in text
-        scrape.has_histograms = histograms or everything
+        scrape.has_histograms = histograms or names is None
         try:
-            if everything:
+            if names is None:
                 for family in text_string_to_metric_families(text):
                     for sample in family.samples:
                         scrape.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
             else:
-                for name, labels, value in _parsed_lines(_FILTERS[histograms].findall(text)):
+                scrape.engine_seen = names.prefix in text
+                for name, labels, value in _parsed_lines(line_filter(names, histograms).findall(text)):
                     scrape.samples.setdefault(name, []).append((labels, value))
         except (ValueError, TypeError, IndexError) as exc:
             raise MetricsError(f"cannot parse /metrics: {exc}") from None
         return scrape
 
-    vllm: bool = False
+    engine_seen: bool = False  # the engine's prefix is in the text (whatever series were kept)
     has_histograms: bool = True
 
-    @property
-    def is_vllm(self) -> bool:
-        return self.vllm or any(name.startswith("vllm:") for name in self.samples)
+    def has(self, names: tuple[str, ...]) -> bool:
+        """Whether any series of `names` is in this scrape (a histogram by its buckets)."""
+        return any(n in self.samples or n + "_bucket" in self.samples for n in names)
 
     def _first(self, names: tuple[str, ...]) -> tuple[str, list[tuple[dict, float]]] | None:
         for name in names:
@@ -215,7 +233,7 @@ class Scrape:
                 out[key] = out.get(key, 0.0) + value
         return out or None
 
-    def sleep(self) -> tuple[bool, int | None] | None:
+    def sleep(self, names: tuple[str, ...]) -> tuple[bool, int | None] | None:
         """(sleeping, level) from `vllm:engine_sleep_state`, or None when it is absent.
 
         vLLM sets `awake` to 0 while the engine sleeps, and one of
@@ -224,7 +242,8 @@ class Scrape:
         so its level is None. Data-parallel engines sleep together; should
         they differ, the deepest sleep is reported, since a sleeping engine
         is what a user must not mistake for an idle one."""
-        series = self.samples.get(SLEEP_STATE[0])
+        found = self._first(names)
+        series = found[1] if found else None
         if not series:
             return None
         engines: dict[str, dict[str, float]] = {}
@@ -366,6 +385,19 @@ class Derived:
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" over the window, "p95_1m"}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
     queue_slow: float | None = None  # requests in the window that waited over QUEUE_WAIT_S in the queue
+    spec_acceptance: float | None = None  # drafted tokens accepted, 0..1, over the window
+    spec_accept_len: float | None = None  # tokens accepted per draft (plus the one the target makes), mean
+    # The figures (`snapshot.FIGURES`) the engine's scrape held no series for: not exported by it
+    missing: list[str] = field(default_factory=list)
+
+
+# Each figure the monitor shows, and the name groups whose series give it.
+FIGURE_GROUPS: dict[str, tuple[str, ...]] = {
+    "kv": ("kv_usage",), "running": ("running",), "waiting": ("waiting",), "prompt_tps": ("prompt_tokens",),
+    "gen_tps": ("gen_tokens",), "prefix": ("prefix_queries", "cached_tokens", "prefix_hit_rate"),
+    "preemptions": ("preemptions",), "finished": ("requests",), "ttft": ("ttft",), "itl": ("itl",),
+    "queue": ("queue",), "e2e": ("e2e",), "spec": ("spec_accepted", "spec_accept_len", "spec_accept_rate"),
+}
 
 
 Histogram = tuple[dict[float, float], float | None]  # cumulative buckets, and the sum of the observations
@@ -396,16 +428,21 @@ def above(bound: float, buckets: dict[float, float]) -> float:
 class EngineMetrics:
     """Keeps the last scrapes of one engine and derives rates and percentiles."""
 
-    def __init__(self, window: float = 30.0, rate_window: float = 5.0, max_scrapes: int = 120):
+    def __init__(self, names: MetricNames, window: float = 30.0, rate_window: float = 5.0, max_scrapes: int = 120):
+        self.names = names
         self.window = window  # percentiles and prefix hit rate
         self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
         self._percentiles: dict[str, float | None] = {}
         self._latency: dict[str, dict[str, float | None]] | None = None
         self._queue_slow: float | None = None
+        self._missing_latency: list[str] = []
         # (t, {latency name: cumulative buckets}) of the scrapes read with
         # histograms, for the last minute's p95.
         self._minute: deque[tuple[float, dict[str, Histogram | None]]] = deque()
+
+    def parse(self, text: str, t: float, histograms: bool = True) -> Scrape:
+        return Scrape.parse(text, t, self.names, histograms=histograms)
 
     def reset(self) -> None:
         self.scrapes.clear()
@@ -415,55 +452,60 @@ class EngineMetrics:
         self._minute.clear()
 
     def add(self, scrape: Scrape) -> Derived:
+        n = self.names
         prev = self.scrapes[-1] if self.scrapes else None
         restarted = prev is not None and self._restarted(prev, scrape)
         if restarted:
-            self.scrapes.clear()
-            self._percentiles = {}
-            self._latency = None
-            self._queue_slow = None
-            self._minute.clear()
+            self.reset()
             prev_for_rates = prev  # the delta is everything since the restart
         else:
             prev_for_rates = next((s for s in self.scrapes if scrape.t - s.t <= self.rate_window), prev)
         self.scrapes.append(scrape)
         while len(self.scrapes) > 2 and scrape.t - self.scrapes[0].t > self.window:
             self.scrapes.popleft()
+        label = n.finished_label
         d = Derived(
-            kv_usage=_clean(scrape.mean(KV_USAGE)),
-            running=_clean(scrape.total(RUNNING)),
-            waiting=_clean(scrape.total(WAITING)),
-            preemptions=_clean(scrape.total(PREEMPTIONS)),
-            requests=_clean(scrape.total(REQUESTS)),
-            waiting_by_reason=scrape.by_label(WAITING_BY_REASON, "reason"),
-            rejections=_clean(scrape.total(REJECTIONS)),
-            rejections_by_reason=scrape.by_label(REJECTIONS, "reason"),
-            finished_by_reason=scrape.by_label(REQUESTS, "finished_reason"),
-            prompt_tokens_total=_clean(scrape.total(PROMPT_TOKENS)),
-            gen_tokens_total=_clean(scrape.total(GEN_TOKENS)),
-            started_at=scrape.created(GEN_TOKENS),
+            kv_usage=_clean(scrape.mean(n.kv_usage)),
+            running=_clean(scrape.total(n.running)),
+            waiting=_clean(scrape.total(n.waiting)),
+            preemptions=_clean(scrape.total(n.preemptions)),
+            requests=_clean(scrape.total(n.requests)),
+            waiting_by_reason=scrape.by_label(n.waiting_by_reason, "reason"),
+            rejections=_clean(scrape.total(n.rejections)),
+            rejections_by_reason=scrape.by_label(n.rejections, "reason"),
+            finished_by_reason=scrape.by_label(n.requests, label) if label else None,
+            prompt_tokens_total=_clean(scrape.total(n.prompt_tokens)),
+            gen_tokens_total=_clean(scrape.total(n.gen_tokens)),
+            started_at=scrape.created(n.gen_tokens) if n.created else None,
         )
-        sleep = scrape.sleep()
+        if d.kv_usage is not None and d.kv_usage > 1.0 + 1e-9:
+            d.kv_usage = d.kv_usage / 100.0  # a percentage where a share was expected
+        sleep = scrape.sleep(n.sleep_state) if n.sleep_state else None
         if sleep is not None:
             d.sleeping, d.sleep_level = sleep
         if prev_for_rates is not None:
             dt = scrape.t - prev_for_rates.t
             if dt > 0:
-                for attr, names in (("prompt_tps", PROMPT_TOKENS), ("gen_tps", GEN_TOKENS),
-                                    ("rejection_rate", REJECTIONS)):
+                for attr, names in (("prompt_tps", n.prompt_tokens), ("gen_tps", n.gen_tokens),
+                                    ("rejection_rate", n.rejections)):
                     delta = counter_delta(prev_for_rates.total(names), scrape.total(names), restarted)
                     if delta is not None:
                         setattr(d, attr, delta / dt)
-                finished = self._rates_by_reason(prev_for_rates, scrape, restarted, dt)
-                if finished is not None:
-                    d.finished_rate_by_reason = finished
-                    d.finished_rate = sum(finished.values())
+                if label:
+                    finished = self._rates_by_reason(prev_for_rates, scrape, restarted, dt)
+                    if finished is not None:
+                        d.finished_rate_by_reason = finished
+                        d.finished_rate = sum(finished.values())
+                else:
+                    done = counter_delta(prev_for_rates.total(n.requests), scrape.total(n.requests), restarted)
+                    if done is not None:
+                        d.finished_rate = done / dt
                 # Bytes per GPU: the mean over data-parallel engines, each on
                 # its own GPU, to set against one node's bandwidth. A build
                 # that does not estimate them (vLLM's CPU backend) leaves both
                 # at 0: no figure then, rather than a "0 GB/s" that means nothing.
-                read = counter_delta(prev_for_rates.mean(READ_BYTES), scrape.mean(READ_BYTES), restarted)
-                write = counter_delta(prev_for_rates.mean(WRITE_BYTES), scrape.mean(WRITE_BYTES), restarted)
+                read = counter_delta(prev_for_rates.mean(n.read_bytes), scrape.mean(n.read_bytes), restarted)
+                write = counter_delta(prev_for_rates.mean(n.write_bytes), scrape.mean(n.write_bytes), restarted)
                 if (read or 0.0) + (write or 0.0) > 0:
                     d.mem_read_bps = None if read is None else read / dt
                     d.mem_write_bps = None if write is None else write / dt
@@ -475,26 +517,65 @@ class EngineMetrics:
         d.latency = self._latency
         d.queue_slow = self._queue_slow
         if oldest is not scrape:
-            queries = counter_delta(oldest.total(PREFIX_QUERIES), scrape.total(PREFIX_QUERIES))
-            hits = counter_delta(oldest.total(PREFIX_HITS), scrape.total(PREFIX_HITS))
-            if queries and hits is not None:
-                d.prefix_hit_rate = min(1.0, hits / queries)
-            # A rejection is an error someone got: kept in view for the whole
-            # window, not only the few seconds the rate is nonzero.
-            d.rejections_recent = counter_delta(oldest.total(REJECTIONS), scrape.total(REJECTIONS))
-            if d.rejections_recent is not None:
-                d.rejections_span = scrape.t - oldest.t
+            self._window_figures(d, oldest, scrape)
         if d.prefix_hit_rate is None:
-            legacy = scrape.mean(PREFIX_HIT_RATE)
-            if legacy is not None and legacy >= 0:
+            legacy = scrape.mean(n.prefix_hit_rate)
+            if legacy is not None and 0 <= legacy <= 1:
                 d.prefix_hit_rate = legacy
+        if d.spec_accept_len is None and n.spec_accept_len:
+            length = _clean(scrape.mean(n.spec_accept_len))
+            d.spec_accept_len = length if length else None  # 0: no speculative decoding running
+        if d.spec_acceptance is None and n.spec_accept_rate:
+            rate = _clean(scrape.mean(n.spec_accept_rate))
+            d.spec_acceptance = rate if rate else None
+        d.missing = self._missing(scrape)
         return d
+
+    def _window_figures(self, d: Derived, oldest: Scrape, scrape: Scrape) -> None:
+        """What is counted over the whole window: prefix hits, recent rejections, drafts accepted."""
+        n = self.names
+        hits = counter_delta(oldest.total(n.prefix_hits), scrape.total(n.prefix_hits))
+        queries = counter_delta(oldest.total(n.prefix_queries), scrape.total(n.prefix_queries))
+        if not n.prefix_queries and n.cached_tokens:
+            hits = counter_delta(oldest.total(n.cached_tokens), scrape.total(n.cached_tokens))
+            queries = counter_delta(oldest.total(n.prompt_tokens), scrape.total(n.prompt_tokens))
+        if queries and hits is not None:
+            d.prefix_hit_rate = min(1.0, hits / queries)
+        # A rejection is an error someone got: kept in view for the whole
+        # window, not only the few seconds the rate is nonzero.
+        d.rejections_recent = counter_delta(oldest.total(n.rejections), scrape.total(n.rejections))
+        if d.rejections_recent is not None:
+            d.rejections_span = scrape.t - oldest.t
+        accepted = counter_delta(oldest.total(n.spec_accepted), scrape.total(n.spec_accepted))
+        drafted = counter_delta(oldest.total(n.spec_draft_tokens), scrape.total(n.spec_draft_tokens))
+        drafts = counter_delta(oldest.total(n.spec_drafts), scrape.total(n.spec_drafts))
+        if accepted is not None and drafted:
+            d.spec_acceptance = min(1.0, accepted / drafted)
+        if accepted is not None and drafts:
+            d.spec_accept_len = 1.0 + accepted / drafts  # the target model's own token counts too
+
+    def _missing(self, scrape: Scrape) -> list[str]:
+        """The figures this engine does not export: no names for them, or none
+        of their series in its scrape (histograms judged on scrapes that have them)."""
+        missing = []
+        for figure, groups in FIGURE_GROUPS.items():
+            names = [name for group in groups for name in getattr(self.names, group)]
+            if figure in ("ttft", "itl", "queue", "e2e") and names and not scrape.has_histograms:
+                if figure in self._missing_latency:
+                    missing.append(figure)
+                continue
+            if not names or not scrape.has(tuple(names)):
+                missing.append(figure)
+        if scrape.has_histograms:
+            self._missing_latency = [f for f in missing if f in ("ttft", "itl", "queue", "e2e")]
+        return missing
 
     def _histogram_window(self, scrape: Scrape) -> None:
         """Percentiles over the window and over the last minute, from the
         scrapes read with histograms (every few seconds, not every poll)."""
         self._percentiles = {}
-        now = {name: scrape.histogram_with_sum(names) for name, names in LATENCIES.items()}
+        latencies = self.names.latencies
+        now = {name: scrape.histogram_with_sum(names) for name, names in latencies.items()}
         hist_oldest = next((s for s in self.scrapes if s.has_histograms), None)
         self._minute.append((scrape.t, now))
         while len(self._minute) > 2 and scrape.t - self._minute[1][0] >= MINUTE:
@@ -506,7 +587,7 @@ class EngineMetrics:
             return
         latency: dict[str, dict[str, float | None]] = {}
         qs = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-        for name, names in LATENCIES.items():
+        for name, names in latencies.items():
             old = hist_oldest.histogram_with_sum(names)
             figures = _window_quantiles(now[name], old, qs)
             current = now[name]
@@ -520,15 +601,15 @@ class EngineMetrics:
             if figures is not None:
                 latency[name] = figures
         self._latency = latency or None
-        for short, attr in (("ttft", "ttft"), ("itl", "itl")):
+        for short in ("ttft", "itl"):
             figures = latency.get(short) or {}
             if figures.get("p50") is not None or figures.get("p95") is not None:
-                self._percentiles[f"{attr}_p50"] = figures.get("p50")
-                self._percentiles[f"{attr}_p95"] = figures.get("p95")
+                self._percentiles[f"{short}_p50"] = figures.get("p50")
+                self._percentiles[f"{short}_p95"] = figures.get("p95")
 
-    @staticmethod
-    def _rates_by_reason(prev: Scrape, cur: Scrape, restarted: bool, dt: float) -> dict[str, float] | None:
-        before, now = prev.by_label(REQUESTS, "finished_reason"), cur.by_label(REQUESTS, "finished_reason")
+    def _rates_by_reason(self, prev: Scrape, cur: Scrape, restarted: bool, dt: float) -> dict[str, float] | None:
+        label = self.names.finished_label or ""
+        before, now = prev.by_label(self.names.requests, label), cur.by_label(self.names.requests, label)
         if now is None or before is None:
             return None
         out = {}
@@ -537,12 +618,12 @@ class EngineMetrics:
             out[reason] = (delta or 0.0) / dt
         return out
 
-    @staticmethod
-    def _restarted(prev: Scrape, cur: Scrape) -> bool:
-        for names in (GEN_TOKENS, PROMPT_TOKENS):
-            a, b = prev.created(names), cur.created(names)
-            if a is not None and b is not None and b > a:
-                return True
+    def _restarted(self, prev: Scrape, cur: Scrape) -> bool:
+        for names in (self.names.gen_tokens, self.names.prompt_tokens):
+            if names and self.names.created:
+                a, b = prev.created(names), cur.created(names)
+                if a is not None and b is not None and b > a:
+                    return True
             pa, pb = prev.total(names), cur.total(names)
             if pa is not None and pb is not None and pb < pa:
                 return True
