@@ -90,6 +90,20 @@ def _env_from_opts(opts: dict[str, list[str]]) -> dict[str, str]:
     return env
 
 
+def runnable(command: list[str], path: str) -> list[str]:
+    """What runs for a container's command on a twin host, where an image's
+    software is the twin's stand-ins: `/app/llama-server` (an image's own
+    path) is the `llama-server` on the PATH, and SGLang's module
+    (`python3 -m sglang.launch_server`) is the `sglang serve` stand-in."""
+    if len(command) >= 3 and os.path.basename(command[0]).startswith("python") and command[1:3] == [
+            "-m", "sglang.launch_server"]:
+        return ["sglang", "serve", *command[3:]]
+    head = command[0]
+    if os.path.isabs(head) and not os.path.exists(head) and shutil.which(os.path.basename(head), path=path):
+        return [os.path.basename(head), *command[1:]]
+    return command
+
+
 def cmd_run(host: TwinHost, argv: list[str]) -> int:
     opts, rest = _parse_opts(argv)
     if not rest:
@@ -124,7 +138,8 @@ def cmd_run(host: TwinHost, argv: list[str]) -> int:
         "network": (opts.get("--network") or opts.get("--net") or ["bridge"])[-1],
         "gpus": (opts.get("--gpus") or [""])[-1], "rm": "--rm" in opts, "execs": [],
     }
-    if shutil.which(command[0], path=container_env(host, env, name, image)["PATH"]) is None:
+    if shutil.which(runnable(command, container_env(host, env, name, image)["PATH"])[0],
+                    path=container_env(host, env, name, image)["PATH"]) is None:
         raise DockerError(f'Error response from daemon: failed to create task for container: failed to create '
                           f'shim task: OCI runtime create failed: exec: "{command[0]}": executable file not '
                           "found in $PATH: unknown", 127)
@@ -155,7 +170,8 @@ def supervise(home: str, name: str) -> int:
     # The child gets its own copy of the log's descriptor: ours is only for an exec failure.
     with open(record["log"], "ab", buffering=0) as log:
         try:
-            child = subprocess.Popen(record["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+            child = subprocess.Popen(runnable(record["command"], env["PATH"]), stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=log, env=env)
         except OSError as exc:
             log.write(f"exec {record['command'][0]}: {exc.strerror}\n".encode())
             record.update(state="exited", exit_code=127, finished=time.time())

@@ -117,7 +117,9 @@ class TwinServer(MultiNode, OpenAIRoutes):
         other = self.host.used_mib(exclude_pid=os.getpid()) if self.host else 0
         self.plan = plan = plan_startup(card, args, other)
         say.planned(self, plan)
-        if args.world_size > 1:
+        if say.own_distribution:
+            await say.join(self)
+        elif args.world_size > 1:
             await self._start_distributed(plan)
         used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024)
         weights_gib = plan.perf.weights_bytes_per_node / GIB

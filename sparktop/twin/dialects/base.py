@@ -15,6 +15,7 @@ in `dialects.DIALECTS`, and its stand-in command in `twin/node.py`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -109,6 +110,19 @@ class TwinMetrics:
         return b""
 
 
+def add_twin_flags(parser: argparse.ArgumentParser) -> None:
+    """The twin's own flags, which every dialect's command line takes besides its engine's."""
+    parser.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
+    parser.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
+    parser.add_argument("--twin-home", help="(twin) the simulated host's state directory")
+
+
+def twin_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """ServeArgs keywords from the twin's own flags (`SPARKTOP_TWIN_SPEED` when --speed is not given)."""
+    speed = ns.speed if ns.speed is not None else float(os.environ.get("SPARKTOP_TWIN_SPEED", "0") or 0) or 1.0
+    return {"speed": speed, "startup_speed": ns.startup_speed, "twin_home": ns.twin_home}
+
+
 # Where a dialect's route handlers find their server (`request.app[TWIN]`).
 TWIN: web.AppKey[Any] = web.AppKey("twin")
 
@@ -129,6 +143,8 @@ class Dialect:
     process_name: ClassVar[str] = "VLLM::EngineCore"  # how nvidia-smi lists its GPU process
     server_header: ClassVar[str | None] = None
     log_class: ClassVar[type[TwinLog]] = TwinLog
+    # Over several nodes it joins its own workers (`join`), not through vLLM's rendezvous or Ray.
+    own_distribution: ClassVar[bool] = False
 
     # -- the command line ---------------------------------------------------------
 
@@ -150,6 +166,9 @@ class Dialect:
 
     def planned(self, server: TwinServer, plan: StartupPlan) -> None:
         """Architecture, context length, batch limits."""
+
+    async def join(self, server: TwinServer) -> None:
+        """With `own_distribution`: reach the other nodes before loading (StartupError if one is missing)."""
 
     def loading(self, server: TwinServer) -> None:
         pass
