@@ -86,6 +86,9 @@ class Defaults:
     ray_port: int = 6379
     master_port: int = 29501
     container_env: dict = field(default_factory=dict)  # added to every container sparktop starts
+    # The image of each other runtime (`sglang`, `llama-cpp`, `trtllm`) where a recipe names none;
+    # `image` above is vLLM's.
+    images: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -213,10 +216,10 @@ def _read_defaults(doc: dict, path: Path) -> Defaults:
         raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
     check_keys(raw_defaults, DEFAULT_KEYS, path, "defaults")
     for key, value in raw_defaults.items():
-        if key == "container_env":
+        if key in ("container_env", "images"):
             if not isinstance(value, dict):
-                raise ConfigError(str(path), line_of(raw_defaults, key), "defaults.container_env", "must be a mapping")
-            defaults.container_env = {str(k): str(v) for k, v in value.items()}
+                raise ConfigError(str(path), line_of(raw_defaults, key), f"defaults.{key}", "must be a mapping")
+            setattr(defaults, key, {str(k): str(v) for k, v in value.items()})
             continue
         kind = int if key.endswith("port") else str
         setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))

@@ -11,9 +11,12 @@
   `recipe_version`: `model`, `container`, `runtime`, `mode`, `min_nodes`,
   `max_nodes`, `solo_only` / `cluster_only`, `defaults`, `env`, `metadata`
   and a `command` template (`{model}` and every `defaults` key); with no
-  `command`, the vLLM flags come from the well-known `defaults` keys. Only
-  vLLM runtimes are launched; `${VAR}` in `env` means "pass VAR from the
-  launching environment", which sparktop does by name.
+  `command`, the engine's flags come from the well-known `defaults` keys.
+  Every runtime sparkrun launches is read as it is: vLLM (`vllm`,
+  `vllm-distributed`, `vllm-ray`, `eugr-vllm`), `sglang`, `llama-cpp` and
+  `trtllm`; the command's flags become the runtime's own arguments, those
+  the layout decides being left to sparktop. `${VAR}` in `env` means "pass
+  VAR from the launching environment", which sparktop does by name.
 
 A user points `--recipes` at their existing folder and sees their recipes.
 """
@@ -28,6 +31,7 @@ from typing import Any, cast
 
 from sparktop.errors import ConfigError
 from sparktop.launch.recipe import RESERVED_FLAGS, SECRET_NAMES, Recipe
+from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
 from sparktop.yamlfile import line_of
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -90,6 +94,78 @@ def split_vllm_command(argv: list[str]) -> tuple[str | None, dict[str, Any], lis
             continue
         flags[name.replace("-", "_")] = _number(value)
     return model, flags, extra
+
+
+# The words that start each runtime's server, before its flags (`trtllm-serve` takes the model first).
+_PROGRAMS = {"sglang": ("python", "python3", "-m", "sglang.launch_server", "sglang", "serve"),
+             "llama-cpp": ("llama-server", "/app/llama-server"), "trtllm": ("trtllm-serve", "serve")}
+# The flag that names the model, per runtime (its value is the recipe's model).
+_MODEL_FLAGS = {"sglang": ("model_path", "model"), "llama-cpp": ("hf", "hf_repo", "hfr", "m", "model"),
+                "trtllm": ()}
+_SERVED_FLAGS = {"sglang": ("served_model_name",), "llama-cpp": ("alias", "a"), "trtllm": ()}
+
+
+def split_engine_command(argv: list[str], runtime: str) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
+    """An engine's command line -> (model, served name, the runtime's own flags, extra args), for
+    SGLang's `python3 -m sglang.launch_server ...`, `llama-server ...` and `trtllm-serve MODEL ...`."""
+    programs = _PROGRAMS.get(runtime, ())
+    while argv and (argv[0] in programs or argv[0].rsplit("/", 1)[-1] in programs):
+        argv = argv[1:]
+    model = None
+    if runtime == "trtllm" and argv and not argv[0].startswith("-"):
+        model, argv = argv[0], argv[1:]
+    reserved = runtime_for(runtime).reserved
+    flags: dict[str, Any] = {}
+    extra: list[str] = []
+    served = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            extra.append(arg)
+            i += 1
+            continue
+        name, eq, inline = arg.lstrip("-").partition("=")
+        takes_value = not eq and i + 1 < len(argv) and not (argv[i + 1].startswith("-") and
+                                                            not _is_number(argv[i + 1]))
+        value: Any = inline if eq else (argv[i + 1] if takes_value else True)
+        i += 1 if eq or not takes_value else 2
+        key = name.replace("-", "_")
+        if key in _MODEL_FLAGS.get(runtime, ()):
+            model = model or str(value)
+            continue
+        if key in _SERVED_FLAGS.get(runtime, ()):
+            served = str(value)
+            continue
+        if key in reserved:
+            continue
+        flags[key] = _number(value)
+    return model, served, flags, extra
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+# sparkrun's defaults keys, per runtime, for recipes without a command: the runtime's own flag names.
+_DEFAULTS_FLAGS = {
+    "sglang": {"gpu_memory_utilization": "mem_fraction_static", "max_model_len": "context_length",
+               "max_num_seqs": "max_running_requests", "kv_cache_dtype": "kv_cache_dtype",
+               "attention_backend": "attention_backend", "quantization": "quantization"},
+    "llama-cpp": {"n_gpu_layers": "n_gpu_layers", "ctx_size": "ctx_size", "max_model_len": "ctx_size",
+                  "parallel": "parallel", "flash_attn": "flash_attn"},
+    "trtllm": {"max_batch_size": "max_batch_size", "max_num_tokens": "max_num_tokens", "max_seq_len": "max_seq_len",
+               "max_model_len": "max_seq_len"},
+}
+# ... and the ones TensorRT-LLM takes in its options file (sparkrun writes them there too).
+_TRTLLM_CONFIG = {"free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+                  "kv_cache_dtype": ("kv_cache_config", "dtype"),
+                  "cuda_graph_padding": ("cuda_graph_config", "enable_padding"),
+                  "moe_backend": ("moe_config", "backend")}
 
 
 def _number(value: Any) -> Any:
@@ -189,10 +265,10 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
         raise ConfigError(str(path), getattr(doc, "line", None), "model", "is required in a sparkrun recipe")
     if not doc.get("container"):
         raise ConfigError(str(path), getattr(doc, "line", None), "container", "is required in a sparkrun recipe")
-    runtime = str(doc.get("runtime") or "vllm")
-    if not runtime.startswith("vllm") and runtime != "eugr-vllm":
-        raise ConfigError(str(path), line_of(doc, "runtime"), "runtime",
-                          f"{runtime} is not a vLLM runtime; sparktop launches vLLM")
+    try:
+        runtime = runtime_id(str(doc.get("runtime") or "vllm"))
+    except UnknownRuntime as exc:
+        raise ConfigError(str(path), line_of(doc, "runtime"), "runtime", str(exc)) from None
     defaults = dict(doc.get("defaults") or {})
     if not isinstance(doc.get("defaults") or {}, dict):
         raise ConfigError(str(path), line_of(doc, "defaults"), "defaults", "must be a mapping")
@@ -212,14 +288,29 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
             argv = shlex.split(command.replace("\\\n", " "))
         except ValueError as exc:
             raise ConfigError(str(path), line_of(doc, "command"), "command", f"cannot be split: {exc}") from None
-        model, flags, extra = split_vllm_command(argv)
-    else:
+        if runtime == "vllm":
+            model, flags, extra = split_vllm_command(argv)
+        else:
+            model, served_flag, flags, extra = split_engine_command(argv, runtime)
+            if served_flag:
+                flags["served_model_name"] = served_flag
+    elif runtime == "vllm":
         model = doc["model"]
         flags = {k: _number(defaults[k]) for k in _SPARKRUN_FLAGS if k in defaults and k not in ("port", "host")}
         flags.update({k: True for k in _SPARKRUN_SWITCHES if defaults.get(k) is True})
         extra = []
+    else:
+        model = doc["model"]
+        table = _DEFAULTS_FLAGS.get(runtime, {})
+        flags = {table[k]: _number(v) for k, v in defaults.items() if k in table}
+        extra = []
     metadata = doc.get("metadata") or {}
-    recipe = Recipe(id=path.stem, name=path.stem, model=str(doc["model"] or model), path=path, format="sparkrun-v2")
+    recipe = Recipe(id=path.stem, name=path.stem, model=str(doc["model"] or model), path=path, format="sparkrun-v2",
+                    runtime=runtime)
+    if runtime == "trtllm":
+        for key, (section, name) in _TRTLLM_CONFIG.items():
+            if key in defaults:
+                recipe.engine_config.setdefault(section, {})[name] = _number(defaults[key])
     recipe.description = str(doc.get("description") or metadata.get("description") or "")
     recipe.image = str(doc["container"])
     if served := flags.pop("served_model_name", None) or defaults.get("served_model_name"):

@@ -27,9 +27,11 @@ import aiohttp
 from sparktop.events import emitting
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.plan import Home, Plan, Step
+from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import ROUTER_KEY_ENV
-from sparktop.observe.vllm_log import startup_state, strip_prefix
+from sparktop.observe.engine_log import VLLM_LOG, LogPatterns, startup_state, strip_prefix
+from sparktop.observe.engines import by_id
 from sparktop.remote import Transport, TransportError
 
 DEFAULT_TIMEOUT = 30 * 60.0  # a 120B model takes ~15 minutes to load on a Spark; leave room
@@ -236,10 +238,17 @@ class Executor:
     async def _died(self, node: str, container: str, code: str) -> LaunchFailed:
         r = await self.transports[node].run(["docker", "logs", "--tail", "200", container], timeout=30)
         lines = (r.stdout + r.stderr).splitlines() or list(self._logs.get(container, []))
-        state = startup_state(lines)
-        why = state.reason or next((strip_prefix(line) for line in reversed(lines) if "error" in line.lower()), None)
+        state = startup_state(lines, self._log)
+        why = state.reason or next((strip_prefix(line, self._log) for line in reversed(lines)
+                                    if "error" in line.lower()), None)
         reason = f"{node}: {container} exited with code {code}" + (f": {why}" if why else "")
-        return LaunchFailed(reason, [strip_prefix(line) for line in lines if line.strip()][-12:])
+        return LaunchFailed(reason, [strip_prefix(line, self._log) for line in lines if line.strip()][-12:])
+
+    @property
+    def _log(self) -> LogPatterns:
+        """How the plan's engine words its log."""
+        engine = by_id(runtime_for(self.plan.runtime).engine)
+        return engine.log if engine is not None else VLLM_LOG
 
     # -- logs ------------------------------------------------------------------
 
@@ -253,7 +262,7 @@ class Executor:
             async for line in self.transports[node].stream(["docker", "logs", "-f", container]):
                 buf.append(line)
                 self._emit(LogLine(node, container, line))
-                stage = startup_state([line]).stage
+                stage = startup_state([line], self._log).stage
                 if stage and stage != self._stages.get(container):
                     self._stages[container] = stage
                     self._emit(Stage(node, container, stage))
@@ -263,7 +272,7 @@ class Executor:
     def _tail(self, container: str | None, n: int = 12) -> list[str]:
         if not container or container not in self._logs:
             return []
-        return [strip_prefix(line) for line in list(self._logs[container])[-n:]]
+        return [strip_prefix(line, self._log) for line in list(self._logs[container])[-n:]]
 
     async def _stop_followers(self) -> None:
         for task in self._followers:

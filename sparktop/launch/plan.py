@@ -67,7 +67,7 @@ class Step:
 @dataclass
 class Endpoint:
     url: str
-    kind: str  # vllm | router
+    kind: str  # the engine that answers (`observe.engines` id: vllm, sglang, llama.cpp, trtllm) | router
     node: str
     model: str
     topology: str
@@ -90,6 +90,7 @@ class Plan:
     vllm: dict = field(default_factory=dict)  # the vLLM arguments as launched (recipe + topology + overrides)
     image: str = ""
     notes: list[str] = field(default_factory=list)
+    runtime: str = "vllm"  # the runtime its engines run (`launch/runtimes/`)
 
     def render(self) -> str:
         lines = [f"# launch {self.launch_id}: {self.recipe_id} as {self.topology} on {', '.join(self.nodes)}"]

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
+from sparktop.launch.runtimes import runtime_for
+from sparktop.launch.runtimes.llamacpp import is_gguf_path
 from sparktop.layouts import parse_layout
 from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_meminfo
@@ -116,6 +118,9 @@ class Want:
     kv_per_node_token: float | None  # bytes
     seq_state_gib: float | None
     detect_fabric: bool = False  # a cluster whose inventory lacks eth_if or fabric_ip somewhere
+    runtime: str = "vllm"
+    share: str = "gpu_memory_utilization"  # what the runtime calls the memory share `util` stands for
+    kv_tokens: int | None = None  # a KV cache of a fixed size (llama.cpp's -c) instead of a memory share
 
 
 @dataclass
@@ -169,12 +174,26 @@ async def _memory(on: NodeChecks) -> None:
         on.add("memory", "warn", "cannot read /proc/meminfo")
         return
     total = mem.total / GIB
+    if w.kv_tokens is not None and w.weights_per_node is not None and w.kv_per_node_token:
+        # llama.cpp allocates what it is told: the weights and a KV cache of -c tokens, no share of memory.
+        kv_gib = w.kv_tokens * w.kv_per_node_token / GIB
+        want = w.weights_per_node + kv_gib + 1.5
+        share = f"weights {w.weights_per_node:.1f} GiB + KV cache of {w.kv_tokens:,} tokens {kv_gib:.1f} GiB"
+        left = mem.available / GIB - want
+        if left < HEADROOM_FAIL:
+            on.add("memory", "fail", f"{share}, but only {mem.available / GIB:.1f} GiB is available: lower "
+                                     "ctx_size or stop what holds memory")
+        elif left < HEADROOM_WARN:
+            on.add("memory", "warn", f"{share} leaves {left:.1f} GiB free: a GB10 freezes when memory runs out")
+        else:
+            on.add("memory", "pass", f"{share}; {left:.1f} GiB stays free")
+        return
     want = w.util * total
     left = mem.available / GIB - want
-    share = f"gpu_memory_utilization {w.util:g} x {total:.1f} GiB = {want:.1f} GiB"
+    share = f"{w.share} {w.util:g} x {total:.1f} GiB = {want:.1f} GiB"
     if left < HEADROOM_FAIL:
         on.add("memory", "fail", f"{share}, but only {mem.available / GIB:.1f} GiB is available: lower "
-                                 "gpu_memory_utilization or stop what holds memory")
+                                 f"{w.share} or stop what holds memory")
     elif left < HEADROOM_WARN:
         on.add("memory", "warn", f"{share} leaves {left:.1f} GiB free: a GB10 freezes when memory runs out")
     else:
@@ -184,7 +203,7 @@ async def _memory(on: NodeChecks) -> None:
     kv = want - w.weights_per_node - 2.5
     if kv <= 0:
         on.add("fit", "fail", f"weights ({w.weights_per_node:.1f} GiB on this node) do not fit in the {want:.1f} "
-                              "GiB share: raise gpu_memory_utilization or use two nodes")
+                              f"GiB share: raise {w.share} or use two nodes")
     elif w.kv_per_node_token and w.max_model_len:
         state = w.seq_state_gib or 0
         need = (w.max_model_len * w.kv_per_node_token) / GIB + state
@@ -192,7 +211,7 @@ async def _memory(on: NodeChecks) -> None:
             fits = int(max(0.0, kv - state) * GIB / w.kv_per_node_token)
             on.add("fit", "fail", f"one {w.max_model_len}-token request needs {need:.1f} GiB of KV cache, "
                                   f"{kv:.1f} GiB is left: lower max_model_len (to about {fits}) or raise "
-                                  "gpu_memory_utilization")
+                                  f"{w.share}")
         else:
             on.add("fit", "pass", f"weights {w.weights_per_node:.1f} GiB, KV cache {kv:.1f} GiB "
                                   f"({int(kv * GIB / w.kv_per_node_token):,} tokens)")
@@ -214,17 +233,45 @@ async def _image(on: NodeChecks) -> None:
 
 
 async def _weights(on: NodeChecks) -> None:
-    """The weights in the Hugging Face cache."""
+    """The weights in the Hugging Face cache (a GGUF: on the node, or in the cache llama-server downloads to)."""
     model, hf_cache = on.want.recipe.model, on.want.hf_cache
+    if on.want.runtime == "llama-cpp":
+        await _gguf(on, model, hf_cache)
+        return
     where = f"{hf_cache}/hub/{hf_dir(model)}"
     cache = Home(where).render() if hf_cache.startswith("~/") else shlex.quote(where)
     r = await on.run(f"test -d {cache}/snapshots")
+    engine = runtime_for(on.want.runtime).name
     if r.ok:
         on.add("weights", "pass", f"{model} is in {hf_cache}")
     else:
         size = f"~{on.want.weights_per_node:.0f} GiB" if on.want.weights_per_node else "the weights"
-        on.add("weights", "warn", f"{model} is not in {hf_cache}: vLLM will download {size} at startup (or run "
+        on.add("weights", "warn", f"{model} is not in {hf_cache}: {engine} will download {size} at startup (or run "
                                   f"`hf download {model}` there first)")
+
+
+async def _gguf(on: NodeChecks, model: str, hf_cache: str) -> None:
+    if is_gguf_path(model):
+        r = await on.run(["test", "-f", model])
+        if r.ok:
+            on.add("weights", "pass", f"{model} is on this node")
+        else:
+            on.add("weights", "fail", f"{model} is not on this node: copy the GGUF there (llama-server's -m)")
+        return
+    repo, _, quant = model.partition(":")
+    roots = [f"{hf_cache}/llama.cpp", f"{hf_cache}/hub/{hf_dir(repo)}"]
+    paths = " ".join(Home(r).render() if r.startswith("~/") else shlex.quote(r) for r in roots)
+    # The GGUF files there, whichever layout llama-server wrote them in.
+    r = await on.run(f"find {paths} -iname '*.gguf' 2>/dev/null")
+    stem = repo.rsplit("/", 1)[-1].lower().removesuffix("-gguf")
+    found = [line for line in r.stdout.splitlines() if stem in line.lower() and (not quant or quant.lower()
+                                                                                 in line.lower())]
+    if found:
+        on.add("weights", "pass", f"{model} is in {hf_cache} ({found[0].rsplit('/', 1)[-1]})")
+    else:
+        size = f"~{on.want.weights_per_node:.0f} GiB" if on.want.weights_per_node else "the GGUF"
+        on.add("weights", "warn", f"{model} is not in {hf_cache}: llama-server will download {size} at startup "
+                                  f"(-hf {model})")
 
 
 async def _ports(on: NodeChecks) -> None:
@@ -279,12 +326,27 @@ async def _already_running(on: NodeChecks) -> None:
                                   f"{running[0]}`, or run next to it if ports and memory allow")
 
 
+# The memory share each runtime takes when the recipe says nothing: vLLM's gpu_memory_utilization, SGLang's
+# mem_fraction_static (its default for a large GPU), TensorRT-LLM's KV share of what the weights leave (it takes
+# most of the memory), llama.cpp's nothing but what it is told (`_kv_tokens`).
+DEFAULT_SHARE = {"vllm": 0.9, "sglang": 0.88, "trtllm": 0.9}
+
+
+def _kv_tokens(runtime: str, flags: dict, max_model_len: int | None) -> int | None:
+    """llama.cpp's KV cache in tokens: -c, else the model's whole context."""
+    if runtime != "llama-cpp":
+        return None
+    tokens = flags.get("kv_tokens") or max_model_len
+    return int(tokens) if tokens else None
+
+
 async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
                         transports: dict[str, Transport]) -> Preflight:
     from sparktop.model.perf import PerfModel
 
-    vllm, image = plan.vllm, plan.image or inventory.defaults.image
-    util = float(vllm.get("gpu_memory_utilization", 0.9))
+    runtime = runtime_for(plan.runtime)
+    vllm, image = runtime.serving_flags(plan.vllm), plan.image or inventory.defaults.image
+    util = float(vllm.get("gpu_memory_utilization", DEFAULT_SHARE.get(runtime.id, 0.9)))
     max_model_len = vllm.get("max_model_len")
     layout = parse_layout(plan.topology)
     cluster = layout.spans_nodes
@@ -301,8 +363,11 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
         if max_model_len is None:
             max_model_len = card.max_model_len
     detect = cluster and any(not (n.eth_if and n.fabric_ip) for n in map(inventory.node, plan.nodes))
+    share = next((ours for ours, theirs in runtime.serving_names.items() if theirs == "gpu_memory_utilization"),
+                 "gpu_memory_utilization")
     want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
-                kv_token, seq_state, detect_fabric=detect)
+                kv_token, seq_state, detect_fabric=detect, runtime=runtime.id, share=share,
+                kv_tokens=_kv_tokens(runtime.id, vllm, max_model_len))
     # Every engine's head listens for its other nodes: the rendezvous (mp) or Ray's GCS.
     heads = {group[0] for group in layout.engines(plan.nodes)} if cluster else set()
     jobs = []

@@ -1,15 +1,16 @@
-"""Recipes: what to run (model, image, vLLM arguments, environment, limits).
+"""Recipes: what to run (model, image, the engine's arguments, environment, limits).
 
 A recipe is one YAML file. sparktop's own format::
 
     name: gpt-oss-120b
     description: OpenAI gpt-oss-120b, MXFP4
     model: openai/gpt-oss-120b
+    runtime: vllm                        # vllm (default) | sglang | llama-cpp | trtllm
     served_model_name: gpt-oss-120b     # optional
-    image: nvcr.io/nvidia/vllm:25.11-py3 # optional, else the inventory default
+    image: nvcr.io/nvidia/vllm:25.11-py3 # optional, else the inventory default (defaults.images per runtime)
     port: 8000                           # optional, else the inventory default
-    vllm:                                # flag -> value; true = bare flag
-      gpu_memory_utilization: 0.70
+    vllm:                                # flag -> value; true = bare flag (`args:` for any runtime,
+      gpu_memory_utilization: 0.70      #   in its own flag names: mem_fraction_static, ctx_size, ...)
       max_model_len: 131072
     extra_args: ["--enable-auto-tool-choice"]
     env: {VLLM_USE_FLASHINFER_MOE_FP4: "0"}
@@ -17,6 +18,10 @@ A recipe is one YAML file. sparktop's own format::
     topologies:                          # per-topology overrides
       cluster-mp: {vllm: {max_model_len: 262144}}
     memory: {weights_gib: 61}            # or params_b + bits
+    config: {...}                        # TensorRT-LLM: its --extra_llm_api_options YAML
+
+A llama.cpp recipe's model is a GGUF: `REPO:QUANT` (`-hf`) or a `.gguf` path
+on the nodes (`-m`); its `card:` names the model sparktop predicts for.
 
 Validation happens on load and every error names the file, the line and
 the key, with a did-you-mean for unknown keys. Flags the topology decides
@@ -38,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from sparktop.errors import ConfigError, SparktopError
+from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
 from sparktop.layouts import MAX_NODES, Layout, LayoutError, parse_layout
 from sparktop.model.cards import UnknownModel, find_card
+from sparktop.model.gguf import gguf_card, gguf_format
 from sparktop.model.quant import Quantization
 from sparktop.model.serving import Serving
 from sparktop.yamlfile import check_keys, line_of
@@ -57,10 +64,10 @@ RESERVED_FLAGS = {
 SECRET_NAMES = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD|MASTER_KEY)$", re.I)
 FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
-TOP_KEYS = ("name", "description", "model", "served_model_name", "image", "port", "vllm", "extra_args", "env",
-            "limits", "topologies", "memory", "card", "quantization")
+TOP_KEYS = ("name", "description", "model", "runtime", "served_model_name", "image", "port", "vllm", "args",
+            "extra_args", "env", "limits", "topologies", "memory", "card", "quantization", "config")
 LIMIT_KEYS = ("solo_only", "cluster_only", "min_nodes", "max_nodes")
-OVERRIDE_KEYS = ("vllm", "extra_args", "env", "image", "port")
+OVERRIDE_KEYS = ("vllm", "args", "extra_args", "env", "image", "port")
 MEMORY_KEYS = ("weights_gib", "params_b", "bits")
 
 
@@ -98,6 +105,13 @@ class Recipe:
     card: str | None = None
     quantization: str | None = None
     pass_env: list[str] = field(default_factory=list)  # passed by name from the launching environment
+    runtime: str = "vllm"  # the runtime that serves it (`launch/runtimes/`)
+    engine_config: dict[str, Any] = field(default_factory=dict)  # TensorRT-LLM's options file (`config:`)
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The engine's flags as the recipe gives them (`vllm:` for vLLM, `args:` for any runtime)."""
+        return self.vllm
 
     @property
     def served_name(self) -> str:
@@ -138,6 +152,10 @@ class Recipe:
         if layout.nodes > self.max_nodes:
             return (f"runs on at most {self.max_nodes} node{'s' * (self.max_nodes != 1)} "
                     f"(limits.max_nodes); {name} takes {layout.nodes}")
+        if k > 1:
+            why = runtime_for(self.runtime).why_not(layout)
+            if why:
+                return f"{name}: {why}"
         return None
 
     def settings(self, topology: str) -> tuple[dict[str, Any], list[str], dict[str, str], str | None, int | None]:
@@ -166,8 +184,10 @@ class Recipe:
     def serving(self, topology: str, overrides: dict | None = None) -> Serving:
         """The engine settings this recipe gives vLLM for `topology` (and
         `--set` overrides), as the performance model reads them."""
-        vllm, *_ = self.settings(topology)
-        return Serving.from_flags({**vllm, **(overrides or {})}, where=str(self.path))
+        args, *_ = self.settings(topology)
+        flags = runtime_for(self.runtime).serving_flags({**args, **(overrides or {})})
+        return Serving.from_flags({k: v for k, v in flags.items() if k not in ("kv_tokens", "kv_cache_free_fraction")},
+                                  where=str(self.path))
 
     def twin_card(self):
         """The model card this recipe serves (None: sparktop has no card for
@@ -177,12 +197,13 @@ class Recipe:
             if not name:
                 continue
             try:
-                card = find_card(name)
+                card = find_card(name) if self.runtime != "llama-cpp" or name == self.card else gguf_card(name)
             except UnknownModel:
                 continue
-            if self.quantization:
+            quantization = self.quantization or (gguf_format(self.model) if self.runtime == "llama-cpp" else None)
+            if quantization:
                 try:
-                    quant = Quantization.of(self.quantization)
+                    quant = Quantization.of(quantization)
                 except SparktopError:
                     return card
                 if quant.scheme != card.quant.scheme and (quant.experts, quant.linear) != (
@@ -193,7 +214,8 @@ class Recipe:
 
 
 def flag_args(vllm: dict[str, Any]) -> list[str]:
-    """`{gpu_memory_utilization: 0.7, enforce_eager: true}` -> vLLM argv items."""
+    """`{gpu_memory_utilization: 0.7, enforce_eager: true}` -> vLLM argv items (other runtimes spell
+    theirs through their `Runtime.flag_args`)."""
     out: list[str] = []
     for key, value in vllm.items():
         flag = "--" + key.replace("_", "-")
@@ -237,25 +259,30 @@ def _str_map(raw, path, parent, key, where) -> dict[str, str]:
     return out
 
 
-def _vllm_map(raw, path, parent, key, where) -> dict[str, Any]:
+def _vllm_map(raw, path, parent, key, where, runtime: str = "vllm") -> dict[str, Any]:
+    """A mapping of the runtime's flags, checked: valid names, none the layout decides, sane values."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise _err(path, parent, key, where, "must be a mapping of flag: value")
+    rt = runtime_for(runtime)
+    reserved = RESERVED_FLAGS if rt.id == "vllm" else {r.replace("_", "-") for r in rt.reserved}
     out = {}
     for name, value in raw.items():
         name_s = str(name).lstrip("-")
         flag = name_s.replace("_", "-")
         here = f"{where}.{name}"
         if not FLAG_NAME.match(name_s):
-            raise _err(path, raw, name, here, "is not a vLLM flag name")
-        if flag in RESERVED_FLAGS:
+            raise _err(path, raw, name, here, f"is not a {rt.name} flag name")
+        if flag in reserved:
             raise _err(path, raw, name, here, "is set by sparktop from the topology and inventory; remove it "
                                               "(use the top-level port / served_model_name keys)")
-        if flag == "gpu-memory-utilization" and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                                 or not 0 < value <= 1):
-            raise _err(path, raw, name, here, f"gpu_memory_utilization must be between 0 and 1, got {value}")
-        if flag in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "max-cudagraph-capture-size") and \
+        if flag in ("gpu-memory-utilization", "mem-fraction-static", "kv-cache-free-gpu-memory-fraction") and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+            raise _err(path, raw, name, here, f"{name_s} must be between 0 and 1, got {value}")
+        if flag in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "max-cudagraph-capture-size",
+                    "context-length", "max-running-requests", "ctx-size", "parallel", "max-batch-size",
+                    "max-num-tokens", "max-seq-len") and \
                 (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise _err(path, raw, name, here, f"must be a positive integer, got {value!r}")
         out[name_s.replace("-", "_")] = value
@@ -300,6 +327,21 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         if not doc.get(required):
             raise ConfigError(str(path), getattr(doc, "line", None), required, "is required")
     recipe = Recipe(id=path.stem, name=str(doc["name"]), model=str(doc["model"]), path=path)
+    if doc.get("runtime") is not None:
+        try:
+            recipe.runtime = runtime_id(str(doc["runtime"]))
+        except UnknownRuntime as exc:
+            raise _err(path, doc, "runtime", "runtime", str(exc)) from None
+    if "vllm" in doc and recipe.runtime != "vllm":
+        raise _err(path, doc, "vllm", "vllm", f"a {recipe.runtime} recipe gives its flags under args:, in "
+                                              f"{runtime_for(recipe.runtime).name}'s own names")
+    if "config" in doc:
+        if recipe.runtime != "trtllm":
+            raise _err(path, doc, "config", "config", "is TensorRT-LLM's options file; this recipe's runtime is "
+                                                      f"{recipe.runtime}")
+        if not isinstance(doc["config"], dict):
+            raise _err(path, doc, "config", "config", "must be a mapping (TensorRT-LLM's --extra_llm_api_options)")
+        recipe.engine_config = dict(doc["config"])
     recipe.description = str(doc.get("description") or "")
     recipe.served_model_name = str(doc["served_model_name"]) if doc.get("served_model_name") else None
     recipe.image = str(doc["image"]) if doc.get("image") else None
@@ -307,7 +349,8 @@ def parse_native(doc: dict, path: Path) -> Recipe:
     recipe.quantization = str(doc["quantization"]) if doc.get("quantization") else None
     if "port" in doc:
         recipe.port = _int(doc["port"], path, doc, "port", "port", 1, 65535)
-    recipe.vllm = _vllm_map(doc.get("vllm"), path, doc, "vllm", "vllm")
+    flags_key = "args" if "args" in doc else "vllm"
+    recipe.vllm = _vllm_map(doc.get(flags_key), path, doc, flags_key, flags_key, recipe.runtime)
     recipe.extra_args = _str_list(doc.get("extra_args"), path, doc, "extra_args", "extra_args")
     recipe.env = _str_map(doc.get("env"), path, doc, "env", "env")
     limits = doc.get("limits") or {}
@@ -336,8 +379,9 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         if not isinstance(raw, dict):
             raise _err(path, overrides, topology, where, "must be a mapping")
         check_keys(raw, OVERRIDE_KEYS, path, where)
+        key_here = "args" if "args" in raw else "vllm"
         recipe.topologies[topology] = Override(
-            vllm=_vllm_map(raw.get("vllm"), path, raw, "vllm", f"{where}.vllm"),
+            vllm=_vllm_map(raw.get(key_here), path, raw, key_here, f"{where}.{key_here}", recipe.runtime),
             extra_args=_str_list(raw.get("extra_args"), path, raw, "extra_args", f"{where}.extra_args"),
             env=_str_map(raw.get("env"), path, raw, "env", f"{where}.env"),
             image=str(raw["image"]) if raw.get("image") else None,
@@ -350,14 +394,16 @@ def parse_native(doc: dict, path: Path) -> Recipe:
     for key in MEMORY_KEYS:
         if key in memory:
             setattr(recipe, key, _number(memory[key], path, memory, key, f"memory.{key}"))
+    reserved = RESERVED_FLAGS if recipe.runtime == "vllm" else {
+        r.replace("_", "-") for r in runtime_for(recipe.runtime).reserved} | runtime_for(recipe.runtime).reserved
     for arg in recipe.extra_args:
-        if arg.startswith("--") and arg[2:].split("=")[0] in RESERVED_FLAGS:
+        if arg.startswith("--") and arg[2:].split("=")[0] in reserved:
             raise _err(path, doc, "extra_args", "extra_args", f"{arg} is set by sparktop from the topology")
     return recipe
 
 
-def parse_sets(items: list[str] | None) -> dict:
-    """`--set max_num_seqs=64 --set enforce_eager=true` -> vLLM overrides."""
+def parse_sets(items: list[str] | None, runtime: str = "vllm") -> dict:
+    """`--set max_num_seqs=64 --set enforce_eager=true` -> overrides of the runtime's flags."""
     import yaml
 
     out = {}
@@ -366,4 +412,4 @@ def parse_sets(items: list[str] | None) -> dict:
         if not sep or not key.strip():
             raise SparktopError(f"--set {item!r}: expected FLAG=VALUE (e.g. --set max_num_seqs=64)")
         out[key.strip().lstrip("-").replace("-", "_")] = yaml.safe_load(value) if value else True
-    return _vllm_map(out, "--set", {}, None, "--set")
+    return _vllm_map(out, "--set", {}, None, "--set", runtime)

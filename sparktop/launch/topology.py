@@ -1,5 +1,10 @@
 """Topologies: how a recipe is laid out on the nodes, as a launch plan.
 
+A layout (`layouts.py`) is replicas of one engine, each over some nodes;
+each engine is started in its runtime's own commands (`launch/runtimes/`:
+vLLM, SGLang, llama.cpp, TensorRT-LLM), and replicas sit behind a LiteLLM
+proxy on the head (`shuffle`, `least-busy`). With vLLM:
+
 | topology    | what runs                                                            |
 |-------------|----------------------------------------------------------------------|
 | solo        | one vLLM container on one node, TP=1                                 |
@@ -33,8 +38,9 @@ import time
 import yaml
 
 from sparktop.errors import SparktopError
-from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait, render
-from sparktop.launch.recipe import Recipe, flag_args
+from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait
+from sparktop.launch.recipe import Recipe
+from sparktop.launch.runtimes import runtime_for
 from sparktop.layouts import LayoutError, parse_layout, to_label
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
@@ -75,6 +81,7 @@ class Builder:
                  overrides: dict | None = None, port: int | None = None, lid: str | None = None,
                  fabric: dict[str, Fabric] | None = None):
         self.recipe = recipe
+        self.runtime = runtime_for(recipe.runtime)  # how each engine of the layout is started
         self.detected = dict(fabric or {})  # node -> what preflight found where the inventory gives nothing
         self.layout = parse_layout(topology)
         self.topology = self.layout.name  # the alias of a two-node layout, else its spelling
@@ -83,7 +90,9 @@ class Builder:
         vllm, extra, env, image, recipe_port = recipe.settings(topology)
         vllm.update(overrides or {})
         self.vllm, self.extra, self.env = vllm, extra, env
-        self.image = image or inventory.defaults.image
+        # The inventory's image is vLLM's unless it says otherwise: another runtime takes its own by default.
+        self.image = image or (inventory.defaults.image if self.runtime.id == "vllm" else
+                               inventory.defaults.images.get(self.runtime.id) or self.runtime.default_image)
         self.port = port or recipe_port or inventory.defaults.port
         self.lid = lid or launch_id(recipe, topology, [n.name for n in nodes], self.port)
         self.state_dir = f"~/.local/state/sparktop/launches/{self.lid}"
@@ -145,6 +154,7 @@ class Builder:
         return notes
 
     def labels(self, role: str, endpoint: str | None = None, kind: str = "vllm") -> list[str]:
+        # kind: what answers at the endpoint (`observe.engines` id) or `router`
         out = ["--label", f"sparktop.launch={self.lid}", "--label", f"sparktop.recipe={self.recipe.id}",
                "--label", f"sparktop.topology={to_label(self.topology)}", "--label", f"sparktop.role={role}",
                "--label", f"sparktop.model={self.recipe.served_name}"]
@@ -182,23 +192,6 @@ class Builder:
         self.steps.append(Step(node.name, argv, f"write {file} ({', '.join(names)}) on {node.name}",
                                stdin_secrets=list(names), role="setup"))
 
-    def serve_args(self, node: Node, extra: list[str]) -> list[str]:
-        args = ["serve", self.recipe.model, "--served-model-name", self.recipe.served_name,
-                "--host", node.bind, "--port", str(self.port)]
-        return args + extra + flag_args(self.vllm) + self.extra
-
-    # -- topologies --------------------------------------------------------------
-
-    def solo(self, node: Node, role: str = "vllm") -> Endpoint:
-        url = self.url(node, self.port)
-        name, argv = self.docker_run(node, role, self.env, "vllm", self.serve_args(node, []), endpoint=url)
-        self.steps.append(Step(node.name, argv, f"start vLLM ({self.recipe.served_name}, TP=1) on {node.name}",
-                               container=name, wait=Wait("running", container=name), role="engine"))
-        endpoint = Endpoint(url, "vllm", node.name, self.recipe.served_name, "solo" if self.topology == "solo"
-                            else self.topology, name)
-        self.endpoints.append(endpoint)
-        return endpoint
-
     def wait_ready(self, endpoint: Endpoint, key_env: str | None = None) -> None:
         """Readiness: /health and the model in /v1/models (the last step waits on it).
         A Ray engine has a step of its own for that already (its head starts
@@ -221,12 +214,7 @@ class Builder:
             nodes = [by_name[name] for name in group]
             # Replicas tell their containers apart by their head's name; one engine keeps the plain roles.
             suffix = f"-{nodes[0].name}" if self.layout.replicas > 1 else ""
-            if len(nodes) == 1:
-                engines.append(self.solo(nodes[0], role=f"vllm{suffix}"))
-            elif self.layout.backend == "ray":
-                engines.append(self.cluster_ray(nodes, suffix))
-            else:
-                engines.append(self.cluster_mp(nodes, suffix))
+            engines.append(self.runtime.engine_steps(self, nodes, suffix))
         if self.layout.router:
             self.router(engines)
         else:
@@ -234,19 +222,7 @@ class Builder:
         notes = self.fabric_notes()
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
-                    vllm=dict(self.vllm), image=self.image, notes=notes)
-
-    def parallel_args(self) -> list[str]:
-        """--tensor-parallel-size, --pipeline-parallel-size and expert parallel
-        (unless the recipe already asks for it) for an engine over nodes."""
-        flags = self.layout.vllm_flags()
-        flags.pop("distributed-executor-backend", None)  # mp is vLLM's default; Ray is set where it runs
-        if self.vllm.get("enable_expert_parallel") or self.vllm.get("enable-expert-parallel"):
-            flags.pop("enable-expert-parallel", None)
-        args: list[str] = []
-        for flag, value in flags.items():
-            args += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
-        return args
+                    vllm=dict(self.vllm), image=self.image, notes=notes, runtime=self.runtime.id)
 
     def describe(self) -> str:
         """"TP=2" (the two-node names), "TP=2 x PP=2", "TP=4, expert parallel"."""
@@ -254,70 +230,12 @@ class Builder:
         text = " x ".join(parts)
         return text + (", expert parallel" if self.layout.ep else "")
 
-    def cluster_mp(self, nodes: list[Node], suffix: str = "") -> Endpoint:
-        head, workers = nodes[0], nodes[1:]
-        k = len(nodes)
-        dist = [*self.parallel_args(), "--nnodes", str(k), "--master-addr", self.peer_address(head),
-                "--master-port", str(self.inv.defaults.master_port)]
-        # Workers first: the head waits for them at the master address.
-        for rank, node in enumerate(workers, 1):
-            args = ["serve", self.recipe.model, *dist, "--node-rank", str(rank), "--headless",
-                    *flag_args(self.vllm), *self.extra]
-            name, argv = self.docker_run(node, f"worker{rank}{suffix}", {**self.env, **self.network_env(node, head)},
-                                         "vllm", args)
-            self.steps.append(Step(node.name, argv, f"start vLLM worker rank {rank} (headless) on {node.name}",
-                                   container=name, wait=Wait("running", container=name), role="worker"))
-        url = self.url(head, self.port)
-        args = self.serve_args(head, [*dist, "--node-rank", "0"])
-        name, argv = self.docker_run(head, f"vllm{suffix}", {**self.env, **self.network_env(head, head)}, "vllm",
-                                     args, endpoint=url)
-        self.steps.append(Step(head.name, argv, f"start vLLM head rank 0 ({self.describe()}, no Ray) on {head.name}",
-                               container=name, role="engine"))
-        endpoint = Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name)
-        self.endpoints.append(endpoint)
-        return endpoint
-
-    def cluster_ray(self, nodes: list[Node], suffix: str = "") -> Endpoint:
-        head, workers = nodes[0], nodes[1:]
-        k = len(nodes)
-        ray_port = str(self.inv.defaults.ray_port)
-        url = self.url(head, self.port)
-        serve = ["vllm", *self.serve_args(head, [*self.parallel_args(), "--distributed-executor-backend", "ray"])]
-        # One head container: Ray head first, then (once every worker has
-        # joined) vLLM as the Ray driver, in the same container so its log
-        # is the container's log.
-        script = (
-            f"ray start --head --port {shlex.quote(ray_port)} --node-ip-address {shlex.quote(self.peer_address(head))}"
-            f" --disable-usage-stats && "
-            f"until [ \"$(ray status 2>/dev/null | grep -c ' node_')\" -ge {k} ]; do "
-            f"echo 'waiting for {k - 1} Ray worker node(s) to join'; sleep 2; done && "
-            f"exec {render(serve)}"
-        )
-        # Ray's memory monitor kills workers on unified memory that looks full to it.
-        ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
-        name, argv = self.docker_run(head, f"vllm{suffix}", {**self.env, **self.network_env(head, head), **ray_env},
-                                     "sh", ["-c", script], endpoint=url)
-        self.steps.append(Step(head.name, argv, f"start the Ray head and vLLM ({self.describe()}, Ray) on {head.name}",
-                               container=name, wait=Wait("running", container=name), role="ray-head"))
-        for rank, node in enumerate(workers, 1):
-            args = ["start", "--address", f"{self.peer_address(head)}:{ray_port}", "--node-ip-address",
-                    self.peer_address(node),
-                    "--disable-usage-stats", "--block"]
-            wname, wargv = self.docker_run(node, f"ray{rank}{suffix}",
-                                           {**self.env, **self.network_env(node, head), **ray_env}, "ray", args)
-            self.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
-                                   wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
-        endpoint = Endpoint(url, "vllm", head.name, self.recipe.served_name, self.topology, name)
-        self.endpoints.append(endpoint)
-        if self.layout.replicas == 1:  # replicas are waited for once they have all started (`router`)
-            self.wait_for(endpoint)
-        return endpoint
-
     def wait_for(self, endpoint: Endpoint) -> None:
         """A step of its own that waits for an engine to serve: vLLM on a Ray
         head starts once every worker has joined, and replicas load their
         weights side by side before the first is waited for."""
-        self.steps.append(Step(endpoint.node, [], f"wait for vLLM on {endpoint.node} to serve", container=None,
+        self.steps.append(Step(endpoint.node, [], f"wait for {self.runtime.name} on {endpoint.node} to serve",
+                               container=None,
                                wait=Wait("http", container=endpoint.container, url=endpoint.url,
                                          model=endpoint.model), role="wait"))
 
@@ -330,7 +248,7 @@ class Builder:
         config = {
             "model_list": [
                 {"model_name": self.recipe.served_name,
-                 "litellm_params": {"model": f"hosted_vllm/{self.recipe.served_name}",
+                 "litellm_params": {"model": f"{self.runtime.router_provider}/{e.model}",
                                     "api_base": f"{e.url}/v1", "api_key": "none"}}
                 for e in backends
             ],

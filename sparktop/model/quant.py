@@ -54,12 +54,24 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     # GPTQ / AWQ with group 128: an FP16 scale (and a 4-bit zero) per 128 weights.
     Format("int4", 4.16, "bf16", "Marlin W4A16", "bf16", "Marlin MoE W4A16"),
     Format("int8", 8.16, "bf16", "Marlin W8A16", "bf16", "Marlin MoE W8A16"),
+    # GGUF blocks (llama.cpp's ggml-quants: 32 weights per block with an FP16 scale, K-quants in 256-weight
+    # super-blocks); llama.cpp's CUDA backend multiplies them with int8 MMA (MMQ) once a batch has rows enough,
+    # dequantizing dot products (MMVQ) below that.
+    Format("q8_0", 8.5, "fp8", "llama.cpp MMQ/MMVQ (Q8_0)", "fp8", "llama.cpp MMQ MoE (Q8_0)"),
+    Format("q6_k", 6.5625, "fp8", "llama.cpp MMQ/MMVQ (Q6_K)", "fp8", "llama.cpp MMQ MoE (Q6_K)"),
+    Format("q5_k_m", 5.69, "fp8", "llama.cpp MMQ/MMVQ (Q5_K_M)", "fp8", "llama.cpp MMQ MoE (Q5_K_M)"),
+    # Q4_K_M keeps some tensors (half the FFN down projections, attention V) in Q6_K: ~4.85 bits on average.
+    Format("q4_k_m", 4.85, "fp8", "llama.cpp MMQ/MMVQ (Q4_K_M)", "fp8", "llama.cpp MMQ MoE (Q4_K_M)"),
+    Format("q4_0", 4.5, "fp8", "llama.cpp MMQ/MMVQ (Q4_0)", "fp8", "llama.cpp MMQ MoE (Q4_0)"),
 )}
+GGUF = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 
 ALIASES = {"gptq-int4": "int4", "int4-gptq": "int4", "int4-awq": "int4", "int4-w4a16": "int4", "awq": "int4",
            "gptq": "int4", "w4a16": "int4", "fp8-dynamic": "fp8",
            "fp8_e4m3": "fp8", "modelopt_fp4": "nvfp4", "modelopt": "fp8", "bfloat16": "bf16", "float16": "fp16",
-           "auto": "bf16", "none": "bf16", "mxfp4-moe": "mxfp4", "compressed-tensors-fp8": "fp8"}
+           "auto": "bf16", "none": "bf16", "mxfp4-moe": "mxfp4", "compressed-tensors-fp8": "fp8",
+           "q4_k": "q4_k_m", "q4_k_s": "q4_k_m", "q5_k": "q5_k_m", "q5_k_s": "q5_k_m", "f16": "fp16", "f32": "bf16",
+           "mxfp4_moe": "mxfp4"}
 
 
 def fmt(name: str) -> Format:
@@ -94,6 +106,11 @@ class Quantization:
             return cls(scheme, fmt(experts or "mxfp4-w4a8"), fmt(linear or "mxfp4"), fmt(lm_head or "mxfp4"),
                        fmt(recurrent or linear or "mxfp4"), fmt(attention or linear or "mxfp4"))
         base = fmt(scheme)
+        if base.name in GGUF:
+            # A GGUF quantizes every linear layer, attention and the output matrix (kept in Q6_K below 6 bits).
+            head = lm_head or ("q6_k" if base.bits < 6 else base.name)
+            return cls(scheme, fmt(experts or base.name), fmt(linear or base.name), fmt(head),
+                       fmt(recurrent or linear or base.name), fmt(attention or linear or base.name))
         if experts is None:
             experts = base.name
         if linear is None:

@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable, NotAnEngine
+from sparktop.observe.engines import by_id
+from sparktop.observe.engines.vllm import Vllm
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
-from sparktop.observe.vllm_log import runtime_failure, startup_state
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
@@ -477,6 +479,12 @@ class Poller:
         for notice in self._notices.engine(snap):
             self._queue.put_nowait(notice)
 
+    @staticmethod
+    def _log_patterns(w: _EngineWorker):
+        """How its engine words its log: what answers once recognised, else what its container suggests."""
+        engine = w.probe.engine.__class__ if w.probe.engine is not None else by_id(w.target.kind)
+        return (engine or Vllm).log
+
     async def _read_stage(self, w: _EngineWorker) -> bool:
         """Whether the engine's container is still starting; reads its log."""
         node = self._nodes.get(w.target.node or "")
@@ -493,7 +501,7 @@ class Poller:
             return False
         if not result.ok:
             return False
-        state = startup_state((result.stdout + result.stderr).splitlines())
+        state = startup_state((result.stdout + result.stderr).splitlines(), self._log_patterns(w))
         if state.failed:
             w.stage = "failed"
             w.health.reason = state.reason or "failed to start"
@@ -518,7 +526,7 @@ class Poller:
             return
         if result.ok:
             # docker logs interleaves stdout and stderr; vLLM writes its log to stderr.
-            w.error = runtime_failure((result.stdout + result.stderr).splitlines()) or w.error
+            w.error = runtime_failure((result.stdout + result.stderr).splitlines(), self._log_patterns(w)) or w.error
 
     async def _watch(self) -> None:
         """Turn silence into state changes even while a poll is stuck."""

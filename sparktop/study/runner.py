@@ -33,8 +33,8 @@ from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import stop_launches
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.observe.engine_log import strip_prefix
 from sparktop.observe.power import NodesPower
-from sparktop.observe.vllm_log import strip_prefix
 from sparktop.remote import Transport, TransportError, transport_for
 from sparktop.settings import Inventory
 from sparktop.study.events import (

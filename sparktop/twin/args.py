@@ -38,6 +38,7 @@ class ServeArgs:
     max_num_seqs: int = 1024  # vLLM's default on a GPU of 70 GiB or more (model.serving)
     max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # the weights' format where it is not the card's (a GGUF's, --quantization)
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     load_format: str = "auto"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import signal
@@ -23,6 +24,7 @@ from typing import TextIO
 from aiohttp import web
 
 from sparktop.model.cards import GIB, UnknownModel, find_card
+from sparktop.model.quant import Quantization
 from sparktop.twin.args import ServeArgs, parse_serve_args
 from sparktop.twin.dialects import dialect_for
 from sparktop.twin.dialects.base import Dialect, TwinMetrics
@@ -49,6 +51,8 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self.args = args
         self.dialect = dialect or dialect_for("vllm")  # whose words it speaks
         self.card = find_card(args.model)
+        if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
+            self.card = dataclasses.replace(self.card, quant=Quantization.of(args.quantization))
         self.log = self.dialect.logger(log)
         self.host = host if host is not None else (TwinHost(args.twin_home) if args.twin_home else TwinHost.from_env())
         # A simulated host may set its own pace (the lab speeds startup up);
@@ -288,8 +292,8 @@ class TwinServer(MultiNode, OpenAIRoutes):
 def serve_main(argv: list[str], prog: str = "vllm serve", engine: str = "vllm") -> int:
     """A twin server from its engine's command line (`vllm serve ...`, `llama-server ...`)."""
     dialect = dialect_for(engine)
-    args = parse_serve_args(argv, prog=prog) if engine == "vllm" else dialect.parse(argv)
     try:
+        args = parse_serve_args(argv, prog=prog) if engine == "vllm" else dialect.parse(argv)
         server = TwinServer(args, dialect=dialect)
     except UnknownModel as exc:
         print(f"ValueError: {exc}", file=sys.stderr)

@@ -45,7 +45,7 @@ from sparktop.launch.session import (
     parse_port,
 )
 from sparktop.layouts import describe, layout_of
-from sparktop.observe.vllm_log import strip_prefix
+from sparktop.observe.engine_log import strip_prefix
 from sparktop.settings import Inventory
 from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested, StudyPlanRequested
 from sparktop.ui.screens import LiveScreen, StatusLine

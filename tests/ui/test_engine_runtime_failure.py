@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from sparktop.observe.vllm_log import runtime_failure, startup_state
+from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.status import engine_json
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sparktop.observe import hostparse
+from sparktop.observe.engine_log import startup_state
 from sparktop.observe.engines.vllm import NAMES as VLLM
 from sparktop.observe.prometheus import EngineMetrics, MetricsError, Scrape, quantile
-from sparktop.observe.vllm_log import startup_state
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 CAP = FIX / "captures"

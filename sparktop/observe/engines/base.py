@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
+from sparktop.observe.engine_log import VLLM_LOG, LogPatterns
 from sparktop.observe.prometheus import Derived, EngineMetrics, MetricNames, MetricsError
 from sparktop.observe.snapshot import FIGURES, EngineSnapshot
 
@@ -116,6 +117,8 @@ class Engine:
     process_bytes: ClassVar[tuple[bytes, ...]] = ()  # substrings of such a command line (a cheap first filter)
     # What it exports, beyond its scrape: figures from its own JSON routes.
     extra_figures: ClassVar[tuple[str, ...]] = ()
+    # How its log says where its start-up is and why it failed (`engine_log`).
+    log: ClassVar[LogPatterns] = VLLM_LOG
 
     def __init__(self, how: str = ""):
         self.how = how  # how it was recognised: "owned_by sglang in /v1/models"

@@ -22,14 +22,30 @@ Read from llama.cpp's source (tools/server, build b11434):
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
+from sparktop.observe.engine_log import LogPatterns
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get, what_is_wrong
 from sparktop.observe.prometheus import Derived, MetricNames, MetricsError
 from sparktop.observe.snapshot import FIGURES, EngineSnapshot
 
+# llama-server's log (tools/server, common/, src/ at b11434): "0.00.004.554 I srv    load_model: loading model ...".
+LOG = LogPatterns(
+    stages=(("initializing", re.compile(r"llama_server: initializing")),
+            ("loading weights", re.compile(r"load_model: loading model|load_tensors: loading model tensors")),
+            ("kv cache", re.compile(r"llama_kv_cache: |initializing, n_slots = ")),
+            ("ready", re.compile(r"llama_server: model loaded|listening on http|server is listening on"))),
+    failure=re.compile(r"error loading model|failed to load model|failed to create.?context|failed to allocate|"
+                       r"exiting due to|Failed to connect to|couldn't bind HTTP server|cudaMalloc failed"),
+    wrapper=re.compile(r"exiting due to|failed to load model, '|failed to create_context with model|"
+                       r"failed to load model '|llama_model_load_from_file_impl"),
+    dead=re.compile(r"GGML_ASSERT|GGML_ABORT|CUDA error|ggml_cuda_error|terminate called|Segmentation fault"),
+    kv_tokens=re.compile(r"llama_kv_cache: size = .*\((\d+) cells"),
+    level=re.compile(r"^\d+\.\d\d\.\d\d\d\.\d\d\d (?P<level>[IWEDF]) "),
+)
 RPC_SERVERS = ("rpc-server", "ggml-rpc-server")  # a worker of a two-node layout (named so since 2026)
 NAMES = MetricNames(
     prefix="llamacpp:",
@@ -57,6 +73,7 @@ class LlamaCpp(Engine):
     process_arg = r"(^|/)llama-serve[r]$|(^|/)(ggml-)?rpc-serve[r]$"
     process_bytes = (b"llama-server", b"rpc-server")
     extra_figures = ("kv",)
+    log = LOG
 
     def __init__(self, how: str = ""):
         super().__init__(how)

@@ -9,12 +9,22 @@ serving figure is shown as not exported by Ollama.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from sparktop.observe import argv as a
+from sparktop.observe.engine_log import LogPatterns
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import Derived
 from sparktop.observe.snapshot import FIGURES, EngineSnapshot
+
+# `ollama serve`: Go's slog lines, "time=... level=INFO source=routes.go:1 msg=\"Listening on 127.0.0.1:11434
+# (version 0.12.6)\"".
+LOG = LogPatterns(
+    stages=(("initializing", re.compile(r"server config|Ollama")), ("ready", re.compile(r"Listening on "))),
+    failure=re.compile(r"^Error: |level=ERROR"),
+    dead=re.compile(r"level=ERROR .*(panic|fatal)|^panic: "),
+)
 
 
 class Ollama(Engine):
@@ -25,6 +35,7 @@ class Ollama(Engine):
     images: ClassVar[tuple[str, ...]] = (r"(^|/)ollama(:|$)",)
     process_arg = r"(^|/)ollam[a]$"
     process_bytes = (b"ollama",)
+    log = LOG
 
     def __init__(self, how: str = ""):
         super().__init__(how)

@@ -19,10 +19,12 @@ its API key among them, which sparktop never shows).
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
+from sparktop.observe.engine_log import LogPatterns
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import MetricNames
 
@@ -47,6 +49,29 @@ NAMES = MetricNames(
 )
 
 
+# SGLang's log (0.5.23: engine.py, model_runner.py, memory_pool.py, http_server.py; uvicorn's own lines):
+# "[2026-01-01 12:00:00 TP0] Load weight begin. avail mem=110.5 GB".
+LOG = LogPatterns(
+    stages=(("initializing", re.compile(r"server_args=|Init parallel begin")),
+            ("loading weights", re.compile(r"Load weight begin")),
+            ("memory profiling", re.compile(r"Load weight end")),
+            ("kv cache", re.compile(r"KV Cache is allocated|Memory pool end")),
+            ("graph capture", re.compile(r"Capture .*CUDA graph begin|Capture cuda graph begin")),
+            ("api server", re.compile(r"max_total_num_tokens=|Uvicorn running on|Application startup complete")),
+            ("ready", re.compile(r"The server is fired up and ready to roll"))),
+    failure=re.compile(r"^[\w.]*(Error|Exception): |Not enough memory|CUDA out of memory|Scheduler hit an exception|"
+                       r"scheduler died during initialization|Initialization failed|Received sigquit from a child|"
+                       r"Traceback \(most recent call last\)"),
+    wrapper=re.compile(r"Received sigquit|Initialization failed|died during initialization|kill_process_tree|"
+                       r"Scheduler hit an exception"),
+    dead=re.compile(r"Scheduler hit an exception|SIGQUIT received|Subprocess \S+ \(pid=\d+\) crashed|"
+                    r"out of memory\. Try to lower your batch size"),
+    kv_tokens=re.compile(r"KV Cache is allocated\..*#tokens: (\d+)"),
+    weights_gib=re.compile(r"Load weight end\..*mem usage=([\d.]+) GB"),
+    level=re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: [A-Z_]+\d+)*\] "),
+)
+
+
 class Sglang(Engine):
     id = "sglang"
     name = "SGLang"
@@ -58,6 +83,7 @@ class Sglang(Engine):
     images: ClassVar[tuple[str, ...]] = (r"sglang",)
     process_arg = r"^sglan[g]\.launch_server$|(^|/)sglan[g]$"
     process_bytes = (b"sglang",)
+    log = LOG
 
     @classmethod
     def claims_info(cls, answer: Answer) -> str | None:

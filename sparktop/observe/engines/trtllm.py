@@ -23,10 +23,12 @@ Read from TensorRT-LLM's source (`tensorrt_llm/metrics/collector.py`,
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
+from sparktop.observe.engine_log import LogPatterns
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import Derived, MetricNames
 from sparktop.observe.snapshot import FIGURES, EngineSnapshot
@@ -52,6 +54,29 @@ NAMES = MetricNames(
 )
 
 
+# trtllm-serve's log: "[12/20/2025-04:20:21] [TRT-LLM] [I] Use 63.32 GB for model weights." and the C++ side's
+# "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 5.95 GiB for max tokens in paged KV cache (86720)." (the last
+# such line is the cache that stays: the first is sized for profiling); newer releases print no "Uvicorn running".
+LOG = LogPatterns(
+    stages=(("initializing", re.compile(r"TensorRT-LLM version|Using LLM with PyTorch backend")),
+            ("waiting for workers", re.compile(r"mpi_rank: |tllm_mpi_size|MpiPoolSession")),
+            ("loading weights", re.compile(r"for model weights|Loading weights|Loading safetensors")),
+            ("compiling", re.compile(r"Autotuning process starts")),
+            ("memory profiling", re.compile(r"Model init total|memory usage profiling")),
+            ("kv cache", re.compile(r"\[MemUsageChange\] Allocated .* paged KV cache|"
+                                    r"Estimated max memory in KV cache")),
+            ("graph capture", re.compile(r"CUDA graph warmup|Creating CUDA graph instances")),
+            ("ready", re.compile(r"Application startup complete|Uvicorn running on"))),
+    failure=re.compile(r"^[\w.]*(Error|Exception): |Executor creation failed|CUDA out of memory|"
+                       r"Executor worker returned error|Executor worker died|ptxas fatal|Traceback \(most recent"),
+    wrapper=re.compile(r"Executor worker returned error|Executor worker died during initialization"),
+    dead=re.compile(r"CppExecutorError|Executor worker died|\[TensorRT-LLM\]\[ERROR\]"),
+    kv_tokens=re.compile(r"paged KV cache \((\d+)\)"),
+    weights_gib=re.compile(r"Use ([\d.]+) GB for model weights"),
+    level=re.compile(r"^\[\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d\] \[TRT-LLM\] \[(?P<level>[IWEF])\] "),
+)
+
+
 class TensorRtLlm(Engine):
     id = "trtllm"
     name = "TensorRT-LLM"
@@ -62,6 +87,7 @@ class TensorRtLlm(Engine):
     images: ClassVar[tuple[str, ...]] = (r"tensorrt-llm", r"trtllm")
     process_arg = r"(^|/)trtllm-serv[e]$"
     process_bytes = (b"trtllm",)
+    log = LOG
 
     def __init__(self, how: str = ""):
         super().__init__(how)

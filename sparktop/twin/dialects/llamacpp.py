@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from sparktop.model.cards import UnknownModel, find_card
+from sparktop.model.cards import find_card
+from sparktop.model.gguf import gguf_card, gguf_format, gguf_names
 from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, error_json, twin_settings
 
 if TYPE_CHECKING:
@@ -39,39 +39,6 @@ BUILD = "b11434"
 DEFAULT_PORT = 8080
 RPC_PORT = 50052
 AUTO_SLOTS = 4  # -np not given: four slots over one unified KV buffer
-_QUANT = re.compile(r"[-_.](?:ud-)?(?:q\d(?:_[a-z0-9]+)*|iq\d\w*|f16|bf16|f32|mxfp4(?:_moe)?|fp8)$", re.I)
-# What a GGUF's quantization is stored in, for the performance model (bits per weight with scales).
-GGUF_FORMATS = {"mxfp4": "mxfp4", "q8_0": "q8_0", "q4_k_m": "q4_k_m", "q4_k": "q4_k_m", "q4_0": "q4_0",
-                "q5_k_m": "q5_k_m", "q6_k": "q6_k", "f16": "fp16", "bf16": "bf16"}
-
-
-def gguf_names(model: str) -> tuple[str, str | None]:
-    """(the model a GGUF holds, its quantization) from its file or repo name:
-    `/models/gpt-oss-120b-mxfp4.gguf`, `ggml-org/gpt-oss-120b-GGUF:MXFP4`, `Qwen3-8B-Q4_K_M.gguf`."""
-    name, _, tag = model.partition(":")
-    name = name.rstrip("/").rsplit("/", 1)[-1]
-    name = re.sub(r"\.gguf$", "", name, flags=re.I)
-    name = re.sub(r"-\d{5}-of-\d{5}$", "", name)  # a split file's part number
-    name = re.sub(r"[-_]gguf$", "", name, flags=re.I)
-    quant = tag or None
-    while (m := _QUANT.search(name)) is not None:
-        quant = quant or m.group(0)[1:]
-        name = name[:m.start()]
-    return name, quant.lower() if quant else None
-
-
-def gguf_card(model: str) -> str:
-    """The twin's card for a GGUF, by its name (UnknownModel when none matches)."""
-    name, _ = gguf_names(model)
-    tries = [name, name.removesuffix("-instruct").removesuffix("-it"), name.replace("meta-", "")]
-    for candidate in dict.fromkeys(tries):
-        try:
-            return find_card(candidate).name
-        except UnknownModel:
-            continue
-    return find_card(name).name  # raises with the list of known cards
-
-
 class LlamaLog(TwinLog):
     """llama.cpp's log: the time since start (minutes.seconds.ms.µs), a level letter, a module tag."""
 
@@ -215,7 +182,7 @@ class LlamaCppDialect(Dialect):
             p.error("a model is required: -m FILE.gguf or -hf REPO[:QUANT]")
         self.model_path = model
         _, self.quant = gguf_names(model)
-        card = gguf_card(model)
+        card = gguf_card(model).name
         self.slots = AUTO_SLOTS if ns.parallel in (None, -1) else max(1, ns.parallel)
         self.unified = ns.kv_unified if ns.kv_unified is not None else ns.parallel in (None, -1)
         self.metrics_on, self.slots_on = ns.metrics, ns.slots
@@ -234,6 +201,7 @@ class LlamaCppDialect(Dialect):
             pipeline_parallel_size=1 + len(self.rpc),
             gpu_memory_utilization=0.95, max_model_len=per_slot, max_num_seqs=self.slots,
             max_num_batched_tokens=ns.batch_size, enable_prefix_caching=True,
+            quantization=gguf_format(model),
             api_key=ns.api_key or None, extra=extra, given=given, **twin_settings(ns))
 
     # -- start-up, in llama-server's words ---------------------------------------------------

@@ -1,18 +1,34 @@
-"""Where a starting vLLM is, read from its log.
+"""Where a starting engine is, read from its log, and why a running one died.
 
 The stage names are what a user sees on an engine card while it starts:
 loading weights, memory profiling, KV cache, graph capture, ready; or
-failed, with the line that says why. Patterns come from real Spark logs
-(reference/captures/vllm-startup_*.log), including the one without
-uvicorn's "Application startup complete." line.
+failed, with the line that says why. Each engine words them its own way
+(`LogPatterns`, one table per engine module in `observe/engines/`); vLLM's
+come from real Spark logs (reference/captures/vllm-startup_*.log), including
+the one without uvicorn's "Application startup complete." line.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# Ordered: a later stage wins over an earlier one.
+
+@dataclass(frozen=True)
+class LogPatterns:
+    """One engine's words in its log."""
+
+    stages: tuple[tuple[str, re.Pattern], ...]  # ordered: a later stage wins over an earlier one
+    failure: re.Pattern  # a line that says it failed to start
+    wrapper: re.Pattern | None = None  # a failure line that only repeats another (the cause came before)
+    dead: re.Pattern | None = None  # its words for an engine that died after start-up
+    kv_tokens: re.Pattern | None = None  # the KV cache's size in tokens, group 1
+    weights_gib: re.Pattern | None = None  # the weights' size, GiB, group 1
+    prefix: re.Pattern = field(default_factory=lambda: re.compile(r"^$"))  # process tags to strip
+    level: re.Pattern = field(default_factory=lambda: re.compile(r"^$"))  # level and time stamp (group `level`)
+
+
+# vLLM's (`engines/vllm.py` names them as its log patterns).
 STAGES: list[tuple[str, re.Pattern]] = [
     ("initializing", re.compile(r"non-default args|Initializing a V1 LLM engine|Resolved architecture")),
     ("waiting for workers", re.compile(r"Waiting for \d+ more node|waiting for clients", re.I)),
@@ -40,6 +56,15 @@ _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _WEIGHTS = re.compile(r"Model loading took ([\d.]+) GiB")
 
 
+_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                    r"\[[^\]]*\]\s?")
+# vLLM's words for an engine that has died at run time: the EngineCore's own
+# fatal error, what the API server says about it, the client noticing.
+DEAD = re.compile(r"EngineCore encountered a fatal error|EngineDeadError|Engine core proc \S+ died unexpectedly|"
+                  r"EngineCore failed")
+VLLM_LOG = LogPatterns(tuple(STAGES), FAILURE, WRAPPER, DEAD, _KV_TOKENS, _WEIGHTS, _PREFIX, _LEVEL)
+
+
 @dataclass
 class StartupState:
     stage: str | None = None
@@ -49,28 +74,29 @@ class StartupState:
     weights_gib: float | None = None
 
 
-def strip_prefix(line: str) -> str:
-    return _PREFIX.sub("", line).strip()
+def strip_prefix(line: str, patterns: LogPatterns = VLLM_LOG) -> str:
+    return patterns.prefix.sub("", line).strip()
 
 
-def startup_state(lines: list[str]) -> StartupState:
+def startup_state(lines: list[str], patterns: LogPatterns = VLLM_LOG) -> StartupState:
     state = StartupState()
     cause: str | None = None
-    rank = {name: i for i, (name, _) in enumerate(STAGES)}
+    rank = {name: i for i, (name, _) in enumerate(patterns.stages)}
     for raw in lines:
-        line = _LEVEL.sub("", strip_prefix(raw))  # "ERROR 11-23 13:57:15 [core.py:1510] ValueError: ..."
-        for name, pattern in STAGES:
+        line = patterns.level.sub("", strip_prefix(raw, patterns))  # "ERROR 11-23 13:57:15 [core.py:1510] ..."
+        for name, pattern in patterns.stages:
             if pattern.search(line) and (state.stage is None or rank[name] >= rank[state.stage]):
                 state.stage = name
-        if m := _KV_TOKENS.search(line):
+        if patterns.kv_tokens is not None and (m := patterns.kv_tokens.search(line)):
             state.kv_tokens = int(m.group(1).replace(",", ""))
-        if m := _WEIGHTS.search(line):
+        if patterns.weights_gib is not None and (m := patterns.weights_gib.search(line)):
             state.weights_gib = float(m.group(1))
-        if FAILURE.search(line):
+        if patterns.failure.search(line):
             state.failed = True
             # The exception line says why; the traceback head does not; the
-            # first exception that is not the API server's wrapper is the cause.
-            if "Traceback" not in line and (cause is None or WRAPPER.search(cause)):
+            # first exception that is not a wrapper of another is the cause.
+            if "Traceback" not in line and (cause is None or patterns.wrapper is not None
+                                             and patterns.wrapper.search(cause)):
                 cause = line
     state.reason = cause
     return state
@@ -78,36 +104,31 @@ def startup_state(lines: list[str]) -> StartupState:
 
 # -- an engine that dies after start-up ------------------------------------------
 
-# vLLM's words for an engine that has died at run time: the EngineCore's own
-# fatal error, what the API server says about it, the client noticing.
-DEAD = re.compile(r"EngineCore encountered a fatal error|EngineDeadError|Engine core proc \S+ died unexpectedly|"
-                  r"EngineCore failed")
-# vLLM's logging prefix after the process tag: "ERROR 01-08 17:16:15 [core.py:844] ".
-_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-                    r"\[[^\]]*\]\s?")
 _EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")
 
 
-def message(line: str) -> tuple[str | None, str]:
-    """(level, message) of a vLLM log line, the process tag and stamp removed."""
-    line = strip_prefix(line)
-    m = _LEVEL.match(line)
+def message(line: str, patterns: LogPatterns = VLLM_LOG) -> tuple[str | None, str]:
+    """(level, message) of a log line, the process tag and stamp removed."""
+    line = strip_prefix(line, patterns)
+    m = patterns.level.match(line)
     if m is None:
         return None, line
-    return m.group("level"), line[m.end():]
+    return m.groupdict().get("level"), line[m.end():]
 
 
-def runtime_failure(lines: list[str]) -> str | None:
+def runtime_failure(lines: list[str], patterns: LogPatterns = VLLM_LOG) -> str | None:
     """Why a running engine died, from the tail of its log: the first error
     line of its death (`EngineCore encountered a fatal error.`), with the
     exception that caused it when the traceback names one. None while the
     log shows no dead engine (a request's own ERROR lines do not count)."""
+    if patterns.dead is None:
+        return None
     first: str | None = None
     cause: str | None = None
     for raw in lines:
-        level, text = message(raw)
+        level, text = message(raw, patterns)
         if first is None:
-            if DEAD.search(text) and level in ("ERROR", "CRITICAL", None):
+            if patterns.dead.search(text) and level in ("ERROR", "CRITICAL", "E", "F", None):
                 first = text.strip()
             continue
         stripped = text.strip()

@@ -1,0 +1,83 @@
+"""What every runtime module fills in: how one engine of a layout is
+started on its nodes, in that runtime's own commands.
+
+`topology.Builder` lays a recipe out (which nodes, replicas, the router,
+secrets, labels, the network environment); a runtime turns one engine of
+that layout into steps: the containers it starts on each node, in order,
+with what to wait for. The flags a recipe gives are the runtime's own
+(`--mem-fraction-static` for SGLang, `--ctx-size` for llama.cpp,
+`--kv_cache_free_gpu_memory_fraction` for TensorRT-LLM); those the layout
+and the inventory decide (host, port, parallel sizes, ranks) are refused in
+recipes, per runtime.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sparktop.layouts import Layout
+
+if TYPE_CHECKING:
+    from sparktop.launch.plan import Endpoint
+    from sparktop.launch.topology import Builder
+    from sparktop.settings import Node
+
+
+class Runtime:
+    id: ClassVar[str] = "vllm"  # as a recipe names it (`runtime: llama-cpp`)
+    engine: ClassVar[str] = "vllm"  # as `observe.engines` names what answers (the endpoint's kind)
+    name: ClassVar[str] = "vLLM"
+    default_image: ClassVar[str] = ""  # when neither the recipe nor the inventory names one
+    flag_sep: ClassVar[str] = "-"  # `--max-num-seqs` (vLLM, SGLang, llama.cpp) or `--max_batch_size` (TensorRT-LLM)
+    # Flags the layout and the inventory decide (underscored names): refused in a recipe.
+    reserved: ClassVar[frozenset[str]] = frozenset()
+    # Its flags for what the performance model and preflight read, by the names vLLM gives them.
+    serving_names: ClassVar[dict[str, str]] = {}
+    router_provider: ClassVar[str] = "openai"  # LiteLLM's provider for it (`hosted_vllm` is vLLM's)
+    ray: ClassVar[bool] = False  # can join its nodes over Ray
+
+    # -- a recipe's flags ------------------------------------------------------------
+
+    def flag_args(self, args: dict[str, Any]) -> list[str]:
+        """`{mem_fraction_static: 0.8, trust_remote_code: true}` -> argv items, in this runtime's spelling."""
+        out: list[str] = []
+        for key, value in args.items():
+            flag = "--" + (key.replace("-", "_") if self.flag_sep == "_" else key.replace("_", "-"))
+            if value is True:
+                out.append(flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                out.append(flag)
+                out.extend(str(v) for v in value)
+            elif isinstance(value, dict):
+                out += [flag, json.dumps(value, separators=(",", ":"))]
+            else:
+                out += [flag, str(value)]
+        return out
+
+    def serving_flags(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The recipe's settings by vLLM's names (gpu_memory_utilization, max_model_len, max_num_seqs ...),
+        for the performance model and preflight."""
+        out = {}
+        for ours, theirs in self.serving_names.items():
+            if ours in args:
+                out[theirs] = args[ours]
+        return out
+
+    def why_not(self, layout: Layout) -> str | None:
+        """Why this runtime cannot run a layout (None: it can)."""
+        return None
+
+    # -- plans -----------------------------------------------------------------------
+
+    def engine_steps(self, b: Builder, nodes: list[Node], suffix: str) -> Endpoint:
+        """The steps that start one engine over `nodes` (the head first); its endpoint."""
+        raise NotImplementedError
+
+    def ready_path(self) -> str:
+        return "/health"
+
+    def served_name(self, b: Builder) -> str:
+        return b.recipe.served_name
