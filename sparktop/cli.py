@@ -201,6 +201,8 @@ def _add_watching(add, watch_options) -> None:
                       "with --layout, the recipe to launch")
     demo.add_argument("--layout", "-t", metavar="L", help="launch the recipe in this layout over the demo's nodes "
                       "instead of a solo engine on each (tp=4, 2x tp=2, 4x solo,shuffle, ...)")
+    demo.add_argument("--runtime", metavar="R", help="serve with the twin of another engine: sglang, llama-cpp, "
+                                                     "trtllm, or several the nodes take in turn (vllm,llama-cpp)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")

@@ -5,6 +5,9 @@ launches the model's recipe in that layout instead (`tp=4`, `2x tp=2`,
 `4x solo,shuffle`, ...), through the same launcher, plan and preflight as
 `sparktop launch`.
 
+`--runtime` serves with another engine's twin (`sglang`, `llama-cpp`,
+`trtllm`), or several that the nodes take in turn (`vllm,llama-cpp`).
+
 The nodes live under the state directory (`demo/`), each with its own
 stand-in `docker`, `nvidia-smi`, `vllm`, `ray` and `ping`; the engines start through
 the twin's docker exactly as on a real node, and the monitor reaches them
@@ -23,7 +26,7 @@ from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
 from sparktop.settings import Defaults, state_dir
-from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
+from sparktop.twin.cluster import DEFAULT_IMAGE, RUNTIME_IMAGES, TwinCluster, wait_ready
 
 
 def demo_root():
@@ -37,9 +40,25 @@ def node_names(count: int) -> tuple[str, ...]:
     return tuple(f"spark-{chr(ord('a') + i)}" for i in range(count))
 
 
+def demo_engines(runtime: str | None) -> list[str]:
+    """`--runtime sglang`, `--runtime vllm,llama-cpp` (the nodes take them in turn) -> engine ids."""
+    from sparktop.launch.runtimes import UnknownRuntime, runtime_for
+
+    out = []
+    for name in (runtime or "vllm").split(","):
+        try:
+            out.append(runtime_for(name.strip()).engine)
+        except UnknownRuntime as exc:
+            raise SparktopError(f"--runtime {name.strip()}: {exc}") from None
+    return out
+
+
 async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: float = 30.0,
-                             wait: bool = True, nodes: int = 2, engines: bool = True) -> tuple[TwinCluster, list[str]]:
-    """The demo's nodes, fresh, and (`engines`) a solo engine on each."""
+                             wait: bool = True, nodes: int = 2, engines: bool = True,
+                             runtime: str | None = None) -> tuple[TwinCluster, list[str]]:
+    """The demo's nodes, fresh, and (`engines`) a solo engine on each, in `runtime` (vLLM; or
+    `sglang`, `llama-cpp`, `trtllm`, or several the nodes take in turn)."""
+    kinds = demo_engines(runtime)
     # The images the inventory's recipes use are "pulled" too, so the launcher works in the demo.
     defaults = Defaults()
     root = demo_root()
@@ -48,10 +67,11 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
         if left:
             await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
     cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
-                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image]).setup()
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image,
+                                  *RUNTIME_IMAGES.values()]).setup()
     if not engines:
         return cluster, []
-    urls = await cluster.run_solo(model=model, startup_speed=startup_speed)
+    urls = await cluster.run_solo(model=model, startup_speed=startup_speed, engines=kinds)
     if wait:
         await wait_ready(urls, timeout=180)
     return cluster, urls
@@ -63,7 +83,7 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
     defaults = Defaults()
     root = demo_root()
     cluster = TwinCluster(root, speed=speed, startup_speed=startup_speed,
-                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image])
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image, *RUNTIME_IMAGES.values()])
     cluster.setup(fresh=not root.exists())
     _link_litellm(cluster)
     return cluster.inventory()
@@ -154,8 +174,13 @@ async def run_demo(args) -> int:
         print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed).")
         return 0
     count = getattr(args, "nodes", 2) or 2
+    runtime = getattr(args, "runtime", None)
+    kinds = demo_engines(runtime)
+    if layout and runtime:
+        raise SparktopError("--runtime and --layout: a layout launches its recipe, in the recipe's runtime")
     what = f"a {count}-node twin cluster" if count != 2 else "a two-node twin cluster"
-    print(f"Starting {what} serving {args.model}" + (f" as {layout}" if layout else "") + " ...", flush=True)
+    how = "" if kinds == ["vllm"] else " with " + ", ".join(dict.fromkeys(kinds))
+    print(f"Starting {what} serving {args.model}{how}" + (f" as {layout}" if layout else "") + " ...", flush=True)
     if layout:
         cluster, _ = await start_demo_cluster(args.model, args.speed, wait=False, nodes=count, engines=False)
         launcher, plan = await launch_layout(cluster, args.model, layout)
@@ -164,7 +189,8 @@ async def run_demo(args) -> int:
         urls = [e.url for e in served]
         key = launcher.state.key(plan.launch_id) if served[0].api_key_env else None
     else:
-        cluster, urls = await start_demo_cluster(args.model, args.speed, wait=args.no_wait, nodes=count)
+        cluster, urls = await start_demo_cluster(args.model, args.speed, wait=args.no_wait, nodes=count,
+                                                 runtime=runtime)
         key = None
     if args.no_wait:
         if layout:

@@ -142,7 +142,9 @@ def as_json(run: Run, price_per_kwh: float | None = None) -> dict:
         row = {k: d[k] for k in JSON_KEYS}
         row.update(timeouts=lv.timeouts, runs=lv.runs, ttft_ms_std=lv.ttft_ms_std, waiting_max=lv.waiting_max,
                    running_max=lv.running_max, preemptions=lv.preemptions, error_reasons=lv.error_reasons,
-                   cost_per_mtok=lv.cost_per_mtok(price_per_kwh))
+                   cost_per_mtok=lv.cost_per_mtok(price_per_kwh),
+                   # the engine's own per-request rates where it sends them (llama.cpp's timings), else null
+                   server_pp_tps_req=lv.server_pp_tps_req, server_tg_tps_req=lv.server_tg_tps_req)
         levels.append(row)
     k = knee(run.levels())
     meta["levels"] = levels

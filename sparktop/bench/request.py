@@ -72,6 +72,9 @@ def scan(body: bytes) -> tuple[bool, bool, int | None] | None:
     return True, has_text, (ids.count(b",") + 1 if ids else 0)
 
 
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
+
+
 def now() -> float:
     return time.perf_counter() + _WALL_OFFSET
 
@@ -103,6 +106,9 @@ class RequestRecord:
     # character (CJK, emoji, byte-level noise). They are generated tokens and
     # count here; llama-benchy 0.4.0 drops chunks without text, and so them.
     textless_tokens: int = 0
+    # The engine's own account of the request where it sends one (llama.cpp's `timings` on its last chunk):
+    # prompt_n, prompt_ms, predicted_n, predicted_ms, cache_n. None: the engine sends none.
+    server_timings: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -284,6 +290,10 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
             err = data["error"]
             record.error = "server: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
             return
+        timings = data.get("timings")
+        if isinstance(timings, dict):
+            record.server_timings = {k: float(v) for k, v in timings.items()
+                                     if k in TIMINGS and isinstance(v, (int, float)) and not isinstance(v, bool)}
         usage = data.get("usage")
         if usage:
             if isinstance(usage.get("prompt_tokens"), int):

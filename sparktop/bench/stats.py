@@ -220,6 +220,10 @@ class LevelStats:
     power_w: float | None = None
     j_per_token: float | None = None
     wh_per_mtok: float | None = None
+    # The engine's own per-request figures where it sends them (llama.cpp's `timings`): prompt tokens per second
+    # of its prompt processing, generated tokens per second of its decoding; means over the level's requests.
+    server_pp_tps_req: float | None = None
+    server_tg_tps_req: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -257,6 +261,7 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         if r.error:
             reasons[_reason(r.error)] += 1
     eng = engine or EngineWatch()
+    timings = [r.server_timings for r in records if r.ok and r.server_timings]
     e2e_total = _mean([b.e2e_tps_total for b in per if b.e2e_tps_total is not None])
     j_per_token = eng.power_w / e2e_total if eng.power_w is not None and e2e_total else None
     return LevelStats(
@@ -281,6 +286,10 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
         tg_unmeasured=sum(b.tg_unmeasured for b in per),
         power_w=eng.power_w, j_per_token=j_per_token,
         wh_per_mtok=None if j_per_token is None else j_per_token * 1e6 / 3600,
+        server_pp_tps_req=_mean([t["prompt_n"] / t["prompt_ms"] * 1000 for t in timings
+                                 if t.get("prompt_ms") and t.get("prompt_n")]),
+        server_tg_tps_req=_mean([t["predicted_n"] / t["predicted_ms"] * 1000 for t in timings
+                                 if t.get("predicted_ms") and t.get("predicted_n")]),
     )
 
 

@@ -17,8 +17,8 @@ GIB = 1024**3
 # with what people call them.
 FIGURES: dict[str, str] = {
     "kv": "KV cache", "running": "running", "waiting": "queued", "prompt_tps": "prompt t/s",
-    "gen_tps": "generation t/s", "prefix": "prefix-cache hits", "preemptions": "preemptions",
-    "finished": "finished requests", "ttft": "TTFT", "itl": "ITL", "queue": "queue time", "e2e": "e2e latency",
+    "gen_tps": "gen t/s", "prefix": "prefix hits", "preemptions": "preemptions",
+    "finished": "finished requests", "ttft": "TTFT", "itl": "ITL", "queue": "queue", "e2e": "e2e",
     "spec": "speculative decoding",
 }
 

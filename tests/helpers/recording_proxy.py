@@ -1,5 +1,6 @@
 """A transparent HTTP proxy in front of a real server that keeps every
-/metrics body it passes on, with the time it passed it.
+/metrics body it passes on, with the time it passed it (and every other
+JSON body sparktop reads, llama-server's /slots among them).
 
 Two clients scraping the same server never see the same moment (on two busy
 cores one scrape can take seconds), so comparing sparktop's figures with a
@@ -30,6 +31,7 @@ class RecordingProxy:
     upstream: str
     scrapes: list[Recorded] = field(default_factory=list)
     url: str = ""
+    bodies: dict[str, list[tuple[float, bytes]]] = field(default_factory=dict)  # path -> (when, body)
 
     async def start(self) -> RecordingProxy:
         self._session = aiohttp.ClientSession()
@@ -53,8 +55,13 @@ class RecordingProxy:
                                          headers={"Content-Type": request.content_type}) as r:
             data = await r.read()
             ctype = r.headers.get("Content-Type", "text/plain")
+            server = r.headers.get("Server")
         if request.path == "/metrics" and r.status == 200:
             self.scrapes.append(Recorded(time.time(), parse(data.decode()), data.decode()))
+        elif request.method == "GET":
+            self.bodies.setdefault(request.path, []).append((time.time(), data))
         response = web.Response(body=data, status=r.status)
         response.headers["Content-Type"] = ctype
+        if server:
+            response.headers["Server"] = server  # llama-server says who it is in this header
         return response

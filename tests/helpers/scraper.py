@@ -1,6 +1,7 @@
-"""The test's own view of a vLLM server's counters: /metrics scraped on a
-thread every few hundred milliseconds and parsed with prometheus-client's
-parser alone (none of sparktop's code), to hold sparktop's figures against.
+"""The test's own view of an engine's counters (vLLM's, llama.cpp's): /metrics
+scraped on a thread every few hundred milliseconds and parsed with
+prometheus-client's parser alone (none of sparktop's code), to hold
+sparktop's figures against.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 
+ENGINE_PREFIXES = ("vllm:", "llamacpp:")
+
+
 def parse(text: str) -> dict[str, float]:
     """Sample name -> value summed over label sets (engines, reasons)."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith("vllm:") and not s.labels.get("le"):
+            if s.name.startswith(ENGINE_PREFIXES) and not s.labels.get("le"):
                 out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 

