@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-
 ENGINE_PREFIXES = ("vllm:", "llamacpp:")
 
 

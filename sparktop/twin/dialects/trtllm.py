@@ -420,7 +420,7 @@ class TrtllmMetrics(TwinMetrics):
             return Histogram("trtllm_" + name, doc, names, buckets=buckets, registry=reg)
 
         def count(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter("trtllm_" + name, doc, names + list(extra), registry=reg)
+            return Counter("trtllm_" + name, doc, names + list(extra) + ["x"] if extra else names, registry=reg)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge("trtllm_" + name, doc, names, registry=reg)
