@@ -330,6 +330,8 @@ def _add_studying(add) -> None:
                        metavar="all|solo,cluster-mp,...",
                        help="which layouts: all (the five two-node names the recipe allows on the nodes, the "
                             "default) or a list, e.g. solo,cluster-mp or 'tp=4,2x tp=2,4x solo'")
+    study.add_argument("--runtimes", metavar="R,R", help="compare runtimes too: vllm,sglang,llama-cpp,trtllm — each "
+                                                         "with its recipe of the same model, in every layout it runs")
     study.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
                        help="concurrency levels (default 1,2,4,8,16,32,64)")
     study.add_argument("--runs", type=int, default=5, help="batches per level (default 5)")
@@ -384,7 +386,11 @@ def _add_recipes_and_predict(add) -> None:
     pred.add_argument("--set", action="append", metavar="FLAG=VALUE",
                       help="a vLLM flag as launch takes it (max_num_seqs=64, kv_cache_dtype=fp8, "
                            "gpu_memory_utilization=0.8, enforce_eager=true ...); the recipe's own by default")
-    pred.add_argument("--quant", help="the checkpoint's format instead of the card's (bf16, fp8, nvfp4, mxfp4, int4)")
+    pred.add_argument("--quant", help="the checkpoint's format instead of the card's (bf16, fp8, nvfp4, mxfp4, int4, "
+                                      "q4_k_m, q8_0)")
+    pred.add_argument("--runtime", help="the engine to predict for: vllm, sglang, llama-cpp, trtllm, ollama (default: "
+                                        "the recipe's; vLLM for a card); one without published Spark figures is said "
+                                        "so")
     pred.add_argument("--json", action="store_true")
 
 

@@ -24,6 +24,7 @@ from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, S
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
 from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, parse_sets
+from sparktop.launch.runtimes import runtime_id
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
 from sparktop.layouts import LayoutError, layouts_for, parse_layout, split_layouts
@@ -42,11 +43,11 @@ def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | 
         sys.stdout.write("\n")
         return 0
     table = Table(title="recipes", title_justify="left")
-    for col in ("recipe", "model", "quant", "weights", "topologies (2 nodes)", "from"):
+    for col in ("recipe", "runtime", "model", "quant", "weights", "topologies (2 nodes)", "from"):
         table.add_column(col)
     for r in sorted(recipes.values(), key=lambda r: r.id):
         weights = r.estimated_weights_gib()
-        table.add_row(r.id, r.model, r.quantization or "—", f"{weights:.1f} GiB" if weights else "—",
+        table.add_row(r.id, r.runtime, r.model, r.quantization or "—", f"{weights:.1f} GiB" if weights else "—",
                       ", ".join(r.allowed_topologies(2)), f"{r.format}: {r.path}")
     console.print(table)
     for error in errors:
@@ -55,7 +56,8 @@ def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | 
 
 
 def recipe_json(r: Recipe) -> dict:
-    return {"id": r.id, "name": r.name, "model": r.model, "served_model_name": r.served_name, "format": r.format,
+    return {"id": r.id, "name": r.name, "runtime": r.runtime, "model": r.model, "served_model_name": r.served_name,
+            "format": r.format,
             "path": str(r.path), "quantization": r.quantization, "weights_gib": r.estimated_weights_gib(),
             "topologies": r.allowed_topologies(2), "description": r.description}
 
@@ -131,8 +133,8 @@ def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] |
                timeout: float = DEFAULT_TIMEOUT, recipe_dirs: list[str] | None = None) -> int:
     recipe = find_recipe(ref, recipe_dirs)
     console = Console(stderr=False)
-    return asyncio.run(_launch(recipe, topology, inventory, nodes, parse_sets(sets), port, dry_run, yes, timeout,
-                               console))
+    return asyncio.run(_launch(recipe, topology, inventory, nodes, parse_sets(sets, recipe.runtime), port, dry_run,
+                               yes, timeout, console))
 
 
 async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, console: Console) -> int:
@@ -243,15 +245,23 @@ def cmd_predict(args) -> int:
     from sparktop.settings import load_inventory
 
     recipe, card = _predict_subject(args)
-    overrides = parse_sets(getattr(args, "set", None))
+    asked = getattr(args, "runtime", None)
+    if asked in ("tgi", "ollama"):  # engines sparktop does not launch, but watches: predicted when it can be
+        runtime = asked
+    else:
+        runtime = runtime_id(asked) if asked else (recipe.runtime if recipe else "vllm")
+    overrides = parse_sets(getattr(args, "set", None), recipe.runtime if recipe else "vllm")
     inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
     topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
     serving = (lambda t: recipe.serving(t, overrides)) if recipe is not None else Serving.from_flags(overrides)
     key = inventory_key(inventory)
     fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
     sources = [str(s) for s in (fitted or {}).get("sources") or []]
+    modeled = runtime_model(runtime)  # which engine the figures are of, or why there are none
     rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
-                    k=constants_for(key))
+                    k=constants_for(key), runtime=runtime)
+    if not rows:
+        raise SparktopError(f"predict: {modeled}")
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
     unsure = uncertainty(card)
@@ -259,8 +269,9 @@ def cmd_predict(args) -> int:
             else f"the published constants ({FITTED.name}; `sparktop twin fit --runs STUDY` fits them to yours)")
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "recommendation": recs, "crossovers": cross,
-                          "uncertainty": unsure, "constants": {"inventory_key": key, "fitted": fitted is not None,
-                                                               "sources": sources, "text": used}}, indent=2))
+                          "uncertainty": unsure, "runtime": {"id": runtime, "text": modeled},
+                          "constants": {"inventory_key": key, "fitted": fitted is not None,
+                                        "sources": sources, "text": used}}, indent=2))
         return 0
     console = Console()
     console.print(_prediction_table(card, rows, args.pp, args.tg))
@@ -275,7 +286,21 @@ def cmd_predict(args) -> int:
         console.print(f"[dim]{note}[/]")
     console.print(f"[dim]{unsure}[/]")
     console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[dim]engine modelled: {escape(modeled)}[/]", highlight=False, soft_wrap=True)
     return 0
+
+
+def runtime_model(runtime: str) -> str:
+    """What `predict` says of the engine it models: vLLM, or another runtime fitted to its own published figures,
+    or why it cannot model it."""
+    if runtime == "vllm":
+        return "vLLM (the constants above)"
+    from sparktop.model.runtimes import CannotModel, describe
+
+    try:
+        return describe(runtime)
+    except CannotModel as exc:
+        return str(exc)
 
 
 def _prediction_table(card: ModelCard, rows: list, pp: int, tg: int) -> Table:

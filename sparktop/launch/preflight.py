@@ -174,6 +174,12 @@ async def _memory(on: NodeChecks) -> None:
         on.add("memory", "warn", "cannot read /proc/meminfo")
         return
     total = mem.total / GIB
+    if w.runtime == "llama-cpp" and not (w.kv_tokens and w.weights_per_node is not None and w.kv_per_node_token):
+        held = f"the weights ({w.weights_per_node:.1f} GiB)" if w.weights_per_node is not None else "the weights"
+        cache = f"a KV cache of {w.kv_tokens:,} tokens" if w.kv_tokens else "a KV cache of the model's context"
+        on.add("memory", "pass", f"llama.cpp holds {held} and {cache} (its size needs a model card); "
+                                 f"{mem.available / GIB:.1f} GiB is available")
+        return
     if w.kv_tokens is not None and w.weights_per_node is not None and w.kv_per_node_token:
         # llama.cpp allocates what it is told: the weights and a KV cache of -c tokens, no share of memory.
         kv_gib = w.kv_tokens * w.kv_per_node_token / GIB

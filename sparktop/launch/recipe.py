@@ -341,7 +341,7 @@ def parse_native(doc: dict, path: Path) -> Recipe:
                                                       f"{recipe.runtime}")
         if not isinstance(doc["config"], dict):
             raise _err(path, doc, "config", "config", "must be a mapping (TensorRT-LLM's --extra_llm_api_options)")
-        recipe.engine_config = dict(doc["config"])
+        recipe.engine_config = _plain(doc["config"])
     recipe.description = str(doc.get("description") or "")
     recipe.served_model_name = str(doc["served_model_name"]) if doc.get("served_model_name") else None
     recipe.image = str(doc["image"]) if doc.get("image") else None
@@ -400,6 +400,15 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         if arg.startswith("--") and arg[2:].split("=")[0] in reserved:
             raise _err(path, doc, "extra_args", "extra_args", f"{arg} is set by sparktop from the topology")
     return recipe
+
+
+def _plain(value: Any) -> Any:
+    """A YAML value as plain dicts and lists (the loader's keep their line numbers), to be written out again."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def parse_sets(items: list[str] | None, runtime: str = "vllm") -> dict:

@@ -26,6 +26,7 @@ from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, te
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight, run_preflight
 from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map
+from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
 from sparktop.layouts import layouts_for
@@ -51,9 +52,10 @@ class LaunchRequest:
     launch_id: str | None = None
 
 
-def parse_overrides(values: dict[str, str]) -> dict:
-    """Form text -> vLLM overrides, validated like a recipe's `vllm:` mapping.
-    Empty fields keep the recipe's value."""
+def parse_overrides(values: dict[str, str], runtime: str = "vllm") -> dict:
+    """Form text -> overrides of the runtime's flags, validated like a recipe's flags: the form's boxes
+    (vLLM's names: gpu_memory_utilization, max_model_len, max_num_seqs) become the runtime's own
+    (SGLang's mem_fraction_static, llama.cpp's ctx_size ...). Empty fields keep the recipe's value."""
     import yaml
 
     raw = {}
@@ -66,6 +68,13 @@ def parse_overrides(values: dict[str, str]) -> dict:
         except yaml.YAMLError:
             raise SparktopError(f"{key}: {text!r} is not a value") from None
     out = _vllm_map(raw, "override", {}, None, "override")
+    rt = runtime_for(runtime)
+    for key in list(out):
+        if key in rt.form_flags and rt.form_flags[key] != key:
+            flag = rt.form_flags[key]
+            if flag is None:
+                raise SparktopError(f"{key}: {rt.name} has no such setting")
+            out[flag] = out[key]
     util = out.get("gpu_memory_utilization")
     if util is not None and (not isinstance(util, (int, float)) or not 0 < float(util) <= 1):
         raise SparktopError(f"gpu_memory_utilization must be between 0 and 1, got {util!r}")
@@ -73,7 +82,7 @@ def parse_overrides(values: dict[str, str]) -> dict:
         value = out.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise SparktopError(f"{key} must be a whole number above 0, got {value!r}")
-    return out
+    return {k: v for k, v in out.items() if k not in rt.form_flags or rt.form_flags[k] == k}
 
 
 def parse_port(text: str) -> int | None:

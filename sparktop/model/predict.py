@@ -49,13 +49,30 @@ class Row:
 ServingFor = Callable[[str], Serving]
 
 
+def runtime_constants(runtime: str | None, k: Constants) -> Constants | None:
+    """The constants of a runtime's engine (vLLM's are the fitted ones); None: the model cannot say
+    (`model.runtimes` has no published figures of it)."""
+    if runtime in (None, "", "vllm"):
+        return k
+    from sparktop.model.runtimes import CannotModel, constants_for
+
+    try:
+        return constants_for(runtime, k)
+    except CannotModel:
+        return None
+
+
 def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int,
-             serving: Serving | ServingFor | None = None, k: Constants | None = None) -> list[Row]:
+             serving: Serving | ServingFor | None = None, k: Constants | None = None,
+             runtime: str | None = None) -> list[Row]:
     """Predicted rows; `serving` is the engine's settings, or a function of
-    the topology (a recipe can set flags per topology)."""
+    the topology (a recipe can set flags per topology); `runtime` the engine
+    (none: vLLM's), none when the model cannot predict it."""
     from sparktop.model.fit import load_constants
 
-    k = k or load_constants()
+    k = runtime_constants(runtime, k or load_constants())
+    if k is None:
+        return []
     rows = []
     for topology in topologies:
         sv = serving(topology) if callable(serving) else (serving or Serving())

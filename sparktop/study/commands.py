@@ -34,7 +34,7 @@ from sparktop.study.events import (
     TopologyFinished,
     TopologyStarted,
 )
-from sparktop.study.planning import Estimate, choose_topologies, new_study
+from sparktop.study.planning import Estimate, new_study, runtime_recipes, study_entries
 from sparktop.study.runner import StudyRunner
 from sparktop.study.state import DONE, FAILED, Study, list_studies, load_study
 from sparktop.units import ago, fmt
@@ -159,10 +159,12 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         picked = args.nodes and (args.inventory or demo)
         nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if picked else None
         count = len(nodes) if nodes else len(inventory.nodes)
+        recipes = runtime_recipes(recipe, getattr(args, "runtimes", None), args.recipes)
         study, estimates = new_study(
-            recipe, inventory, choose_topologies(recipe, args.topologies, count),
+            recipe, inventory, study_entries(recipes, args.topologies, count),
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
-            extra_body=parse_extra_body(args.extra_body), overrides=parse_sets(args.set), nodes=nodes,
+            extra_body=parse_extra_body(args.extra_body), overrides=parse_sets(args.set, recipe.runtime),
+            nodes=nodes, recipes=recipes,
             inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"

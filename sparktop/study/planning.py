@@ -57,6 +57,62 @@ def choose_topologies(recipe: Recipe, text: str, nodes: int) -> list[str]:
     return out
 
 
+def runtime_recipes(recipe: Recipe, runtimes: str | None, extra: list | None = None) -> dict[str, Recipe]:
+    """`--runtimes vllm,sglang,llama-cpp`: for each, the recipe that serves this recipe's model in it (this one
+    for its own runtime; another by the same model card, or the same model, for the others)."""
+    from sparktop.launch.catalog import discover
+    from sparktop.launch.runtimes import UnknownRuntime, runtime_id
+
+    if not runtimes:
+        return {recipe.runtime: recipe}
+    card = recipe.twin_card()
+    wanted = card.name if card is not None else recipe.model
+    known: dict[str, Recipe] | None = None
+    out: dict[str, Recipe] = {}
+    for name in (n.strip() for n in runtimes.split(",") if n.strip()):
+        try:
+            rid = runtime_id(name)
+        except UnknownRuntime as exc:
+            raise SparktopError(f"--runtimes {name}: {exc}") from None
+        if rid == recipe.runtime:
+            out[rid] = recipe
+            continue
+        if known is None:
+            known = discover(extra)[0]
+        same = sorted((r for r in known.values() if r.runtime == rid and
+                       _serves(r, wanted, recipe.model, recipe.served_name)), key=lambda r: r.id)
+        if not same:
+            others = sorted(r.id for r in known.values() if _serves(r, wanted, recipe.model, recipe.served_name))
+            raise SparktopError(f"--runtimes {name}: no {rid} recipe serves {wanted} (its recipes: "
+                                f"{', '.join(others) or 'none'}); write one with `runtime: {rid}`")
+        out[rid] = same[0]
+    return out
+
+
+def _serves(r: Recipe, card: str, model: str, served: str | None = None) -> bool:
+    """One model, whatever the runtime: the same card, the same model id, or the same served name."""
+    mine = r.twin_card()
+    return (mine is not None and mine.name == card) or r.model == model or (served is not None
+                                                                          and r.served_name == served)
+
+
+def study_entries(recipes: dict[str, Recipe], text: str, nodes: int) -> list[TopologyState]:
+    """What a study measures: each layout (`choose_topologies`) of each runtime's recipe. One runtime: its
+    layouts by their plain names; several: "llama.cpp solo", "SGLang tp=2", the layouts each runtime allows
+    (an explicit layout it cannot run is an error)."""
+    from sparktop.launch.runtimes import runtime_for
+
+    if len(recipes) == 1:
+        (recipe,) = recipes.values()
+        return [TopologyState(t) for t in choose_topologies(recipe, text, nodes)]
+    out = []
+    for rid, recipe in recipes.items():
+        for layout in choose_topologies(recipe, text, nodes):
+            out.append(TopologyState(f"{runtime_for(rid).name} {layout}", layout=layout, runtime=rid,
+                                     recipe=recipe.id, recipe_path=str(recipe.path) if recipe.path else None))
+    return out
+
+
 def constants_for_inventory(inventory: Inventory) -> tuple[Constants | None, str | None]:
     """The constants fitted to this inventory's own measurements, when there are any."""
     try:
@@ -76,38 +132,43 @@ def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constant
     from sparktop.model.fit import load_constants
     from sparktop.model.predict import rows_for
 
-    serving = recipe.serving(t.name, study.overrides)
+    name = t.layout_name
+    serving = recipe.serving(name, study.overrides)
     t.serving = dataclasses.asdict(serving)
     card = recipe.twin_card()
     if card is None:
         return None
     k = k or load_constants()
-    rows = rows_for(card, [t.name], list(study.levels), study.pp, study.tg, serving, k)
+    rows = rows_for(card, [name], list(study.levels), study.pp, study.tg, serving, k, runtime=recipe.runtime)
     t.predicted = {str(r.concurrency): {"tg_tps_total": r.decode_tps, "tg_tps_req": r.per_request_tps,
                                         "pp_tps_total": r.prefill_tps, "ttft_ms_mean": r.ttft_ms}
                    for r in rows}
-    perf = perf_for(card, t.name, k, serving)
-    startup = sum(s for _, s in perf.startup_stages()) + EXTRA_START_S.get(t.name, 0.0)
+    perf = perf_for(card, name, k, serving)
+    startup = sum(s for _, s in perf.startup_stages()) + EXTRA_START_S.get(name, 0.0)
     batches = study.runs + 1  # the warm-up batch is as long as one measured
     sweep = CALIBRATE_S + sum(batches * (r.wall_s_mean or 0.0) for r in rows)
     return Estimate(startup, sweep)
 
 
-def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str], *, levels: list[int], runs: int,
-              pp: int, tg: int, extra_body: dict, overrides: dict, nodes: list[str] | None,
-              inventory_path: str | None) -> tuple[Study, dict[str, Estimate | None]]:
-    """A planned study (not yet on disk) and the estimate per topology."""
+def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list[TopologyState], *,
+              levels: list[int], runs: int, pp: int, tg: int, extra_body: dict, overrides: dict,
+              nodes: list[str] | None, inventory_path: str | None,
+              recipes: dict[str, Recipe] | None = None) -> tuple[Study, dict[str, Estimate | None]]:
+    """A planned study (not yet on disk) and the estimate per topology (entries of `study_entries`, or layout
+    names of one recipe); `recipes`: each runtime's recipe, in a study across runtimes."""
     card = recipe.twin_card()
+    entries = [t if isinstance(t, TopologyState) else TopologyState(t) for t in topologies]
     study = Study(
         id=new_study_id(recipe.id), recipe=recipe.id, model=recipe.served_name,
-        topologies=[TopologyState(t) for t in topologies], levels=list(levels), runs=runs, pp=pp, tg=tg,
+        topologies=entries, levels=list(levels), runs=runs, pp=pp, tg=tg,
         extra_body=dict(extra_body), overrides=dict(overrides), recipe_path=str(recipe.path),
         card=card.name if card is not None else None, inventory=inventory_path, nodes=list(nodes or []),
         image=recipe.image or inventory.defaults.image,
     )
     k, key = constants_for_inventory(inventory)
     study.inventory_key = key
-    estimates = {t.name: predict_topology(recipe, t, study, k) for t in study.topologies}
+    by_runtime = recipes or {}
+    estimates = {t.name: predict_topology(by_runtime.get(t.runtime, recipe), t, study, k) for t in study.topologies}
     known = [e for e in estimates.values() if e is not None]
     study.estimate_s = sum(e.total_s for e in known) if len(known) == len(estimates) else None
     study.path = studies_dir() / study.id

@@ -276,10 +276,13 @@ def _in_words(table: dict, columns: list[str]) -> str | None:
 
 def reproduce(study: Study) -> str:
     """The command that runs the same study again."""
-    args = ["sparktop", "study", study.recipe_path or study.recipe,
-            "--topologies", ",".join(t.name for t in study.topologies),
-            "-c", ",".join(str(c) for c in study.levels), "--runs", str(study.runs),
-            "--pp", str(study.pp), "--tg", str(study.tg)]
+    layouts = list(dict.fromkeys(t.layout_name for t in study.topologies))
+    runtimes = list(dict.fromkeys(t.runtime for t in study.topologies if t.runtime))
+    args = ["sparktop", "study", study.recipe_path or study.recipe, "--topologies", ",".join(layouts)]
+    if runtimes:
+        args += ["--runtimes", ",".join(runtimes)]
+    args += ["-c", ",".join(str(c) for c in study.levels), "--runs", str(study.runs),
+             "--pp", str(study.pp), "--tg", str(study.tg)]
     for k, v in (study.overrides or {}).items():
         val = "true" if v is True else "false" if v is False else str(v)
         args += ["--set", f"{k}={val}"]
@@ -338,7 +341,9 @@ def build(study: Study) -> dict:
         run = runs.get(t.name)
         lvs = run.levels() if run else []
         topologies.append({
-            "name": t.name, "status": t.status, "stage": t.stage, "reason": t.reason, "lines": list(t.lines),
+            "name": t.name, "layout": t.layout_name, "runtime": t.runtime or None, "recipe": t.recipe or study.recipe,
+            "engine": run.meta.get("engine") if run else None,
+            "status": t.status, "stage": t.stage, "reason": t.reason, "lines": list(t.lines),
             "run": t.run, "run_path": str(study.run_dir(t)) if t.run else None, "load_error": problems.get(t.name),
             "commands": [mask(c) for c in t.commands], "nodes": list(t.nodes), "vllm_version": t.vllm_version,
             "startup_s": t.startup_s, "sweep_s": t.sweep_s, "started": t.started, "ended": t.ended,

@@ -80,6 +80,7 @@ class StudyRunner:
         self._emit: Callable[[StudyEvent], None] = lambda event: None
         self._cancelled = False  # cancel() was asked: the study ends `cancelled`, not `interrupted`
         self._executor: Executor | None = None
+        self._recipes: dict[str, Recipe] = {}  # the other runtimes' recipes of a study across runtimes
 
     # -- running -----------------------------------------------------------
 
@@ -186,8 +187,8 @@ class StudyRunner:
         t.status = PREFLIGHT
         self._stage(t, "preflight")
         try:
-            plan = make_plan(self.recipe, t.name, self.inventory, self.study.nodes or None, self.study.overrides,
-                             self.port)
+            plan = make_plan(self.recipe_of(t), t.layout_name, self.inventory, self.study.nodes or None,
+                             self.study.overrides, self.port)
         except Exception as exc:  # noqa: BLE001 - a plan error is this topology's failure, not the study's
             self._fail(t, str(exc))
             t.ended = time.time()
@@ -201,8 +202,8 @@ class StudyRunner:
         try:
             preflight = await self._preflight(t, plan)
             if preflight is not None and preflight.fabric:  # planned again with the fabric preflight found
-                plan = make_plan(self.recipe, t.name, self.inventory, self.study.nodes or None, self.study.overrides,
-                                 self.port, lid=plan.launch_id, fabric=preflight.fabric)
+                plan = make_plan(self.recipe_of(t), t.layout_name, self.inventory, self.study.nodes or None,
+                                 self.study.overrides, self.port, lid=plan.launch_id, fabric=preflight.fabric)
                 t.commands = [mask(step.command) for step in plan.steps if step.argv]
                 self._save()
             if preflight is not None and await self._launch(t, plan):
@@ -221,7 +222,7 @@ class StudyRunner:
     async def _preflight(self, t: TopologyState, plan: Plan) -> Preflight | None:
         """Preflight's answer when it passed; None (and the topology failed) when not."""
         transports = {n: self.transports[n] for n in plan.nodes}
-        result = await run_preflight(plan, self.recipe, self.inventory, transports)
+        result = await run_preflight(plan, self.recipe_of(t), self.inventory, transports)
         if result.ok:
             return result
         first = result.failures[0]
@@ -249,15 +250,34 @@ class StudyRunner:
         return True
 
     async def _version(self, plan: Plan) -> str | None:
+        """The engine's version, as it says it (vLLM's /version, llama.cpp's build, SGLang's server info)."""
+        from sparktop.observe.engines import Answer, EngineUnreachable, NotAnEngine, recognise
+
         engine = next((e for e in plan.endpoints if e.kind != "router"), None)
         if engine is None:
             return None
-        try:
-            async with aiohttp.ClientSession() as http, http.get(
-                    engine.url + "/version", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return (await r.json(content_type=None)).get("version") if r.status == 200 else None
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, AttributeError):
-            return None
+        async with aiohttp.ClientSession() as http:
+            async def get(path: str) -> Answer:
+                try:
+                    async with http.get(engine.url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read())
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    raise EngineUnreachable(str(exc)) from None
+
+            try:
+                return (await recognise(get, plan.runtime)).version
+            except (EngineUnreachable, NotAnEngine):
+                return None
+
+    def recipe_of(self, t: TopologyState) -> Recipe:
+        """The recipe an entry runs: the study's, or in a study across runtimes, its runtime's."""
+        if not t.recipe or t.recipe == self.recipe.id:
+            return self.recipe
+        if t.recipe not in self._recipes:
+            from sparktop.launch.catalog import find_recipe
+
+            self._recipes[t.recipe] = find_recipe(t.recipe_path or t.recipe)
+        return self._recipes[t.recipe]
 
     async def _sweep(self, t: TopologyState, plan: Plan) -> None:
         study = self.study
@@ -267,8 +287,8 @@ class StudyRunner:
         api = next((e for e in plan.endpoints if e.kind == "router"), plan.endpoints[0])
         settings = SweepSettings(
             endpoint=api.url, levels=list(study.levels), runs=study.runs, pp=study.pp, tg=study.tg,
-            extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe.id,
-            topology=t.name, nodes=list(plan.nodes), label=t.name)
+            extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe_of(t).id,
+            topology=t.layout_name, nodes=list(plan.nodes), label=t.name, runtime=plan.runtime)
         # The guard watches the engines themselves: a router has no vLLM metrics.
         settings.guard_urls = [e.url for e in plan.endpoints if e.kind != "router"]
         executor = self._executor

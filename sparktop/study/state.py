@@ -66,10 +66,21 @@ class TopologyState:
     predicted: dict[str, dict[str, float | None]] = field(default_factory=dict)
     contaminated: list[int] = field(default_factory=list)  # levels reported as contaminated
     serving: dict = field(default_factory=dict)  # model.serving.Serving's fields, for predict and fit
+    # A study across runtimes (`--runtimes`): this entry's layout and runtime, and the recipe that serves the
+    # model in that runtime; `name` is then "llama.cpp solo". Empty: `name` is the layout, the study's recipe.
+    layout: str = ""
+    runtime: str = ""
+    recipe: str = ""
+    recipe_path: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def layout_name(self) -> str:
+        """The layout its plan is made for."""
+        return self.layout or self.name
 
 
 @dataclass

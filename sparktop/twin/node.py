@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 ENGINE_TOOLS = ("sglang", "llama-server", "rpc-server", "ggml-rpc-server", "trtllm-serve", "trtllm-llmapi-launch",
-                "mpirun")
+                "mpirun", "sshd")
 TOOLS = ("vllm", "docker", "ray", "nvidia-smi", "ping", *ENGINE_TOOLS)
 # In a container's environment (an image's ENV): the python of a real vLLM
 # install; `vllm serve` then runs it instead of the twin.
@@ -99,6 +99,16 @@ def engine_main(tool: str, argv: list[str]) -> int:
         return rpc_main(argv)
     if tool == "trtllm-serve":
         return serve_main(argv[1:] if argv[:1] == ["serve"] else argv, prog="trtllm-serve", engine="trtllm")
+    if tool == "sshd":
+        # TensorRT-LLM's worker containers run sshd for mpirun; the twin's mpirun needs none: it waits.
+        import signal
+
+        print(f"Server listening on 0.0.0.0 port {argv[argv.index('-p') + 1] if '-p' in argv else 22}.",
+              file=sys.stderr, flush=True)
+        stop = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+        signal.sigwait(stop)
+        return 0
     if tool == "trtllm-llmapi-launch":
         # Rank 0 runs the server; the MPI ranks on the other nodes are the twin's own business (mpirun).
         if not argv:

@@ -35,6 +35,7 @@ from sparktop.errors import SparktopError
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight
 from sparktop.launch.recipe import Recipe
+from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.session import (
     OVERRIDE_FLAGS,
     Launcher,
@@ -133,8 +134,11 @@ def prediction_text(recipe: Recipe, topology: str, inventory: Inventory | None =
     key = (str(recipe.path), topology, fitted or "")
     if key not in _PREDICTED:
         _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe.serving(topology),
-                                   constants_for(fitted))
+                                   constants_for(fitted), runtime=recipe.runtime)
     rows = _PREDICTED[key]
+    if not rows:
+        return Text(f"predicted: sparktop cannot model {recipe.runtime} (no published Spark figures of it)",
+                    style="dim")
     text = Text("predicted ", style="bold cyan")
     source = "fitted to your studies" if fitted else "sparktop predict"
     text.append(f"(pp1024 tg128, {source}): ", style="dim")
@@ -190,7 +194,7 @@ class LaunchScreen(LiveScreen):
                     yield Input(id="max_model_len", placeholder="max_model_len", type="integer", classes="small")
                     yield Input(id="max_num_seqs", placeholder="max_num_seqs", type="integer", classes="small")
                 with Horizontal(classes="form-row"):
-                    yield Input(id="extra_args", placeholder="extra vLLM args, e.g. --enable-auto-tool-choice")
+                    yield Input(id="extra_args", placeholder="extra engine args, e.g. --enable-auto-tool-choice")
                     yield Button("Launch", id="go", variant="success")
                 with VerticalScroll(id="preflight-box"):
                     yield Static(id="preflight")
@@ -248,11 +252,14 @@ class LaunchScreen(LiveScreen):
             select.set_options([(option_text(t), t) for t in topologies])
             if topologies:
                 select.value = topologies[0]
-        vllm, _, _, _, port = recipe.settings(topologies[0] if topologies else "solo")
+        args, _, _, _, port = recipe.settings(topologies[0] if topologies else "solo")
+        own = runtime_for(recipe.runtime).form_flags
         for key in OVERRIDE_FLAGS:
             box = self.query_one(f"#{key}", Input)
             box.value = ""
-            box.placeholder = f"{PLACEHOLDER[key]} {vllm.get(key, '—')}"
+            flag = own.get(key, key)
+            box.placeholder = f"{PLACEHOLDER[key]} {args.get(flag, '—')}" if flag else f"{PLACEHOLDER[key]}: n/a"
+            box.disabled = flag is None
         port_box = self.query_one("#port", Input)
         port_box.value = ""
         port_box.placeholder = f"port {port or self.launcher.inventory.defaults.port}"
@@ -309,8 +316,8 @@ class LaunchScreen(LiveScreen):
             if layout is not None and len(nodes) < layout.nodes:
                 raise SparktopError(f"{topology} runs on {layout.nodes} nodes; {len(nodes)} chosen "
                                     f"({', '.join(nodes) or 'none'})")
-        overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value
-                                     for key in OVERRIDE_FLAGS})
+        overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS},
+                                    self.recipe.runtime if self.recipe else "vllm")
         port = parse_port(self.query_one("#port", Input).value)
         extra = parse_extra_args(self.query_one("#extra_args", Input).value)
         launch_id = self.request.launch_id if self.request and self.request.topology == topology else None
@@ -408,7 +415,8 @@ class LaunchScreen(LiveScreen):
             self.notify("choose a recipe first", title="cannot study", severity="error")
             return
         try:
-            overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS})
+            overrides = parse_overrides(runtime=self.recipe.runtime if self.recipe else "vllm", values={
+            key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS})
             port = parse_port(self.query_one("#port", Input).value)
         except SparktopError as exc:
             self.notify(str(exc), title="cannot study", severity="error")

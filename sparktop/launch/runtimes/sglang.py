@@ -29,6 +29,9 @@ class SglangRuntime(Runtime):
     reserved = frozenset({"host", "port", "model_path", "model", "served_model_name", "tp_size", "tp",
                           "tensor_parallel_size", "pp_size", "pipeline_parallel_size", "nnodes", "node_rank",
                           "dist_init_addr", "dp_size", "dp", "ep_size"})
+    form_flags: ClassVar[dict[str, str | None]] = {
+        "gpu_memory_utilization": "mem_fraction_static", "max_model_len": "context_length",
+        "max_num_seqs": "max_running_requests"}
     serving_names: ClassVar[dict[str, str]] = {
         "mem_fraction_static": "gpu_memory_utilization", "context_length": "max_model_len",
         "max_running_requests": "max_num_seqs", "chunked_prefill_size": "max_num_batched_tokens",

@@ -39,6 +39,9 @@ class TrtllmRuntime(Runtime):
     flag_sep = "_"
     reserved = frozenset({"host", "port", "tp_size", "tensor_parallel_size", "pp_size", "pipeline_parallel_size",
                           "ep_size", "moe_expert_parallel_size", "extra_llm_api_options", "config", "backend"})
+    form_flags: ClassVar[dict[str, str | None]] = {
+        "gpu_memory_utilization": "kv_cache_free_gpu_memory_fraction", "max_model_len": "max_seq_len",
+        "max_num_seqs": "max_batch_size"}
     serving_names: ClassVar[dict[str, str]] = {
         "max_batch_size": "max_num_seqs", "max_num_tokens": "max_num_batched_tokens", "max_seq_len": "max_model_len",
         "kv_cache_free_gpu_memory_fraction": "kv_cache_free_fraction"}
