@@ -127,6 +127,7 @@ class SweepSettings:
     topology: str | None = None
     nodes: list[str] = field(default_factory=list)
     label: str | None = None
+    runtime: str | None = None  # the runtime a study launched (vllm, sglang, llama-cpp, trtllm)
 
     def validate(self) -> None:
         if not self.levels or any(c < 1 for c in self.levels):
@@ -724,8 +725,11 @@ class Sweep:
         """What the server is, its latency, prompts of the right length; the run's metadata."""
         s = self.s
         model = await self._model(session)
-        version = (await self._get_json(session, "/version") or {}).get("version")
         await self._setup_guard(session)
+        engine = self.engine_names.get(s.endpoint) or ", ".join(dict.fromkeys(self.engine_names.values())) or None
+        # vLLM's version where it says one (the field predates other engines); the engine by name beside it.
+        version = (await self._get_json(session, "/version") or {}).get("version") if (
+            engine is None or engine.startswith("vLLM")) else None
         self.latency = await self._latency(session)
         tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
         try:
@@ -740,6 +744,7 @@ class Sweep:
         meta = {
             "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
             "recipe": s.recipe, "topology": s.topology, "nodes": s.nodes, "label": s.label,
+            "runtime": s.runtime, "engine": engine,
             "settings": s.public(), "started": time.time(), "latency_s": self.latency,
             "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
                                    "exact": prompts.exact, "tokenizer": bool(tokenizer)},

@@ -87,7 +87,6 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 PREFILL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                    160.0, 640.0, 2560.0]
 CACHED_TOKEN_BUCKETS = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
-PERPLEXITY_BUCKETS = [1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 500.0, 1000.0]
 BATCH_TOKEN_BUCKETS = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 # TRT-LLM's QuantAlgo names for the checkpoint formats the cards use (model_config_info's `quantization`).
@@ -116,6 +115,7 @@ class TrtllmOptions:
     iter_stats_max_iterations: int = ITER_STATS_MAX
     enable_chunked_prefill: bool = False  # off by default on the PyTorch backend
     enable_partial_reuse: bool = True
+    max_seq_len: int | None = None  # as given (flag or YAML); None: inferred from the model's config
     ep_size: int | None = None
     config: str | None = None
 
@@ -204,7 +204,8 @@ def _options(ns: argparse.Namespace, data: dict[str, Any], kv: dict[str, Any]) -
         perf_metrics_max_requests=int(data.get("perf_metrics_max_requests") or 0),
         iter_stats_max_iterations=ITER_STATS_MAX if not iter_max or iter_max < 0 else int(iter_max),
         enable_chunked_prefill=bool(ns.enable_chunked_prefill),
-        enable_partial_reuse=bool(kv.get("enable_partial_reuse", True)), ep_size=ns.ep_size, config=ns.config)
+        enable_partial_reuse=bool(kv.get("enable_partial_reuse", True)), max_seq_len=ns.max_seq_len,
+        ep_size=ns.ep_size, config=ns.config)
 
 
 def _served_name(model: str) -> str | None:
@@ -382,13 +383,12 @@ class TrtllmMetrics(TwinMetrics):
     """The engine's sink and MetricsCollector's families; the engine's
     iteration-stats queue (the plain /metrics) and the /perf_metrics buffer."""
 
-    def __init__(self, model_name: str, opts: TrtllmOptions, *, max_batch_size: int, max_num_tokens: int,
+    def __init__(self, model_name: str, opts: TrtllmOptions, *, max_batch_size: int,
                  config_info: dict[str, dict[str, str]] | None = None, log: TrtllmLog | None = None,
                  gpu_used_bytes: Callable[[], int] = lambda: 0):
         self.opts = opts
         self.labels = {"model_name": model_name, "engine_type": opts.backend or "unknown"}
         self.max_batch_size = max_batch_size
-        self.max_num_tokens = max_num_tokens
         self.log = log
         self.gpu_used_bytes = gpu_used_bytes
         self.engine: Engine | None = None
@@ -420,7 +420,7 @@ class TrtllmMetrics(TwinMetrics):
             return Histogram("trtllm_" + name, doc, names, buckets=buckets, registry=reg)
 
         def count(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter("trtllm_" + name, doc, names + list(extra) + ["x"] if extra else names, registry=reg)
+            return Counter("trtllm_" + name, doc, names + list(extra), registry=reg)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge("trtllm_" + name, doc, names, registry=reg)
@@ -588,6 +588,7 @@ class TrtllmMetrics(TwinMetrics):
             self._first_iter[seq.request_id] = self.iter + 1
 
     def on_finish(self, seq, reason, now):
+        first_iter = self._first_iter.pop(seq.request_id, self.iter + 1)
         if reason not in ("stop", "length"):
             return  # an aborted or failed request never reaches _extract_metrics
         self._step.completed += 1
@@ -596,7 +597,7 @@ class TrtllmMetrics(TwinMetrics):
         self._step.finished = True
         self.log_request_metrics_dict(self._request_dict(seq, reason, now))
         if self.perf is not None:
-            self.perf.append(self._perf_item(seq, now))
+            self.perf.append(self._perf_item(seq, now, first_iter))
 
     def on_step(self, *, prompt_tokens, generation_tokens, preemptions, running, waiting, kv_usage,
                 iteration_tokens):
@@ -617,7 +618,8 @@ class TrtllmMetrics(TwinMetrics):
     # -- the iteration stats -----------------------------------------------------------------
 
     def _latency_ms(self) -> float:
-        """The step's wall time (the engine's last busy interval)."""
+        """The step's wall time: the engine's last busy interval (its private record of
+        them, which it keeps for GPU utilisation; the sink is told no durations)."""
         busy = getattr(self.engine, "_busy", None)
         if not busy:
             return 0.0
@@ -698,13 +700,13 @@ class TrtllmMetrics(TwinMetrics):
                 "prompt_tokens": seq.prompt_len, "generation_tokens": seq.output_count,
                 "cached_tokens": seq.cached_tokens}
 
-    def _perf_item(self, seq: Any, now: float) -> dict[str, Any]:
+    def _perf_item(self, seq: Any, now: float, first_iter: int) -> dict[str, Any]:
         """One /perf_metrics entry, steady-clock seconds as the executor keeps them."""
         reused = seq.cached_tokens // TOKENS_PER_BLOCK
         blocks = math.ceil((seq.prompt_len + seq.output_count) / TOKENS_PER_BLOCK)
         first = seq.first_token_t if seq.first_token_t is not None else now
         return {"request_id": next(self._request_ids), "perf_metrics": {
-            "first_iter": self._first_iter.pop(seq.request_id, self.iter), "last_iter": self.iter + 1,
+            "first_iter": first_iter, "last_iter": self.iter + 1,
             "timing_metrics": {"server_arrival_time": seq.arrival, "arrival_time": seq.arrival,
                                "first_scheduled_time": seq.first_scheduled or seq.arrival, "first_token_time": first,
                                "server_first_token_time": first, "last_token_time": now},
@@ -735,6 +737,9 @@ class TrtllmDialect(Dialect):
     process_name = "python3"  # the MPI worker that holds the GPU is a plain Python process
     server_header = "uvicorn"
     log_class = TrtllmLog
+    # Over several nodes it runs under mpirun (twin/mpi.py): this process is rank 0 and times the
+    # engine over --tp_size; the other ranks are MPI workers, not vLLM's rendezvous.
+    own_distribution = True
 
     def __init__(self) -> None:
         self.drained = 0  # GETs of the plain /metrics: each one empties the stats queue
@@ -788,6 +793,9 @@ class TrtllmDialect(Dialect):
         log.info("", f"ATTENTION RUNTIME FEATURES:  {features}")
         log.info("", f'Validating KV Cache config against kv_cache_dtype="{args.kv_cache_dtype}"')
 
+    async def join(self, server: TwinServer) -> None:
+        """The MPI workers are mpirun's (the twin's needs only their nodes up): nothing to reach."""
+
     def loading(self, server: TwinServer) -> None:
         assert self.memory is not None, "sized in begin"
         server.log.info("", f"Use {self.memory.weights:.2f} GB for model weights.")
@@ -801,7 +809,7 @@ class TrtllmDialect(Dialect):
         log.raw(f"Loading weights: 100%|██████████| {tensors}/{tensors} "
                 f"[{int(seconds) // 60:02d}:{int(seconds) % 60:02d}<00:00, {tensors / max(seconds, 1e-3):.2f}it/s]")
         log.raw(f"Model init total -- {total:.2f}s")
-        if "max_seq_len" not in server.args.given:
+        if options_of(server.args).max_seq_len is None:
             log.info("", f"max_seq_len is not specified, using inferred value {self.inferred_len}")
         log.info("", "Using Sampler: TorchSampler")
         assert self.memory is not None, "sized in begin"
@@ -923,7 +931,8 @@ class TrtllmDialect(Dialect):
         return "\n".join(lines)
 
     def died(self, server: TwinServer, message: str) -> None:
-        server.log.error("", f"Encountered an error in executor: {message}")
+        # openai_chat logs the executor's error and raises SIGINT: uvicorn then shuts down (stopping).
+        server.log.error("", message)
 
     def stopping(self, server: TwinServer) -> None:
         log = self._log(server)
@@ -960,7 +969,6 @@ class TrtllmDialect(Dialect):
             return BASE_USED_KB * 1024 + (host.used_mib() * MIB if host else own)
 
         return TrtllmMetrics(args.name, opts, max_batch_size=args.max_num_seqs,
-                             max_num_tokens=plan.max_num_batched_tokens,
                              config_info=self._config_info(server, plan) if opts.return_perf_metrics else None,
                              log=self._log(server), gpu_used_bytes=gpu_used_bytes)
 
@@ -970,8 +978,8 @@ class TrtllmDialect(Dialect):
         args, opts, card = server.args, options_of(server.args), server.card
         model = {"model": args.model, "served_model_name": args.name, "dtype": "auto",
                  "quantization": QUANT_ALGO.get(card.quant.scheme.lower(), card.quant.scheme.upper())}
-        if "max_seq_len" in args.given:  # LlmArgs.max_seq_len stays None when it is inferred
-            model["max_model_len"] = str(plan.max_model_len)
+        if opts.max_seq_len is not None:  # LlmArgs.max_seq_len stays None when it is inferred
+            model["max_model_len"] = str(opts.max_seq_len)
         model["gpu_type"] = "NVIDIA GB10"  # torch.cuda.get_device_name(0) on a Spark
         parallel = {"tensor_parallel_size": str(args.tensor_parallel_size),
                     "pipeline_parallel_size": str(args.pipeline_parallel_size), "context_parallel_size": "1",
