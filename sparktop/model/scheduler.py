@@ -98,6 +98,7 @@ class Sequence:
     ignore_eos: bool = False
     natural_len: int = 1 << 30  # where the model would emit EOS on its own
     arrival: float = 0.0
+    stream: bool | None = None  # whether the client streams (some engines' metrics label it)
     # Where the scheduler puts TokenEvent / FinishEvent: anything with
     # put_nowait (the twin passes an asyncio.Queue to await them).
     events: Any = field(default_factory=lambda: EventLog())

@@ -270,13 +270,15 @@ class OpenAIRoutes:
             return [1] + self.tokenizer.encode(prompt), True, prompt
         return _error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
 
-    def _max_tokens(self, body: dict, prompt_len: int, from_text: bool) -> int | web.Response:
+    def _max_tokens(self, body: dict, prompt_len: int, from_text: bool, chat: bool = True) -> int | web.Response:
         """vLLM 0.32's checks, in its order: the max_tokens parameter, then the
         prompt's length; then max_tokens is clamped to what the context leaves."""
         max_len = self.plan.max_model_len if self.plan else 0
         requested = body.get("max_completion_tokens")
         if requested is None:
             requested = body.get("max_tokens")
+        if requested is None and not chat:
+            requested = self.dialect.completion_max_tokens
         if requested is not None:
             if not isinstance(requested, int) or isinstance(requested, bool):
                 return _unparsable("body.max_tokens", "int_type", "Input should be a valid integer", requested)
@@ -334,7 +336,7 @@ class OpenAIRoutes:
         if isinstance(prompt, web.Response):
             return prompt
         prompt_ids, from_text, seed_text = prompt
-        max_tokens = self._max_tokens(body, len(prompt_ids), from_text)
+        max_tokens = self._max_tokens(body, len(prompt_ids), from_text, chat)
         if isinstance(max_tokens, web.Response):
             return max_tokens
         rejected = self._admission(request)
@@ -357,6 +359,7 @@ class OpenAIRoutes:
                        include_usage=bool(opts.get("include_usage")),
                        continuous=bool(opts.get("continuous_usage_stats")),
                        token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids)
+        seq.stream = req.stream
         engine.submit(seq)
         try:
             if req.stream:

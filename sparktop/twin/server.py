@@ -134,7 +134,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
             self.host.register(os.getpid(), say.process_name, int(weights_gib * 1024),
                                cache_mib=int(weights_gib * 1024))
             self._registered = True
-        stages = dict(plan.perf.startup_stages(args.load_format))
+        stages = say.startup_stages(plan, args.load_format)
         say.loading(self)
         self.stage = "loading weights"
         await self._sleep(stages["loading weights"])

@@ -107,6 +107,8 @@ class Engine:
     default_port: ClassVar[int] = 8000
     names: ClassVar[MetricNames | None] = None  # its Prometheus series; None: it exports none
     metrics_path: ClassVar[str | None] = None
+    # Said after "/metrics answered HTTP 404" when the engine serves it only when asked to.
+    metrics_off_hint: ClassVar[str] = ""
     # Recognition: `owned_by` values in /v1/models, a `Server` header, a path of its own to ask.
     owned_by: ClassVar[tuple[str, ...]] = ()
     server_header: ClassVar[str | None] = None
@@ -223,7 +225,8 @@ class Engine:
             return Derived(missing=[f for f in FIGURES if f not in self.extra_figures])
         answer = await get(self.metrics_path)
         if answer.status != 200:
-            raise EngineUnreachable(f"{self.metrics_path} answered HTTP {answer.status}", bound=True)
+            hint = f": {self.metrics_off_hint}" if answer.status == 404 and self.metrics_off_hint else ""
+            raise EngineUnreachable(f"{self.metrics_path} answered HTTP {answer.status}{hint}", bound=True)
         wrong = what_is_wrong(answer)
         if wrong is not None:
             raise EngineUnreachable(wrong, bound=True)

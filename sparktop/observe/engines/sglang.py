@@ -78,6 +78,7 @@ class Sglang(Engine):
     default_port = 30000
     names = NAMES
     metrics_path = "/metrics"
+    metrics_off_hint = "SGLang serves it only with --enable-metrics"
     owned_by = ("sglang",)
     info_path = "/server_info"
     images: ClassVar[tuple[str, ...]] = (r"sglang",)

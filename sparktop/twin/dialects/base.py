@@ -145,6 +145,12 @@ class Dialect:
     log_class: ClassVar[type[TwinLog]] = TwinLog
     # Over several nodes it joins its own workers (`join`), not through vLLM's rendezvous or Ray.
     own_distribution: ClassVar[bool] = False
+    # A /v1/completions request without max_tokens gets this many (vLLM's and
+    # SGLang's protocol default 16); None lets it run to the end of the context.
+    completion_max_tokens: ClassVar[int | None] = 16
+    # vLLM compiles the model with torch.compile before capturing graphs; SGLang
+    # and llama.cpp do not by default, so their twins skip that wait.
+    compiles: ClassVar[bool] = True
 
     # -- the command line ---------------------------------------------------------
 
@@ -155,6 +161,13 @@ class Dialect:
 
     def logger(self, stream: TextIO | None) -> TwinLog:
         return self.log_class(stream)
+
+    def startup_stages(self, plan: StartupPlan, load_format: str) -> dict[str, float]:
+        """The start-up stages this engine goes through, in seconds."""
+        stages = dict(plan.perf.startup_stages(load_format))
+        if not self.compiles:
+            stages.pop("torch.compile", None)
+        return stages
 
     def kv_tokens(self, server: TwinServer, plan: StartupPlan) -> int | None:
         """The KV cache's size in tokens where the engine sizes it its own way

@@ -141,6 +141,8 @@ class LlamaCppDialect(Dialect):
     server_header = "llama.cpp"
     process_name = "/app/llama-server"
     log_class = LlamaLog
+    compiles = False
+    completion_max_tokens = None  # n_predict -1: until EOS or the context's end
 
     def __init__(self) -> None:
         self.slots = AUTO_SLOTS

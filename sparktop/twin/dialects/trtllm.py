@@ -737,6 +737,7 @@ class TrtllmDialect(Dialect):
     process_name = "python3"  # the MPI worker that holds the GPU is a plain Python process
     server_header = "uvicorn"
     log_class = TrtllmLog
+    completion_max_tokens = None  # _deduce_max_tokens: what the context leaves
     # Over several nodes it runs under mpirun (twin/mpi.py): this process is rank 0 and times the
     # engine over --tp_size; the other ranks are MPI workers, not vLLM's rendezvous.
     own_distribution = True
