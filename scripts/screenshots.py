@@ -4,6 +4,9 @@
     python scripts/screenshots.py --record tests/fixtures/recording.jsonl [--incident]
     python scripts/screenshots.py --only 120x40   # every screen at 120x40, no twin needed
     python scripts/screenshots.py --only nodes    # the monitor with 4 and 8 nodes (a fanned-out replay)
+    python scripts/screenshots.py --only engines [--record-dir tests/fixtures]
+        # mixed engines: vLLM beside llama.cpp on two nodes, and vLLM, llama.cpp, SGLang and
+        # TensorRT-LLM on four (recorded as recording-engines-2/4.jsonl for the snapshot tests)
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
 lets the histories fill, then drives the app headless (Textual's
@@ -213,6 +216,48 @@ async def shoot_many_nodes() -> None:
                 save(app, f"monitor-{nodes}-nodes-{size[0]}x{size[1]}")
 
 
+ENGINE_MIXES = {2: ["vllm", "llama.cpp"], 4: ["vllm", "llama.cpp", "sglang", "trtllm"]}
+
+
+async def shoot_engines(model: str, warmup: float, record_dir: Path | None) -> None:
+    """Each mix of engines on twin nodes under load, watched for `warmup`
+    seconds (recorded when asked), then the monitor at the three sizes."""
+    from sparktop.twin.cluster import RUNTIME_IMAGES
+
+    for count, engines in ENGINE_MIXES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            names = tuple(f"spark-{chr(ord('a') + i)}" for i in range(count))
+            cluster = TwinCluster(Path(tmp) / "demo", startup_speed=20, names=names,
+                                  images=[DEFAULT_IMAGE, *RUNTIME_IMAGES.values()]).setup()
+            urls = await cluster.run_solo(model=model, startup_speed=60, engines=engines)
+            load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "2", "--max", "6",
+                                     "--period", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=1.0,
+                            default_port=None)
+            await poller.start()
+            path = record_dir / f"recording-engines-{count}.jsonl" if record_dir else None
+            if path is not None:
+                path.unlink(missing_ok=True)  # a Recorder appends
+            recorder = Recorder(str(path), 1.0) if path else None
+            label = f"demo: {', '.join(engines)} serving {model}"
+            try:
+                warm = SparktopApp(poller, recorder=recorder, label=label)
+                async with warm.run_test(size=(160, 48)) as pilot:
+                    await pilot.pause(warmup)
+                state = warm.state
+                for size in ((80, 24), (120, 40), (160, 48)):
+                    app = SparktopApp(poller, recorder=None, label=label)
+                    app.state = state
+                    await shoot(app, size, f"monitor-engines-{count}-{size[0]}x{size[1]}")
+            finally:
+                if recorder:
+                    recorder.close()
+                    print("recorded", path)
+                load.terminate()
+                await poller.close()
+                await cluster.stop_all()
+
+
 async def incident(cluster: TwinCluster, model: str) -> None:
     """spark-b's engine dies and is started again under the same name, so
     the event log has something to show: down, back, restarted."""
@@ -235,6 +280,9 @@ async def main(args) -> None:
         return
     if args.only == "nodes":
         await shoot_many_nodes()
+        return
+    if args.only == "engines":
+        await shoot_engines(args.model, args.warmup, Path(args.record_dir) if args.record_dir else None)
         return
     with tempfile.TemporaryDirectory() as tmp:
         defaults = Defaults()
@@ -302,5 +350,6 @@ if __name__ == "__main__":
     ap.add_argument("--record", help="also record the session to this JSONL file")
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
-    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes"], help="only these pictures")
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines"], help="only these pictures")
+    ap.add_argument("--record-dir", help="with --only engines: record each mix there (recording-engines-N.jsonl)")
     asyncio.run(main(ap.parse_args()))

@@ -149,9 +149,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_twin_serve(args) -> int:
-    from sparktop.twin.server import serve_main
-
-    return serve_main(args.rest, prog="sparktop twin serve")
+    return _twin_serve(args.rest)
 
 
 def cmd_twin_node(args) -> int:
@@ -406,7 +404,8 @@ def _add_twin(sub) -> None:
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
                           description="the digital twin of a Spark node running vLLM")
     twin_sub = twin.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND", required=True)
-    serve = twin_sub.add_parser("serve", help="serve a model like `vllm serve` on a simulated GB10",
+    serve = twin_sub.add_parser("serve", help="serve a model like `vllm serve` (or --engine sglang, llama-cpp, trtllm "
+                                "and that engine's flags) on a simulated GB10",
                                 add_help=False)
     serve.add_argument("rest", nargs=argparse.REMAINDER)
     serve.set_defaults(func=cmd_twin_serve)
@@ -433,6 +432,25 @@ def _add_twin(sub) -> None:
     fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
     cards.set_defaults(func=cmd_twin_cards)
+
+
+def _twin_serve(argv: list[str]) -> int:
+    """`sparktop twin serve [--engine sglang|llama-cpp|trtllm] [that engine's flags]`."""
+    from sparktop.twin.dialects import DIALECTS, RUNTIME_ALIASES
+    from sparktop.twin.server import serve_main
+
+    engine = "vllm"
+    if argv[:1] == ["--engine"] or (argv and argv[0].startswith("--engine=")):
+        engine = argv[1] if argv[0] == "--engine" and len(argv) > 1 else argv[0].partition("=")[2]
+        argv = argv[2:] if argv[0] == "--engine" else argv[1:]
+        engine = RUNTIME_ALIASES.get(engine, engine)
+        if engine not in DIALECTS:
+            print(f"sparktop twin serve: --engine {engine!r}: the twin speaks {', '.join(sorted(DIALECTS))}",
+                  file=sys.stderr)
+            return 2
+    prog = {"vllm": "sparktop twin serve", "sglang": "sglang serve", "llama.cpp": "llama-server",
+            "trtllm": "trtllm-serve"}[engine]
+    return serve_main(argv, prog=prog, engine=engine)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -464,10 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["twin", "serve"]:
-        # Everything after `twin serve` belongs to the vllm-style parser.
-        from sparktop.twin.server import serve_main
-
-        return serve_main(argv[2:], prog="sparktop twin serve")
+        # Everything after `twin serve` belongs to the engine's own parser (vLLM's unless --engine names another).
+        return _twin_serve(argv[2:])
     parser = build_parser()
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["monitor", *argv]  # `sparktop` alone, or with monitor options, watches

@@ -69,7 +69,7 @@ def node_json(n: NodeSnapshot, state: ClusterState | None = None, prefs: Prefere
         "name": n.name, "state": n.state, "reason": n.reason,
         "memory_gib": None if mem is None else {
             "total": _r(mem.total / GIB), "used": _r(mem.used / GIB), "available": _r(mem.available / GIB),
-            "page_cache": _r(mem.page_cache / GIB), "gpu_processes": _r(n.vllm_mib / 1024),
+            "page_cache": _r(mem.page_cache / GIB), "gpu_processes": _r(n.engines_mib / 1024),
             "swap_used": _r(mem.swap_used / GIB)},
         "cpu_pct": _r(n.cpu_pct, 1),
         "gpu": None if n.gpu is None else {"name": n.gpu.name, "util_pct": n.gpu.util, "temp_c": n.gpu.temp,
@@ -134,14 +134,15 @@ def _gbs(bytes_per_s: float | None) -> float | None:
     return None if bytes_per_s is None else round(bytes_per_s / 1e9, 2)
 
 
-def engine_state(e: EngineSnapshot) -> Text:
-    """The state as the table says it: with the sleep level, or why not
-    ready; and requests refused by a queue limit while status watched, in
-    red (each one is an error a client got)."""
+def engine_state(e: EngineSnapshot, note: int | None = None) -> Text:
+    """The state as the table says it: with the sleep level, a pointer to the
+    note under the table that says why (a reason is a sentence; in a cell it
+    would stand the row ten lines tall); and requests refused by a queue
+    limit while status watched, in red (each one is an error a client got)."""
     if e.state == "sleeping":
         text = Text(e.sleep_text, style="sky_blue1")
     else:
-        text = Text(f"{e.state}: {e.error or e.reason}" if e.error or e.reason else e.state)
+        text = Text(e.state + (f" ({note})" if note is not None else ""))
     if e.rejections_recent:
         text.append(f", {e.rejections_recent:.0f} rejected", style="bold red")
     return text
@@ -206,15 +207,22 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
     engines = Table(title="engines", title_justify="left",
                     caption="n/e: not exported by that engine" if any(
                         e.not_exported for e in state.engines.values()) else None, caption_justify="left")
-    for col in ("endpoint", "engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50",
-                "ITL p50"):
+    # The endpoint is how a user tells engines apart: it is the last column to be cut.
+    longest = max((len(e.url.removeprefix("http://")) for e in state.engines.values()), default=8)
+    engines.add_column("endpoint", no_wrap=True, min_width=min(21, longest))
+    for col in ("engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50", "ITL p50"):
         engines.add_column(col)
+    notes: list[str] = []
     for e in state.ordered_engines():
         def cell(figure: str, value: str, e: EngineSnapshot = e) -> str:
             return value if e.exports(figure) or e.kind == "router" else "n/e"
 
+        why = e.error or e.reason
+        if why and e.state != "sleeping":
+            notes.append(f"({len(notes) + 1}) {e.url}: {why}")
         engines.add_row(
-            e.url, f"{e.engine or e.kind} {e.version or ''}".strip(), e.model or "—", engine_state(e),
+            e.url.removeprefix("http://"), f"{e.engine or e.kind} {e.version or ''}".strip(), e.model or "—",
+            engine_state(e, len(notes) if why and e.state != "sleeping" else None),
             cell("kv", f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—"),
             cell("running", f"{e.running:.0f}" if e.running is not None else "—"),
             cell("waiting", _waiting(e)),
@@ -224,6 +232,8 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             cell("itl", f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—"),
         )
     console.print(engines)
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=False)
     if launches:
         table = Table(title="launched by sparktop", title_justify="left")
         for col in ("launch", "recipe", "topology", "nodes", "since", "state", "endpoints"):

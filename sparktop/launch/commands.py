@@ -27,7 +27,7 @@ from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.runtimes import runtime_id
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
-from sparktop.layouts import LayoutError, layouts_for, parse_layout, split_layouts
+from sparktop.layouts import LayoutError, layout_of, layouts_for, parse_layout, split_layouts
 from sparktop.model.cards import ModelCard
 from sparktop.model.simulate import TOPOLOGIES
 from sparktop.remote import transport_for
@@ -240,7 +240,7 @@ def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int
 
 def cmd_predict(args) -> int:
     from sparktop.model.fit import FITTED, constants_for, fitted_summary, inventory_key
-    from sparktop.model.predict import crossover_lines, recommend, rows_for, uncertainty
+    from sparktop.model.predict import card_for_runtime, crossover_lines, recommend, rows_for, uncertainty
     from sparktop.model.serving import Serving
     from sparktop.settings import load_inventory
 
@@ -253,6 +253,11 @@ def cmd_predict(args) -> int:
     overrides = parse_sets(getattr(args, "set", None), recipe.runtime if recipe else "vllm")
     inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
     topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
+    topologies, refused = _runtime_layouts(runtime, topologies)
+    if not topologies:
+        raise SparktopError("predict: " + "; ".join(refused))
+    if refused:
+        note = "; ".join([*([note] if note else []), *refused])
     serving = (lambda t: recipe.serving(t, overrides)) if recipe is not None else Serving.from_flags(overrides)
     key = inventory_key(inventory)
     fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
@@ -264,7 +269,12 @@ def cmd_predict(args) -> int:
         raise SparktopError(f"predict: {modeled}")
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
-    unsure = uncertainty(card)
+    spread = [t for t in topologies if (shape := layout_of(t)) is not None and shape.spans_nodes]
+    if runtime not in ("vllm", "trtllm") and spread:
+        # Only vLLM's and TensorRT-LLM's published figures span nodes: the others' link costs are vLLM's.
+        far = f"{', '.join(spread)}: no published multi-node figures of {runtime}; extrapolated with vLLM's link model"
+        note = f"{note}; {far}" if note else far
+    unsure = uncertainty(card) if runtime == "vllm" else ""  # the leave-one-model-out error is vLLM's fit's
     used = (f"constants fitted to your measurements (study {', '.join(sources) or '?'})" if fitted is not None
             else f"the published constants ({FITTED.name}; `sparktop twin fit --runs STUDY` fits them to yours)")
     if args.json:
@@ -274,7 +284,7 @@ def cmd_predict(args) -> int:
                                         "sources": sources, "text": used}}, indent=2))
         return 0
     console = Console()
-    console.print(_prediction_table(card, rows, args.pp, args.tg))
+    console.print(_prediction_table(card_for_runtime(card, runtime), rows, args.pp, args.tg))
     for rec in recs:
         margin = f" (+{rec['margin']:.0%} over the next)" if rec["margin"] and rec["metric"] != "ttft_ms" else \
             (f" ({-rec['margin']:.0%} lower than the next)" if rec["margin"] else "")
@@ -284,10 +294,33 @@ def cmd_predict(args) -> int:
         console.print(f"  {line}")
     if note:
         console.print(f"[dim]{note}[/]")
-    console.print(f"[dim]{unsure}[/]")
+    if unsure:
+        console.print(f"[dim]{unsure}[/]")
     console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)
     console.print(f"[dim]engine modelled: {escape(modeled)}[/]", highlight=False, soft_wrap=True)
     return 0
+
+
+def _runtime_layouts(runtime: str, topologies: list[str]) -> tuple[list[str], list[str]]:
+    """The layouts the runtime can run, and why it cannot run the others (llama.cpp spreads layers, not
+    tensors; Ollama and TGI serve from one node)."""
+    from sparktop.launch.runtimes import RUNTIMES
+
+    kept, refused = [], []
+    for topology in topologies:
+        layout = layout_of(topology)
+        if layout is None:
+            kept.append(topology)
+            continue
+        if runtime in RUNTIMES:
+            why = RUNTIMES[runtime].why_not(layout)
+        else:
+            why = f"{runtime} serves from one node" if layout.spans_nodes else None
+        if why:
+            refused.append(f"{topology}: {why}")
+        else:
+            kept.append(topology)
+    return kept, refused
 
 
 def runtime_model(runtime: str) -> str:

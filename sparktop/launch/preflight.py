@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import runtime_for
-from sparktop.launch.runtimes.llamacpp import is_gguf_path
 from sparktop.layouts import parse_layout
+from sparktop.model.gguf import is_gguf_path
 from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_meminfo
 from sparktop.remote import Transport, TransportError
@@ -241,7 +241,7 @@ async def _image(on: NodeChecks) -> None:
 async def _weights(on: NodeChecks) -> None:
     """The weights in the Hugging Face cache (a GGUF: on the node, or in the cache llama-server downloads to)."""
     model, hf_cache = on.want.recipe.model, on.want.hf_cache
-    if on.want.runtime == "llama-cpp":
+    if runtime_for(on.want.runtime).weights == "gguf":
         await _gguf(on, model, hf_cache)
         return
     where = f"{hf_cache}/hub/{hf_dir(model)}"

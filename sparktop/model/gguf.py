@@ -16,6 +16,11 @@ FORMATS = {"mxfp4": "mxfp4", "mxfp4_moe": "mxfp4", "q8_0": "q8_0", "q4_k_m": "q4
            "bf16": "bf16"}
 
 
+def is_gguf_path(model: str) -> bool:
+    """A path to one GGUF file (llama-server's `-m`), not a Hugging Face repo."""
+    return model.lower().endswith(".gguf")
+
+
 def gguf_names(model: str) -> tuple[str, str | None]:
     """(the model a GGUF holds, its quantization tag, lower case) from its file or repo name."""
     name, _, tag = model.partition(":")

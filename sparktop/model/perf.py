@@ -78,6 +78,9 @@ class Constants:
     # slack); 3 GiB is the least that makes the one published out-of-memory
     # case (Nemotron 3 Super solo at c64, util 0.70) not fit.
     activation_reserve_gib: float = 3.0
+    # Pipeline stages work on different micro-batches at once (vLLM, SGLang, TensorRT-LLM); False: a step
+    # passes the stages one after the other and the others wait (llama.cpp's rpc-server layer split).
+    pipeline_overlap: bool = True
     # Left for a model whose kernel path no shared constant describes; empty
     # in the fitted set (every model is held to the same physics).
     model_factors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
@@ -250,7 +253,7 @@ class PerfModel:
         pp = self.pp
         if pp == 1:
             return self._step(n_decode, decode_sums, prefill)
-        if n_decode + len(prefill) < pp:  # too few sequences to fill the pipeline: one pass
+        if n_decode + len(prefill) < pp or not self.k.pipeline_overlap:  # one pass through every stage
             tokens = n_decode + sum(n for n, _ in prefill)
             return self._step(n_decode, decode_sums, prefill) + (pp - 1) * self._hop(tokens)
         # pp micro-batches of whole sequences; the slowest sets the pace.

@@ -62,6 +62,16 @@ def runtime_constants(runtime: str | None, k: Constants) -> Constants | None:
         return None
 
 
+def card_for_runtime(card: ModelCard, runtime: str | None) -> ModelCard:
+    """The card as `runtime` runs the checkpoint: its own layout of the tensors (llama.cpp's gpt-oss GGUF
+    keeps all but the experts in Q8_0), not the kernel path of vLLM's Spark image (`mxfp4-spark`)."""
+    if runtime in (None, "", "vllm"):
+        return card
+    from sparktop.model.runtimes import runtime_card
+
+    return runtime_card(runtime, card, card.quant.scheme.lower().removesuffix("-spark"))
+
+
 def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int,
              serving: Serving | ServingFor | None = None, k: Constants | None = None,
              runtime: str | None = None) -> list[Row]:
@@ -73,6 +83,7 @@ def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int,
     k = runtime_constants(runtime, k or load_constants())
     if k is None:
         return []
+    card = card_for_runtime(card, runtime)
     rows = []
     for topology in topologies:
         sv = serving(topology) if callable(serving) else (serving or Serving())

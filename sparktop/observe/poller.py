@@ -36,8 +36,7 @@ import aiohttp
 
 from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable, NotAnEngine
-from sparktop.observe.engines import by_id
-from sparktop.observe.engines.vllm import Vllm
+from sparktop.observe.engines import Vllm, by_id
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
@@ -483,7 +482,7 @@ class Poller:
     def _log_patterns(w: _EngineWorker):
         """How its engine words its log: what answers once recognised, else what its container suggests."""
         engine = w.probe.engine.__class__ if w.probe.engine is not None else by_id(w.target.kind)
-        return (engine or Vllm).log
+        return (engine or Vllm).log  # before it answers, a container reads as vLLM's
 
     async def _read_stage(self, w: _EngineWorker) -> bool:
         """Whether the engine's container is still starting; reads its log."""

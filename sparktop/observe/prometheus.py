@@ -77,6 +77,13 @@ class MetricNames:
     spec_accept_len: Names = ()  # a gauge: mean tokens accepted per draft, where that is all there is
     spec_accept_rate: Names = ()  # a gauge: the share of drafted tokens accepted, likewise
     created: Names = ()  # counters whose `_created` time changes when the engine restarts
+    # Figures whose labelled counter the engine creates at its first count (SGLang's retractions): no series
+    # yet means none counted, not "not exported".
+    first_counted: tuple[str, ...] = ()
+    release_marks: Names = ()  # series only a release that has those lazy counters exports (else: absent)
+    # Every series appears when the first request finishes (TensorRT-LLM's collector): until then an absent
+    # series says nothing about what the engine exports.
+    created_by_first_request: bool = False
 
     @property
     def latencies(self) -> dict[str, Names]:
@@ -86,11 +93,29 @@ class MetricNames:
 
     def groups(self) -> dict[str, Names]:
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("prefix", "finished_label") and getattr(self, f.name)}
+                if f.name not in ("prefix", "finished_label", "first_counted", "created_by_first_request")
+                and getattr(self, f.name)}
 
 
 class MetricsError(ValueError):
     pass
+
+
+_SELECTORS: dict[str, tuple[str, tuple[tuple[str, frozenset[str]], ...]]] = {}
+
+
+def series_name(name: str) -> tuple[str, tuple[tuple[str, frozenset[str]], ...]]:
+    """`sglang:realtime_tokens_total{mode=prefill_compute|prefill_cache}` ->
+    the sample name and its label selector (the label, the values kept).
+    A names table writes a selector where one series of an engine holds
+    several figures under a label."""
+    found = _SELECTORS.get(name)
+    if found is None:
+        base, _, rest = name.partition("{")
+        selector = tuple((k.strip(), frozenset(v.split("|"))) for k, _, v in
+                         (part.partition("=") for part in rest.rstrip("}").split(",") if part))
+        found = _SELECTORS[name] = (base, selector)
+    return found
 
 
 def _alternatives(names) -> str:
@@ -108,7 +133,7 @@ def line_filter(names: MetricNames, histograms: bool = True) -> re.Pattern:
     if found is not None:
         return found
     latency = {n for group in names.latencies.values() for n in group}
-    bases = {n.removesuffix("_total") for group in names.groups().values() for n in group}
+    bases = {series_name(n)[0].removesuffix("_total") for group in names.groups().values() for n in group}
     if not histograms:
         bases -= latency
     created = {n.removesuffix("_total") + "_created" for n in names.created} or {"\x00never"}
@@ -196,13 +221,19 @@ class Scrape:
 
     def has(self, names: tuple[str, ...]) -> bool:
         """Whether any series of `names` is in this scrape (a histogram by its buckets)."""
-        return any(n in self.samples or n + "_bucket" in self.samples for n in names)
+        return self._first(names) is not None or any(n + "_bucket" in self.samples for n in names)
 
     def _first(self, names: tuple[str, ...]) -> tuple[str, list[tuple[dict, float]]] | None:
+        """The first name present: its sample name and series (only those its
+        label selector keeps, for a name written `name{label=a|b}`)."""
         for name in names:
-            series = self.samples.get(name)
+            base, selector = series_name(name)
+            series = self.samples.get(base)
+            if series and selector:
+                series = [(labels, v) for labels, v in series
+                          if all(labels.get(k) in values for k, values in selector)]
             if series:
-                return name, series
+                return base, series
         return None
 
     def total(self, names: tuple[str, ...]) -> float | None:
@@ -528,6 +559,8 @@ class EngineMetrics:
         if d.spec_acceptance is None and n.spec_accept_rate:
             rate = _clean(scrape.mean(n.spec_accept_rate))
             d.spec_acceptance = rate if rate else None
+        if d.preemptions is None and "preemptions" in self._lazy(scrape):
+            d.preemptions = 0.0
         d.missing = self._missing(scrape)
         return d
 
@@ -554,17 +587,29 @@ class EngineMetrics:
         if accepted is not None and drafts:
             d.spec_accept_len = 1.0 + accepted / drafts  # the target model's own token counts too
 
+    def _lazy(self, scrape: Scrape) -> tuple[str, ...]:
+        """The figures whose absent series mean "none counted yet" in this scrape: the engine's release
+        creates their counters at the first count."""
+        n = self.names
+        if not n.first_counted or not scrape.engine_seen:
+            return ()
+        return n.first_counted if not n.release_marks or scrape.has(n.release_marks) else ()
+
     def _missing(self, scrape: Scrape) -> list[str]:
         """The figures this engine does not export: no names for them, or none
         of their series in its scrape (histograms judged on scrapes that have them)."""
         missing = []
+        lazy = self._lazy(scrape)
+        unsettled = self.names.created_by_first_request and not scrape.has(self.names.requests)
         for figure, groups in FIGURE_GROUPS.items():
             names = [name for group in groups for name in getattr(self.names, group)]
+            if unsettled and names:
+                continue  # no request has finished yet: its series do not exist yet
             if figure in ("ttft", "itl", "queue", "e2e") and names and not scrape.has_histograms:
                 if figure in self._missing_latency:
                     missing.append(figure)
                 continue
-            if not names or not scrape.has(tuple(names)):
+            if not names or not (scrape.has(tuple(names)) or figure in lazy):
                 missing.append(figure)
         if scrape.has_histograms:
             self._missing_latency = [f for f in missing if f in ("ttft", "itl", "queue", "e2e")]

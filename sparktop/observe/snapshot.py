@@ -18,7 +18,7 @@ GIB = 1024**3
 FIGURES: dict[str, str] = {
     "kv": "KV cache", "running": "running", "waiting": "queued", "prompt_tps": "prompt t/s",
     "gen_tps": "gen t/s", "prefix": "prefix hits", "preemptions": "preemptions",
-    "finished": "finished requests", "ttft": "TTFT", "itl": "ITL", "queue": "queue", "e2e": "e2e",
+    "finished": "requests done", "ttft": "TTFT", "itl": "ITL", "queue": "queue", "e2e": "e2e",
     "spec": "speculative decoding",
 }
 
@@ -111,11 +111,11 @@ class NodeSnapshot:
     containers: list[Container] = field(default_factory=list)
     docker_status: str = "unknown"  # ok | missing | error text
     poll_ms: float | None = None
-    servers: list[ServerProcess] = field(default_factory=list)  # vLLM started outside Docker
+    servers: list[ServerProcess] = field(default_factory=list)  # engines started outside Docker
 
     @property
-    def vllm_mib(self) -> int:
-        """Memory held by GPU processes (vLLM engines, Ray workers)."""
+    def engines_mib(self) -> int:
+        """Memory held by GPU processes (every engine's workers, Ray's, llama.cpp's rpc-server)."""
         return sum(p.used_mib or 0 for p in self.processes)
 
 

@@ -31,6 +31,11 @@ RUNTIME_IMAGES = {"sglang": "lmsysorg/sglang:spark", "llama.cpp": "ghcr.io/ggml-
                   "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"}
 
 
+def container_name(engine: str) -> str:
+    """The demo's container of an engine: sparktop-vllm, sparktop-llama-cpp, ..."""
+    return "sparktop-" + engine.replace(".", "-")
+
+
 def loopback_aliases_work() -> bool:
     try:
         with socket.socket() as s:
@@ -100,15 +105,17 @@ class TwinCluster:
         return port if self.nodes[index].address != "127.0.0.1" else port + index
 
     async def run_solo(self, model: str = DEMO_MODEL, port: int = 8000, startup_speed: float = 30.0,
-                       extra: list[str] | None = None, name: str = "sparktop-vllm",
+                       extra: list[str] | None = None, name: str | None = None,
                        engines: list[str] | None = None) -> list[str]:
         """Start one solo engine on every node (through the twin's docker); `engines`: the engine each node
-        runs in turn (`vllm`, `sglang`, `llama.cpp`, `trtllm`; vLLM on every node by default)."""
+        runs in turn (`vllm`, `sglang`, `llama.cpp`, `trtllm`; vLLM on every node by default), each in a
+        container named after its engine (`sparktop-llama-cpp`) unless `name` is given."""
         urls = []
         for i, node in enumerate(self.nodes):
             p = self.port_for(i, port)
             engine = (engines or ["vllm"])[i % len(engines or ["vllm"])]
-            run = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc=host", "--network", "host"]
+            run = ["docker", "run", "-d", "--name", name or container_name(engine), "--gpus", "all", "--ipc=host",
+                   "--network", "host"]
             twin = ["--speed", str(self.speed), "--startup-speed", str(startup_speed), *(extra or [])]
             argv = run + self._serve(engine, node, model, p, twin)
             result = await node.transport().run(shlex.join(argv), timeout=30)
@@ -134,9 +141,10 @@ class TwinCluster:
                     "--extra_llm_api_options", str(options), *twin]
         return [self.images[0], model, *where, "--gpu-memory-utilization", "0.7", *twin]
 
-    async def stop_all(self, name: str = "sparktop-vllm") -> None:
+    async def stop_all(self, name: str | None = None) -> None:
+        names = [name] if name else [container_name(e) for e in ("vllm", *RUNTIME_IMAGES)]
         for node in self.nodes:
-            await node.transport().run(shlex.join(["docker", "rm", "-f", name]), timeout=30)
+            await node.transport().run(shlex.join(["docker", "rm", "-f", *names]), timeout=30)
 
 
 async def wait_ready(urls: list[str], timeout: float = 120.0) -> None:

@@ -119,7 +119,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
             return
         self._bind()
         other = self.host.used_mib(exclude_pid=os.getpid()) if self.host else 0
-        self.plan = plan = plan_startup(card, args, other)
+        self.plan = plan = plan_startup(card, args, other, engine=self.dialect.id)
         say.planned(self, plan)
         if say.own_distribution:
             await say.join(self)

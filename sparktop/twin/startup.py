@@ -8,6 +8,7 @@ the message vLLM would log last.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from sparktop.model.cards import GIB, ModelCard
@@ -29,19 +30,28 @@ class StartupPlan:
     max_num_batched_tokens: int
 
 
-def fitted_constants():
+def fitted_constants(engine: str = "vllm"):
     """The constants fitted to the published figures: the twin runs what
-    `sparktop predict` predicts."""
+    `sparktop predict` predicts, for its engine (another runtime's factors
+    applied where it has published figures; vLLM's where it has none)."""
     from sparktop.model.fit import load_constants
+    from sparktop.model.predict import runtime_constants
 
-    return load_constants()
+    k = load_constants()
+    return runtime_constants(engine, k) or k
 
 
-def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0) -> StartupPlan:
-    """Size everything vLLM sizes at startup; raise StartupError where vLLM would."""
+def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0, engine: str = "vllm") -> StartupPlan:
+    """Size everything vLLM sizes at startup; raise StartupError where vLLM would. `engine`: whose speed
+    (and weight layout) the twin takes."""
+    if engine != "vllm":
+        from sparktop.model.runtimes import CannotModel, runtime_card
+
+        with contextlib.suppress(CannotModel):  # an engine with no figures runs vLLM's card
+            card = runtime_card(engine, card)
     kv_dtype = 1 if args.kv_cache_dtype.startswith("fp8") else None
     perf = PerfModel(card, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size, kv_dtype_bytes=kv_dtype,
-                     ray=args.ray, enforce_eager=args.enforce_eager, k=fitted_constants())
+                     ray=args.ray, enforce_eager=args.enforce_eager, k=fitted_constants(engine))
     hw = perf.hw
     max_len = args.max_model_len or card.max_model_len
     batched = args.max_num_batched_tokens or 8192

@@ -9,6 +9,7 @@ card every second, so this is most of what watching costs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
@@ -255,13 +256,13 @@ class NodeCard(Card):
         if mem:
             label = f" {r.gib(mem.used)}/{r.gib(mem.total)}G"
             line = Text("mem ", style="bold")
-            line.append_text(r.memory_bar(mem.total, snap.vllm_mib * 1024**2, mem.used, mem.page_cache,
+            line.append_text(r.memory_bar(mem.total, snap.engines_mib * 1024**2, mem.used, mem.page_cache,
                                           max(4, width - 4 - len(label)), used_style))
             line.append(label)
             lines.append(line)
             avail_style = "" if used_style == "blue" else used_style
             parts = [Text("   "), Text("avail ", style="dim") + Text(f"{r.gib(mem.available)}G", style=avail_style),
-                     Text("engines ", style="dim") + Text(f"{snap.vllm_mib / 1024:.1f}G", style="magenta"),
+                     Text("engines ", style="dim") + Text(f"{snap.engines_mib / 1024:.1f}G", style="magenta"),
                      Text("cache ", style="dim") + Text(f"{r.gib(mem.page_cache)}G")]
             if mem.swap_used:
                 parts.append(Text(f"swap {r.gib(mem.swap_used)}G", style="yellow"))
@@ -322,18 +323,26 @@ def roofline_share(snap) -> float | None:
     full 273 GB/s): how close the engine runs to what the memory allows."""
     if not snap.gen_tps or not snap.running or not snap.model:
         return None
-    key = (snap.model, snap.topology)
+    key = (snap.model, snap.topology, snap.kind)
     perf = _ROOFLINE_CACHE.get(key)
     if perf is None and key not in _ROOFLINE_CACHE:
+        from sparktop.errors import SparktopError
         from sparktop.layouts import layout_of
         from sparktop.model.cards import UnknownModel, find_card
+        from sparktop.model.gguf import gguf_card
         from sparktop.model.perf import PerfModel
+        from sparktop.model.predict import card_for_runtime
 
         layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
         try:
-            perf = PerfModel(find_card(snap.model), tp=layout.tp if layout else 1, pp=layout.pp if layout else 1)
+            card = gguf_card(snap.model) if snap.kind == "llama.cpp" else find_card(snap.model)
         except UnknownModel:
-            perf = None
+            card = None
+        if card is not None:
+            # The bytes that engine reads: its own layout of the weights (llama.cpp's GGUF tensors).
+            with contextlib.suppress(SparktopError):
+                card = card_for_runtime(card, snap.kind)
+        perf = PerfModel(card, tp=layout.tp if layout else 1, pp=layout.pp if layout else 1) if card else None
         _ROOFLINE_CACHE[key] = perf
     if perf is None:
         return None
@@ -416,7 +425,19 @@ def engine_facts(snap: EngineSnapshot) -> list[Text]:
 
 
 # The figures a card shows, in the order its "not exported by" line names the missing ones (KV has its own line).
-SHOWN_FIGURES = ("running", "waiting", "gen_tps", "prompt_tps", "ttft", "itl", "queue", "e2e", "preemptions")
+SHOWN_FIGURES = ("running", "waiting", "gen_tps", "prompt_tps", "ttft", "itl", "queue", "e2e", "finished",
+                 "preemptions")
+
+
+# The card's own words for them, so the line names what a vLLM card shows in their place.
+CARD_WORDS = {"running": "run", "waiting": "wait", "gen_tps": "gen", "prompt_tps": "prompt", "ttft": "TTFT",
+              "itl": "ITL", "queue": "queue", "e2e": "e2e", "finished": "done", "preemptions": "preempt"}
+
+
+def not_exported_line(snap: EngineSnapshot) -> str:
+    """"TTFT, ITL, queue, e2e, done, preempt: not exported by llama.cpp"."""
+    names = [CARD_WORDS[f] for f in SHOWN_FIGURES if f in snap.not_exported]
+    return f"{', '.join(names)}: not exported by {snap.engine or snap.kind}" if names else ""
 
 
 def engine_word(snap: EngineSnapshot) -> str:
@@ -460,7 +481,7 @@ class EngineCard(Card):
         return lines
 
     def show(self, snap: EngineSnapshot, history: History | None, notice: Notice | None = None,
-             energy: Energy | None = None, nodes: list[str] | None = None) -> None:
+             energy: Energy | None = None, nodes: list[str] | None = None, mixed: bool = False) -> None:
         self._last = (snap, history, notice, energy, nodes)
         width = self.inner_width()
         stamp = (snap.t, snap.state, snap.stage, snap.reason, snap.error, width, self.spark_height, id(notice),
@@ -485,13 +506,18 @@ class EngineCard(Card):
         lines = []
         where = snap.url.removeprefix("http://").removeprefix("https://")
         head = Text(where, style="dim")
-        if snap.node:
-            # An engine over several nodes names them all (the head first) where they fit.
-            spread = nodes if nodes and len(nodes) > 1 else [snap.node]
-            head.append(f"  on {r.nodes_named(spread, width - head.cell_len - 5)}", style="dim")
-        what = engine_word(snap)
-        if what and head.cell_len + 2 + len(what) <= width:
-            head.append(f"  {what}", style="cyan")
+        # An engine over several nodes names them all (the head first) where they fit.
+        spread = (nodes if nodes and len(nodes) > 1 else [snap.node]) if snap.node else []
+        on = f"  on {r.nodes_named(spread, width - len(where) - 5)}" if spread else ""
+        # What answers, with its version where that fits, else its name alone; on a narrow card the
+        # engine's name is kept before its nodes (the address says where it is).
+        name = engine_word(snap) if snap.kind == "router" else snap.engine or (name_of(snap.kind) if snap.kind else "")
+        for text, what in ((on, engine_word(snap)), (on, name), ("", name), (on, "")):
+            if len(where) + len(text) + (2 + len(what) if what else 0) <= width:
+                head.append(text, style="dim")
+                if what:
+                    head.append(f"  {what}", style="cyan")
+                break
         lines.append(head)
         if snap.state == "starting":
             lines.append(Text(f"starting: {snap.stage or '…'}", style="yellow"))
@@ -591,7 +617,7 @@ class EngineCard(Card):
             if latency[-1].cell_len + len("  p50/p95") <= width:
                 latency[-1].append("  p50/p95", style="dim")
             lines += latency
-        missing = snap.not_exported_text(*SHOWN_FIGURES)
+        missing = not_exported_line(snap)
         if missing and snap.state in ("ready", "sleeping", "stale"):
             lines += r.wrap_words(Text(missing, style="dim"), width, 2)
         if history is not None and (snap.exports("gen_tps") or snap.exports("prompt_tps")):

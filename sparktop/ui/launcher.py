@@ -208,6 +208,7 @@ class LaunchScreen(LiveScreen):
         table = self.query_one("#recipes", DataTable)
         # What a narrow list cuts off first is on the right.
         table.add_column("recipe", key="recipe")
+        table.add_column("runtime", key="runtime")
         table.add_column("weights", key="weights")
         table.add_column("nodes", key="nodes")
         table.add_column("quant", key="quant")
@@ -216,8 +217,10 @@ class LaunchScreen(LiveScreen):
         for rid in sorted(recipes):
             r = recipes[rid]
             weights = r.estimated_weights_gib()
-            table.add_row(rid, f"{weights:.0f} GiB" if weights else "—", nodes_text(self.launcher.topologies(r)),
-                          r.quantization or "—", key=rid)
+            card = r.twin_card()  # the checkpoint's format where the recipe does not name one
+            table.add_row(rid, runtime_for(r.runtime).name, f"{weights:.0f} GiB" if weights else "—",
+                          nodes_text(self.launcher.topologies(r)),
+                          r.quantization or (card.quant.scheme if card is not None else "—"), key=rid)
         for error in errors:
             self.notify(error, title="recipe skipped", severity="warning", timeout=8)
         nodes = [(n.name, n.name) for n in self.launcher.inventory.nodes]

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
+from sparktop.observe.engines import name_of
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterSummary, History
 from sparktop.ui import render as r
@@ -100,7 +101,7 @@ def node_line(snap: NodeSnapshot, width: int, energy: Energy | None = None,
             room -= extra.cell_len
             tail.append_text(extra)
         line.append("mem ", style="bold")
-        line.append_text(r.memory_bar(mem.total, snap.vllm_mib * 1024**2, mem.used, mem.page_cache,
+        line.append_text(r.memory_bar(mem.total, snap.engines_mib * 1024**2, mem.used, mem.page_cache,
                                       max(6, min(30, room)), used_style))
         line.append(label)
     else:
@@ -116,25 +117,27 @@ class EngineRow(Card):
     kind = "engine"
 
     def show(self, snap: EngineSnapshot, history: History | None, notice: Notice | None = None,
-             energy: Energy | None = None, nodes: list[str] | None = None) -> None:
-        self._last = (snap, history, notice, energy, nodes)
+             energy: Energy | None = None, nodes: list[str] | None = None, mixed: bool = False) -> None:
+        self._last = (snap, history, notice, energy, nodes, mixed)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.stage, width, id(notice), tuple(nodes or ()))
+        stamp = (snap.t, snap.state, snap.stage, width, id(notice), tuple(nodes or ()), mixed)
         if stamp == self._drawn:
             return
         self._drawn = stamp
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
-        self._paint(snap.model or "engine", r.state_badge(snap.state), [engine_line(snap, width, nodes, history)])
+        self._paint(snap.model or "engine", r.state_badge(snap.state),
+                    [engine_line(snap, width, nodes, history, mixed)])
 
 
 NOT_EXPORTED = "n/e"  # a figure the engine does not export (the help screen says so)
 
 
 def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None,
-                history: History | None = None) -> Text:
+                history: History | None = None, mixed: bool = False) -> Text:
+    """`mixed`: the screen shows engines of several kinds, so each row names its own."""
     line = _dot(snap.state)
     room = min(34, max(24, width - 54))  # the name takes what a wide screen spares, up to 34
-    line.append(f"{row_name(snap, room):<{room}} ", style="bold")
+    line.append(f"{row_name(snap, room, mixed):<{room}} ", style="bold")
     where = nodes_named(nodes or ([snap.node] if snap.node else []), 12)
     line.append(f"{_cut(where, 12):<12}", style="dim")
     if snap.state == "starting":
@@ -172,15 +175,21 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
     return line
 
 
-def row_name(snap: EngineSnapshot, room: int = 34) -> str:
+def row_name(snap: EngineSnapshot, room: int = 34, engine: bool = False) -> str:
     """"gpt-oss-120b · 2x tp=2" for a replica (the router's row names the
     router: "gpt-oss-120b · router least-busy"), the whole layout otherwise;
-    in `room` cells, the model is cut before the layout is."""
+    with `engine`, the engine too ("gpt-oss-120b · llama.cpp", a solo layout
+    left unsaid where both do not fit); in `room` cells, the model is cut
+    before the layout is."""
     model = snap.model or "engine"
     layout = layout_of(snap.topology)
     what = snap.topology or ""
     if layout is not None and layout.router:
         what = f"router {layout.router}" if snap.kind == "router" else replace(layout, router=None).text
+    name = (snap.engine or name_of(snap.kind or "")) if engine and snap.kind != "router" else ""
+    if name:
+        both = f"{what} · {name}" if what else name
+        what = both if len(model) + 3 + len(both) <= room or what != "solo" else name
     if not what:
         return _cut(model, room)
     if len(model) + 3 + len(what) <= room:

@@ -159,15 +159,18 @@ class MonitorScreen(LiveScreen):
             self.call_after_refresh(self._layout_columns)
         self._sync(self.query_one("#nodes", Grid), NodeRow if self.compact[0] else NodeCard, nodes,
                    state.node_history, lambda key: (state.last_notice(key, now), state.node_energy(key)))
+        # Engines of several kinds on screen: each row names its engine (a card always does, where it fits).
+        mixed = len({e.kind for e in engines.values() if e.kind != "router"}) > 1
         self._sync(self.query_one("#engines", Grid), EngineRow if self.compact[1] else EngineCard, engines,
                    state.engine_history,
                    lambda key: (state.last_notice(key, now), state.engine_energy(engines[key]),
-                                state.engine_nodes(engines[key])))
+                                state.engine_nodes(engines[key]), mixed))
         self._cluster_chart(state, len(nodes), len(engines))
         empty = self.query_one("#empty", Static)
         if not state.engines:
-            empty.update(Text("No engines yet: sparktop looks for vLLM containers on every node and on "
-                              "port 8000; add one with --engine URL.", style="dim"))
+            empty.update(Text("No engines yet: sparktop looks for vLLM, SGLang, llama.cpp, TensorRT-LLM, Ollama "
+                              "and TGI in every node's containers and processes, and on port 8000; add one "
+                              "with --engine URL.", style="dim"))
             empty.display = True
         else:
             empty.display = False

@@ -15,6 +15,14 @@ from tmux, and the versions.
     python tests/benchmarks/monitor_cost.py                       # this tree
     python tests/benchmarks/monitor_cost.py --src before=/tmp/before --src after=.   # side by side
     python tests/benchmarks/monitor_cost.py --runs 1 --py-spy /tmp/prof   # also where the time goes
+    python tests/benchmarks/monitor_cost.py --engines vllm,vllm --engines vllm,llama-cpp   # engine mixes
+
+`--engines E,E` (repeatable) chooses the engines watched: twins of vLLM
+(`vllm`), llama.cpp (`llama-cpp`: `llama-server --metrics -np 4`, read from
+its /metrics and /slots), SGLang (`sglang`, `--enable-metrics`) or
+TensorRT-LLM (`trtllm`); each mix is a variant, run interleaved with the
+others like `--src`. Default: two vLLM twins, the figure quoted since the
+monitor's budget was set.
 
 `--src NAME=DIR` runs `sparktop` from another source tree (e.g. `git
 archive HEAD | tar -x -C /tmp/before`) with PYTHONPATH=DIR, interleaving
@@ -122,6 +130,15 @@ def top_functions(path: Path, started: float, window: tuple[float, float], rate:
     return "\n".join(out)
 
 
+# How each engine's twin is started: its own command line, one model (gpt-oss-120b) for all.
+TWIN_COMMANDS = {
+    "vllm": ["gpt-oss-120b"],
+    "llama-cpp": ["--engine", "llama-cpp", "-hf", "ggml-org/gpt-oss-120b-GGUF", "--metrics", "-np", "4"],
+    "sglang": ["--engine", "sglang", "--model-path", "openai/gpt-oss-120b", "--enable-metrics"],
+    "trtllm": ["--engine", "trtllm", "openai/gpt-oss-120b"],
+}
+
+
 def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | None:
     session = f"sparktop-bench-{os.getpid()}-{name}-{run}"
     env_prefix = f"PYTHONPATH={src}" if src != ROOT else ""
@@ -151,7 +168,7 @@ def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | No
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             screen = tmux("capture-pane", "-p", "-t", session)
-            if screen.count("t/s") >= 4 and "% of roofline" in screen:
+            if screen.count("t/s") >= 2 * len(urls) and screen.count("ready") >= len(urls):
                 break
             time.sleep(0.5)
         else:
@@ -188,12 +205,23 @@ def main() -> None:
     ap.add_argument("--src", action="append", metavar="NAME=DIR",
                     help="a source tree to run sparktop from (repeatable; default: this tree)")
     ap.add_argument("--py-spy", metavar="PREFIX", help="also record where the time goes with py-spy")
+    ap.add_argument("--engines", action="append", metavar="E,E",
+                    help=f"engines watched, a variant each (repeatable; of {', '.join(TWIN_COMMANDS)}; "
+                         "default vllm,vllm)")
     args = ap.parse_args()
-    variants = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src or []] or [
+    trees = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src or []] or [
         ("current", ROOT)]
+    mixes = [m.split(",") for m in args.engines or ["vllm,vllm"]]
+    for mix in mixes:
+        for engine in mix:
+            if engine not in TWIN_COMMANDS:
+                raise SystemExit(f"--engines: {engine!r} is not one of {', '.join(TWIN_COMMANDS)}")
+    # A variant: a source tree and the engines it watches.
+    variants = [(f"{tree}:{'+'.join(mix)}" if len(mixes) > 1 else tree, src, mix)
+                for mix in mixes for tree, src in trees]
     from importlib.metadata import version
 
-    print(f"sparktop monitor cost: {COLS}x{ROWS} tmux, 2 twin engines under load, one node, -i 1, "
+    print(f"sparktop monitor cost: {COLS}x{ROWS} tmux, twin engines under load, one node, -i 1, "
           f"{args.seconds:g} s x {args.runs} runs")
     print(f"python {platform.python_version()}, textual {version('textual')}, rich {version('rich')}, "
           f"{tmux('-V')}, sparktop {version('sparktop')}, {os.cpu_count()} cpus, {platform.platform()}")
@@ -201,24 +229,29 @@ def main() -> None:
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            urls = []
-            for i in range(2):
-                port = free_port()
-                log = open(Path(tmp) / f"twin{i}.log", "w")  # noqa: SIM115 - closed with the process
-                procs.append(subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "gpt-oss-120b",
-                                               "--host", "127.0.0.1", "--port", str(port),
-                                               "--startup-speed", "500"], stdout=log, stderr=log,
-                                              cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)}))
-                urls.append(f"http://127.0.0.1:{port}")
-            for url in urls:
+            # Enough twins of each engine for the mix that needs the most of it; a mix watches its first ones.
+            need = {e: max(m.count(e) for m in mixes) for m in mixes for e in m}
+            started: dict[str, list[str]] = {}
+            for engine, count in need.items():
+                for i in range(count):
+                    port = free_port()
+                    log = open(Path(tmp) / f"twin-{engine}-{i}.log", "w")  # noqa: SIM115 - closed with the process
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "sparktop", "twin", "serve", *TWIN_COMMANDS[engine],
+                         "--host", "127.0.0.1", "--port", str(port), "--startup-speed", "500"],
+                        stdout=log, stderr=log, cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)}))
+                    started.setdefault(engine, []).append(f"http://127.0.0.1:{port}")
+            every = [u for us in started.values() for u in us]
+            for url in every:
                 wait_ready(url, time.monotonic() + 60)
-            procs.append(subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", "3",
+            procs.append(subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *every, "--min", "3",
                                            "--max", "3", "--parent", str(os.getpid())],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(3)
-            results: dict[str, list[float]] = {name: [] for name, _ in variants}
+            results: dict[str, list[float]] = {name: [] for name, _, _ in variants}
             for run in range(1, args.runs + 1):
-                for name, src in variants:
+                for name, src, mix in variants:
+                    urls = [started[e][mix[:k].count(e)] for k, e in enumerate(mix)]
                     pct = one_run(name, src, urls, args, run)
                     if pct is not None:
                         results[name].append(pct)

@@ -14,6 +14,9 @@ from sparktop.ui.cards import EngineCard
 from tests.helpers.fanout import fanned_app, settle_fanned
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "recording-demo.jsonl"
+# Mixed engines on twin nodes (scripts/screenshots.py --only engines --record-dir tests/fixtures):
+# vLLM beside llama.cpp on two nodes; vLLM, llama.cpp, SGLang and TensorRT-LLM on four.
+ENGINES_RECORDING = {n: RECORDING.with_name(f"recording-engines-{n}.jsonl") for n in (2, 4)}
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +28,8 @@ def utc(monkeypatch):
     time.tzset()
 
 
-def replay_app() -> SparktopApp:
-    source = ReplaySource(Recording.load(RECORDING), speed=1.0)
+def replay_app(recording: Path = RECORDING) -> SparktopApp:
+    source = ReplaySource(Recording.load(recording), speed=1.0)
     source.seek(1e12)  # straight to the end of the recording
     source.pause()
     return SparktopApp(source, replay=True)
@@ -68,3 +71,14 @@ def test_monitor_many_nodes(snap_compare, nodes, size):
         await settle_fanned(pilot, nodes)
 
     assert snap_compare(fanned_app(RECORDING, nodes), terminal_size=size, run_before=settle_all)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_monitor_mixed_engines(snap_compare, nodes, size):
+    """Engines of every kind side by side: each card (or row) names its
+    engine and says what that engine does not export."""
+    async def settle_engines(pilot):
+        await settle_fanned(pilot, nodes)  # every node and engine on screen, not only in the state
+
+    assert snap_compare(replay_app(ENGINES_RECORDING[nodes]), terminal_size=size, run_before=settle_engines)

@@ -31,7 +31,7 @@ def test_node_card_lines_say_what_the_node_is_doing():
     card = NodeCard("spark-a")
     lines = card._lines(node(30), None, 60)
     text = "\n".join(line.plain for line in lines)
-    assert "89.6/119.6G" in text and "avail 30.0G" in text and "vllm 83.0G" in text
+    assert "89.6/119.6G" in text and "avail 30.0G" in text and "engines 83.0G" in text
     assert "gpu  97%  66°C  48W  2405MHz P0" in text
     assert "cpu  12%  1 container" in text and "sparktop-vllm" in text and "Up 5m" in text
 

@@ -119,3 +119,25 @@ def test_no_cycles_between_modules_of_the_launch_package():
         if source.startswith("sparktop.launch.") and target.startswith("sparktop.launch."):
             graph[source].add(target)
     assert not any(a in graph.get(b, set()) for a in graph for b in graph[a])
+
+
+SEAMS = ("sparktop.observe.engines", "sparktop.launch.runtimes", "sparktop.twin.dialects")
+
+
+def test_an_engine_lives_in_its_own_modules():
+    """Each engine is one module per seam (how it is watched, launched and
+    imitated). They meet only through the seam's `base` and its registry, so
+    adding or changing one engine never touches another, and nothing outside
+    the seams reaches into one engine's module."""
+    offenders = []
+    for source, target, where, line in edges():
+        seam = next((s for s in SEAMS if target.startswith(s + ".")), None)
+        if seam is None or target.endswith(".base"):
+            continue
+        inside = next((s for s in SEAMS if source == s or source.startswith(s + ".")), None)
+        if inside == seam and source == seam:
+            continue  # the registry lists its engines
+        same_engine = inside is not None and source.rsplit(".", 1)[-1] == target.rsplit(".", 1)[-1]
+        if not same_engine:
+            offenders.append(f"{where}:{line}: {source} imports {target}")
+    assert offenders == []

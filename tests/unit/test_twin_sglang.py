@@ -130,9 +130,34 @@ async def test_engine_probe_reads_its_metrics_after_streamed_requests(sglang, mo
     for figure, groups in FIGURE_GROUPS.items():
         names = [n for group in groups for n in getattr(NAMES, group)]
         exported = any(n in present or n + "_bucket" in present for n in names)
-        assert (figure in snap.not_exported) == (not exported), figure
-    assert snap.not_exported == ["preemptions"]  # no retraction yet: SGLang shows the counter once one happens
+        assert (figure in snap.not_exported) == (not exported and figure not in NAMES.first_counted), figure
+    # No retraction yet: SGLang shows its counter at the first one, so it reads 0, not "not exported".
+    assert "sglang:num_retracted_requests_total" not in present
+    assert snap.not_exported == [] and snap.preemptions == 0
 
+
+
+async def test_tokens_per_second_show_while_a_long_generation_runs(sglang):
+    """SGLang's tokenizer counts a request's tokens only when it finishes; the
+    scheduler's realtime counter moves as it decodes. A user watching a long
+    generation must see its rate, not 0 t/s until the end."""
+    server = await sglang("--enable-metrics", speed=5.0)
+    async with aiohttp.ClientSession() as client:
+        probe = EngineProbe(url=server.url, client=client)
+        await probe.poll()
+        long = asyncio.create_task(chat(client, server.url, "write a long story", max_tokens=4000,
+                                        ignore_eos=True))
+        await asyncio.sleep(3.0)
+        snap = await probe.poll()
+        async with client.get(server.url + "/metrics") as r:
+            scrape = samples(await r.text())
+        long.cancel()
+    assert not long.done() or long.cancelled()
+    finished = sum(v for _, v in scrape["sglang:generation_tokens_total"])
+    assert finished <= 8  # only the warm-up's tokens are counted by the tokenizer yet
+    decoded = sum(v for labels, v in scrape["sglang:realtime_tokens_total"] if labels["mode"] == "decode")
+    assert decoded > 40
+    assert snap.running == 1 and snap.gen_tps is not None and snap.gen_tps > 5
 
 # -- 2. no --enable-metrics --------------------------------------------------------------------------------------
 
@@ -330,6 +355,25 @@ async def test_every_family_it_exports_is_declared_so_by_sglang(sglang, declared
         spec = declared.get(family.name)
         assert spec is not None and spec.kind == family.type, family.name
         assert spec.doc is None or spec.doc == family.documentation, family.name
+
+
+def test_the_names_sparktop_reads_are_sglangs(declared):
+    """Every series the monitor reads from SGLang (sparktop/observe/engines/sglang.py) is one SGLang 0.5.23
+    declares, with the label its selector picks; the older names it also reads for older releases are listed
+    here with the release that had them."""
+    older = {"sglang:time_per_output_token_seconds", "sglang:cache_hit_rate"}  # 0.4.x (the docs' capture)
+    from sparktop.observe.prometheus import series_name
+
+    for group, names in NAMES.groups().items():
+        for name in names:
+            base, selector = series_name(name)
+            family = base.removesuffix("_total")
+            spec = declared.get(family) or declared.get(base)
+            if spec is None:
+                assert base in older, f"sparktop reads {name} ({group}), which SGLang 0.5.23 does not declare"
+                continue
+            for label, _ in selector:
+                assert spec.labels is None or label in spec.labels, f"{name}: SGLang labels it {spec.labels}"
 
 
 def test_the_check_fails_when_the_twin_strays(declared):

@@ -161,6 +161,26 @@ async def test_recognised_and_read_by_sparktop_which_never_drains_its_metrics(tr
     assert max(s["numActiveRequests"] for s in stats) >= 2
 
 
+async def test_before_its_first_request_finishes_nothing_is_called_not_exported(trt):
+    """TensorRT-LLM's collector creates its series at the first finished
+    request: a fresh server's empty scrape says nothing yet about what it
+    exports, so the card shows no figures rather than "not exported"."""
+    server, dialect = await trt(config=PERF)
+    async with session() as client:
+        async with client.get(server.url + "/prometheus/metrics") as r:
+            text = await r.text()
+        assert r.status == 200 and "trtllm_request_success_total" not in text and "trtllm_kv_cache_utilization" \
+            not in text
+        probe = EngineProbe(server.url, client)
+        fresh = await probe.poll()
+        await stream(client, server.url, 8)
+        await probe.poll()
+        served = await probe.poll()
+    assert fresh.state == "ready" and fresh.not_exported == ["preemptions"]  # it has no such series at all
+    assert fresh.kv_usage is None and fresh.gen_tps is None
+    assert served.not_exported == ["preemptions", "spec"] and served.kv_usage is not None
+
+
 # -- 2. without return_perf_metrics there is nothing to read, and sparktop says so -----------------
 
 

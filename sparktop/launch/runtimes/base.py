@@ -29,6 +29,7 @@ class Runtime:
     engine: ClassVar[str] = "vllm"  # as `observe.engines` names what answers (the endpoint's kind)
     name: ClassVar[str] = "vLLM"
     default_image: ClassVar[str] = ""  # when neither the recipe nor the inventory names one
+    weights: ClassVar[str] = "hf"  # what preflight looks for: a Hugging Face repo's snapshot, or "gguf" files
     flag_sep: ClassVar[str] = "-"  # `--max-num-seqs` (vLLM, SGLang, llama.cpp) or `--max_batch_size` (TensorRT-LLM)
     # Flags the layout and the inventory decide (underscored names): refused in a recipe.
     reserved: ClassVar[frozenset[str]] = frozenset()

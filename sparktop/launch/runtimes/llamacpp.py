@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sparktop.launch.plan import Endpoint, Step, Wait
 from sparktop.launch.runtimes.base import Runtime
 from sparktop.layouts import Layout
+from sparktop.model.gguf import is_gguf_path
 
 if TYPE_CHECKING:
     from sparktop.launch.topology import Builder
@@ -28,15 +29,12 @@ CACHE_IN_CONTAINER = "/root/.cache/huggingface/llama.cpp"  # -hf downloads land 
 AUTO_SLOTS = 4  # llama-server's slots without -np
 
 
-def is_gguf_path(model: str) -> bool:
-    return model.lower().endswith(".gguf")
-
-
 class LlamaCppRuntime(Runtime):
     id = "llama-cpp"
     engine = "llama.cpp"
     name = "llama.cpp"
     default_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+    weights = "gguf"
     reserved = frozenset({"model", "m", "hf_repo", "hf", "hfr", "host", "port", "rpc", "alias", "a"})
     form_flags: ClassVar[dict[str, str | None]] = {
         "gpu_memory_utilization": None, "max_model_len": "ctx_size",

@@ -36,7 +36,8 @@ from sparktop.observe.engines.tgi import Tgi
 from sparktop.observe.engines.trtllm import TensorRtLlm
 from sparktop.observe.engines.vllm import Vllm
 
-__all__ = ["ENGINES", "Answer", "Engine", "EngineUnreachable", "NotAnEngine", "by_id", "for_command", "recognise"]
+__all__ = ["ENGINES", "Answer", "Engine", "EngineUnreachable", "NotAnEngine", "Vllm", "by_id", "for_command",
+           "recognise"]
 
 # Most specific first: a generic answer (a model list) is claimed by the first that recognises more.
 ENGINES: tuple[type[Engine], ...] = (Vllm, Sglang, LlamaCpp, TensorRtLlm, Ollama, Tgi, Litellm)

@@ -7,10 +7,14 @@ Read from SGLang 0.5.23's source (`srt/observability/metrics_collector.py`;
 the wheel named in tests/fixtures/SOURCES.md, held to the twin by a test):
 its series carry `tp_rank`/`pp_rank`/`dp_rank` labels (only rank 0 publishes
 the running figures), summed (requests, tokens) or averaged (token usage)
-over them. The KV figure is `sglang:token_usage` (the token pool's share in
-use, to two decimals); preemptions are its retractions (requests pushed back
+over them. Tokens/s come from the scheduler's `realtime_tokens_total`
+(by `mode`: prefill computed, prefill from the cache, decode), which moves
+as batches run; the tokenizer's `prompt_tokens_total` and
+`generation_tokens_total` move only when a request finishes and are read
+only from a build without it. The KV figure is `sglang:token_usage` (the
+token pool's share in use, to two decimals); preemptions are its retractions (requests pushed back
 to the queue when the pool runs out); the prefix-cache hit rate is cached
-over prompt tokens (counted when a request finishes), else its
+over prompt tokens (from the same counters), else its
 `cache_hit_rate` gauge; speculative decoding, its accept length and rate
 gauges. There is no `/version`: the version is `/server_info`'s, asked once
 (it is a round trip to the scheduler, and it lists the server's arguments,
@@ -33,9 +37,11 @@ NAMES = MetricNames(
     kv_usage=("sglang:token_usage",),
     running=("sglang:num_running_reqs",),
     waiting=("sglang:num_queue_reqs",),
-    prompt_tokens=("sglang:prompt_tokens_total",),
-    gen_tokens=("sglang:generation_tokens_total",),
-    cached_tokens=("sglang:cached_tokens_total",),
+    # The scheduler's counter moves every batch (decode: every 40 steps); the tokenizer's only when a
+    # request finishes, so a monitor reading those shows 0 t/s through a long generation.
+    prompt_tokens=("sglang:realtime_tokens_total{mode=prefill_compute|prefill_cache}", "sglang:prompt_tokens_total"),
+    gen_tokens=("sglang:realtime_tokens_total{mode=decode}", "sglang:generation_tokens_total"),
+    cached_tokens=("sglang:realtime_tokens_total{mode=prefill_cache}", "sglang:cached_tokens_total"),
     prefix_hit_rate=("sglang:cache_hit_rate",),
     preemptions=("sglang:num_retracted_requests_total",),
     requests=("sglang:num_requests_total",),
@@ -46,6 +52,10 @@ NAMES = MetricNames(
     spec_accept_len=("sglang:spec_accept_length",),
     spec_accept_rate=("sglang:spec_accept_rate",),
     created=("sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
+    # Its retraction counter appears with the first retraction, in releases that have it (with the realtime
+    # token counter); older ones export neither.
+    first_counted=("preemptions",),
+    release_marks=("sglang:realtime_tokens_total",),
 )
 
 

@@ -51,6 +51,7 @@ NAMES = MetricNames(
     spec_draft_tokens=("trtllm_spec_decode_num_draft_tokens_total",),
     spec_accepted=("trtllm_spec_decode_num_accepted_tokens_total",),
     spec_accept_len=("trtllm_spec_decode_acceptance_length",),
+    created_by_first_request=True,
 )
 
 

@@ -18,7 +18,6 @@ DIALECTS: dict[str, tuple[str, str]] = {
     "sglang": ("sparktop.twin.dialects.sglang", "SglangDialect"),
     "llama.cpp": ("sparktop.twin.dialects.llamacpp", "LlamaCppDialect"),
     "trtllm": ("sparktop.twin.dialects.trtllm", "TrtllmDialect"),
-    "ollama": ("sparktop.twin.dialects.ollama", "OllamaDialect"),
 }
 # What people type (`sparktop demo --runtime llama-cpp`, a recipe's runtime) -> engine id.
 RUNTIME_ALIASES = {"llama-cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp",
