@@ -176,14 +176,21 @@ async def run_demo(args) -> int:
     count = getattr(args, "nodes", 2) or 2
     runtime = getattr(args, "runtime", None)
     kinds = demo_engines(runtime)
+    recipe_id = args.model
     if layout and runtime:
-        raise SparktopError("--runtime and --layout: a layout launches its recipe, in the recipe's runtime")
+        # The layout launches the runtime's own recipe of the model (gpt-oss-120b-sglang), as a study would.
+        if len(kinds) > 1:
+            raise SparktopError("--layout takes one --runtime: a layout launches one recipe")
+        from sparktop.launch.catalog import find_recipe, runtime_recipes
+        from sparktop.launch.runtimes import runtime_id
+
+        recipe_id = runtime_recipes(find_recipe(args.model), runtime)[runtime_id(runtime)].id
     what = f"a {count}-node twin cluster" if count != 2 else "a two-node twin cluster"
     how = "" if kinds == ["vllm"] else " with " + ", ".join(dict.fromkeys(kinds))
     print(f"Starting {what} serving {args.model}{how}" + (f" as {layout}" if layout else "") + " ...", flush=True)
     if layout:
         cluster, _ = await start_demo_cluster(args.model, args.speed, wait=False, nodes=count, engines=False)
-        launcher, plan = await launch_layout(cluster, args.model, layout)
+        launcher, plan = await launch_layout(cluster, recipe_id, layout)
         await launcher.close()
         served = [e for e in plan.endpoints if e.kind == "router"] or plan.endpoints
         urls = [e.url for e in served]

@@ -204,9 +204,11 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             ", ".join(c.name for c in n.containers if c.state == "running") or "—",
         )
     console.print(nodes)
+    columns = {"kv", "running", "waiting", "prompt_tps", "gen_tps", "ttft", "itl"}  # the figures it shows
     engines = Table(title="engines", title_justify="left",
                     caption="n/e: not exported by that engine" if any(
-                        e.not_exported for e in state.engines.values()) else None, caption_justify="left")
+                        columns.intersection(e.not_exported) for e in state.engines.values() if e.kind != "router")
+                    else None, caption_justify="left")
     # The endpoint is how a user tells engines apart: it is the last column to be cut.
     longest = max((len(e.url.removeprefix("http://")) for e in state.engines.values()), default=8)
     engines.add_column("endpoint", no_wrap=True, min_width=min(21, longest))

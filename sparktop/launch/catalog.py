@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparktop.errors import ConfigError
+from sparktop.errors import ConfigError, SparktopError
 from sparktop.launch.community import parse_community
 from sparktop.launch.recipe import Recipe, parse_native
 from sparktop.settings import config_dir, shipped_recipes_dir
@@ -74,3 +74,41 @@ def find_recipe(ref: str, extra: Sequence[str | Path] | None = None) -> Recipe:
     if broken:
         raise ConfigError(broken[0].split(":")[0], None, None, broken[0].split(": ", 1)[-1])
     raise ConfigError("recipes", None, None, f"no recipe named {ref!r}{hint}")
+
+
+def runtime_recipes(recipe: Recipe, runtimes: str | None, extra: list | None = None) -> dict[str, Recipe]:
+    """`--runtimes vllm,sglang,llama-cpp`: for each, the recipe that serves this recipe's model in it (this one
+    for its own runtime; another by the same model card, or the same model, for the others)."""
+    from sparktop.launch.runtimes import UnknownRuntime, runtime_id
+
+    if not runtimes:
+        return {recipe.runtime: recipe}
+    card = recipe.twin_card()
+    wanted = card.name if card is not None else recipe.model
+    known: dict[str, Recipe] | None = None
+    out: dict[str, Recipe] = {}
+    for name in (n.strip() for n in runtimes.split(",") if n.strip()):
+        try:
+            rid = runtime_id(name)
+        except UnknownRuntime as exc:
+            raise SparktopError(f"--runtimes {name}: {exc}") from None
+        if rid == recipe.runtime:
+            out[rid] = recipe
+            continue
+        if known is None:
+            known = discover(extra)[0]
+        same = sorted((r for r in known.values() if r.runtime == rid and
+                       _serves(r, wanted, recipe.model, recipe.served_name)), key=lambda r: r.id)
+        if not same:
+            others = sorted(r.id for r in known.values() if _serves(r, wanted, recipe.model, recipe.served_name))
+            raise SparktopError(f"--runtimes {name}: no {rid} recipe serves {wanted} (its recipes: "
+                                f"{', '.join(others) or 'none'}); write one with `runtime: {rid}`")
+        out[rid] = same[0]
+    return out
+
+
+def _serves(r: Recipe, card: str, model: str, served: str | None = None) -> bool:
+    """One model, whatever the runtime: the same card, the same model id, or the same served name."""
+    mine = r.twin_card()
+    return (mine is not None and mine.name == card) or r.model == model or (served is not None
+                                                                          and r.served_name == served)

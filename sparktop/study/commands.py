@@ -20,7 +20,7 @@ from rich.text import Text
 from sparktop.bench.events import LevelDone, SweepStarted
 from sparktop.bench.sweep import parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
-from sparktop.launch.catalog import find_recipe, load_recipe_file
+from sparktop.launch.catalog import find_recipe, load_recipe_file, runtime_recipes
 from sparktop.launch.events import Stage
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.settings import Inventory
@@ -34,7 +34,7 @@ from sparktop.study.events import (
     TopologyFinished,
     TopologyStarted,
 )
-from sparktop.study.planning import Estimate, new_study, runtime_recipes, study_entries
+from sparktop.study.planning import Estimate, new_study, study_entries
 from sparktop.study.runner import StudyRunner
 from sparktop.study.state import DONE, FAILED, Study, list_studies, load_study
 from sparktop.units import ago, fmt

@@ -140,7 +140,7 @@ TWIN_COMMANDS = {
 
 
 def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | None:
-    session = f"sparktop-bench-{os.getpid()}-{name}-{run}"
+    session = f"sparktop-bench-{os.getpid()}-{name}-{run}".replace(":", "_").replace(".", "_")  # tmux targets
     env_prefix = f"PYTHONPATH={src}" if src != ROOT else ""
     engines = " ".join(f"--engine {u}" for u in urls)
     # A one-node inventory: this node, no default-port candidate to probe.

@@ -136,3 +136,30 @@ def test_a_layout_demo_left_running_is_stopped_with_its_router_key(state_home, l
     records = [json.loads(p.read_text()) for p in (state_home / "sparktop/launches").glob("*.json")]
     assert [row["status"] for rec in records for row in rec["launches"]] == ["stopped"]
     assert not twin_processes(state_home), twin_processes(state_home)
+
+
+@pytest.mark.parametrize("runtime, layout, engine, recipe", [
+    ("sglang", "tp=2", "sglang", "gpt-oss-120b-sglang"),
+    ("trtllm", "tp=2", "trtllm", "gpt-oss-120b-trtllm"),
+    ("llama-cpp", "pp=2", "llama.cpp", "gpt-oss-120b-llama-cpp"),
+])
+def test_a_demo_of_another_runtime_launches_its_recipe_over_two_nodes(state_home, runtime, layout, engine, recipe):
+    """`sparktop demo --runtime R --layout L`: the runtime's own recipe of the model, launched over both twin
+    nodes by the real launcher (SGLang's --nnodes, TensorRT-LLM under mpirun, llama.cpp with an rpc-server on
+    the second node), answers a chat, is recognised as that engine, and stops."""
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    started = sparktop("demo", "--runtime", runtime, "--layout", layout, "--no-wait", "--speed", "4", env=env,
+                       timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert any(recipe in line and "ready in" in line for line in started.stdout.splitlines()), started.stdout
+        r = httpx.post("http://127.0.0.2:8000/v1/chat/completions", timeout=60, json={
+            "model": "gpt-oss-120b", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
+        status = json.loads(sparktop("status", "--json", "--engine", "http://127.0.0.2:8000", env=env).stdout)
+        (head,) = [e for e in status["engines"] if e["url"] == "http://127.0.0.2:8000"]
+        assert (head["kind"], head["state"]) == (engine, "ready"), head
+    finally:
+        stopped = sparktop("demo", "--stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not twin_processes(state_home), twin_processes(state_home)
