@@ -223,7 +223,8 @@ def _add_launching(add) -> None:
     launch.add_argument("--node", help="for solo: the node to run on (default: the head)")
     launch.add_argument("--port", type=int, help="the API port (default: the recipe's, else the inventory's)")
     launch.add_argument("--set", action="append", metavar="FLAG=VALUE",
-                        help="override a vLLM argument, e.g. --set max_num_seqs=64 (repeatable)")
+                        help="override one of the engine's arguments, in its own name, e.g. --set max_num_seqs=64 "
+                             "(repeatable)")
     launch.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     launch.add_argument("--dry-run", action="store_true", help="print the exact commands and stop")
     launch.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -277,7 +278,7 @@ def _add_sweeping(add) -> None:
                        help="stop when more than this fraction of a level fails (default 0.10)")
     sweep.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch per level")
     sweep.add_argument("--guard-url", action="append", metavar="URL",
-                       help="the vLLM engine(s) whose /metrics prove the sweep had the engine to itself (default: "
+                       help="the engine(s) whose /metrics prove the sweep had the engine to itself (default: "
                             "the endpoint; give the engines when the endpoint is a router; repeatable)")
     sweep.add_argument("--idle-timeout", type=float, default=60.0,
                        help="seconds to wait for an idle engine before each level (default 60)")
@@ -338,7 +339,8 @@ def _add_studying(add) -> None:
     study.add_argument("--extra-body", action="append", metavar="KEY=VALUE",
                        help="add to every request, e.g. reasoning_effort=low (repeatable)")
     study.add_argument("--set", action="append", metavar="FLAG=VALUE",
-                       help="override a vLLM argument for every topology (repeatable)")
+                       help="override one of the engine's arguments for every topology (repeatable; with "
+                            "--runtimes, the launcher's settings, translated for each runtime)")
     study.add_argument("--inventory", metavar="FILE", help="cluster inventory (default: sparktop's cluster.yaml)")
     study.add_argument("--nodes", metavar="A,B", help="the nodes to use (default: the inventory's)")
     study.add_argument("--demo", action="store_true", help="study on the demo's two twin nodes (127.0.0.2/.3) "
@@ -402,7 +404,8 @@ def _add_replay(add) -> None:
 def _add_twin(sub) -> None:
     """`sparktop twin serve, node, fit and cards`."""
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
-                          description="the digital twin of a Spark node running vLLM")
+                          description="the digital twin of a Spark node running vLLM, SGLang, llama.cpp or "
+                                      "TensorRT-LLM")
     twin_sub = twin.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND", required=True)
     serve = twin_sub.add_parser("serve", help="serve a model like `vllm serve` (or --engine sglang, llama-cpp, trtllm "
                                 "and that engine's flags) on a simulated GB10",
@@ -448,15 +451,17 @@ def _twin_serve(argv: list[str]) -> int:
             print(f"sparktop twin serve: --engine {engine!r}: the twin speaks {', '.join(sorted(DIALECTS))}",
                   file=sys.stderr)
             return 2
-    prog = {"vllm": "sparktop twin serve", "sglang": "sglang serve", "llama.cpp": "llama-server",
-            "trtllm": "trtllm-serve"}[engine]
+    from sparktop.twin.dialects import dialect_for
+
+    prog = "sparktop twin serve" if engine == "vllm" else dialect_for(engine).prog  # what its usage lines say
     return serve_main(argv, prog=prog, engine=engine)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparktop",
-        description="Watch, launch and benchmark vLLM on NVIDIA DGX Spark nodes.",
+        description="Watch, launch and benchmark vLLM, SGLang, llama.cpp, TensorRT-LLM and Ollama on NVIDIA "
+                    "DGX Spark nodes.",
     )
     parser.add_argument("--version", action="version", version=f"sparktop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,12 +21,12 @@ from rich.text import Text
 
 from sparktop.bench.sweep import parse_levels
 from sparktop.errors import ConfigError, SparktopError
-from sparktop.launch.catalog import discover, find_recipe
+from sparktop.launch.catalog import discover, find_recipe, runtime_recipes
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
 from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, parse_sets
-from sparktop.launch.runtimes import runtime_id
+from sparktop.launch.runtimes import RUNTIMES, runtime_id
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
 from sparktop.layouts import LayoutError, layout_of, layouts_for, parse_layout, split_layouts
@@ -250,7 +252,14 @@ def cmd_predict(args) -> int:
         runtime = asked
     else:
         runtime = runtime_id(asked) if asked else (recipe.runtime if recipe else "vllm")
-    overrides = parse_sets(getattr(args, "set", None), recipe.runtime if recipe else "vllm")
+    launched = runtime in RUNTIMES  # a runtime sparktop launches has recipes and settings of its own
+    if recipe is not None and launched and runtime != recipe.runtime:
+        # The model as that runtime's own recipe serves it (its slots, its context), where there is one.
+        try:
+            recipe = runtime_recipes(recipe, runtime, args.recipes)[runtime]
+        except SparktopError:
+            recipe = None
+    overrides = parse_sets(getattr(args, "set", None), runtime if launched else "vllm")
     inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
     topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
     topologies, refused = _runtime_layouts(runtime, topologies)
@@ -258,7 +267,17 @@ def cmd_predict(args) -> int:
         raise SparktopError("predict: " + "; ".join(refused))
     if refused:
         note = "; ".join([*([note] if note else []), *refused])
-    serving = (lambda t: recipe.serving(t, overrides)) if recipe is not None else Serving.from_flags(overrides)
+    serving: Serving | Callable[[str], Serving]
+    if recipe is not None:
+        serving = functools.partial(recipe.serving, overrides=overrides)  # per topology, as the recipe says
+    else:  # no recipe: the runtime's own defaults (llama-server's slots), then --set
+        serving = Serving.from_flags(RUNTIMES[runtime].serving_flags(overrides) if launched else overrides)
+    for topology in topologies:  # requests the engine would refuse have no speed to predict
+        limit = (serving(topology) if callable(serving) else serving).max_model_len
+        if limit and args.pp + args.tg > limit:
+            raise SparktopError(f"predict: --pp {args.pp} + --tg {args.tg} = {args.pp + args.tg} tokens is more than "
+                                f"one request may hold ({limit}, the engine's context per request): it would "
+                                "refuse them; lower --pp/--tg or raise the context")
     key = inventory_key(inventory)
     fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
     sources = [str(s) for s in (fitted or {}).get("sources") or []]
@@ -270,7 +289,7 @@ def cmd_predict(args) -> int:
     recs = recommend(rows)
     cross = crossover_lines(rows) if len(topologies) > 1 else []
     spread = [t for t in topologies if (shape := layout_of(t)) is not None and shape.spans_nodes]
-    if runtime not in ("vllm", "trtllm") and spread:
+    if spread and not _fitted_over_nodes(runtime):
         # Only vLLM's and TensorRT-LLM's published figures span nodes: the others' link costs are vLLM's.
         far = f"{', '.join(spread)}: no published multi-node figures of {runtime}; extrapolated with vLLM's link model"
         note = f"{note}; {far}" if note else far
@@ -301,11 +320,18 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _fitted_over_nodes(runtime: str) -> bool:
+    from sparktop.model.runtimes import CannotModel, fitted_over_nodes
+
+    try:
+        return fitted_over_nodes(runtime)
+    except CannotModel:
+        return False
+
+
 def _runtime_layouts(runtime: str, topologies: list[str]) -> tuple[list[str], list[str]]:
     """The layouts the runtime can run, and why it cannot run the others (llama.cpp spreads layers, not
     tensors; Ollama and TGI serve from one node)."""
-    from sparktop.launch.runtimes import RUNTIMES
-
     kept, refused = [], []
     for topology in topologies:
         layout = layout_of(topology)

@@ -96,25 +96,16 @@ def split_vllm_command(argv: list[str]) -> tuple[str | None, dict[str, Any], lis
     return model, flags, extra
 
 
-# The words that start each runtime's server, before its flags (`trtllm-serve` takes the model first).
-_PROGRAMS = {"sglang": ("python", "python3", "-m", "sglang.launch_server", "sglang", "serve"),
-             "llama-cpp": ("llama-server", "/app/llama-server"), "trtllm": ("trtllm-serve", "serve")}
-# The flag that names the model, per runtime (its value is the recipe's model).
-_MODEL_FLAGS = {"sglang": ("model_path", "model"), "llama-cpp": ("hf", "hf_repo", "hfr", "m", "model"),
-                "trtllm": ()}
-_SERVED_FLAGS = {"sglang": ("served_model_name",), "llama-cpp": ("alias", "a"), "trtllm": ()}
-
-
 def split_engine_command(argv: list[str], runtime: str) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
     """An engine's command line -> (model, served name, the runtime's own flags, extra args), for
     SGLang's `python3 -m sglang.launch_server ...`, `llama-server ...` and `trtllm-serve MODEL ...`."""
-    programs = _PROGRAMS.get(runtime, ())
-    while argv and (argv[0] in programs or argv[0].rsplit("/", 1)[-1] in programs):
+    rt = runtime_for(runtime)
+    while argv and (argv[0] in rt.programs or argv[0].rsplit("/", 1)[-1] in rt.programs):
         argv = argv[1:]
     model = None
-    if runtime == "trtllm" and argv and not argv[0].startswith("-"):
+    if rt.model_first and argv and not argv[0].startswith("-"):
         model, argv = argv[0], argv[1:]
-    reserved = runtime_for(runtime).reserved
+    reserved = rt.reserved
     flags: dict[str, Any] = {}
     extra: list[str] = []
     served = None
@@ -130,11 +121,11 @@ def split_engine_command(argv: list[str], runtime: str) -> tuple[str | None, str
                                                             not _is_number(argv[i + 1]))
         value: Any = inline if eq else (argv[i + 1] if takes_value else True)
         i += 1 if eq or not takes_value else 2
-        key = name.replace("-", "_")
-        if key in _MODEL_FLAGS.get(runtime, ()):
+        key = rt.short_flags.get(name, name).replace("-", "_")  # `-c 8192` is `--ctx-size 8192`
+        if key in rt.model_flags:
             model = model or str(value)
             continue
-        if key in _SERVED_FLAGS.get(runtime, ()):
+        if key in rt.served_flags:
             served = str(value)
             continue
         if key in reserved:
@@ -149,23 +140,6 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-# sparkrun's defaults keys, per runtime, for recipes without a command: the runtime's own flag names.
-_DEFAULTS_FLAGS = {
-    "sglang": {"gpu_memory_utilization": "mem_fraction_static", "max_model_len": "context_length",
-               "max_num_seqs": "max_running_requests", "kv_cache_dtype": "kv_cache_dtype",
-               "attention_backend": "attention_backend", "quantization": "quantization"},
-    "llama-cpp": {"n_gpu_layers": "n_gpu_layers", "ctx_size": "ctx_size", "max_model_len": "ctx_size",
-                  "parallel": "parallel", "flash_attn": "flash_attn"},
-    "trtllm": {"max_batch_size": "max_batch_size", "max_num_tokens": "max_num_tokens", "max_seq_len": "max_seq_len",
-               "max_model_len": "max_seq_len"},
-}
-# ... and the ones TensorRT-LLM takes in its options file (sparkrun writes them there too).
-_TRTLLM_CONFIG = {"free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
-                  "kv_cache_dtype": ("kv_cache_config", "dtype"),
-                  "cuda_graph_padding": ("cuda_graph_config", "enable_padding"),
-                  "moe_backend": ("moe_config", "backend")}
 
 
 def _number(value: Any) -> Any:
@@ -301,16 +275,15 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
         extra = []
     else:
         model = doc["model"]
-        table = _DEFAULTS_FLAGS.get(runtime, {})
+        table = runtime_for(runtime).sparkrun_defaults
         flags = {table[k]: _number(v) for k, v in defaults.items() if k in table}
         extra = []
     metadata = doc.get("metadata") or {}
     recipe = Recipe(id=path.stem, name=path.stem, model=str(doc["model"] or model), path=path, format="sparkrun-v2",
                     runtime=runtime)
-    if runtime == "trtllm":
-        for key, (section, name) in _TRTLLM_CONFIG.items():
-            if key in defaults:
-                recipe.engine_config.setdefault(section, {})[name] = _number(defaults[key])
+    for key, (section, name) in runtime_for(runtime).sparkrun_config.items():
+        if key in defaults:
+            recipe.engine_config.setdefault(section, {})[name] = _number(defaults[key])
     recipe.description = str(doc.get("description") or metadata.get("description") or "")
     recipe.image = str(doc["container"])
     if served := flags.pop("served_model_name", None) or defaults.get("served_model_name"):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
-from sparktop.launch.runtimes import runtime_for
+from sparktop.launch.runtimes import Runtime, runtime_for
 from sparktop.layouts import parse_layout
 from sparktop.model.gguf import is_gguf_path
 from sparktop.observe.fabric import DETECT_SCRIPT, Fabric, NodeFabric, Port, pairs, parse_detect, parse_ping
@@ -121,6 +121,8 @@ class Want:
     runtime: str = "vllm"
     share: str = "gpu_memory_utilization"  # what the runtime calls the memory share `util` stands for
     kv_tokens: int | None = None  # a KV cache of a fixed size (llama.cpp's -c) instead of a memory share
+    memory: str = "share"  # how the runtime takes memory (`Runtime.memory`)
+    engine: str = "vLLM"  # its name, for what the checks say
 
 
 @dataclass
@@ -174,10 +176,10 @@ async def _memory(on: NodeChecks) -> None:
         on.add("memory", "warn", "cannot read /proc/meminfo")
         return
     total = mem.total / GIB
-    if w.runtime == "llama-cpp" and not (w.kv_tokens and w.weights_per_node is not None and w.kv_per_node_token):
+    if w.memory == "fixed" and not (w.kv_tokens and w.weights_per_node is not None and w.kv_per_node_token):
         held = f"the weights ({w.weights_per_node:.1f} GiB)" if w.weights_per_node is not None else "the weights"
         cache = f"a KV cache of {w.kv_tokens:,} tokens" if w.kv_tokens else "a KV cache of the model's context"
-        on.add("memory", "pass", f"llama.cpp holds {held} and {cache} (its size needs a model card); "
+        on.add("memory", "pass", f"{w.engine} holds {held} and {cache} (its size needs a model card); "
                                  f"{mem.available / GIB:.1f} GiB is available")
         return
     if w.kv_tokens is not None and w.weights_per_node is not None and w.kv_per_node_token:
@@ -194,9 +196,17 @@ async def _memory(on: NodeChecks) -> None:
         else:
             on.add("memory", "pass", f"{share}; {left:.1f} GiB stays free")
         return
-    want = w.util * total
+    if w.memory == "left" and w.weights_per_node is not None:
+        # TensorRT-LLM loads the weights, then gives its KV cache that share of the memory still free.
+        free = mem.available / GIB - w.weights_per_node
+        want = w.weights_per_node + max(0.0, w.util * free) + 2.0  # its runtime and activations
+        share = (f"weights {w.weights_per_node:.1f} GiB + {w.share} {w.util:g} x the {free:.1f} GiB they leave "
+                 f"= {want:.1f} GiB")
+        total = want  # the share the fit below is taken from
+    else:
+        want = w.util * total
+        share = f"{w.share} {w.util:g} x {total:.1f} GiB = {want:.1f} GiB"
     left = mem.available / GIB - want
-    share = f"{w.share} {w.util:g} x {total:.1f} GiB = {want:.1f} GiB"
     if left < HEADROOM_FAIL:
         on.add("memory", "fail", f"{share}, but only {mem.available / GIB:.1f} GiB is available: lower "
                                  f"{w.share} or stop what holds memory")
@@ -332,18 +342,23 @@ async def _already_running(on: NodeChecks) -> None:
                                   f"{running[0]}`, or run next to it if ports and memory allow")
 
 
-# The memory share each runtime takes when the recipe says nothing: vLLM's gpu_memory_utilization, SGLang's
-# mem_fraction_static (its default for a large GPU), TensorRT-LLM's KV share of what the weights leave (it takes
-# most of the memory), llama.cpp's nothing but what it is told (`_kv_tokens`).
-DEFAULT_SHARE = {"vllm": 0.9, "sglang": 0.88, "trtllm": 0.9}
-
-
-def _kv_tokens(runtime: str, flags: dict, max_model_len: int | None) -> int | None:
-    """llama.cpp's KV cache in tokens: -c, else the model's whole context."""
-    if runtime != "llama-cpp":
+def _kv_tokens(memory: str, flags: dict, max_model_len: int | None) -> int | None:
+    """A fixed KV cache's size in tokens (llama.cpp's -c), else the model's whole context; None for a runtime
+    that takes a share of memory."""
+    if memory != "fixed":
         return None
     tokens = flags.get("kv_tokens") or max_model_len
     return int(tokens) if tokens else None
+
+
+def _share(runtime: Runtime, flags: dict, recipe: Recipe) -> float:
+    """The memory share the runtime is told to take (its default when the recipe says nothing)."""
+    if runtime.memory == "left":  # TensorRT-LLM: a flag, else its options file
+        given = flags.get("kv_cache_free_fraction") or (recipe.engine_config.get("kv_cache_config") or {}).get(
+            "free_gpu_memory_fraction")
+    else:
+        given = flags.get("gpu_memory_utilization")
+    return float(given) if isinstance(given, (int, float)) and not isinstance(given, bool) else runtime.share_default
 
 
 async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
@@ -352,7 +367,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
 
     runtime = runtime_for(plan.runtime)
     vllm, image = runtime.serving_flags(plan.vllm), plan.image or inventory.defaults.image
-    util = float(vllm.get("gpu_memory_utilization", DEFAULT_SHARE.get(runtime.id, 0.9)))
+    util = _share(runtime, vllm, recipe)
     max_model_len = vllm.get("max_model_len")
     layout = parse_layout(plan.topology)
     cluster = layout.spans_nodes
@@ -369,19 +384,19 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
         if max_model_len is None:
             max_model_len = card.max_model_len
     detect = cluster and any(not (n.eth_if and n.fabric_ip) for n in map(inventory.node, plan.nodes))
-    share = next((ours for ours, theirs in runtime.serving_names.items() if theirs == "gpu_memory_utilization"),
-                 "gpu_memory_utilization")
+    share = runtime.form_flags.get("gpu_memory_utilization") or "gpu_memory_utilization"  # its own name for it
     want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
                 kv_token, seq_state, detect_fabric=detect, runtime=runtime.id, share=share,
-                kv_tokens=_kv_tokens(runtime.id, vllm, max_model_len))
-    # Every engine's head listens for its other nodes: the rendezvous (mp) or Ray's GCS.
+                kv_tokens=_kv_tokens(runtime.memory, vllm, max_model_len), memory=runtime.memory,
+                engine=runtime.name)
+    # An engine over several nodes listens on more than its API: vLLM's rendezvous or Ray's GCS on the head,
+    # llama.cpp's rpc-server or the sshd TensorRT-LLM's mpirun uses on the workers (`Runtime.listen_ports`).
     heads = {group[0] for group in layout.engines(plan.nodes)} if cluster else set()
     jobs = []
     for node_name in plan.nodes:
         node = inventory.node(node_name)
         ports = sorted({int(e.url.rsplit(":", 1)[1]) for e in plan.endpoints if e.node == node_name})
-        if node_name in heads:
-            ports.append(inventory.defaults.ray_port if layout.backend == "ray" else inventory.defaults.master_port)
+        ports += runtime.listen_ports(layout, inventory.defaults, node_name in heads)
         jobs.append(_check_node(NodeChecks(node, transports[node_name], want, ports)))
     results = list(await asyncio.gather(*jobs))
     fabric = await resolve_fabric(results) if detect else {}

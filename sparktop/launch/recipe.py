@@ -186,7 +186,7 @@ class Recipe:
         `--set` overrides), as the performance model reads them."""
         args, *_ = self.settings(topology)
         flags = runtime_for(self.runtime).serving_flags({**args, **(overrides or {})})
-        return Serving.from_flags({k: v for k, v in flags.items() if k not in ("kv_tokens", "kv_cache_free_fraction")},
+        return Serving.from_flags({k: v for k, v in flags.items() if k != "kv_cache_free_fraction"},
                                   where=str(self.path))
 
     def twin_card(self):
@@ -197,10 +197,11 @@ class Recipe:
             if not name:
                 continue
             try:
-                card = find_card(name) if self.runtime != "llama-cpp" or name == self.card else gguf_card(name)
+                gguf = runtime_for(self.runtime).weights == "gguf"
+                card = find_card(name) if not gguf or name == self.card else gguf_card(name)
             except UnknownModel:
                 continue
-            quantization = self.quantization or (gguf_format(self.model) if self.runtime == "llama-cpp" else None)
+            quantization = self.quantization or (gguf_format(self.model) if gguf else None)
             if quantization:
                 try:
                     quant = Quantization.of(quantization)
@@ -270,6 +271,7 @@ def _vllm_map(raw, path, parent, key, where, runtime: str = "vllm") -> dict[str,
     out = {}
     for name, value in raw.items():
         name_s = str(name).lstrip("-")
+        name_s = rt.short_flags.get(name_s, name_s)  # llama-server's `c: 8192` is its ctx_size
         flag = name_s.replace("_", "-")
         here = f"{where}.{name}"
         if not FLAG_NAME.match(name_s):
@@ -277,6 +279,11 @@ def _vllm_map(raw, path, parent, key, where, runtime: str = "vllm") -> dict[str,
         if flag in reserved:
             raise _err(path, raw, name, here, "is set by sparktop from the topology and inventory; remove it "
                                               "(use the top-level port / served_model_name keys)")
+        if SECRET_NAMES.search(name_s) and value not in (None, "", False):
+            # A flag's value is on the command line: in every process list and in the plan sparktop prints.
+            raise _err(path, raw, name, here, "looks like a secret; do not write secrets in recipes — set it in "
+                                              "your environment and pass it by name (`pass_env:`; vLLM reads "
+                                              "VLLM_API_KEY, llama-server LLAMA_API_KEY)")
         if flag in ("gpu-memory-utilization", "mem-fraction-static", "kv-cache-free-gpu-memory-fraction") and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
             raise _err(path, raw, name, here, f"{name_s} must be between 0 and 1, got {value}")
@@ -336,9 +343,9 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         raise _err(path, doc, "vllm", "vllm", f"a {recipe.runtime} recipe gives its flags under args:, in "
                                               f"{runtime_for(recipe.runtime).name}'s own names")
     if "config" in doc:
-        if recipe.runtime != "trtllm":
-            raise _err(path, doc, "config", "config", "is TensorRT-LLM's options file; this recipe's runtime is "
-                                                      f"{recipe.runtime}")
+        if not runtime_for(recipe.runtime).options_file:
+            raise _err(path, doc, "config", "config", "is an options file (TensorRT-LLM's); this recipe's runtime, "
+                                                      f"{recipe.runtime}, takes none")
         if not isinstance(doc["config"], dict):
             raise _err(path, doc, "config", "config", "must be a mapping (TensorRT-LLM's --extra_llm_api_options)")
         recipe.engine_config = _plain(doc["config"])

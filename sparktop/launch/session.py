@@ -85,6 +85,26 @@ def parse_overrides(values: dict[str, str], runtime: str = "vllm") -> dict:
     return {k: v for k, v in out.items() if k not in rt.form_flags or rt.form_flags[k] == k}
 
 
+def overrides_for(overrides: dict, source: str, target: str) -> dict:
+    """`--set` overrides written for the `source` runtime's recipe, as the `target` runtime spells them (a study
+    across runtimes): what the launcher's form offers every runtime (memory share, context, batch) is
+    translated; another flag belongs to its runtime alone, and is an error for the others."""
+    src, dst = runtime_for(source), runtime_for(target)
+    if src.id == dst.id:
+        return dict(overrides)
+    form = {flag: key for key, flag in src.form_flags.items() if flag}  # the source's flag -> the form's box
+    out = {}
+    for key, value in overrides.items():
+        box = form.get(key)
+        flag = dst.form_flags.get(box) if box else None
+        if flag is None:
+            shared = ", ".join(k for k, f in src.form_flags.items() if f and dst.form_flags.get(k))
+            raise SparktopError(f"--set {key}: {dst.name} has no such setting; across runtimes --set takes "
+                                f"only what each has ({shared or 'none'}), in {src.name}'s names")
+        out[flag] = value
+    return out
+
+
 def parse_port(text: str) -> int | None:
     text = text.strip()
     if not text:

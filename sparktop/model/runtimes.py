@@ -281,6 +281,13 @@ def constants_for(runtime: str, k: Constants) -> Constants:
     return replace(apply_factors(k, entry["factors"]), **TRAITS.get(rt, {}))
 
 
+def fitted_over_nodes(runtime: str) -> bool:
+    """Whether the runtime's constants were fitted to figures of engines over several nodes (vLLM's to its
+    two-node articles): otherwise its multi-node predictions rest on vLLM's link model alone."""
+    rt = runtime_id(runtime)
+    return rt == "vllm" or any(f.nodes > 1 for f in load_figures(rt))
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 

@@ -38,6 +38,8 @@ class Serving:
     # `marlin` dequantizes to BF16, which Spark recipes use around SM121 gaps.
     moe_backend: str = "auto"
     linear_backend: str = "auto"
+    # A KV cache of a fixed size in tokens (llama.cpp's -c), in place of a share of memory.
+    kv_tokens: int | None = None
 
     @property
     def kv_dtype_bytes(self) -> int | None:

@@ -55,7 +55,8 @@ def scheduler_for(perf: PerfModel, serving: Serving, clock) -> Scheduler:
                        max_model_len=serving.max_model_len or perf.card.max_model_len,
                        gpu_memory_utilization=serving.gpu_memory_utilization,
                        enable_prefix_caching=serving.enable_prefix_caching,
-                       enable_chunked_prefill=serving.enable_chunked_prefill, join_window=0.0)
+                       enable_chunked_prefill=serving.enable_chunked_prefill, join_window=0.0,
+                       kv_tokens=serving.kv_tokens)
     return Scheduler(perf, cfg, clock=clock)
 
 
@@ -254,7 +255,8 @@ class Prediction:
 
 
 def kv_usage(perf: PerfModel, serving: Serving, n: int, tokens: int) -> float:
-    cap = perf.kv_capacity_tokens(serving.gpu_memory_utilization, serving.max_num_batched_tokens)
+    cap = serving.kv_tokens or perf.kv_capacity_tokens(serving.gpu_memory_utilization,
+                                                       serving.max_num_batched_tokens)
     if cap <= 0:
         return math.inf
     per_seq = tokens + perf.seq_state_bytes / perf.kv_bytes_per_token

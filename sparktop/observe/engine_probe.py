@@ -99,7 +99,8 @@ class EngineProbe:
         return self._base
 
     async def _get(self, path: str) -> Answer:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key and path.startswith("/v1") else None
+        # Every path: llama-server's key guards /metrics and /slots too; the others ignore it there.
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout / 2)
         async with self.client.get(self.base + path, timeout=timeout, headers=headers) as r:
             body = await r.read()

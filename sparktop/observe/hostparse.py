@@ -204,8 +204,8 @@ def server_command(argv: list[str]) -> tuple[str, str] | None:
     sparktop's twin (`sparktop twin serve`, speaking vLLM); None otherwise."""
     for i, arg in enumerate(argv):
         if arg.rsplit("/", 1)[-1] == "sparktop" and argv[i + 1:i + 3] == ["twin", "serve"]:
-            runtime = flag_value(argv, "--runtime") or "vllm"
-            return runtime, "sparktop twin serve"
+            named = engines.by_id(flag_value(argv, "--engine") or "vllm")  # `twin serve --engine llama-cpp`
+            return (named.id if named is not None else "vllm"), "sparktop twin serve"
     found = engines.for_command(argv)
     return (found[0].id, found[1]) if found is not None else None
 

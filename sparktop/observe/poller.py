@@ -460,9 +460,13 @@ class Poller:
                 state = "starting"
             else:
                 state = {"ok": "ready", "connecting": "connecting", "stale": "stale", "down": "unreachable"}[health]
+        engine = w.probe.engine  # recognised, though this poll's read failed: say what it is
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
             key=w.probe.url, url=w.probe.url, t=time.time(), node=w.target.node, container=w.target.container,
-            topology=w.target.topology, kind=w.target.kind or "vllm", model=w.target.model)
+            topology=w.target.topology, kind=("router" if engine.router else engine.id) if engine is not None
+            else w.target.kind or "vllm", model=w.target.model or (engine.model if engine is not None else None),
+            engine=engine.name if engine is not None else None,
+            recognised=engine.how if engine is not None else None)
         snap.found = w.target.found
         snap.state = state
         snap.reason = w.health.reason if state not in ("ready",) else None

@@ -84,6 +84,9 @@ class MetricNames:
     # Every series appears when the first request finishes (TensorRT-LLM's collector): until then an absent
     # series says nothing about what the engine exports.
     created_by_first_request: bool = False
+    # Its token counters move only when a request ends (TensorRT-LLM): over a few seconds they read 0 through a
+    # long generation and then a burst no GPU ran; their rates are taken over the whole window instead.
+    counted_at_end: bool = False
 
     @property
     def latencies(self) -> dict[str, Names]:
@@ -93,7 +96,8 @@ class MetricNames:
 
     def groups(self) -> dict[str, Names]:
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("prefix", "finished_label", "first_counted", "created_by_first_request")
+                if f.name not in ("prefix", "finished_label", "first_counted", "created_by_first_request",
+                                  "counted_at_end")
                 and getattr(self, f.name)}
 
 
@@ -463,6 +467,8 @@ class EngineMetrics:
         self.names = names
         self.window = window  # percentiles and prefix hit rate
         self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
+        if names.counted_at_end:
+            self.rate_window = window
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
         self._percentiles: dict[str, float | None] = {}
         self._latency: dict[str, dict[str, float | None]] | None = None
@@ -510,7 +516,7 @@ class EngineMetrics:
             started_at=scrape.created(n.gen_tokens) if n.created else None,
         )
         if d.kv_usage is not None and d.kv_usage > 1.0 + 1e-9:
-            d.kv_usage = d.kv_usage / 100.0  # a percentage where a share was expected
+            d.kv_usage = min(1.0, d.kv_usage / 100.0)  # a percentage where a share was expected
         sleep = scrape.sleep(n.sleep_state) if n.sleep_state else None
         if sleep is not None:
             d.sleeping, d.sleep_level = sleep
@@ -600,7 +606,10 @@ class EngineMetrics:
         of their series in its scrape (histograms judged on scrapes that have them)."""
         missing = []
         lazy = self._lazy(scrape)
-        unsettled = self.names.created_by_first_request and not scrape.has(self.names.requests)
+        # No series of the engine at all yet (a server still warming up, a release that creates them as it
+        # counts): the scrape says nothing about what it exports.
+        unsettled = not scrape.engine_seen or (self.names.created_by_first_request
+                                               and not scrape.has(self.names.requests))
         for figure, groups in FIGURE_GROUPS.items():
             names = [name for group in groups for name in getattr(self.names, group)]
             if unsettled and names:

@@ -190,8 +190,9 @@ class ClusterState:
             mine = next((c for c in home.containers if c.name == e.container), None)
             if mine is not None:
                 launch, role = mine.labels.get("sparktop.launch"), mine.labels.get("sparktop.role", "")
-        # Replicas of one launch tell their containers apart by their head's name ("worker1-spark-c").
-        suffix = role[len("vllm"):] if role and role.startswith("vllm") else ""
+        # Replicas of one launch tell their containers apart by their head's name: the head is "vllm-spark-c"
+        # (or "sglang-…", "llama-…", "trtllm-…"), its workers "worker1-spark-c", "rpc1-spark-c", "mpi1-spark-c".
+        suffix = role[role.index("-"):] if role and "-" in role else ""
         nodes = [e.node]
         if launch is None:
             return nodes + self._workers_of(e, home)

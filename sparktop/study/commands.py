@@ -23,6 +23,7 @@ from sparktop.errors import SparktopError
 from sparktop.launch.catalog import find_recipe, load_recipe_file, runtime_recipes
 from sparktop.launch.events import Stage
 from sparktop.launch.recipe import Recipe, parse_sets
+from sparktop.launch.session import overrides_for
 from sparktop.settings import Inventory
 from sparktop.study.events import (
     LaunchUpdate,
@@ -160,10 +161,13 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if picked else None
         count = len(nodes) if nodes else len(inventory.nodes)
         recipes = runtime_recipes(recipe, getattr(args, "runtimes", None), args.recipes)
+        overrides = parse_sets(args.set, recipe.runtime)
+        for other in recipes.values():  # each runtime takes the overrides in its own names, or says why not
+            overrides_for(overrides, recipe.runtime, other.runtime)
         study, estimates = new_study(
             recipe, inventory, study_entries(recipes, args.topologies, count),
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
-            extra_body=parse_extra_body(args.extra_body), overrides=parse_sets(args.set, recipe.runtime),
+            extra_body=parse_extra_body(args.extra_body), overrides=overrides,
             nodes=nodes, recipes=recipes,
             inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))

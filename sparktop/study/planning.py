@@ -42,7 +42,13 @@ def choose_topologies(recipe: Recipe, text: str, nodes: int) -> list[str]:
     if text.strip() in ("", "all"):
         if not allowed:
             raise SparktopError(f"{recipe.id}: no topology fits {nodes} node(s)")
-        return [t for t in TOPOLOGIES if t in allowed]
+        chosen = [t for t in TOPOLOGIES if t in allowed]
+        # A runtime that spreads one engine over nodes only by its layers (llama.cpp) has none of the two
+        # cluster names: its own two-node layout stands in for them.
+        spread = [t for t in chosen if parse_layout(t).spans_nodes]
+        if not spread and nodes >= 2 and not recipe.why_not_layout(parse_layout("pp=2"), nodes):
+            chosen.insert(1 if chosen[:1] == ["solo"] else 0, "pp=2")
+        return chosen
     out = []
     for text_ in split_layouts(text):
         try:
@@ -67,10 +73,34 @@ def study_entries(recipes: dict[str, Recipe], text: str, nodes: int) -> list[Top
         (recipe,) = recipes.values()
         return [TopologyState(t) for t in choose_topologies(recipe, text, nodes)]
     out = []
+    refused: dict[str, list[str]] = {}
     for rid, recipe in recipes.items():
-        for layout in choose_topologies(recipe, text, nodes):
+        for layout in _layouts_of(recipe, text, nodes, refused):
             out.append(TopologyState(f"{runtime_for(rid).name} {layout}", layout=layout, runtime=rid,
                                      recipe=recipe.id, recipe_path=str(recipe.path) if recipe.path else None))
+    # A layout is measured by the runtimes that can run it ("tp=2" by vLLM and SGLang, "pp=2" by llama.cpp);
+    # one that none of them can run is an error.
+    ran = {t.layout_name for t in out}
+    for layout, reasons in refused.items():
+        if layout not in ran:
+            raise SparktopError(f"--topologies {layout}: no runtime of the study runs it ({'; '.join(reasons)})")
+    return out
+
+
+def _layouts_of(recipe: Recipe, text: str, nodes: int, refused: dict[str, list[str]]) -> list[str]:
+    """The layouts of `text` this runtime's recipe can run ("all": its own), noting why it cannot run others."""
+    if text.strip() in ("", "all"):
+        return choose_topologies(recipe, text, nodes)
+    out = []
+    for item in split_layouts(text):
+        try:
+            out += [n for n in choose_topologies(recipe, item, nodes) if n not in out]
+        except SparktopError as exc:
+            try:
+                name = parse_layout(item).name
+            except LayoutError:
+                raise exc from None  # not a layout at all: the error is the same for every runtime
+            refused.setdefault(name, []).append(f"{recipe.id}: {str(exc).removeprefix(f'--topologies {item}: ')}")
     return out
 
 
@@ -88,13 +118,16 @@ def constants_for_inventory(inventory: Inventory) -> tuple[Constants | None, str
     return constants_for(key), key
 
 
-def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constants | None) -> Estimate | None:
-    """Fill `t.predicted` and `t.serving`; the time it should take (None: no model card)."""
+def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constants | None,
+                     overrides: dict | None = None) -> Estimate | None:
+    """Fill `t.predicted` and `t.serving`; the time it should take (None: no model card). `overrides`: the
+    study's, in this recipe's runtime's names (the study's own by default)."""
+    from sparktop.launch.runtimes import runtime_for
     from sparktop.model.fit import load_constants
     from sparktop.model.predict import rows_for
 
     name = t.layout_name
-    serving = recipe.serving(name, study.overrides)
+    serving = recipe.serving(name, study.overrides if overrides is None else overrides)
     t.serving = dataclasses.asdict(serving)
     card = recipe.twin_card()
     if card is None:
@@ -105,7 +138,10 @@ def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constant
                                         "pp_tps_total": r.prefill_tps, "ttft_ms_mean": r.ttft_ms}
                    for r in rows}
     perf = perf_for(card, name, k, serving)
-    startup = sum(s for _, s in perf.startup_stages()) + EXTRA_START_S.get(name, 0.0)
+    stages = dict(perf.startup_stages())
+    if not runtime_for(recipe.runtime).compiles:
+        stages.pop("torch.compile", None)
+    startup = sum(stages.values()) + EXTRA_START_S.get(name, 0.0)
     batches = study.runs + 1  # the warm-up batch is as long as one measured
     sweep = CALIBRATE_S + sum(batches * (r.wall_s_mean or 0.0) for r in rows)
     return Estimate(startup, sweep)
@@ -129,7 +165,13 @@ def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list
     k, key = constants_for_inventory(inventory)
     study.inventory_key = key
     by_runtime = recipes or {}
-    estimates = {t.name: predict_topology(by_runtime.get(t.runtime, recipe), t, study, k) for t in study.topologies}
+    from sparktop.launch.session import overrides_for
+
+    estimates = {}
+    for t in study.topologies:
+        mine = by_runtime.get(t.runtime, recipe)
+        estimates[t.name] = predict_topology(mine, t, study, k, overrides_for(study.overrides, recipe.runtime,
+                                                                              mine.runtime))
     known = [e for e in estimates.values() if e is not None]
     study.estimate_s = sum(e.total_s for e in known) if len(known) == len(estimates) else None
     study.path = studies_dir() / study.id

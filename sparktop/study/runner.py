@@ -30,7 +30,7 @@ from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, te
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight, run_preflight
 from sparktop.launch.recipe import Recipe
-from sparktop.launch.session import stop_launches
+from sparktop.launch.session import overrides_for, stop_launches
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
 from sparktop.observe.engine_log import strip_prefix
@@ -187,8 +187,9 @@ class StudyRunner:
         t.status = PREFLIGHT
         self._stage(t, "preflight")
         try:
-            plan = make_plan(self.recipe_of(t), t.layout_name, self.inventory, self.study.nodes or None,
-                             self.study.overrides, self.port)
+            recipe = self.recipe_of(t)
+            overrides = overrides_for(self.study.overrides, self.recipe.runtime, recipe.runtime)
+            plan = make_plan(recipe, t.layout_name, self.inventory, self.study.nodes or None, overrides, self.port)
         except Exception as exc:  # noqa: BLE001 - a plan error is this topology's failure, not the study's
             self._fail(t, str(exc))
             t.ended = time.time()
@@ -202,8 +203,8 @@ class StudyRunner:
         try:
             preflight = await self._preflight(t, plan)
             if preflight is not None and preflight.fabric:  # planned again with the fabric preflight found
-                plan = make_plan(self.recipe_of(t), t.layout_name, self.inventory, self.study.nodes or None,
-                                 self.study.overrides, self.port, lid=plan.launch_id, fabric=preflight.fabric)
+                plan = make_plan(recipe, t.layout_name, self.inventory, self.study.nodes or None, overrides,
+                                 self.port, lid=plan.launch_id, fabric=preflight.fabric)
                 t.commands = [mask(step.command) for step in plan.steps if step.argv]
                 self._save()
             if preflight is not None and await self._launch(t, plan):

@@ -27,7 +27,7 @@ from sparktop.twin.node import install
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"
 DEMO_MODEL = "gpt-oss-120b"
 # The images the other engines' stand-ins are "pulled" as, and how their containers start them.
-RUNTIME_IMAGES = {"sglang": "lmsysorg/sglang:spark", "llama.cpp": "ghcr.io/ggml-org/llama.cpp:server-cuda",
+RUNTIME_IMAGES = {"sglang": "lmsysorg/sglang:spark", "llama.cpp": "scitrera/dgx-spark-llama-cpp:b8094-cu131",
                   "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"}
 
 
@@ -132,7 +132,7 @@ class TwinCluster:
                     model, "--served-model-name", model, *where, "--enable-metrics", "--mem-fraction-static", "0.7",
                     *twin]
         if engine == "llama.cpp":
-            return ["--entrypoint", "/app/llama-server", RUNTIME_IMAGES[engine], "-hf", f"ggml-org/{model}-GGUF",
+            return ["--entrypoint", "llama-server", RUNTIME_IMAGES[engine], "-hf", f"ggml-org/{model}-GGUF",
                     "--alias", model, *where, "--metrics", "-np", "4", "-c", "65536", *twin]
         if engine == "trtllm":
             options = self.root / "trtllm-options.yaml"

@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -98,6 +99,15 @@ def runnable(command: list[str], path: str) -> list[str]:
     if len(command) >= 3 and os.path.basename(command[0]).startswith("python") and command[1:3] == [
             "-m", "sglang.launch_server"]:
         return ["sglang", "serve", *command[3:]]
+    if len(command) >= 3 and command[:2] == ["sh", "-c"]:
+        # A container's own set-up before its program (keys, directories inside the container): a twin
+        # container is this host, so only the program runs — never the set-up, which would change the host.
+        script = command[2]
+        if script.rstrip().endswith('exec "$@"') and len(command) > 4:
+            return runnable(command[4:], path)
+        sshd = re.search(r"exec (?:/usr/sbin/)?sshd( .*)?$", script.strip())
+        if sshd:
+            return ["sshd", *shlex.split(sshd.group(1) or "")]
     head = command[0]
     if os.path.isabs(head) and not os.path.exists(head) and shutil.which(os.path.basename(head), path=path):
         return [os.path.basename(head), *command[1:]]

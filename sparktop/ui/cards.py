@@ -334,10 +334,13 @@ def roofline_share(snap) -> float | None:
         from sparktop.model.predict import card_for_runtime
 
         layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
-        try:
-            card = gguf_card(snap.model) if snap.kind == "llama.cpp" else find_card(snap.model)
-        except UnknownModel:
-            card = None
+        card = None
+        for find in (find_card, gguf_card):  # a card's name, or a GGUF's (`ggml-org/gpt-oss-120b-GGUF`)
+            try:
+                card = find(snap.model)
+                break
+            except UnknownModel:
+                continue
         if card is not None:
             # The bytes that engine reads: its own layout of the weights (llama.cpp's GGUF tensors).
             with contextlib.suppress(SparktopError):

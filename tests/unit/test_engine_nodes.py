@@ -85,3 +85,29 @@ def test_without_readable_commands_every_busy_node_but_another_head_counts():
     state = state_of(node("spark-a"), node("spark-b"), node("spark-c", gpu=False),
                      node("spark-d", servers=[["vllm", "serve", "other/model", "--port", "8001"]]))
     assert state.engine_nodes(engine("spark-a")) == ["spark-a", "spark-b"]
+
+
+def launched(name: str, role: str, kind: str | None = None) -> Container:
+    labels = {"sparktop.launch": "L1", "sparktop.role": role}
+    if kind:
+        labels["sparktop.kind"] = kind
+    return Container(name, "lmsysorg/sglang:spark", "running", "Up 1 minute", labels=labels)
+
+
+def test_replicas_of_any_runtime_launched_by_sparktop_each_get_their_own_nodes():
+    """`2x pp=2` of llama.cpp (and `2x tp=2` of SGLang): each head's containers are told apart from the other
+    replica's by the head's name, whatever the runtime calls its head and workers."""
+    for head, worker in (("llama", "rpc1"), ("sglang", "worker1")):
+        state = state_of()
+        state.nodes = {
+            "spark-a": NodeSnapshot("spark-a", time.time(), "ok", containers=[launched("h1", f"{head}-spark-a")]),
+            "spark-b": NodeSnapshot("spark-b", time.time(), "ok", containers=[launched("w1", f"{worker}-spark-a")]),
+            "spark-c": NodeSnapshot("spark-c", time.time(), "ok", containers=[launched("h2", f"{head}-spark-c")]),
+            "spark-d": NodeSnapshot("spark-d", time.time(), "ok", containers=[launched("w2", f"{worker}-spark-c")]),
+        }
+        a = EngineSnapshot(key="a", url="a", t=time.time(), state="ready", node="spark-a", topology="2x pp=2",
+                           container="h1")
+        c = EngineSnapshot(key="c", url="c", t=time.time(), state="ready", node="spark-c", topology="2x pp=2",
+                           container="h2")
+        assert state.engine_nodes(a) == ["spark-a", "spark-b"], head
+        assert state.engine_nodes(c) == ["spark-c", "spark-d"], head

@@ -55,6 +55,7 @@ BASE = "name: x\nmodel: org/model\n"
     ("vllm:\n  max_model_len: lots\n", 4, "vllm.max_model_len: must be a positive integer, got 'lots'"),
     ("vllm:\n  port: 9000\n", 4, "vllm.port: is set by sparktop from the topology"),
     ("env:\n  HF_TOKEN: hf_abc123\n", 4, "env.HF_TOKEN: looks like a secret"),
+    ("runtime: llama-cpp\nargs:\n  api_key: sk-local-123\n", 5, "args.api_key: looks like a secret"),
     ("topologies:\n  clustr-mp: {}\n", 4, "topologies.clustr-mp: unknown key; did you mean 'cluster-mp'?"),
     ("limits:\n  solo_only: yes please\n", 4, "limits.solo_only: must be true or false"),
     ("port: 70000\n", 3, "port: must be between 1 and 65535, got 70000"),

@@ -41,9 +41,9 @@ def test_llama_cpp_over_two_nodes_runs_an_rpc_server_first_and_names_it_with_rpc
     plan = make_plan(find_recipe("gpt-oss-120b-llama-cpp"), "pp=2", inventory())
     worker, head = [s for s in plan.steps if s.container]
     assert (worker.node, head.node) == ("spark-b", "spark-a")
-    assert engine_args(worker) == ["/app/rpc-server", "-H", "10.0.0.2", "-p", "50052"]
+    assert engine_args(worker) == ["rpc-server", "-H", "10.0.0.2", "-p", "50052"]  # on the image's PATH
     args = engine_args(head)
-    assert args[0] == "/app/llama-server" and args[args.index("--rpc") + 1] == "10.0.0.2:50052"
+    assert args[0] == "llama-server" and args[args.index("--rpc") + 1] == "10.0.0.2:50052"
     assert args[args.index("-hf") + 1] == "ggml-org/gpt-oss-120b-GGUF" and "--metrics" in args
     assert args[args.index("--alias") + 1] == "gpt-oss-120b"
     assert "LLAMA_CACHE=/root/.cache/huggingface/llama.cpp" in head.command  # -hf downloads land in the HF cache
@@ -78,9 +78,19 @@ def test_tensorrt_llm_writes_its_options_with_metrics_on_and_runs_under_mpirun_o
     assert "return_perf_metrics: true" in options.stdin_text and "enable_iter_perf_stats: true" in options.stdin_text
     assert "free_gpu_memory_fraction: 0.9" in options.stdin_text  # the recipe's config kept
     worker, head = [s for s in plan.steps if s.container]
-    assert engine_args(worker) == ["sshd", "-D", "-p", "2233"]
-    args = engine_args(head)
+    # The worker's container runs sshd on 2233 for mpirun (OpenSSH installed if the image lacks it, host keys
+    # made inside, the node user's authorized keys let in, as NVIDIA's playbook does), ~/.ssh mounted read-only.
+    script = engine_args(worker)
+    assert script[:2] == ["sh", "-c"] and script[2].endswith("exec /usr/sbin/sshd -D -p 2233")
+    assert "cp /tmp/.ssh/authorized_keys /root/.ssh/authorized_keys" in script[2]
+    assert '"$HOME"/.ssh:/tmp/.ssh:ro' in worker.command
+    wrapper = engine_args(head)
+    assert wrapper[:2] == ["sh", "-c"] and wrapper[2].endswith('exec "$@"') and wrapper[3] == "sh"
+    args = wrapper[4:]
     assert args[:2] == ["mpirun", "--allow-run-as-root"]
+    # Each worker's fresh host key is trusted on first use, for this launch only, and the plan says so.
+    rsh = args[args.index("plm_rsh_args") + 1]
+    assert "-p 2233" in rsh and "StrictHostKeyChecking=accept-new" in rsh and "known_hosts.sparktop" in rsh
     assert args[args.index("-H") + 1] == "10.0.0.1:1,10.0.0.2:1"
     serve = args[args.index("trtllm-llmapi-launch") + 1:]
     assert serve[:2] == ["trtllm-serve", "openai/gpt-oss-120b"]
@@ -122,7 +132,7 @@ def test_sparkrun_recipes_of_every_runtime_are_read_as_they_are():
     ("runtime: sglang\nargs: {tp_size: 2}\n", "args.tp_size", "is set by sparktop from the topology"),
     ("runtime: llama-cpp\nargs: {rpc: a:1}\n", "args.rpc", "is set by sparktop from the topology"),
     ("runtime: sglang\nargs: {mem_fraction_static: 1.5}\n", "args.mem_fraction_static", "between 0 and 1"),
-    ("runtime: vllm\nconfig: {a: 1}\n", "config", "is TensorRT-LLM's options file"),
+    ("runtime: vllm\nconfig: {a: 1}\n", "config", "is an options file (TensorRT-LLM's); this recipe's runtime, vllm"),
 ])
 def test_a_recipe_of_a_runtime_is_checked_in_that_runtimes_terms(tmp_path, text, key, message):
     path = tmp_path / "r.yaml"
@@ -131,3 +141,36 @@ def test_a_recipe_of_a_runtime_is_checked_in_that_runtimes_terms(tmp_path, text,
         load_recipe_file(path)
     assert raised.value.key == key and message in str(raised.value)
     assert str(path) in str(raised.value)
+
+
+def test_study_overrides_are_spoken_in_each_runtimes_own_flags():
+    """`sparktop study gpt-oss-120b --runtimes vllm,sglang,llama-cpp --set ...`: the launcher's settings reach
+    each runtime in its own flag; a flag of one runtime alone is refused in a line, not passed to the others
+    (llama-server would refuse --gpu-memory-utilization and the study would fail at every launch)."""
+    from sparktop.errors import SparktopError
+    from sparktop.launch.session import overrides_for
+
+    asked = {"max_model_len": 32768, "max_num_seqs": 8}
+    assert overrides_for(asked, "vllm", "vllm") == asked
+    assert overrides_for(asked, "vllm", "llama-cpp") == {"ctx_size": 32768, "parallel": 8}
+    assert overrides_for({"gpu_memory_utilization": 0.8}, "vllm", "sglang") == {"mem_fraction_static": 0.8}
+    with pytest.raises(SparktopError, match=r"^--set gpu_memory_utilization: llama.cpp has no such setting"):
+        overrides_for({"gpu_memory_utilization": 0.8}, "vllm", "llama-cpp")
+    with pytest.raises(SparktopError, match=r"^--set enforce_eager: SGLang has no such setting"):
+        overrides_for({"enforce_eager": True}, "vllm", "sglang")
+
+
+def test_llama_servers_short_flags_in_a_sparkrun_recipe_become_its_long_flags(tmp_path):
+    """`llama-server -hf M -ngl 99 -c 8192 -fa on -np 2` as people write it: read as ctx_size, parallel ...,
+    launched as llama-server's own long flags (it has no `--c` or `--np`)."""
+    path = tmp_path / "tiny-llama-cpp.yaml"
+    path.write_text("model: Qwen/Qwen3-1.7B-GGUF:Q8_0\nruntime: llama-cpp\n"
+                    "container: scitrera/dgx-spark-llama-cpp:b8094\ndefaults:\n  port: 8000\n  host: 0.0.0.0\n"
+                    "command: llama-server -hf {model} --host {host} --port {port} -ngl 99 -c 8192 -fa on -np 2\n")
+    recipe = load_recipe_file(path)
+    assert recipe.args == {"n_gpu_layers": 99, "ctx_size": 8192, "flash_attn": "on", "parallel": 2}
+    args = engine_args([s for s in make_plan(recipe, "solo", inventory()).steps if s.container][-1])
+    for flag, value in (("--n-gpu-layers", "99"), ("--ctx-size", "8192"), ("--flash-attn", "on"), ("--parallel", "2")):
+        assert args[args.index(flag) + 1] == value
+    assert not {"--c", "--np", "--ngl", "--fa"} & set(args)
+    assert recipe.serving("solo", {}).max_num_seqs == 2  # the performance model reads its slots

@@ -33,3 +33,22 @@ def test_a_list_of_layouts_is_named_as_everywhere_else():
 def test_a_layout_that_cannot_run_is_refused_before_anything_starts(recipe, text, nodes, says):
     with pytest.raises(SparktopError, match=says):
         choose_topologies(find_recipe(recipe), text, nodes)
+
+
+def test_across_runtimes_each_runs_the_layouts_it_can():
+    """`--runtimes vllm,llama-cpp`: "all" gives llama.cpp its own two-node layout (it splits layers, pp=2, where
+    vLLM splits tensors); a list gives each runtime the layouts of it that it can run, and a layout no runtime
+    of the study can run is refused in a line."""
+    from sparktop.launch.catalog import runtime_recipes
+    from sparktop.study.planning import study_entries
+
+    recipes = runtime_recipes(find_recipe("gpt-oss-120b"), "vllm,llama-cpp")
+    every = [t.name for t in study_entries(recipes, "all", 2)]
+    assert every == ["vLLM solo", "vLLM cluster-ray", "vLLM cluster-mp", "vLLM shuffle", "vLLM least-busy",
+                     "llama.cpp solo", "llama.cpp pp=2", "llama.cpp shuffle", "llama.cpp least-busy"]
+    mixed = study_entries(recipes, "solo,cluster-mp,pp=2", 2)
+    assert [t.name for t in mixed] == ["vLLM solo", "vLLM cluster-mp", "vLLM pp=2", "llama.cpp solo",
+                                       "llama.cpp pp=2"]
+    with pytest.raises(SparktopError, match=r"^--topologies tp=4: no runtime of the study runs it \(gpt-oss-120b: "
+                                             r"tp=4 needs 4 nodes"):
+        study_entries(recipes, "solo,tp=4", 2)

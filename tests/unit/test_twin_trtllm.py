@@ -13,6 +13,8 @@ import asyncio
 import io
 import json
 import re
+import shlex
+import time
 from pathlib import Path
 
 import aiohttp
@@ -179,6 +181,32 @@ async def test_before_its_first_request_finishes_nothing_is_called_not_exported(
     assert fresh.state == "ready" and fresh.not_exported == ["preemptions"]  # it has no such series at all
     assert fresh.kv_usage is None and fresh.gen_tps is None
     assert served.not_exported == ["preemptions", "spec"] and served.kv_usage is not None
+
+
+async def test_tokens_counted_when_requests_end_never_read_as_a_burst(trt):
+    """TensorRT-LLM adds a request's tokens when it ends. Four long requests ending together must not read as
+    their tokens over the last poll's seconds (a rate the GPU never ran): the monitor's figure stays near the
+    tokens generated over the time they took."""
+    server, _ = await trt(config=PERF, speed=3.0)
+    async with session() as client:
+        probe = EngineProbe(server.url, client)
+        await stream(client, server.url, 8)  # its series exist from the first finished request on
+        await probe.poll()
+        start = time.monotonic()
+        batch = asyncio.gather(*(stream(client, server.url, 400) for _ in range(4)))
+        rates = []
+        while not batch.done():
+            await asyncio.sleep(0.5)
+            rates.append((await probe.poll()).gen_tps or 0.0)
+        tokens = sum(await batch)
+        took = time.monotonic() - start
+        for _ in range(4):  # the polls right after they ended: where a burst would show
+            await asyncio.sleep(0.5)
+            rates.append((await probe.poll()).gen_tps or 0.0)
+    ran = tokens / took
+    assert took > 6, f"the batch took {took:.1f} s: too short to tell a burst from a rate"
+    assert max(rates) <= 1.3 * ran, f"read up to {max(rates):.0f} t/s; the engine ran {ran:.0f} t/s"
+    assert max(rates) >= 0.5 * ran
 
 
 # -- 2. without return_perf_metrics there is nothing to read, and sparktop says so -----------------
@@ -465,3 +493,26 @@ def test_the_yaml_is_read_as_yaml(tmp_path):
     config = tmp_path / "c.yml"
     config.write_text(json.dumps({"enable_iter_perf_stats": True}))  # JSON is YAML too
     assert options_of(TrtllmDialect().parse([MODEL, "--extra_llm_api_options", str(config)])).enable_iter_perf_stats
+
+
+def test_a_multi_node_plan_runs_on_twin_hosts_without_its_container_set_up_touching_the_host():
+    """The plan's containers set up sshd and keys inside themselves; on a twin host a container is the host, so
+    the twin's docker runs only their programs (the sshd and mpirun stand-ins), never `ssh-keygen -A` or
+    `mkdir /run/sshd` on the machine running the tests."""
+    from sparktop.launch.catalog import find_recipe
+    from sparktop.launch.topology import make_plan
+    from sparktop.settings import Inventory, Node
+    from sparktop.twin.docker_lifecycle import runnable
+
+    inventory = Inventory(nodes=[Node(f"spark-{c}", host=f"spark-{c}", fabric_ip=f"10.0.0.{i}", eth_if="enp1s0f1np1")
+                                 for i, c in ((1, "a"), (2, "b"))])
+    plan = make_plan(find_recipe("gpt-oss-120b-trtllm"), "tp=2", inventory)
+    commands = {}
+    for step in plan.steps:
+        if step.container:
+            argv = shlex.split(step.command)
+            i = argv.index("--entrypoint")
+            commands[step.role] = runnable([argv[i + 1], *argv[i + 3:]], path="")
+    assert commands["worker"] == ["sshd", "-D", "-p", "2233"]
+    assert commands["engine"][:4] == ["mpirun", "--allow-run-as-root", "-np", "2"]
+    assert "trtllm-llmapi-launch" in commands["engine"]

@@ -41,6 +41,26 @@ class Runtime:
                                                    "max_model_len": "max_model_len", "max_num_seqs": "max_num_seqs"}
     router_provider: ClassVar[str] = "openai"  # LiteLLM's provider for it (`hosted_vllm` is vLLM's)
     ray: ClassVar[bool] = False  # can join its nodes over Ray
+    compiles: ClassVar[bool] = True  # spends start-up compiling the model (torch.compile, TensorRT-LLM's autotuner)
+    # How it takes memory (what preflight checks): "share", a share of the whole (vLLM's
+    # gpu_memory_utilization, SGLang's mem_fraction_static); "left", a share of what the weights leave
+    # (TensorRT-LLM's free_gpu_memory_fraction); "fixed", the weights and a KV cache of as many tokens as
+    # it is told (llama.cpp's -c).
+    memory: ClassVar[str] = "share"
+    options_file: ClassVar[bool] = False  # takes a recipe's `config:` as a YAML options file (TensorRT-LLM)
+    share_default: ClassVar[float] = 0.9  # that share when the recipe gives none
+
+    # How its command line reads in someone else's recipe (sparkrun's `command:`): the words that start its
+    # server, whether the model comes first (`trtllm-serve MODEL`), the flags naming the model and the
+    # name it serves, its short flags' long names, and sparkrun's `defaults:` keys -> its flags.
+    programs: ClassVar[tuple[str, ...]] = ()
+    model_first: ClassVar[bool] = False
+    model_flags: ClassVar[tuple[str, ...]] = ()
+    served_flags: ClassVar[tuple[str, ...]] = ()
+    short_flags: ClassVar[dict[str, str]] = {}
+    sparkrun_defaults: ClassVar[dict[str, str]] = {}
+    # sparkrun's `defaults:` keys that go in its options file (TensorRT-LLM): key -> (section, name).
+    sparkrun_config: ClassVar[dict[str, tuple[str, str]]] = {}
 
     # -- a recipe's flags ------------------------------------------------------------
 
@@ -74,6 +94,13 @@ class Runtime:
     def why_not(self, layout: Layout) -> str | None:
         """Why this runtime cannot run a layout (None: it can)."""
         return None
+
+    def listen_ports(self, layout: Layout, defaults: Any, head: bool) -> list[int]:
+        """The ports an engine over several nodes listens on, besides its API, on its head (`head`) or on a
+        worker: preflight checks they are free. vLLM's: the rendezvous of multiprocessing, or Ray's GCS."""
+        if not layout.spans_nodes or not head:
+            return []
+        return [defaults.ray_port if layout.backend == "ray" else defaults.master_port]
 
     # -- plans -----------------------------------------------------------------------
 

@@ -33,7 +33,26 @@ class LlamaCppRuntime(Runtime):
     id = "llama-cpp"
     engine = "llama.cpp"
     name = "llama.cpp"
-    default_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+    # sparkrun's arm64 CUDA build for the Spark, with rpc-server on its PATH (ggml-org's server-cuda image is
+    # built for amd64 and ships llama-server alone: llama.cpp issue 17321).
+    default_image = "scitrera/dgx-spark-llama-cpp:b8094-cu131"
+    memory = "fixed"
+    programs = ("llama-server", "/app/llama-server")
+    model_flags = ("hf", "hf_repo", "hfr", "m", "model")
+    served_flags = ("alias", "a")
+    # llama-server's short flags (common/arg.cpp at b11434) by the long names recipes and plans use.
+    short_flags: ClassVar[dict[str, str]] = {
+        "c": "ctx_size", "np": "parallel", "ngl": "n_gpu_layers", "fa": "flash_attn", "b": "batch_size",
+        "ub": "ubatch_size", "t": "threads", "tb": "threads_batch", "ctk": "cache_type_k", "ctv": "cache_type_v",
+        "ts": "tensor_split", "sm": "split_mode", "mg": "main_gpu", "cb": "cont_batching", "n": "n_predict",
+        "s": "seed", "ot": "override_tensor", "ncmoe": "n_cpu_moe", "cmoe": "cpu_moe", "kvu": "kv_unified",
+        "to": "timeout", "v": "verbose", "lv": "verbosity", "dev": "device", "md": "model_draft",
+        "ngld": "gpu_layers_draft", "cd": "ctx_size_draft", "hff": "hf_file", "mu": "model_url",
+        "dt": "defrag_thold", "nkvo": "no_kv_offload", "sps": "slot_prompt_similarity"}
+    sparkrun_defaults: ClassVar[dict[str, str]] = {
+        "n_gpu_layers": "n_gpu_layers", "ctx_size": "ctx_size", "max_model_len": "ctx_size",
+        "parallel": "parallel", "flash_attn": "flash_attn"}
+    compiles = False  # no torch.compile by default
     weights = "gguf"
     reserved = frozenset({"model", "m", "hf_repo", "hf", "hfr", "host", "port", "rpc", "alias", "a"})
     form_flags: ClassVar[dict[str, str | None]] = {
@@ -41,6 +60,9 @@ class LlamaCppRuntime(Runtime):
         "max_num_seqs": "parallel"}
     serving_names: ClassVar[dict[str, str]] = {"parallel": "max_num_seqs", "np": "max_num_seqs",
                                                "batch_size": "max_num_batched_tokens"}
+
+    def listen_ports(self, layout: Layout, defaults: Any, head: bool) -> list[int]:
+        return [] if head or not layout.spans_nodes else [RPC_PORT]  # each worker's rpc-server
 
     def why_not(self, layout: Layout) -> str | None:
         if layout.tp > 1:

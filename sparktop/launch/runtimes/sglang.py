@@ -26,6 +26,15 @@ class SglangRuntime(Runtime):
     engine = "sglang"
     name = "SGLang"
     default_image = "lmsysorg/sglang:spark"
+    share_default = 0.88  # mem_fraction_static's default for a GPU of 90 to 160 GiB (memory_hook.py)
+    programs = ("python", "python3", "-m", "sglang.launch_server", "sglang", "serve")
+    model_flags = ("model_path", "model")
+    served_flags = ("served_model_name",)
+    sparkrun_defaults: ClassVar[dict[str, str]] = {
+        "gpu_memory_utilization": "mem_fraction_static", "max_model_len": "context_length",
+        "max_num_seqs": "max_running_requests", "kv_cache_dtype": "kv_cache_dtype",
+        "attention_backend": "attention_backend", "quantization": "quantization"}
+    compiles = False  # no torch.compile by default
     reserved = frozenset({"host", "port", "model_path", "model", "served_model_name", "tp_size", "tp",
                           "tensor_parallel_size", "pp_size", "pipeline_parallel_size", "nnodes", "node_rank",
                           "dist_init_addr", "dp_size", "dp", "ep_size"})

@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     from sparktop.settings import Node
 
 SSH_PORT = 2233  # the playbook's sshd in the workers' containers
+# The node user's ~/.ssh, read-only inside every container of a multi-node launch (the playbook mounts it so).
+SSH_MOUNT = Home("~/.ssh:/tmp/.ssh:ro")
+# OpenSSH where the image lacks it (the playbook's entrypoint installs it the same way).
+_OPENSSH = ("{ command -v sshd >/dev/null || test -x /usr/sbin/sshd || { apt-get update -qq && "
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; }; }")
+# A worker: host keys made in its container, the user's authorized keys let in, sshd in the foreground.
+WORKER_SSHD = (f"{_OPENSSH} && mkdir -p /run/sshd /root/.ssh && ssh-keygen -A >/dev/null && "
+               "cp /tmp/.ssh/authorized_keys /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys && "
+               f"exec /usr/sbin/sshd -D -p {SSH_PORT}")
+# The head: the user's keys (and known hosts) where ssh looks for them.
+HEAD_SSH = (f"{_OPENSSH} && mkdir -p /root/.ssh && cp /tmp/.ssh/id_* /root/.ssh/ 2>/dev/null; "
+            "cp /tmp/.ssh/known_hosts /root/.ssh/ 2>/dev/null; chmod 600 /root/.ssh/id_* 2>/dev/null; true")
+# The workers' host keys are made when their containers start, so no known_hosts can hold them yet: each is
+# trusted on first use for this launch only (kept apart from the user's known_hosts), and said so in the plan.
+RSH_ARGS = f"-p {SSH_PORT} -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=/root/.ssh/known_hosts.sparktop"
 METRICS_ON = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
 
 
@@ -36,6 +51,18 @@ class TrtllmRuntime(Runtime):
     engine = "trtllm"
     name = "TensorRT-LLM"
     default_image = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
+    options_file = True  # --extra_llm_api_options
+    memory = "left"  # kv_cache_config.free_gpu_memory_fraction: of the memory the weights leave
+    programs = ("trtllm-serve", "serve")
+    model_first = True
+    sparkrun_defaults: ClassVar[dict[str, str]] = {
+        "max_batch_size": "max_batch_size", "max_num_tokens": "max_num_tokens", "max_seq_len": "max_seq_len",
+        "max_model_len": "max_seq_len"}
+    sparkrun_config: ClassVar[dict[str, tuple[str, str]]] = {
+        "free_gpu_memory_fraction": ("kv_cache_config", "free_gpu_memory_fraction"),
+        "kv_cache_dtype": ("kv_cache_config", "dtype"),
+        "cuda_graph_padding": ("cuda_graph_config", "enable_padding"),
+        "moe_backend": ("moe_config", "backend")}
     flag_sep = "_"
     reserved = frozenset({"host", "port", "tp_size", "tensor_parallel_size", "pp_size", "pipeline_parallel_size",
                           "ep_size", "moe_expert_parallel_size", "extra_llm_api_options", "config", "backend"})
@@ -45,6 +72,9 @@ class TrtllmRuntime(Runtime):
     serving_names: ClassVar[dict[str, str]] = {
         "max_batch_size": "max_num_seqs", "max_num_tokens": "max_num_batched_tokens", "max_seq_len": "max_model_len",
         "kv_cache_free_gpu_memory_fraction": "kv_cache_free_fraction"}
+
+    def listen_ports(self, layout: Layout, defaults: Any, head: bool) -> list[int]:
+        return [] if head or not layout.spans_nodes else [SSH_PORT]  # the sshd mpirun reaches each worker by
 
     def why_not(self, layout: Layout) -> str | None:
         if layout.backend == "ray":
@@ -77,18 +107,21 @@ class TrtllmRuntime(Runtime):
         if k == 1:
             entry, args = serve[0], serve[1:]
         else:
+            # As NVIDIA's playbook does: each worker's container runs sshd on 2233 and lets in the keys of the
+            # node user's ~/.ssh (mounted read-only); the head's mpirun reaches them with the user's own key.
             for rank, node in enumerate(nodes[1:], 1):
                 wname, wargv = b.docker_run(node, f"mpi{rank}{suffix}", {**b.env, **b.network_env(node, head)},
-                                            "sshd", ["-D", "-p", str(SSH_PORT)])
+                                            "sh", ["-c", WORKER_SSHD], volumes=[SSH_MOUNT])
                 b.steps.append(Step(node.name, wargv, f"start sshd for mpirun on {node.name} (port {SSH_PORT})",
                                     container=wname, wait=Wait("running", container=wname), role="worker"))
             hosts = ",".join(f"{b.peer_address(n)}:1" for n in nodes)
             forwarded = [a for name in b.secrets for a in ("-x", name)]
-            entry, args = "mpirun", ["--allow-run-as-root", "-np", str(k), "-H", hosts, "-mca", "plm_rsh_args",
-                                     f"-p {SSH_PORT}", *forwarded, "trtllm-llmapi-launch", *serve]
+            mpirun = ["mpirun", "--allow-run-as-root", "-np", str(k), "-H", hosts, "-mca", "plm_rsh_args", RSH_ARGS,
+                      *forwarded, "trtllm-llmapi-launch", *serve]
+            entry, args = "sh", ["-c", HEAD_SSH + ' && exec "$@"', "sh", *mpirun]
         env = {**b.env, **(b.network_env(head, head) if k > 1 else {})}
         name, argv = b.docker_run(head, f"trtllm{suffix}", env, entry, args, endpoint=url, kind=self.engine,
-                                  volumes=[mount])
+                                  volumes=[mount, *([SSH_MOUNT] if k > 1 else [])])
         b.steps.append(Step(head.name, argv, f"start trtllm-serve ({b.recipe.served_name}, {b.describe()}) on "
                                              f"{head.name}", container=name, wait=Wait("running", container=name),
                             role="engine"))

@@ -48,7 +48,7 @@ def by_id(engine_id: str | None) -> type[Engine] | None:
     """The engine module of a snapshot's `kind` (or a recipe's runtime), or None."""
     candidates: tuple[type[Engine], ...] = (*ENGINES, GENERIC)
     for engine in candidates:
-        if engine.id == engine_id:
+        if engine.id == engine_id or engine_id in engine.aliases:
             return engine
     return None
 
@@ -91,7 +91,8 @@ async def recognise(get: Get, hint: str | None = None) -> Engine:
 
     Raises EngineUnreachable when it does not answer at all, NotAnEngine
     (with why, in a line) when what answers is none of them."""
-    order = sorted(ENGINES, key=lambda e: e.id != hint)
+    hinted = by_id(hint)
+    order = sorted(ENGINES, key=lambda e: e is not hinted)
     asked: dict[str, Answer | None] = {}
 
     async def ask(path: str) -> Answer | None:

@@ -103,6 +103,7 @@ class Engine:
 
     id: ClassVar[str] = "openai"  # what snapshots, plans and recipes call it
     name: ClassVar[str] = "OpenAI-compatible"  # what people read
+    aliases: ClassVar[tuple[str, ...]] = ()  # what people type for it: a recipe's runtime, `--engine llama-cpp`
     router: ClassVar[bool] = False  # routes to other engines: its tokens are theirs
     default_port: ClassVar[int] = 8000
     names: ClassVar[MetricNames | None] = None  # its Prometheus series; None: it exports none

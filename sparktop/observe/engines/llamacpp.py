@@ -68,6 +68,7 @@ NAMES = MetricNames(
 class LlamaCpp(Engine):
     id = "llama.cpp"
     name = "llama.cpp"
+    aliases = ("llama-cpp", "llamacpp", "llama_cpp", "llama-server")
     default_port = 8080
     names = NAMES
     metrics_path = "/metrics"
@@ -158,8 +159,10 @@ class LlamaCpp(Engine):
             self.model = str(props["model_alias"])
 
     async def read(self, get: Get, t: float, histograms: bool) -> Derived:
-        kv, busy = await self._slots(get)
+        # The counters first, then the slots: a request that ends between the two reads is then counted
+        # in neither (a dip the next poll makes up), never in both (a spike no server ran).
         derived = await self._scrape(get, t)
+        kv, busy = await self._slots(get)
         self._live_rate(derived, t)
         if kv is not None:
             derived.kv_usage = kv
@@ -216,7 +219,12 @@ class LlamaCpp(Engine):
         computed = _delta(old.total(NAMES.prompt_tokens), new.total(NAMES.prompt_tokens))
         if cached is not None and computed is not None and cached + computed > 0:
             derived.prefix_hit_rate = cached / (cached + computed)
-            derived.prompt_tps = derived.prompt_tps  # computed tokens only, as llama.cpp counts them
+        # Its prompt counter leaves out the tokens served from the cache; vLLM's and SGLang's count them:
+        # add them, so prompt t/s means the same beside another engine.
+        recent = next((s for s in scrapes if new.t - s.t <= self.metrics.rate_window), scrapes[-2])
+        cached_now = _delta(recent.total(NAMES.cached_tokens), new.total(NAMES.cached_tokens))
+        if derived.prompt_tps is not None and cached_now and new.t > recent.t:
+            derived.prompt_tps += cached_now / (new.t - recent.t)
 
     async def _slots(self, get: Get) -> tuple[float | None, int | None]:
         """(KV cache in use 0..1, busy slots) from /slots; (None, None) without it."""

@@ -9,7 +9,9 @@ Read from TensorRT-LLM's source (`tensorrt_llm/metrics/collector.py`,
 - the Prometheus route exists only with `return_perf_metrics: true` in the
   `--extra_llm_api_options` YAML (404 otherwise: nothing exported, said so),
   and its iteration gauges (KV use, running, waiting) only with
-  `enable_iter_perf_stats: true`; they move when a request finishes;
+  `enable_iter_perf_stats: true`; they move when a request finishes, and
+  so do its token counters: tokens/s are taken over the last 30 s, not 5,
+  so that a request ending reads as the rate it ran at, not a burst;
 - its plain `/metrics` is JSON iteration stats taken off a queue: reading it
   steals them from whoever owns the deployment. It is never read, nor
   `/perf_metrics` (also drained);
@@ -52,6 +54,7 @@ NAMES = MetricNames(
     spec_accepted=("trtllm_spec_decode_num_accepted_tokens_total",),
     spec_accept_len=("trtllm_spec_decode_acceptance_length",),
     created_by_first_request=True,
+    counted_at_end=True,
 )
 
 
@@ -81,6 +84,7 @@ LOG = LogPatterns(
 class TensorRtLlm(Engine):
     id = "trtllm"
     name = "TensorRT-LLM"
+    aliases = ("tensorrt-llm", "trt-llm", "tensorrt_llm", "trtllm-serve")
     default_port = 8000
     names = NAMES
     metrics_path = "/prometheus/metrics"
