@@ -456,7 +456,8 @@ class Sweep:
 
         try:
             async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read())
+                return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read(),
+                              time.monotonic())
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from None
 

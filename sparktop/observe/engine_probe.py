@@ -104,7 +104,7 @@ class EngineProbe:
         timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout / 2)
         async with self.client.get(self.base + path, timeout=timeout, headers=headers) as r:
             body = await r.read()
-            return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, body)
+            return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, body, time.monotonic())
 
     async def get(self, path: str) -> Answer:
         """GET `path` of the engine: directly, else through a forward from its

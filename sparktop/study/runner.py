@@ -261,7 +261,8 @@ class StudyRunner:
             async def get(path: str) -> Answer:
                 try:
                     async with http.get(engine.url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                        return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read())
+                        return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read(),
+                                      time.monotonic())
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     raise EngineUnreachable(str(exc)) from None
 

@@ -165,7 +165,9 @@ def engine_details(state: ClusterState, e: EngineSnapshot, prefs: Preferences | 
     if e.found:
         out.append(label("found") + Text(e.found, style="dim"))
     if e.not_exported:
-        out.append(label("not exported") + Text(e.not_exported_text().split(": not exported")[0], style="dim"))
+        # Wider than the label column: a space of its own rather than words run together.
+        names = e.not_exported_text().split(": not exported")[0]
+        out.append(Text("not exported ", style="bold") + Text(names, style="dim"))
     if e.spec_acceptance is not None or e.spec_accept_len is not None:
         parts = ([f"{e.spec_acceptance:.0%} of drafted tokens accepted"] if e.spec_acceptance is not None else []) + (
             [f"{e.spec_accept_len:.2f} tokens per step"] if e.spec_accept_len is not None else [])

@@ -311,12 +311,12 @@ class DetailScreen(LiveScreen):
         if facts:
             parts += facts
         # The charts share what the words leave, one blank line apart, at
-        # least 6 rows each: fewer charts on a short screen rather than
-        # charts too flat to read (the rest scrolls).
+        # least 6 rows each: fewer charts in view on a short screen rather
+        # than charts too flat to read (the rest are below, to scroll to).
         room = avail - facts_rows - (1 if facts else 0)
         count = max(1, min(len(charted), room // 7)) if charted else 0
         height = max(6, (room - count + 1) // count) if count else 0
-        for i, (name, series, ymax) in enumerate(charted[:count]):
+        for i, (name, series, ymax) in enumerate(charted):
             if i or facts:
                 parts.append(Text(""))  # one blank line between blocks
             parts.append(charts.line_chart(name, series, width, height, ymin=0, ymax=ymax))

@@ -118,7 +118,8 @@ async def test_llama_figures_are_its_own_counters_and_slots(llama_server):
     checked = busy = 0
     for snap in snaps:
         scrape = max((s for s in proxy.scrapes if s.t <= snap.t), key=lambda s: s.t)
-        read = max(((t, body) for t, body in slots if t <= scrape.t), key=lambda tb: tb[0])
+        # Each poll reads the counters first, then the slots: the body read right after this scrape.
+        read = min(((t, body) for t, body in slots if t >= scrape.t), key=lambda tb: tb[0])
         assert snap.running == scrape.values["llamacpp:requests_processing"]
         assert snap.waiting == scrape.values["llamacpp:requests_deferred"]
         # -np 4 given: one KV buffer per slot, 512 tokens each.

@@ -49,6 +49,9 @@ class Answer:
     status: int
     headers: Mapping[str, str]  # lower-case names
     body: bytes
+    # When the body arrived (time.monotonic()): counters are rated on the clock of their reading, not of the
+    # poll's start, so a slow answer from a busy server does not bend the rate. 0 when unknown.
+    at: float = 0.0
 
     @property
     def text(self) -> str | None:
@@ -233,7 +236,7 @@ class Engine:
             raise EngineUnreachable(wrong, bound=True)
         assert answer.text is not None  # what_is_wrong said so
         try:
-            scrape = self.metrics.parse(answer.text, t, histograms=histograms)
+            scrape = self.metrics.parse(answer.text, answer.at or t, histograms=histograms)
         except MetricsError as exc:
             raise EngineUnreachable(str(exc), bound=True) from None
         derived = self.metrics.add(scrape)

@@ -161,7 +161,7 @@ class LlamaCpp(Engine):
     async def read(self, get: Get, t: float, histograms: bool) -> Derived:
         # The counters first, then the slots: a request that ends between the two reads is then counted
         # in neither (a dip the next poll makes up), never in both (a spike no server ran).
-        derived = await self._scrape(get, t)
+        derived, t = await self._scrape(get, t)
         kv, busy = await self._slots(get)
         self._live_rate(derived, t)
         if kv is not None:
@@ -174,11 +174,13 @@ class LlamaCpp(Engine):
             derived.missing = [f for f in derived.missing if f != "running"]
         return derived
 
-    async def _scrape(self, get: Get, t: float) -> Derived:
+    async def _scrape(self, get: Get, t: float) -> tuple[Derived, float]:
+        """This poll's counters, and when they were read."""
         answer = await get("/metrics")
+        t = answer.at or t
         if answer.status == 501:  # started without --metrics: the slots are all there is
             self.metrics_off = True
-            return Derived(missing=[f for f in FIGURES if f != "kv"])
+            return Derived(missing=[f for f in FIGURES if f != "kv"]), t
         if answer.status != 200:
             raise EngineUnreachable(f"/metrics answered HTTP {answer.status}", bound=True)
         self.metrics_off = False
@@ -192,7 +194,7 @@ class LlamaCpp(Engine):
             raise EngineUnreachable(str(exc), bound=True) from None
         # Its prompt counter excludes cached tokens: hits are cached over all prompt tokens seen.
         self._prefix(derived)
-        return derived
+        return derived, t
 
     def _live_rate(self, derived: Derived, t: float) -> None:
         """Generated tokens/s from what has ended and what is being decoded now, over the rate window."""
