@@ -14,8 +14,10 @@ from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
+from sparktop.ui import render as r
 from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts
 from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
@@ -295,12 +297,14 @@ class DetailScreen(LiveScreen):
             engine = state.engines.get(self.key)
             title = f"{engine.model if engine else self.key} at {self.key}"
             if engine:
-                facts = engine_facts(engine) + engine_details(state, engine, prefs, 8 if tall else 3)
+                facts = [_engine_headline(engine)] + engine_facts(engine) + engine_details(
+                    state, engine, prefs, 8 if tall else 3)
             if history:
                 kv_t, kv = history.points("kv")
                 ttft_t, ttft = history.points("ttft_p50")
                 itl_t, itl = history.points("itl_p50")
-                charted = [(f"{title}: generation tokens/s", [("generation", *history.points("gen_tps"))], None),
+                charted = [("generation tokens/s" if engine else f"{title}: generation tokens/s",
+                            [("generation", *history.points("gen_tps"))], None),
                            ("KV cache (%) and requests", [("kv %", kv_t, [v * 100 for v in kv]),
                                                           ("running", *history.points("running")),
                                                           ("waiting", *history.points("waiting"))], None),
@@ -329,6 +333,23 @@ class DetailScreen(LiveScreen):
         self.query_one("#charts", Static).update(Text("\n").join(parts))
 
     _drawn_size: Size | None = None
+
+
+def _engine_headline(e: EngineSnapshot) -> Text:
+    """What the card said at a glance, kept on top of the detail: which engine
+    serves what where, its state, and its figures now."""
+    line = Text(f"{e.model or e.key}", style="bold")
+    line.append(f" at {e.url}", style="dim")
+    if e.node:
+        line.append(f" on {e.node}", style="dim")
+    line.append("  ")
+    line.append_text(r.state_badge(e.state))
+    figures = [("KV", r.pct(e.kv_usage)), ("run", r.num(e.running)), ("wait", r.num(e.waiting)),
+               ("gen", f"{r.rate(e.gen_tps)} t/s"), ("prompt", f"{r.rate(e.prompt_tps)} t/s")]
+    shown = [f"{name} {value}" for name, value in figures if not value.startswith("—")]
+    if shown:
+        line.append("  " + " · ".join(shown))
+    return line
 
 
 def _rows(part: Text, width: int) -> int:
