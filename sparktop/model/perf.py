@@ -321,6 +321,15 @@ class PerfModel:
         hops = 2 * (self.tp - 1)
         return msg * hops / self.tp / (self.hw.link_gbps / 8 * 1e9 * self.k.link_efficiency)
 
+    def link_bytes_per_token(self) -> float:
+        """Bytes each node sends over the link per token the engine processes
+        (prompt or generated), as NCCL's ring all-reduces move them: the
+        token's BF16 hidden state, 2(k-1)/k of it sent per all-reduce, two
+        all-reduces a layer. It receives as much. 0 below tp=2."""
+        if self.tp <= 1:
+            return 0.0
+        return self._allreduces * self.card.hidden_size * 2 * 2 * (self.tp - 1) / self.tp
+
     def allreduce_s(self, msg: int) -> float:
         """One all-reduce of `msg` bytes across this engine's tensor-parallel nodes."""
         if self.tp <= 1:
