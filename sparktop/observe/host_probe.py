@@ -60,12 +60,19 @@ _SCRIPT_DOCKER = (
 # query without walking its connection table, which reading /proc/net/tcp
 # does). Nothing runs past the first grep when no candidate is found, nor when
 # the candidates are the processes the previous read found (`unchanged`).
-SERVER_ARG = engines.process_pattern() + r"|(^|/)sparkto[p]$"
+# vLLM's engine core and workers rename themselves (`VLLM::EngineCore`, `VLLM::Worker_TP0`): they hold its
+# memory, counted when nvidia-smi lists no processes.
+SERVER_ARG = engines.process_pattern() + r"|^VLL[M]::|(^|/)sparkto[p]$"
+# Each candidate's cgroups and resident memory, with shell builtins (no process per candidate).
+_SERVERS_MEMORY = (
+    'for p in $c; do d=${p%/cmdline}; '
+    'while read -r l; do echo "$d/cgroup:$l"; done < $d/cgroup; '
+    'while read -r k v u; do [ "$k" = VmRSS: ] && echo "$d/rss:$v"; done < $d/status; done 2>/dev/null; '
+)
 _SERVERS_READ = (
     'echo candidates $c; grep -azH \'\' $c | tr \'\\0\' \'\\n\'; f=; '
-    'for p in $c; do d=${p%/cmdline}; f="$f $d/fd"; '
-    'while read -r l; do echo "$d/cgroup:$l"; done < $d/cgroup; done 2>/dev/null; '
-    "ls -lR $f 2>&1; "
+    'for p in $c; do d=${p%/cmdline}; f="$f $d/fd"; done; ' + _SERVERS_MEMORY
+    + "ls -lR $f 2>&1; "
     "if command -v ss >/dev/null 2>&1; then ss -ltnHe; "
     "else grep -H ' 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null; fi; "
 )
@@ -77,7 +84,7 @@ def servers_script(previous: str | None = None) -> str:
     same processes are there."""
     find = f"echo @@servers; c=$(grep -lszE '{SERVER_ARG}' /proc/[0-9]*/cmdline); "
     if previous:
-        return find + f"set -- $c; if [ \"$*\" = {shlex.quote(previous)} ]; then echo unchanged; " \
+        return find + f"set -- $c; if [ \"$*\" = {shlex.quote(previous)} ]; then echo unchanged; {_SERVERS_MEMORY}" \
             f'elif [ -n "$c" ]; then {_SERVERS_READ}fi; '
     return find + f'if [ -n "$c" ]; then {_SERVERS_READ}fi; '
 
@@ -152,6 +159,7 @@ class HostProbe:
     # whatever docker does (a node without docker runs its vLLM as a plain process).
     _servers_at: float | None = field(default=None, repr=False)
     _servers: list[ServerProcess] | None = field(default=None, repr=False)
+    _servers_rss: float | None = field(default=None, repr=False)
     _server_candidates: str | None = field(default=None, repr=False)
 
     def refresh_docker(self) -> None:
@@ -187,14 +195,16 @@ class HostProbe:
             self._servers_at = started
             candidates = server_candidates(split_sections(text).get("servers", ("", None, False))[0])
             if candidates == "unchanged" and self._servers is not None:
-                snap.servers = list(self._servers)
+                snap.servers = list(self._servers)  # the same processes; their memory was read afresh
             else:
                 self._servers = list(snap.servers)
                 # Kept for the next read unless a server has not shown its socket yet (or hides it).
                 self._server_candidates = candidates if all(
                     s.port_source == "socket" for s in snap.servers) else None
+            self._servers_rss = snap.servers_rss_mib
         elif self._servers is not None:
             snap.servers = list(self._servers)
+            snap.servers_rss_mib = self._servers_rss
         snap.poll_ms = (time.monotonic() - started) * 1000
         if not ok:
             raise RuntimeError(f"probe did not finish ({why})")
@@ -264,15 +274,19 @@ def read_servers_here(proc: str = "/proc") -> str:
             continue
         finally:
             os.close(fd)
-        if b"sparktop" not in raw and not any(needle in raw for needle in engines.PROCESS_BYTES):
+        if b"sparktop" not in raw and not raw.startswith(b"VLLM::") \
+                and not any(needle in raw for needle in engines.PROCESS_BYTES):
             continue
         args = raw.decode(errors="replace").removesuffix("\0").split("\0")
-        if not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a) for a in args):
+        if not args[0].startswith("VLLM::") and not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a)
+                                                        for a in args):
             continue
         base = f"{proc}/{pid}"
         out += [f"{base}/cmdline:{a}" for a in args]
         with contextlib.suppress(OSError), open(f"{base}/cgroup") as f:
             out += [f"{base}/cgroup:{line.rstrip()}" for line in f]
+        with contextlib.suppress(OSError), open(f"{base}/status") as f:
+            out += [f"{base}/rss:{line.split()[1]}" for line in f if line.startswith("VmRSS:")]
         fds.append(base)
     for base in fds:
         try:
@@ -433,13 +447,13 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
             snap.processes = hostparse.parse_compute_apps(apps_body)
     if "servers" in sections:
         snap.servers = hostparse.parse_server_processes(sections["servers"][0])
+        snap.servers_rss_mib = hostparse.servers_memory_mib(sections["servers"][0])
 
     docker_body, docker_rc, docker_missing = sections.get("docker", ("", None, True))
     if docker_missing:
         snap.docker_status = "missing"
     elif docker_rc not in (0, None):
-        line = _first_line(docker_body) or f"docker exited {docker_rc}"
-        snap.docker_status = "permission denied" if "permission denied" in line.lower() else line
+        snap.docker_status = hostparse.docker_problem(_first_line(docker_body), docker_rc)
     else:
         snap.docker_status = "ok"
         snap.containers = hostparse.parse_docker_ps(docker_body)

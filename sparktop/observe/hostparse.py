@@ -191,10 +191,38 @@ def parse_docker_ps(text: str) -> list[Container]:
 
 # A process in a container (Docker, containerd, Kubernetes, Podman): docker discovery finds it.
 _CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods|libpod")
-_PROC_LINE = re.compile(r"^/proc/(\d+)/(cmdline|cgroup):(.*)$", re.S)
+_PROC_LINE = re.compile(r"^/proc/(\d+)/(cmdline|cgroup|rss):(.*)$", re.S)
 _FD_HEADER = re.compile(r"^/proc/(\d+)/fd:$")
 _FD_ERROR = re.compile(r"^ls: .*'/proc/(\d+)/fd'")
 _SOCKET = re.compile(r" -> socket:\[(\d+)\]$")
+
+
+# What the docker CLI says when it cannot list containers, in the words a card has room for: the CLI's own
+# sentence ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon
+# running?") runs across the card and says less.
+_DOCKER_PROBLEMS = (
+    ("cannot connect to the docker daemon", "not running"),
+    ("is the docker daemon running", "not running"),
+    ("permission denied", "permission denied"),
+    ("context deadline exceeded", "not answering"),
+    ("timeout", "not answering"),
+    ("timed out", "not answering"),
+    ("no such host", "unknown DOCKER_HOST"),
+    ("client version", "client and daemon versions differ"),
+)
+
+
+def docker_problem(line: str | None, status: int | None) -> str:
+    """A failed `docker ps` in a few words ("not running", "permission denied"), from its first line of output."""
+    text = (line or "").strip()
+    lowered = text.lower()
+    for needle, words in _DOCKER_PROBLEMS:
+        if needle in lowered:
+            return words
+    if not text:
+        return f"docker exited {status}"
+    text = text.removeprefix("Error response from daemon: ").removeprefix("error during connect: ")
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def server_command(argv: list[str]) -> tuple[str, str] | None:
@@ -230,6 +258,25 @@ def _listening(line: str) -> tuple[int, int] | None:
         return None
 
 
+def servers_memory_mib(text: str) -> float | None:
+    """Resident memory (MiB) of the engine processes outside containers in a `@@servers` section (their
+    `/proc/PID/rss:KB` lines): what a node's engines hold when nvidia-smi lists no processes. None when
+    none was read."""
+    rss: dict[int, int] = {}
+    contained: set[int] = set()
+    for line in text.splitlines():
+        match = _PROC_LINE.match(line)
+        if match is None:
+            continue
+        pid, kind, value = int(match.group(1)), match.group(2), match.group(3)
+        if kind == "rss" and value.strip().isdigit():
+            rss[pid] = int(value.strip())
+        elif kind == "cgroup" and _CONTAINER_CGROUP.search(value):
+            contained.add(pid)
+    kept = [kb for pid, kb in rss.items() if pid not in contained]
+    return sum(kept) / 1024 if kept else None
+
+
 def parse_server_processes(text: str) -> list[ServerProcess]:
     """The `@@servers` section: each candidate's argv (`/proc/PID/cmdline:ARG`,
     one line per argument), its cgroups (`/proc/PID/cgroup:LINE`), its open
@@ -258,7 +305,7 @@ def parse_server_processes(text: str) -> list[ServerProcess]:
                 last_arg = pid
             else:
                 last_arg = None
-                if _CONTAINER_CGROUP.search(value):
+                if kind == "cgroup" and _CONTAINER_CGROUP.search(value):
                     in_container.add(pid)
             continue
         if (header := _FD_HEADER.match(line)) is not None:

@@ -112,11 +112,15 @@ class NodeSnapshot:
     docker_status: str = "unknown"  # ok | missing | error text
     poll_ms: float | None = None
     servers: list[ServerProcess] = field(default_factory=list)  # engines started outside Docker
+    servers_rss_mib: float | None = None  # resident memory of those engines' processes (and vLLM's cores)
 
     @property
     def engines_mib(self) -> int:
-        """Memory held by GPU processes (every engine's workers, Ray's, llama.cpp's rpc-server)."""
-        return sum(p.used_mib or 0 for p in self.processes)
+        """Memory held by GPU processes (every engine's workers, Ray's, llama.cpp's rpc-server); where
+        nvidia-smi lists none (a node without it, a CPU engine), what the engine processes hold."""
+        if self.processes:
+            return sum(p.used_mib or 0 for p in self.processes)
+        return round(self.servers_rss_mib or 0)
 
 
 @dataclass

@@ -96,3 +96,34 @@ async def test_the_probe_script_lists_it_then_skips_the_rereading_while_nothing_
     third = await probe.poll()
     assert proc.pid not in {s.pid for s in third.servers}
     assert os.getpid() not in {s.pid for s in third.servers}  # sparktop itself is no server
+
+
+async def test_without_a_gpu_process_list_the_engines_memory_is_what_their_processes_hold():
+    """No nvidia-smi here, as on a node where it lists no processes: a vLLM engine core (which renames
+    itself `VLLM::EngineCore`) holding 400 MiB counts as engine memory, read by the in-process read and by
+    the probe script a remote node runs, and the memory goes with it."""
+    import subprocess
+    import sys
+
+    hold = "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(120)"
+    core = subprocess.Popen(["bash", "-c", 'exec -a VLLM::EngineCore "$0" -c "$1"', sys.executable, hold])
+    try:
+        for transport in (LocalTransport("here"), ShellTransport("sh-node")):
+            probe = HostProbe(transport.name, transport, docker_every=0.0)
+            # The bytes are touched a moment after the start: wait until they are resident.
+            for _ in range(50):
+                with_core = await probe.poll()
+                if with_core.gpu_status == "missing" and with_core.engines_mib >= 400:
+                    break
+                await asyncio.sleep(0.1)
+            assert with_core.gpu_status == "missing" and not with_core.processes
+            assert with_core.engines_mib >= 400, f"{transport.name}: {with_core.engines_mib} MiB"
+            held = with_core.engines_mib
+            if isinstance(transport, ShellTransport):
+                core.kill()
+                core.wait(10)
+                without = await probe.poll()
+                assert held - without.engines_mib >= 300, (held, without.engines_mib)  # others here move a little
+    finally:
+        if core.poll() is None:
+            core.kill()

@@ -245,3 +245,17 @@ def test_a_failed_start_names_the_engine_cores_error_not_the_api_servers_wrapper
 def test_a_dev_build_log():
     state = startup_state(cap("vllm-startup_spark-solo_dev-build-0.1.dev1_gemma4-12b_jethac.log").splitlines())
     assert state.stage == "ready" and state.kv_tokens == 336566
+
+
+def test_a_failing_docker_is_said_in_a_few_words():
+    # The CLI's own sentences (docker 27, no daemon; a user outside the docker group).
+    assert hostparse.docker_problem(
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", 1) \
+        == "not running"
+    assert hostparse.docker_problem(
+        "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+        "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/containers/json\": dial unix /var/run/docker.sock: "
+        "connect: permission denied", 1) == "permission denied"
+    assert hostparse.docker_problem("", 125) == "docker exited 125"
+    odd = hostparse.docker_problem("Error response from daemon: something nobody has seen before, at length", 1)
+    assert odd.startswith("something nobody") and len(odd) <= 40
