@@ -242,7 +242,8 @@ def _add_status(add, watch_options) -> None:
     watch_options(status, interval=False)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.add_argument("--seconds", type=float, default=2.2,
-                        help="how long to watch before printing (rates need two scrapes; default 2.2)")
+                        help="how long to watch before printing: token rates and latency percentiles are "
+                        "over these seconds (default 2.2; 10 or more under bursty load)")
 
 
 def _add_web(add, watch_options) -> None:

@@ -28,6 +28,8 @@ from sparktop.units import ago
 
 
 async def collect(poller: Poller, seconds: float) -> ClusterState:
+    """What `poller` saw over `seconds`, to one last poll at the end of them (the poll at `seconds`
+    lands before the watch ends, so rates span the whole of it)."""
     state = ClusterState()
     await poller.start()
 
@@ -37,7 +39,7 @@ async def collect(poller: Poller, seconds: float) -> ClusterState:
 
     task = asyncio.create_task(consume())
     try:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds + min(0.5, poller.interval / 2))
     finally:
         task.cancel()
         await poller.close()
@@ -109,7 +111,8 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "admission_rejections_recent_s": _r(e.rejections_span, 1),
         "mem_bw_gbs": _gbs(e.mem_bw), "mem_read_gbs": _gbs(e.mem_read_bps), "mem_write_gbs": _gbs(e.mem_write_bps),
         # requests finished per second by finished_reason (stop, length, abort, error, repetition) and since
-        # the engine started; latency percentiles over the last 30 s and a p95 over the last minute
+        # the engine started; latency percentiles over the window (status: its --seconds; the monitor: a
+        # minute) and a p95 over the last minute
         "finished_rate": _r(e.finished_rate, 3),
         "finished_rate_by_reason": None if e.finished_rate_by_reason is None else {
             k: _r(v, 3) for k, v in e.finished_rate_by_reason.items()},
@@ -119,7 +122,7 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "latency_ms": None if e.latency is None else {
             name: {k: _ms(v) for k, v in figures.items()} for name, figures in e.latency.items()},
         "queue_over_5s": e.queue_slow,
-        # speculative decoding over the last 30 s: the share of drafted tokens accepted, tokens per step
+        # speculative decoding over the same window: the share of drafted tokens accepted, tokens per step
         "spec_acceptance": _r(e.spec_acceptance, 4), "spec_accept_len": _r(e.spec_accept_len, 3),
         "slots": e.slots,
         "nodes": state.engine_nodes(e) if state is not None else ([e.node] if e.node else []),
@@ -174,9 +177,10 @@ def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
 
 
 def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None,
-                prefs: Preferences | None = None) -> dict:
+                prefs: Preferences | None = None, window_s: float | None = None) -> dict:
     now = time.time()
-    return {"nodes": [node_json(n, state, prefs) for n in state.ordered_nodes()],
+    # window_s: the seconds token rates and latency percentiles were taken over (status --seconds)
+    return {"window_s": window_s, "nodes": [node_json(n, state, prefs) for n in state.ordered_nodes()],
             "engines": [engine_json(e, state, prefs) for e in state.ordered_engines()],
             "launches": [launch_json(r, state, now) for r in launches or []]}
 
@@ -254,12 +258,15 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
 
 def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
     prefs = load_preferences()  # a bad settings file is an error before anything is polled
+    # Rates and percentiles over the whole watch, not between its last two polls: a real engine's counters
+    # move in bursts, and two polls a second apart can both fall between two of them.
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=1.0,
-                    default_port=inventory.defaults.port, router_key=api_key_for)
+                    default_port=inventory.defaults.port, router_key=api_key_for,
+                    rate_window=seconds, latency_window=seconds, histogram_every=0.0)
     state = asyncio.run(collect(poller, seconds))
     launches = LaunchState(inventory).active()
     if as_json:
-        json.dump(status_json(state, launches, prefs), sys.stdout, indent=2)
+        json.dump(status_json(state, launches, prefs, window_s=seconds), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_tables(state, Console(), launches)

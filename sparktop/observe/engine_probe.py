@@ -26,12 +26,13 @@ import aiohttp
 
 from sparktop.observe.engines import Answer, Engine, EngineUnreachable, NotAnEngine, recognise
 from sparktop.observe.engines.base import MODEL_REFRESH_S
+from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
 from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.remote import Transport, TransportError
 
 __all__ = ["EngineProbe", "EngineUnreachable", "NotAnEngine", "describe"]
 
-HISTOGRAM_EVERY_S = 5.0  # latency percentiles over 30 s need no finer steps
+HISTOGRAM_EVERY_S = 5.0  # latency percentiles over a minute need no finer steps
 RECOGNISE_AGAIN_S = 30.0  # what answered as no engine is asked again this often (a server still starting)
 
 
@@ -80,6 +81,10 @@ class EngineProbe:
     api_key: str | None = None
     hint: str | None = None  # the engine its container or process suggests (`Engine.id`): asked first
     argv: list[str] | None = None  # its server's command line, where discovery read it
+    rate_window: float = RATE_WINDOW_S  # token rates over this many seconds
+    latency_window: float = LATENCY_WINDOW_S  # percentiles over this many
+    histogram_every: float = HISTOGRAM_EVERY_S
+    poll_interval: float = 1.0
     engine: Engine | None = None  # what answers, once recognised
     _base: str | None = None
     _model_at: float = 0.0
@@ -153,7 +158,7 @@ class EngineProbe:
         started = time.monotonic()
         engine = self.engine or await self._recognise(started)
         mono = time.monotonic()
-        with_histograms = mono - self._histograms_at >= HISTOGRAM_EVERY_S
+        with_histograms = mono - self._histograms_at >= self.histogram_every
         derived = await engine.read(self.get, mono, with_histograms)
         if with_histograms:
             self._histograms_at = mono
@@ -180,6 +185,7 @@ class EngineProbe:
         self._not_engine = None
         if self.argv:
             self.engine.configure(self.argv)
+        self.engine.set_windows(self.rate_window, self.latency_window, self.poll_interval)
         self._model_at = time.time()
         self._histograms_at = 0.0
         return self.engine

@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from sparktop.observe.engine_log import runtime_failure, startup_state
-from sparktop.observe.engine_probe import EngineProbe, EngineUnreachable, NotAnEngine
+from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.engines import Vllm, by_id
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
+from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
@@ -147,7 +148,9 @@ class Poller:
     def __init__(self, nodes: list[NodeTarget], engines: list[EngineTarget] | None = None, *,
                  interval: float = 1.0, down_after: float = 10.0, discover: bool = True,
                  default_port: int | None = 8000, api_key: str | None = None,
-                 router_key: Callable[[str], str | None] | None = None):
+                 router_key: Callable[[str], str | None] | None = None,
+                 rate_window: float = RATE_WINDOW_S, latency_window: float = LATENCY_WINDOW_S,
+                 histogram_every: float = HISTOGRAM_EVERY_S):
         """`router_key(url)` finds the key of a router this poller did not
         launch (sparktop's launch state keeps them; observe never reads it)."""
         self._interval = interval
@@ -156,6 +159,11 @@ class Poller:
         self.default_port = default_port
         self.api_key = api_key
         self.router_key = router_key
+        # Token rates over `rate_window` s, percentiles over `latency_window` s; `status --seconds N` sets
+        # both to N, with histograms read on every poll, so its figures mean its whole N seconds.
+        self.rate_window = rate_window
+        self.latency_window = latency_window
+        self.histogram_every = histogram_every
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._notices = NoticeDetector()
         self._client: aiohttp.ClientSession | None = None
@@ -250,7 +258,8 @@ class Poller:
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
-                            argv=target.argv)
+                            argv=target.argv, rate_window=self.rate_window, latency_window=self.latency_window,
+                            histogram_every=self.histogram_every, poll_interval=self._interval)
         worker = _EngineWorker(target, probe)
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")

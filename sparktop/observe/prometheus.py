@@ -43,6 +43,13 @@ QUEUE_WAIT_S = 5.0  # a request that waited longer than this in the queue is wor
 Names = tuple[str, ...]
 
 
+# Token rates over 10 s, as vLLM's own log line gives them: a real engine's counters move in bursts (its
+# scheduler, its output processor), and a rate between two polls a second apart jumps between 0 and twice
+# the truth. Latency percentiles and hit rates over a rolling minute.
+RATE_WINDOW_S = 10.0
+LATENCY_WINDOW_S = 60.0
+
+
 @dataclass(frozen=True)
 class MetricNames:
     """Which series of an engine's scrape hold which figure; in each group
@@ -420,6 +427,8 @@ class Derived:
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" over the window, "p95_1m"}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
     queue_slow: float | None = None  # requests in the window that waited over QUEUE_WAIT_S in the queue
+    gen_tps_now: float | None = None  # since the previous scrape only (gen_tps: over the rate window)
+    prompt_tps_now: float | None = None
     spec_acceptance: float | None = None  # drafted tokens accepted, 0..1, over the window
     spec_accept_len: float | None = None  # tokens accepted per draft (plus the one the target makes), mean
     # The figures (`snapshot.FIGURES`) the engine's scrape held no series for: not exported by it
@@ -463,12 +472,14 @@ def above(bound: float, buckets: dict[float, float]) -> float:
 class EngineMetrics:
     """Keeps the last scrapes of one engine and derives rates and percentiles."""
 
-    def __init__(self, names: MetricNames, window: float = 30.0, rate_window: float = 5.0, max_scrapes: int = 120):
+    def __init__(self, names: MetricNames, window: float = LATENCY_WINDOW_S, rate_window: float = RATE_WINDOW_S,
+                 max_scrapes: int = 120):
         self.names = names
         self.window = window  # percentiles and prefix hit rate
         self.rate_window = rate_window  # tokens/s: smooth like vLLM's own log, still responsive
         if names.counted_at_end:
             self.rate_window = window
+        self.max_scrapes = max_scrapes
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
         self._percentiles: dict[str, float | None] = {}
         self._latency: dict[str, dict[str, float | None]] | None = None
@@ -477,6 +488,14 @@ class EngineMetrics:
         # (t, {latency name: cumulative buckets}) of the scrapes read with
         # histograms, for the last minute's p95.
         self._minute: deque[tuple[float, dict[str, Histogram | None]]] = deque()
+
+    def set_windows(self, rate: float, latency: float, poll_interval: float = 1.0) -> None:
+        """Token rates over the last `rate` seconds, percentiles and hit rates over the last `latency`."""
+        self.window = max(latency, rate)
+        self.rate_window = self.window if self.names.counted_at_end else rate
+        keep = max(self.max_scrapes, int(self.window / max(poll_interval, 0.1)) + 5)
+        if keep != self.scrapes.maxlen:
+            self.scrapes = deque(self.scrapes, maxlen=keep)
 
     def parse(self, text: str, t: float, histograms: bool = True) -> Scrape:
         return Scrape.parse(text, t, self.names, histograms=histograms)
@@ -522,6 +541,13 @@ class EngineMetrics:
             d.sleeping, d.sleep_level = sleep
         if prev_for_rates is not None:
             dt = scrape.t - prev_for_rates.t
+            if prev is not None and scrape.t > prev.t and not restarted and not n.counted_at_end:
+                # Since the last poll alone: the sparkline's instantaneous figure, bursty as a real
+                # engine's counters are.
+                for attr, names in (("prompt_tps_now", n.prompt_tokens), ("gen_tps_now", n.gen_tokens)):
+                    delta = counter_delta(prev.total(names), scrape.total(names))
+                    if delta is not None:
+                        setattr(d, attr, delta / (scrape.t - prev.t))
             if dt > 0:
                 for attr, names in (("prompt_tps", n.prompt_tokens), ("gen_tps", n.gen_tokens),
                                     ("rejection_rate", n.rejections)):

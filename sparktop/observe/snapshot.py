@@ -150,7 +150,9 @@ class EngineSnapshot:
     running: float | None = None
     waiting: float | None = None
     prompt_tps: float | None = None
-    gen_tps: float | None = None
+    gen_tps: float | None = None  # over the rate window (10 s unless set)
+    gen_tps_now: float | None = None  # since the previous poll: bursty, for the sparkline
+    prompt_tps_now: float | None = None
     ttft_p50: float | None = None  # seconds
     ttft_p95: float | None = None
     itl_p50: float | None = None

@@ -152,6 +152,10 @@ class ClusterState:
         h.push(s.t, {
             "kv": s.kv_usage, "running": s.running, "waiting": s.waiting, "gen_tps": s.gen_tps,
             "prompt_tps": s.prompt_tps, "ttft_p50": s.ttft_p50, "itl_p50": s.itl_p50,
+            # Poll by poll, for the sparklines beside the windowed figures (the window's own where an
+            # engine's counters have no meaning between two polls).
+            "gen_now": s.gen_tps_now if s.gen_tps_now is not None else s.gen_tps,
+            "prompt_now": s.prompt_tps_now if s.prompt_tps_now is not None else s.prompt_tps,
         })
 
     def _peak(self, s: EngineSnapshot) -> None:

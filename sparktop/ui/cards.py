@@ -624,7 +624,7 @@ class EngineCard(Card):
         if missing and snap.state in ("ready", "sleeping", "stale"):
             lines += r.wrap_words(Text(missing, style="dim"), width, 2)
         if history is not None and (snap.exports("gen_tps") or snap.exports("prompt_tps")):
-            lines += self._sparks(("gen ", "gen_tps", None, "cyan"), ("prompt ", "prompt_tps", None, "blue"), width,
+            lines += self._sparks(("gen ", "gen_now", None, "cyan"), ("prompt ", "prompt_now", None, "blue"), width,
                                   history)
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")

@@ -82,7 +82,7 @@ def lifetime_lines(e: EngineSnapshot, now: float) -> list[Text]:
 
 
 def latency_table(e: EngineSnapshot) -> list[Text]:
-    """TTFT, ITL, queue time and end to end: p50, p95, p99 over the last 30 s
+    """TTFT, ITL, queue time and end to end: p50, p95, p99 over the last minute
     and p95 over the last minute, one row each under a header."""
     if e.latency is None and e.ttft_p50 is None:
         return []
@@ -171,7 +171,7 @@ def engine_details(state: ClusterState, e: EngineSnapshot, prefs: Preferences | 
     if e.spec_acceptance is not None or e.spec_accept_len is not None:
         parts = ([f"{e.spec_acceptance:.0%} of drafted tokens accepted"] if e.spec_acceptance is not None else []) + (
             [f"{e.spec_accept_len:.2f} tokens per step"] if e.spec_accept_len is not None else [])
-        out.append(label("speculative") + Text(", ".join(parts) + " (last 30 s)"))
+        out.append(label("speculative") + Text(", ".join(parts) + " (last minute)"))
     finished = requests_line(e)
     if finished is not None:
         out.append(finished)

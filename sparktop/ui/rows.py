@@ -171,7 +171,7 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
         line.append(" ")
         line.append_text(part)
     else:
-        _trailing_spark(line, width, history, "gen_tps", None, "cyan")
+        _trailing_spark(line, width, history, "gen_now", None, "cyan")
     return line
 
 

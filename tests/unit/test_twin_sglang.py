@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparktop.observe import engine_probe
 from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.observe.engine_probe import EngineProbe
 from sparktop.observe.engines import Answer, EngineUnreachable, recognise
@@ -104,10 +103,9 @@ async def test_sparktop_recognises_it_as_sglang_with_its_version(sglang):
 
 
 async def test_engine_probe_reads_its_metrics_after_streamed_requests(sglang, monkeypatch):
-    monkeypatch.setattr(engine_probe, "HISTOGRAM_EVERY_S", 0.0)  # percentiles from every scrape, not every 5 s
     server = await sglang("--enable-metrics")
     async with aiohttp.ClientSession() as client:
-        probe = EngineProbe(url=server.url, client=client)
+        probe = EngineProbe(url=server.url, client=client, histogram_every=0.0)  # percentiles every poll
         first = await probe.poll()
         answers = await asyncio.gather(*(chat(client, server.url, f"tell me about the number {i} " * 5)
                                          for i in range(4)))
@@ -143,7 +141,7 @@ async def test_tokens_per_second_show_while_a_long_generation_runs(sglang):
     generation must see its rate, not 0 t/s until the end."""
     server = await sglang("--enable-metrics", speed=5.0)
     async with aiohttp.ClientSession() as client:
-        probe = EngineProbe(url=server.url, client=client)
+        probe = EngineProbe(url=server.url, client=client, histogram_every=0.0)  # percentiles every poll
         await probe.poll()
         long = asyncio.create_task(chat(client, server.url, "write a long story", max_tokens=4000,
                                         ignore_eos=True))
@@ -166,7 +164,7 @@ async def test_without_enable_metrics_metrics_is_fastapis_404_and_sparktop_says_
     async with aiohttp.ClientSession() as client:
         async with client.get(server.url + "/metrics") as r:
             assert (r.status, await r.json()) == (404, {"detail": "Not Found"})
-        probe = EngineProbe(url=server.url, client=client)
+        probe = EngineProbe(url=server.url, client=client, histogram_every=0.0)  # percentiles every poll
         with pytest.raises(EngineUnreachable) as failed:
             await probe.poll()
     assert probe.engine is not None and probe.engine.id == "sglang"  # recognised; only its figures are missing

@@ -22,7 +22,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparktop.observe import engine_probe
 from sparktop.observe.engine_probe import EngineProbe
 from sparktop.observe.engines import Answer, EngineUnreachable, recognise
 from sparktop.observe.engines.trtllm import NAMES
@@ -123,7 +122,6 @@ def samples(text: str, name: str) -> list[float]:
 
 
 async def test_recognised_and_read_by_sparktop_which_never_drains_its_metrics(trt, monkeypatch):
-    monkeypatch.setattr(engine_probe, "HISTOGRAM_EVERY_S", 0.0)  # percentiles on every poll
     server, dialect = await trt(config=PERF)
     async with session() as client:
         engine = await recognise(getter(client, server.url))
@@ -133,7 +131,7 @@ async def test_recognised_and_read_by_sparktop_which_never_drains_its_metrics(tr
             assert await r.json() == []  # nothing before the first request
         dialect.drained = 0
 
-        probe = EngineProbe(server.url, client)
+        probe = EngineProbe(server.url, client, histogram_every=0.0)  # percentiles on every poll
         await stream(client, server.url, 8)  # families appear once a request has finished
         await probe.poll()
         assert sum(await asyncio.gather(*(stream(client, server.url, n) for n in (16, 24, 32, 40)))) > 0

@@ -243,6 +243,11 @@ class Engine:
         derived.missing = [f for f in derived.missing if f not in self.extra_figures]
         return derived
 
+    def set_windows(self, rate: float, latency: float, poll_interval: float = 1.0) -> None:
+        """Token rates over `rate` seconds, percentiles over `latency` (see `EngineMetrics.set_windows`)."""
+        if self.metrics is not None:
+            self.metrics.set_windows(rate, latency, poll_interval)
+
     def forget(self) -> None:
         """After an outage: start rates afresh, read the model again."""
         if self.metrics is not None:
@@ -272,7 +277,7 @@ DERIVED_FIELDS = (
     "prefix_hit_rate", "preemptions", "requests", "waiting_by_reason", "rejections", "rejections_by_reason",
     "rejection_rate", "rejections_recent", "rejections_span", "mem_read_bps", "mem_write_bps", "finished_rate",
     "finished_rate_by_reason", "finished_by_reason", "prompt_tokens_total", "gen_tokens_total", "started_at",
-    "latency", "queue_slow", "spec_acceptance", "spec_accept_len",
+    "latency", "queue_slow", "spec_acceptance", "spec_accept_len", "gen_tps_now", "prompt_tps_now",
 )
 
 
