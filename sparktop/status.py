@@ -64,11 +64,33 @@ def notices_json(state: ClusterState | None, *keys: str) -> list[dict]:
     return [{**n.to_dict(), "time": _when(n.t)} for n in state.log(*keys)]
 
 
+def _link_json(n: NodeSnapshot, state: ClusterState | None) -> dict | None:
+    """The node's RDMA ports that are up: Gb/s each way over the last poll, RDMA (the NIC's vport counters,
+    or its port counters x4) beside the kernel's own bytes for the same interface; the totals, the link's
+    capacity each way, and a warning (NCCL on TCP sockets, one half of the cable idle) once it has held."""
+    view = state.links.get(n.name) if state is not None else None
+    if view is None:
+        return None
+    return {
+        "ports": [{"rdma_device": p.rdma_device, "netdev": p.netdev, "speed_gbps": _r(p.speed_mbps / 1000)
+                   if p.speed_mbps else None, "counters": p.source, "rdma_rx_gbps": _r(p.rdma_rx_gbps, 3),
+                   "rdma_tx_gbps": _r(p.rdma_tx_gbps, 3), "kernel_rx_gbps": _r(p.kernel_rx_gbps, 3),
+                   "kernel_tx_gbps": _r(p.kernel_tx_gbps, 3)} for p in view.ports],
+        "rdma_rx_gbps": _r(view.rdma_rx_gbps, 3), "rdma_tx_gbps": _r(view.rdma_tx_gbps, 3),
+        "kernel_rx_gbps": _r(view.kernel_rx_gbps, 3), "kernel_tx_gbps": _r(view.kernel_tx_gbps, 3),
+        "capacity_gbps": _r(view.capacity_gbps, 1), "engines_spread_here": view.engines, "warning": view.warning,
+    }
+
+
 def node_json(n: NodeSnapshot, state: ClusterState | None = None, prefs: Preferences | None = None) -> dict:
     mem = n.memory
     energy = state.node_energy(n.name) if state is not None else None
     return {
         "name": n.name, "state": n.state, "reason": n.reason,
+        # which machine, from DMI: "ASUS Ascent GX10", "DGX Spark", ... (null where DMI is not readable)
+        "machine": None if n.machine is None else {"variant": n.machine.variant, "vendor": n.machine.vendor,
+                                                   "product": n.machine.product, "gb10": n.machine.gb10},
+        "link": _link_json(n, state),
         "memory_gib": None if mem is None else {
             "total": _r(mem.total / GIB), "used": _r(mem.used / GIB), "available": _r(mem.available / GIB),
             "page_cache": _r(mem.page_cache / GIB), "gpu_processes": _r(n.engines_mib / 1024),

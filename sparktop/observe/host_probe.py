@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from sparktop.layouts import from_label
 from sparktop.observe import engines, hostparse
 from sparktop.observe.argv import flag_value
+from sparktop.observe.linkparse import LINK_SCRIPT, LinkCounters, link_rates, parse_link_section
+from sparktop.observe.machine import DMI_SCRIPT, Machine, parse_dmi_section
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
@@ -102,7 +104,8 @@ def server_candidates(section: str) -> str | None:
 
 
 _SCRIPT_SERVERS = servers_script()
-_SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU
+# The link's counters are read every poll, like memory (RoCE bypasses the kernel: only the NIC counts it).
+_SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU + LINK_SCRIPT
 # Every section; a poll sends the head and whichever of the others are due.
 PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
@@ -161,6 +164,10 @@ class HostProbe:
     _servers: list[ServerProcess] | None = field(default=None, repr=False)
     _servers_rss: float | None = field(default=None, repr=False)
     _server_candidates: str | None = field(default=None, repr=False)
+    _links: tuple[float, list[LinkCounters]] | None = field(default=None, repr=False)  # when read, what
+    _machine: Machine | None = field(default=None, repr=False)
+    _dmi_read: bool = field(default=False, repr=False)  # DMI does not change: read once
+    _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
 
     def refresh_docker(self) -> None:
         """Read the container list and the process list on the next poll (something changed)."""
@@ -178,7 +185,8 @@ class HostProbe:
         if isinstance(self.transport, LocalTransport):
             text, ok, why = await self._read_here(docker_due, servers_due)
         else:
-            script = _SCRIPT_HEAD + (_SCRIPT_DOCKER if docker_due else "") + (
+            script = _SCRIPT_HEAD + ("" if self._dmi_read else DMI_SCRIPT) + (
+                _SCRIPT_DOCKER if docker_due else "") + (
                 servers_script(self._server_candidates) if servers_due else "") + "echo @@end"
             result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
@@ -205,10 +213,27 @@ class HostProbe:
         elif self._servers is not None:
             snap.servers = list(self._servers)
             snap.servers_rss_mib = self._servers_rss
+        self._read_link_and_machine(text, ok, snap)
         snap.poll_ms = (time.monotonic() - started) * 1000
         if not ok:
             raise RuntimeError(f"probe did not finish ({why})")
         return snap
+
+    def _read_link_and_machine(self, text: str, ok: bool, snap: NodeSnapshot) -> None:
+        """The link's rates since the last read (measured interval, not the poll period asked for) and
+        the machine, read once."""
+        sections = split_sections(text)
+        if "dmi" in sections and ok:
+            self._dmi_read = True
+            self._machine = parse_dmi_section(sections["dmi"][0])
+        snap.machine = self._machine
+        if "link" not in sections or not ok:
+            return
+        now = time.monotonic()
+        counters = parse_link_section(sections["link"][0])
+        if self._links is not None:
+            snap.links = link_rates(self._links[1], self._links[0], counters, now)
+        self._links = (now, counters)
 
     async def _read_here(self, docker_due: bool, servers_due: bool = False) -> tuple[str, bool, str]:
         """The probe's sections for the node sparktop runs on: the /proc files
@@ -234,7 +259,14 @@ class HostProbe:
         except OSError:
             stat = ""
         text = f"@@meminfo\n{meminfo.rstrip()}\n@@stat\n{stat.rstrip()}\n"
-        script = (_SCRIPT_GPU if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "")
+        sys_root = env.get("SPARKTOP_SYS_ROOT") or "/sys"
+        if self._has_rdma is None or docker_due:  # a driver loaded since: looked for again now and then
+            self._has_rdma = bool(_listdir(f"{sys_root}/class/infiniband"))
+        if not self._dmi_read:
+            text += "@@dmi\n" + "".join(f"{name}={_first_line_of(f'{sys_root}/class/dmi/id/{name}')}\n"
+                                       for name in ("sys_vendor", "product_name", "product_family"))
+        script = (_SCRIPT_GPU if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "") + (
+            LINK_SCRIPT if self._has_rdma else "")
         if not gpu:
             text += "@@gpu\n@@missing\n"
         if docker_due and not docker:
@@ -458,6 +490,21 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
         snap.docker_status = "ok"
         snap.containers = hostparse.parse_docker_ps(docker_body)
     return snap
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _first_line_of(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.readline().rstrip("\n")
+    except OSError:
+        return ""
 
 
 def _first_line(text: str) -> str:

@@ -11,6 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktop.observe.linkparse import LinkRate
+from sparktop.observe.machine import Machine
+
 GIB = 1024**3
 
 # The engine figures the monitor shows, by the name `EngineSnapshot.not_exported` lists them under,
@@ -113,6 +116,10 @@ class NodeSnapshot:
     poll_ms: float | None = None
     servers: list[ServerProcess] = field(default_factory=list)  # engines started outside Docker
     servers_rss_mib: float | None = None  # resident memory of those engines' processes (and vLLM's cores)
+    # Per RDMA device of its ConnectX-7: RDMA and kernel Gb/s each way since the previous poll (empty where
+    # the node has none, or on its first poll).
+    links: list[LinkRate] = field(default_factory=list)
+    machine: Machine | None = None  # which GB10 (or other) machine, from DMI
 
     @property
     def engines_mib(self) -> int:
@@ -272,6 +279,9 @@ def node_from_dict(d: dict) -> NodeSnapshot:
     d["processes"] = [GpuProcess(**p) for p in d.get("processes", [])]
     d["containers"] = [Container(**c) for c in d.get("containers", [])]
     d["servers"] = [ServerProcess(**p) for p in d.get("servers", [])]
+    d["links"] = [LinkRate(**x) for x in d.get("links", [])]
+    if d.get("machine"):
+        d["machine"] = Machine(**d["machine"])
     return NodeSnapshot(**d)
 
 

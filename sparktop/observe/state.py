@@ -18,6 +18,8 @@ from sparktop.layouts import layout_of
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value as _flag
 from sparktop.observe.energy import Energy
+from sparktop.observe.link import LinkView, LinkWatch
+from sparktop.observe.link import view as link_view
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
@@ -77,6 +79,9 @@ class History:
             if name not in self.series:
                 self.series[name] = deque([None] * (len(self.t) - 1), maxlen=self.maxlen)
             self.series[name].append(value)
+        for name, series in self.series.items():
+            if name not in values:
+                series.append(None)  # a figure this point lacks (a link gone down): a gap, in step
 
     def values(self, name: str, last: int | None = None) -> list[float]:
         """Recent values with gaps as 0 (what a sparkline can draw)."""
@@ -99,6 +104,20 @@ class History:
         return xs, ys
 
 
+def _link_point(s: NodeSnapshot) -> dict[str, float | None]:
+    """The link's Gb/s each way, RDMA and kernel, summed over the ports that are up (none: no link)."""
+    up = [p for p in s.links if p.up]
+    if not up:
+        return {}
+
+    def total(name: str) -> float | None:
+        known = [getattr(p, name) for p in up if getattr(p, name) is not None]
+        return sum(known) if known else None
+
+    return {"rdma_rx": total("rdma_rx_gbps"), "rdma_tx": total("rdma_tx_gbps"),
+            "kernel_rx": total("kernel_rx_gbps"), "kernel_tx": total("kernel_tx_gbps")}
+
+
 class ClusterState:
     def __init__(self, history: int = HISTORY):
         self._clear(history)
@@ -113,6 +132,9 @@ class ClusterState:
         self.peaks: dict[str, dict[str, float]] = {}
         # The event log, per engine URL or node name (newest last).
         self.notices: dict[str, deque[Notice]] = {}
+        # Per node, what its link carries and what is wrong with it (observe/link.py).
+        self.links: dict[str, LinkView] = {}
+        self._link_watch = LinkWatch()
         self.now = 0.0  # the newest snapshot's time: "now" for a replay as for a live session
         self.version = 0  # bumps on every change, so a view can skip redraws
 
@@ -124,6 +146,7 @@ class ClusterState:
             self.nodes[event.name] = event
             if event.state == "ok":
                 self._node_point(event)
+                self._link(event)
         elif isinstance(event, EngineSnapshot):
             self.engines[event.key] = event
             if event.state in ("ready", "sleeping"):  # asleep, the charts go on (at zero)
@@ -136,6 +159,22 @@ class ClusterState:
         elif isinstance(event, Reset):
             self._clear(self.history_len)
 
+    def spread_engines(self, node: str) -> list[EngineSnapshot]:
+        """The engines running on `node` and on other nodes with it (tensor or pipeline parallel)."""
+        out = []
+        for e in self.engines.values():
+            nodes = self.engine_nodes(e)
+            if node in nodes and len(nodes) > 1:
+                out.append(e)
+        return out
+
+    def _link(self, s: NodeSnapshot) -> None:
+        v = link_view(s, self.spread_engines(s.name))
+        if v is None:
+            self.links.pop(s.name, None)
+            return
+        self.links[s.name] = self._link_watch.update(v)
+
     def _node_point(self, s: NodeSnapshot) -> None:
         h = self.node_history.setdefault(s.name, History(self.history_len))
         mem = s.memory
@@ -145,6 +184,7 @@ class ClusterState:
             "gpu_util": s.gpu.util if s.gpu else None,
             "cpu": s.cpu_pct,
             "power": s.gpu.power if s.gpu else None,
+            **_link_point(s),
         })
 
     def _engine_point(self, s: EngineSnapshot) -> None:

@@ -22,6 +22,7 @@ from textual.widget import Widget
 
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
+from sparktop.observe.link import LinkView
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import History
 from sparktop.ui import render as r
@@ -223,6 +224,39 @@ def notice_line(notice: Notice | None, width: int) -> Text | None:
     return text
 
 
+def link_of(state, node: str) -> tuple[LinkView, float | None] | None:
+    """A node's link view and what NCCL should send over it (Gb/s each way), for its card."""
+    view = state.links.get(node)
+    if view is None:
+        return None
+    return view, expected_link_gbps(state.spread_engines(node)) if view.engines else None
+
+
+def _gb(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.2f}" if value < 10 else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def link_lines(view: LinkView, expected: float | None, width: int) -> list[Text]:
+    """"link ↓12.1 ↑12.3 Gb/s of 200 · kernel 0.00 · NCCL ~12.0", and its warning."""
+    line = Text("link ", style="bold")
+    line.append(f"↓{_gb(view.rdma_rx_gbps)} ↑{_gb(view.rdma_tx_gbps)} Gb/s", style="cyan")
+    if view.capacity_gbps:
+        line.append(f" of {view.capacity_gbps:.0f}", style="dim")
+    parts = [Text("kernel ", style="dim") + Text(f"↓{_gb(view.kernel_rx_gbps)} ↑{_gb(view.kernel_tx_gbps)}")]
+    if expected is not None:
+        parts.append(Text("NCCL ~", style="dim") + Text(_gb(expected)))
+    for part in parts:
+        if line.cell_len + 3 + part.cell_len <= width:
+            line.append(" · ", style="dim")
+            line.append_text(part)
+    out = [line]
+    if view.warning:
+        out += r.wrap_words(Text(view.warning, style="bold yellow"), width, 2)
+    return out
+
+
 def joules(energy: Energy | None) -> str | None:
     """"0.81 J/tok", or None when nothing is generated (no figure, not infinity)."""
     j = energy.j_per_token if energy is not None else None
@@ -235,10 +269,11 @@ class NodeCard(Card):
     kind = "node"
 
     def show(self, snap: NodeSnapshot, history: History | None, notice: Notice | None = None,
-             energy: Energy | None = None) -> None:
-        self._last = (snap, history, notice, energy)
+             energy: Energy | None = None, link: tuple[LinkView, float | None] | None = None) -> None:
+        self._last = (snap, history, notice, energy, link)
         width = self.inner_width()
-        stamp = (snap.t, snap.state, snap.reason, width, self.spark_height, id(notice))
+        stamp = (snap.t, snap.state, snap.reason, width, self.spark_height, id(notice),
+                 None if link is None else (link[0].warning, link[1]))
         if stamp == self._drawn:
             return
         self._drawn = stamp
@@ -246,10 +281,11 @@ class NodeCard(Card):
         self.set_class(level == "warn", "-warn")
         self.set_class(level == "danger", "-danger")
         self.set_class(snap.state in ("stale", "down"), "-stale")
-        self._paint(snap.name, r.state_badge(snap.state), self._lines(snap, history, width, notice, energy))
+        title = snap.name if snap.machine is None else f"{snap.name} · {snap.machine.variant}"
+        self._paint(title, r.state_badge(snap.state), self._lines(snap, history, width, notice, energy, link))
 
     def _lines(self, snap: NodeSnapshot, history: History | None, width: int, notice: Notice | None = None,
-               energy: Energy | None = None) -> list[Text]:
+               energy: Energy | None = None, link: tuple[LinkView, float | None] | None = None) -> list[Text]:
         lines: list[Text] = []
         mem = snap.memory
         used_style = {"ok": "blue", "warn": "yellow", "danger": "red"}[memory_level(snap)]
@@ -293,6 +329,8 @@ class NodeCard(Card):
         else:
             line.append(f"docker: {snap.docker_status}", style="yellow")
         lines.append(line)
+        if link is not None:
+            lines += link_lines(*link, width)
         for c in running[:2]:
             status = c.status.replace(" seconds", "s").replace(" minutes", "m").replace(" hours", "h")
             room = max(8, width - 4 - len(status) - 2)
@@ -317,13 +355,40 @@ _ROOFLINE_CACHE: dict[tuple, PerfModel | None] = {}
 _ROOFLINE_TPS: dict[tuple, float] = {}
 
 
+def perf_for(snap) -> PerfModel | None:
+    """The performance model of an engine's model in its own layout (cached), or None for a model sparktop
+    has no card for."""
+    key = (snap.model, snap.topology, snap.kind)
+    if key not in _ROOFLINE_CACHE:
+        roofline_share_of(snap, key)
+    return _ROOFLINE_CACHE.get(key)
+
+
+def expected_link_gbps(engines) -> float | None:
+    """What NCCL should send each way over a node's link, Gb/s: every engine spread over it, its all-reduce
+    bytes per token (the model) at its token rate now. None when no such engine has a model card."""
+    total = None
+    for e in engines:
+        if e.state != "ready" or not e.model:
+            continue
+        perf = perf_for(e)
+        if perf is None:
+            continue
+        tokens = (e.gen_tps or 0.0) + (e.prompt_tps or 0.0)
+        total = (total or 0.0) + perf.link_bytes_per_token() * tokens * 8 / 1e9
+    return total
+
+
 def roofline_share(snap) -> float | None:
+    if not snap.gen_tps or not snap.running or not snap.model:
+        return None
+    return roofline_share_of(snap, (snap.model, snap.topology, snap.kind))
+
+
+def roofline_share_of(snap, key: tuple) -> float | None:
     """Generation tokens/s as a fraction of the bandwidth roofline for the
     batch running now (every weight and KV byte read once per step at the
     full 273 GB/s): how close the engine runs to what the memory allows."""
-    if not snap.gen_tps or not snap.running or not snap.model:
-        return None
-    key = (snap.model, snap.topology, snap.kind)
     perf = _ROOFLINE_CACHE.get(key)
     if perf is None and key not in _ROOFLINE_CACHE:
         from sparktop.errors import SparktopError
@@ -347,7 +412,7 @@ def roofline_share(snap) -> float | None:
                 card = card_for_runtime(card, snap.kind)
         perf = PerfModel(card, tp=layout.tp if layout else 1, pp=layout.pp if layout else 1) if card else None
         _ROOFLINE_CACHE[key] = perf
-    if perf is None:
+    if perf is None or not snap.gen_tps or not snap.running:
         return None
     batch = max(1, round(snap.running))
     roof = _ROOFLINE_TPS.get((key, batch))

@@ -38,6 +38,10 @@ def _count(value: float | None) -> str:
 LABEL = 9  # the width of the labels on the left, as the latency table's first column
 
 
+def _gbps(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def label(name: str) -> Text:
     return Text(f"{name:<{LABEL}}", style="bold")
 
@@ -188,7 +192,27 @@ def engine_details(state: ClusterState, e: EngineSnapshot, prefs: Preferences | 
 
 
 def node_details(state: ClusterState, name: str, prefs: Preferences | None, log_lines: int) -> list[Text]:
-    out: list[Text] = energy_lines(state.node_energy(name), prefs)
+    out: list[Text] = []
+    snap = state.nodes.get(name)
+    if snap is not None and snap.machine is not None:
+        m = snap.machine
+        out.append(label("machine") + Text(m.variant, style="cyan") + Text(
+            f"  ({', '.join(x for x in (m.vendor, m.product, m.family) if x)}, from DMI)", style="dim"))
+    if snap is not None and snap.processes:
+        for proc in sorted(snap.processes, key=lambda proc: -(proc.used_mib or 0))[:4]:
+            out.append(label("gpu mem") + Text(f"{(proc.used_mib or 0) / 1024:.1f} GiB ", style="magenta")
+                       + Text(f"{proc.name} (pid {proc.pid})", style="dim"))
+    view = state.links.get(name)
+    if view is not None:
+        for p in view.ports:
+            line = label("link") + Text(f"{p.rdma_device}", style="cyan") + Text(f" ({p.netdev or '?'}) ")
+            line.append(f"RDMA ↓{_gbps(p.rdma_rx_gbps)} ↑{_gbps(p.rdma_tx_gbps)}")
+            line.append(f" · kernel ↓{_gbps(p.kernel_rx_gbps)} ↑{_gbps(p.kernel_tx_gbps)} Gb/s", style="dim")
+            line.append(f" ({p.source})", style="dim")
+            out.append(line)
+        if view.warning:
+            out.append(Text(view.warning, style="bold yellow"))
+    out += energy_lines(state.node_energy(name), prefs)
     log = state.log(name)
     out.append(Text(f"events ({len(log)})" if log else "events: none yet", style="bold"))
     out += notice_rows(log, log_lines)

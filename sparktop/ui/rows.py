@@ -41,8 +41,8 @@ class NodeRow(Card):
     kind = "node"
 
     def show(self, snap: NodeSnapshot, history: History | None, notice: Notice | None = None,
-             energy: Energy | None = None) -> None:
-        self._last = (snap, history, notice, energy)
+             energy: Energy | None = None, link=None) -> None:
+        self._last = (snap, history, notice, energy, link)
         width = self.inner_width()
         stamp = (snap.t, snap.state, width, id(notice))
         if stamp == self._drawn:

@@ -18,7 +18,7 @@ from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
 from sparktop.ui import render as r
-from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts
+from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts, link_of
 from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
 from sparktop.ui.rows import EngineRow, NodeRow, summary_line
@@ -160,7 +160,8 @@ class MonitorScreen(LiveScreen):
             cluster.display = many
             self.call_after_refresh(self._layout_columns)
         self._sync(self.query_one("#nodes", Grid), NodeRow if self.compact[0] else NodeCard, nodes,
-                   state.node_history, lambda key: (state.last_notice(key, now), state.node_energy(key)))
+                   state.node_history, lambda key: (state.last_notice(key, now), state.node_energy(key),
+                                                    link_of(state, key)))
         # Engines of several kinds on screen: each row names its engine (a card always does, where it fits).
         mixed = len({e.kind for e in engines.values() if e.kind != "router"}) > 1
         self._sync(self.query_one("#engines", Grid), EngineRow if self.compact[1] else EngineCard, engines,
@@ -292,6 +293,13 @@ class DetailScreen(LiveScreen):
                            ("GPU and CPU utilisation (%)",
                             [("gpu", *history.points("gpu_util")), ("cpu", *history.points("cpu"))], 100),
                            ("GPU power (W)", [("power", *history.points("power"))], None)]
+                if "rdma_tx" in history.series:
+                    view = state.links.get(self.key)
+                    cap = view.capacity_gbps if view is not None else None
+                    charted.append((f"link (Gb/s{f' of {cap:.0f}' if cap else ''} each way): RDMA and the kernel's",
+                                    [("RDMA ↑", *history.points("rdma_tx")), ("RDMA ↓", *history.points("rdma_rx")),
+                                     ("kernel ↑", *history.points("kernel_tx")),
+                                     ("kernel ↓", *history.points("kernel_rx"))], None))
         else:
             history = state.engine_history.get(self.key)
             engine = state.engines.get(self.key)

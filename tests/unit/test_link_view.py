@@ -1,0 +1,120 @@
+"""A node's link as the monitor shows it: rates from the counters a node's /sys holds (read by the probe
+over a fake /sys, moved between polls), the totals and capacity, and the two warnings an engine spread
+over nodes makes worth giving, each only once it has held for a few polls."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sparktop.observe.host_probe import HostProbe
+from sparktop.observe.link import HOLD_POLLS, LinkWatch, view
+from sparktop.observe.linkparse import LinkRate
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
+from sparktop.observe.state import ClusterState
+from sparktop.remote.local import LocalTransport
+
+# A Spark cabled on its outer port: both halves of it up, the inner port's halves down.
+DEVICES = {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1", "rocep1s0f0": "enp1s0f0np0"}
+
+
+def fake_sys(root: Path, words: dict[str, tuple[int, int]], kernel: dict[str, tuple[int, int]]) -> None:
+    """Counters as mlx5 leaves them: port_xmit_data / port_rcv_data in 4-byte words, the kernel's bytes."""
+    for dev, net in DEVICES.items():
+        port = root / "class/infiniband" / dev / "ports/1"
+        (port / "counters").mkdir(parents=True, exist_ok=True)
+        (port / "state").write_text("4: ACTIVE\n" if dev != "rocep1s0f0" else "1: DOWN\n")
+        xmit, rcv = words.get(dev, (0, 0))
+        (port / "counters/port_xmit_data").write_text(f"{xmit}\n")
+        (port / "counters/port_rcv_data").write_text(f"{rcv}\n")
+        (root / "class/infiniband" / dev / "device/net" / net).mkdir(parents=True, exist_ok=True)
+        stats = root / "class/net" / net / "statistics"
+        stats.mkdir(parents=True, exist_ok=True)
+        rx, tx = kernel.get(net, (0, 0))
+        (stats / "rx_bytes").write_text(f"{rx}\n")
+        (stats / "tx_bytes").write_text(f"{tx}\n")
+        (root / "class/net" / net / "speed").write_text("200000\n")
+    dmi = root / "class/dmi/id"
+    dmi.mkdir(parents=True, exist_ok=True)
+    (dmi / "sys_vendor").write_text("ASUSTeK COMPUTER INC.\n")
+    (dmi / "product_name").write_text("GX10\n")
+    (dmi / "product_family").write_text("DGX Spark\n")
+
+
+@pytest.mark.parametrize("through", ["in-process read", "node script"])
+async def test_the_probe_rates_the_link_from_its_counters_over_the_measured_interval(tmp_path, through):
+    fake_sys(tmp_path, {}, {})
+    env = {"SPARKTOP_SYS_ROOT": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no ethtool: the port counters
+    transport = LocalTransport("n", env=env)
+    probe = HostProbe("n", transport)
+    if through == "node script":
+        from tests.integration.test_process_discovery import ShellTransport
+
+        shell = ShellTransport("n")
+        shell._local = transport
+        probe = HostProbe("n", shell)
+    first = await probe.poll()
+    assert first.links == [] and first.machine is not None and first.machine.variant == "ASUS Ascent GX10"
+    t0 = time.monotonic()
+    # 1.25 GB out and 1 GB in on one half, half that on the other, a little kernel traffic.
+    fake_sys(tmp_path, {"rocep1s0f1": (1_250_000_000 // 4, 1_000_000_000 // 4),
+                        "roceP2p1s0f1": (625_000_000 // 4, 500_000_000 // 4)},
+             {"enp1s0f1np1": (1_000_000, 2_000_000)})
+    time.sleep(0.3)
+    second = await probe.poll()
+    elapsed = time.monotonic() - t0
+    by_dev = {p.rdma_device: p for p in second.links}
+    assert set(by_dev) == set(DEVICES) and not by_dev["rocep1s0f0"].up
+    half = by_dev["rocep1s0f1"]
+    assert half.source == "port counters"
+    # Bytes over the interval the probe measured between its two reads (not the 1 s it was asked for).
+    assert half.rdma_tx_gbps == pytest.approx(1.25 * 8 / half.seconds)
+    assert half.seconds <= elapsed + 0.05
+    assert half.rdma_rx_gbps == pytest.approx(1.0 * 8 / half.seconds)
+    assert half.kernel_tx_gbps == pytest.approx(2_000_000 * 8 / half.seconds / 1e9)
+    assert second.machine is not None and second.machine.variant == "ASUS Ascent GX10"  # read once, kept
+    state = ClusterState()
+    state.apply(second)
+    link = state.links["n"]
+    assert {p.rdma_device for p in link.ports} == {"rocep1s0f1", "roceP2p1s0f1"}  # the ports that are up
+    assert link.rdma_tx_gbps == pytest.approx(1.875 * 8 / half.seconds)
+    assert link.capacity_gbps == 200  # two halves of ~100 Gb/s each, whatever each port's speed says
+
+
+def rate(dev: str, rdma: tuple[float, float], kernel: tuple[float, float], up: bool = True) -> LinkRate:
+    return LinkRate(dev, None, up, 200000, "ethtool", rdma[0], rdma[1], kernel[0], kernel[1], 1.0)
+
+
+def node(*links: LinkRate) -> NodeSnapshot:
+    return NodeSnapshot(name="spark-a", t=time.time(), state="ok", links=list(links))
+
+
+BUSY = EngineSnapshot(key="http://a:8000", url="http://a:8000", t=0.0, state="ready", gen_tps=900.0)
+IDLE = EngineSnapshot(key="http://a:8000", url="http://a:8000", t=0.0, state="ready", gen_tps=0.0)
+
+
+def test_nccl_on_sockets_is_said_once_it_has_held_and_not_while_idle():
+    watch = LinkWatch()
+    sockets = node(rate("rocep1s0f1", (0.0, 0.0), (2.0, 2.1)), rate("roceP2p1s0f1", (0.0, 0.0), (0.0, 0.0)))
+    warnings = [watch.update(view(sockets, [BUSY])).warning for _ in range(HOLD_POLLS)]
+    assert warnings[:-1] == [None] * (HOLD_POLLS - 1)  # one poll can fall between NCCL's bursts
+    assert warnings[-1] is not None and "TCP sockets" in warnings[-1] and "NCCL_IB_DISABLE" in warnings[-1]
+    # The same counters with the engine idle: nothing to say. And a poll with RDMA moving clears it.
+    assert view(sockets, [IDLE]).suspect is None
+    rdma = node(rate("rocep1s0f1", (3.0, 3.0), (0.0, 0.0)), rate("roceP2p1s0f1", (3.0, 3.0), (0.0, 0.0)))
+    assert watch.update(view(rdma, [BUSY])).warning is None
+    assert watch.update(view(sockets, [BUSY])).warning is None  # counting again from one
+
+
+def test_one_half_of_the_cable_carrying_everything_is_flagged():
+    watch = LinkWatch()
+    one_half = node(rate("rocep1s0f1", (6.0, 6.0), (0.0, 0.0)), rate("roceP2p1s0f1", (0.0, 0.0), (0.0, 0.0)))
+    for _ in range(HOLD_POLLS):
+        v = watch.update(view(one_half, [BUSY]))
+    assert v.warning is not None and v.warning.startswith("only rocep1s0f1 carries") and "NCCL_IB_HCA" in v.warning
+    both = node(rate("rocep1s0f1", (3.0, 3.0), (0.0, 0.0)), rate("roceP2p1s0f1", (3.1, 2.9), (0.0, 0.0)))
+    assert view(both, [BUSY]).suspect is None
+    # No engine spread over this node: its link is somebody else's business, nothing flagged.
+    assert view(one_half, []).suspect is None
