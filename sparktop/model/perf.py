@@ -325,10 +325,14 @@ class PerfModel:
         """Bytes each node sends over the link per token the engine processes
         (prompt or generated), as NCCL's ring all-reduces move them: the
         token's BF16 hidden state, 2(k-1)/k of it sent per all-reduce, two
-        all-reduces a layer. It receives as much. 0 below tp=2."""
-        if self.tp <= 1:
-            return 0.0
-        return self._allreduces * self.card.hidden_size * 2 * 2 * (self.tp - 1) / self.tp
+        all-reduces a layer; with pipeline stages, each stage's layers and the
+        hidden state handed to the next stage. It receives as much. 0 for one node."""
+        # Each pipeline stage all-reduces only its own layers, and hands the token's hidden state on to the
+        # next stage (one send in, one out, averaged over the stages).
+        reduce = self._allreduces / self.pp * self.card.hidden_size * 2 * 2 * (self.tp - 1) / self.tp \
+            if self.tp > 1 else 0.0
+        hand_on = self.card.hidden_size * 2 * (self.pp - 1) / self.pp if self.pp > 1 else 0.0
+        return reduce + hand_on
 
     def allreduce_s(self, msg: int) -> float:
         """One all-reduce of `msg` bytes across this engine's tensor-parallel nodes."""

@@ -4,7 +4,10 @@ Each node is a `TwinHost` directory plus a `bin/` with the stand-in
 commands; a `LocalTransport` with that node's environment is a shell "on"
 the node. Nodes listen on their own loopback addresses (127.0.0.2,
 127.0.0.3, ...) when the system allows it, as two Sparks have two
-addresses, or on 127.0.0.1 with distinct ports when it does not.
+addresses, or on 127.0.0.1 with distinct ports when it does not. Each
+node is one of the GB10 machines (`variants`, NVIDIA's DGX Spark, ASUS's
+Ascent GX10, ...: what its /sys/class/dmi/id says); by default the nodes
+take the makers in turn, so the demo's two nodes are an NVIDIA and an ASUS.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import httpx
 
 from sparktop.remote import LocalTransport
 from sparktop.settings import Inventory, Node
-from sparktop.twin.host import TwinHost
+from sparktop.twin.host import VARIANT_ORDER, TwinHost
 from sparktop.twin.node import install
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"
@@ -78,7 +81,13 @@ class TwinCluster:
     speed: float = 1.0
     startup_speed: float | None = None  # how much faster than a Spark engines start (None: the twin's default)
     images: list[str] = field(default_factory=lambda: [DEFAULT_IMAGE])
+    # The GB10 machine each node is (`host.VARIANTS`), in turn; the makers in turn when empty.
+    variants: tuple[str, ...] = ()
     nodes: list[TwinNode] = field(default_factory=list)
+
+    def variant(self, index: int) -> str:
+        order = self.variants or VARIANT_ORDER
+        return order[index % len(order)]
 
     def setup(self, fresh: bool = True) -> TwinCluster:
         if fresh and self.root.exists():
@@ -90,7 +99,7 @@ class TwinCluster:
             address = f"127.0.0.{i + 2}" if aliases else "127.0.0.1"
             host = TwinHost(self.root / name)
             host.setup(name, speed=self.speed, images=list(self.images), address=address,
-                       startup_speed=self.startup_speed)
+                       startup_speed=self.startup_speed, variant=self.variant(i))
             self.nodes.append(TwinNode(name, address, host, bin_dir))
         return self
 

@@ -114,6 +114,9 @@ class Engine(Scheduler):
         self.paused: str | None = None
         self.sleeping_tags: set[str] = set()
         self._in_step = False  # between schedule() and apply(): the step's work is in flight
+        # Tokens run through the model (prefill chunks and decodes, recomputed ones included): what a
+        # tensor-parallel engine's all-reduces move over the link scales with it.
+        self.tokens_computed = 0
 
     def _changed(self) -> None:
         self._wake.set()
@@ -259,6 +262,7 @@ class Engine(Scheduler):
                 await asyncio.sleep(0)
             end = self.clock()
             self._busy.append((max(start, end - duration), end))
+            self.tokens_computed += sum(n for _, n in work)
             self.apply(work, preempted, end)
             self._in_step = False
 

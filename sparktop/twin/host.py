@@ -10,10 +10,18 @@ agree on lives there:
     containers/<name>.json  what `docker` started
     proc/meminfo       a GB10-like /proc/meminfo, rewritten when memory changes
     sys/class/net/<if>/operstate, mtu  the network interfaces a Spark has
-                       (the ConnectX-7 fabric ports and lo), for preflight's check
+                       (the ConnectX-7 fabric ports, the RJ45 port and lo), for
+                       preflight's check; with their speed, their RoCE devices
+                       under sys/class/infiniband and both kinds of traffic
+                       counters (link.py, which moves them)
+    sys/class/dmi/id/  the maker's names for the box (`VARIANTS`: NVIDIA's
+                       DGX Spark or one of the other GB10 machines)
+    proc/<pid>/cgroup  for each GPU process: the container it runs in, as
+                       Docker's cgroup (or a user session outside one)
     config.json "unreachable"  fabric addresses this host's `ping` gets no
                        reply from (a cable that is out, a switch port down)
     ray/               the Ray stand-in's head address and members
+    net/               the interfaces' traffic counters and `ethtool -S` texts (link.py)
 
 Files are replaced atomically (write then rename) so readers never see half.
 """
@@ -27,12 +35,51 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparktop.twin import link
+
 ENV_HOME = "SPARKTOP_TWIN_HOME"
 ENV_PROC_ROOT = "SPARKTOP_PROC_ROOT"
 ENV_SYS_ROOT = "SPARKTOP_SYS_ROOT"
-# A Spark's QSFP ports as `ip link` names them, plus loopback.
-INTERFACES = {"enp1s0f0np0": "up", "enp1s0f1np1": "up", "enP2p1s0f0np0": "down", "enP2p1s0f1np1": "up",
-              "lo": "unknown"}
+ENV_CONTAINER = "SPARKTOP_TWIN_CONTAINER"  # set in a twin container's processes: the container's name
+# A Spark's QSFP ports as `ip link` names them (one cable, in the second
+# port: both its halves up, as in the ibdev2netdev captures), its RJ45 port
+# and loopback.
+INTERFACES = {"enp1s0f0np0": "down", "enp1s0f1np1": "up", "enP2p1s0f0np0": "down", "enP2p1s0f1np1": "up",
+              "enP7s7": "up", "lo": "unknown"}
+# The GB10 machines, as their firmware names them in /sys/class/dmi/id.
+# NVIDIA's, ASUS's, Dell's and Lenovo's as real units report them
+# (tests/fixtures/dmi/, SOURCES.md: `NVIDIA_DGX_Spark` with underscores,
+# ASUS's bare `GX10`, Dell's `Dell  Inc.` with two spaces, Lenovo's
+# machine-type-model); HP's, MSI's, GIGABYTE's and Acer's are not published
+# and follow their makers' usual style. `product_family` is the platform's
+# on every one (the twin keeps it on Lenovo's too, where it was not seen).
+PRODUCT_FAMILY = "DGX Spark"
+VARIANTS: dict[str, dict[str, str]] = {
+    "nvidia": {"sys_vendor": "NVIDIA", "product_name": "NVIDIA_DGX_Spark", "product_version": "A.7",
+               "board_vendor": "NVIDIA", "board_name": "P4242", "bios_vendor": "NVIDIA",
+               "bios_version": "5.36_0ACUM018"},
+    "asus": {"sys_vendor": "ASUSTeK COMPUTER INC.", "product_name": "GX10", "product_version": "5.36_GX10DGX",
+             "board_vendor": "ASUSTeK COMPUTER INC.", "board_name": "GX10", "bios_vendor": "American Megatrends",
+             "bios_version": "5.36_GX10DGX"},
+    "dell": {"sys_vendor": "Dell  Inc.", "product_name": "Dell Pro Max with GB10 FCM1253", "product_version": "",
+             "board_vendor": "Dell  Inc.", "board_name": "0DA7", "bios_vendor": "Dell Inc.",
+             "bios_version": "1.2.0"},
+    "hp": {"sys_vendor": "HP", "product_name": "HP ZGX Nano G1n AI Station", "product_version": "",
+           "board_vendor": "HP", "board_name": "8E3B", "bios_vendor": "HP", "bios_version": "Z10 Ver. 01.01.03"},
+    "lenovo": {"sys_vendor": "LENOVO", "product_name": "30KL0005GF", "product_version": "ThinkStation PGX",
+               "board_vendor": "LENOVO", "board_name": "30KL", "bios_vendor": "LENOVO", "bios_version": "2.0.14"},
+    "msi": {"sys_vendor": "Micro-Star International Co., Ltd.", "product_name": "EdgeXpert MS-C931",
+            "product_version": "1.0", "board_vendor": "Micro-Star International Co., Ltd.",
+            "board_name": "MS-C9311", "bios_vendor": "American Megatrends International, LLC.",
+            "bios_version": "1.10"},
+    "gigabyte": {"sys_vendor": "GIGABYTE", "product_name": "AI TOP ATOM", "product_version": "1.0",
+                 "board_vendor": "GIGABYTE", "board_name": "AT1-GB10", "bios_vendor": "GIGABYTE",
+                 "bios_version": "F2"},
+    "acer": {"sys_vendor": "Acer", "product_name": "Veriton GN100", "product_version": "V1.00",
+             "board_vendor": "Acer", "board_name": "GN100", "bios_vendor": "Acer", "bios_version": "V1.04"},
+}
+# A twin cluster's nodes take these in turn unless told otherwise: two nodes, two makers.
+VARIANT_ORDER = ("nvidia", "asus", "dell", "hp", "lenovo", "msi", "gigabyte", "acer")
 GB10_MEM_TOTAL_KB = 125_441_420  # `free -b` on a Spark: 128452014080 bytes
 GB10_SWAP_KB = 16_777_212
 BASE_USED_KB = 4_300_000  # OS, desktop and services on an idle Spark
@@ -88,14 +135,22 @@ class TwinHost:
     # -- config ---------------------------------------------------------------
 
     def setup(self, name: str, speed: float = 1.0, images: list | None = None,
-              address: str = "127.0.0.1", startup_speed: float | None = None) -> None:
-        for sub in ("procs", "containers", "proc", "ray", "logs", "hf-cache"):
+              address: str = "127.0.0.1", startup_speed: float | None = None, variant: str | None = None) -> None:
+        for sub in ("procs", "containers", "proc", "ray", "logs", "hf-cache", "net"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         for interface, state in INTERFACES.items():
-            if not (self.home / "sys/class/net" / interface).exists():
+            if not (self.home / "sys/class/net" / interface / "operstate").exists():
                 self.set_interface(interface, state)
+            elif (found := self.interface(interface)) and not (self.home / "sys/class/net" / interface /
+                                                                 "speed").exists():
+                link.set_port(self.home, interface, found[0])  # a host set up before its ports had RoCE devices
+        link.init(self.home, sorted(INTERFACES))
         config = self.config
-        config.update({"name": name, "speed": speed, "address": address})
+        variant = variant or config.get("variant") or VARIANT_ORDER[0]
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown GB10 variant {variant!r} (one of {', '.join(VARIANTS)})")
+        self._write_dmi(variant)
+        config.update({"name": name, "speed": speed, "address": address, "variant": variant})
         if startup_speed:
             config["startup_speed"] = startup_speed
         if images is not None:
@@ -123,17 +178,29 @@ class TwinHost:
     def images(self) -> list[str]:
         return list(self.config.get("images", []))
 
+    @property
+    def variant(self) -> str:
+        return self.config.get("variant", VARIANT_ORDER[0])
+
+    def _write_dmi(self, variant: str) -> None:
+        dmi = self.home / "sys/class/dmi/id"
+        dmi.mkdir(parents=True, exist_ok=True)
+        for field, value in {**VARIANTS[variant], "product_family": PRODUCT_FAMILY}.items():
+            tmp = dmi / f".{field}.{os.getpid()}.tmp"
+            tmp.write_text(value + "\n")
+            os.replace(tmp, dmi / field)
 
     def set_interface(self, interface: str, state: str, mtu: int | None = None) -> None:
         """Bring a simulated interface up or down (`operstate`: up, down,
         unknown), and set its MTU (1500 until said otherwise, as on a Spark
-        out of the box)."""
+        out of the box). Its speed and its RoCE device's port state follow."""
         path = self.home / "sys/class/net" / interface / "operstate"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(state + "\n")
         mtu_path = path.with_name("mtu")
         if mtu is not None or not mtu_path.exists():
             mtu_path.write_text(f"{mtu or (65536 if interface == 'lo' else 1500)}\n")
+        link.set_port(self.home, interface, state)
 
     def interface(self, interface: str) -> tuple[str, int] | None:
         """An interface's operstate and MTU; None when the host has no such interface."""
@@ -171,7 +238,28 @@ class TwinHost:
             "pid": pid, "pgid": pgid, "name": name, "used_mib": int(used_mib), "util": util,
             "cache_mib": int(cache_mib), "updated": time.time(),
         })
+        if pid == os.getpid():
+            self._write_cgroup(pid, os.environ.get(ENV_CONTAINER))
         self.write_meminfo()
+
+    def _write_cgroup(self, pid: int, container: str | None) -> None:
+        """`$SPARKTOP_PROC_ROOT/<pid>/cgroup` as the kernel shows it (cgroup v2,
+        systemd's driver): Docker's scope named by the container's full id,
+        or the user's session for a process outside any container."""
+        record = read_json(self.home / "containers" / f"{container}.json") if container else None
+        cid = (record or {}).get("id")
+        line = f"0::/system.slice/docker-{cid}.scope" if cid else \
+            f"0::/user.slice/user-{os.getuid()}.slice/session-1.scope"
+        path = self.home / "proc" / str(pid) / "cgroup"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".cgroup.{os.getpid()}.tmp")
+        tmp.write_text(line + "\n")
+        os.replace(tmp, path)
+
+    def _forget_cgroup(self, pid: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.home / "proc" / str(pid) / "cgroup").unlink()
+            (self.home / "proc" / str(pid)).rmdir()
 
     def update_util(self, pid: int, util: float) -> None:
         path = self.home / "procs" / f"{pid}.json"
@@ -184,6 +272,7 @@ class TwinHost:
     def unregister(self, pid: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.home / "procs" / f"{pid}.json").unlink()
+        self._forget_cgroup(pid)
         self.write_meminfo()
 
     def processes(self) -> list[GpuProcess]:
@@ -194,6 +283,7 @@ class TwinHost:
                 continue
             if not pid_alive(int(data["pid"])):
                 path.unlink(missing_ok=True)  # killed without unregistering: its memory is free again
+                self._forget_cgroup(int(data["pid"]))
                 gone = True
                 continue
             # A process that stopped reporting is idle, not busy forever.

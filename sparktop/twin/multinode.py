@@ -7,6 +7,12 @@ follows it. Either way the loss of a peer is fatal, as NCCL makes it in vLLM.
 `MultiNode` is a mixin for TwinServer: it works on the server's own state
 (args, host, log, stage, engine, tasks) and reports a lost peer through
 `_fail`.
+
+While it serves, the head tells every node the bytes its all-reduces have
+sent over the link (tokens computed x `PerfModel.link_bytes_per_token`),
+and each node moves its own ports' counters by them where its NCCL would
+put them (`link.LinkTraffic`: RDMA on both halves of the cable, or TCP
+with `NCCL_IB_DISABLE=1`, as the node's environment says).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from sparktop.twin.link import LinkTraffic, Route
 from sparktop.twin.rendezvous import HeadRendezvous, join
 from sparktop.twin.startup import StartupError, StartupPlan
 
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from sparktop.twin.ray import RayDriver
 
 HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
+LINK_EVERY_S = 0.5  # how often the link counters move (on the head and, told by it, on the other nodes)
 
 
 def worker_process_name(rank: int, tp: int, pp: int) -> str:
@@ -83,6 +91,7 @@ class MultiNode:
             log.info("ray_distributed_executor.py:180",
                      f"RayWorkerWrapper placed on: {', '.join(workers) or 'this node'}")
             self._tasks.append(asyncio.create_task(self._watch_ray(driver)))
+            self._tasks.append(asyncio.create_task(self._link_loop()))
             return
         if args.nnodes < 2:
             raise StartupError(
@@ -118,6 +127,39 @@ class MultiNode:
             ) from None
         hosts = ", ".join(p.host for p in self._rdv.peers)
         log.engine("parallel_state.py:1715", f"all {args.nnodes} nodes joined (workers on {hosts})")
+        self._tasks.append(asyncio.create_task(self._link_loop()))
+
+    def _nccl_info(self, route: Route) -> None:
+        """What NCCL says about its transport, with NCCL_DEBUG=INFO (and only then, as NCCL)."""
+        if os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+            return
+        where = f"{self.host.name if self.host else socket.gethostname()}:{os.getpid()}:{os.getpid()} [0]"
+        for line in route.said:
+            self.log.raw(f"{where} NCCL INFO {line}")
+
+    async def _link_loop(self) -> None:
+        """The head's part in the link: once the engine runs, every LINK_EVERY_S, the bytes each node has
+        sent so far move this host's counters and go to the other nodes, which move theirs."""
+        while self.engine is None:
+            await asyncio.sleep(0.05)
+        engine = self.engine
+        per_token = engine.perf.link_bytes_per_token()
+        traffic = LinkTraffic(self.host.home) if self.host else None
+        if traffic is not None:
+            self._nccl_info(traffic.route)
+        try:
+            while True:
+                total = engine.tokens_computed * per_token
+                if traffic is not None:
+                    traffic.advance(total)
+                if self._rdv:
+                    await self._rdv.broadcast({"link": total})
+                if self._ray:
+                    await self._ray.link(total)
+                await asyncio.sleep(LINK_EVERY_S)
+        finally:
+            if traffic is not None:  # the last steps' bytes, as the engine stops
+                traffic.advance(engine.tokens_computed * per_token)
 
     def _peer_lost(self, reason: str) -> None:
         self.log.error("multiproc_executor.py:151",
@@ -159,6 +201,10 @@ class MultiNode:
         self.stage = "ready"
         self.ready.set()
 
+        traffic = LinkTraffic(self.host.home) if self.host else None
+        if traffic is not None:
+            self._nccl_info(traffic.route)
+
         async def follow():
             from sparktop.twin import wire
 
@@ -168,6 +214,8 @@ class MultiNode:
                     break
                 if self.host and "util" in msg:
                     self.host.update_util(os.getpid(), float(msg["util"]))
+                if traffic is not None and "link" in msg:
+                    traffic.advance(float(msg["link"]))
             log.error("multiproc_executor.py:151",
                       "RuntimeError: NCCL communicator was aborted: the head node went away.")
             self._fail("the head node went away")

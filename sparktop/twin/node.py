@@ -4,7 +4,9 @@
 commands into `bin_dir`, and the servers of the other engines the twin
 speaks: `sglang` (and `python -m sglang.launch_server`, which the twin's
 docker runs as it), `llama-server` and `rpc-server` (`ggml-rpc-server`),
-`trtllm-serve` with `trtllm-llmapi-launch` and `mpirun`. A test host puts
+`trtllm-serve` with `trtllm-llmapi-launch` and `mpirun`; and `ethtool`, a
+shell script (the monitor runs `ethtool -S` every second per RDMA port, so
+it starts no Python: it prints what link.py keeps). A test host puts
 that directory first on its PATH and sets `$SPARKTOP_TWIN_HOME` to its own
 state directory (`TwinHost.env()` gives both). sparktop's real launch and
 monitor commands then run unchanged and start, list and stop twins instead
@@ -119,10 +121,78 @@ def engine_main(tool: str, argv: list[str]) -> int:
     return mpi_main(argv)
 
 
+# `ethtool IFACE`, `ethtool -S IFACE` (the counters link.py writes, in the
+# driver's names) and `ethtool -i IFACE`, from the host's files; messages and
+# exit codes as ethtool's.
+ETHTOOL = r"""#!/bin/sh
+# sparktop twin: ethtool [-S|-i] IFACE, from the simulated host's files
+home=${SPARKTOP_TWIN_HOME:?SPARKTOP_TWIN_HOME is not set}
+case $1 in
+  -S|--statistics|-i|--driver) opt=$1; dev=$2 ;;
+  -*) echo "ethtool: bad command line argument(s)" >&2; echo "For more information run ethtool -h" >&2; exit 1 ;;
+  *) opt=; dev=$1 ;;
+esac
+net=$home/sys/class/net/$dev
+if [ -z "$dev" ] || [ ! -e "$net/operstate" ]; then
+  case $opt in
+    -S|--statistics) echo "Cannot get stats strings information: No such device" >&2; exit 94 ;;
+    -i|--driver) echo "Cannot get driver information: No such device" >&2; exit 71 ;;
+    *) echo "netlink error: no device matches name (offset 24)" >&2; echo "netlink error: No such device" >&2
+       exit 1 ;;
+  esac
+fi
+case $dev in
+  enp1s0f0np0) bus=0000:01:00.0 ;; enp1s0f1np1) bus=0000:01:00.1 ;;
+  enP2p1s0f0np0) bus=0002:01:00.0 ;; enP2p1s0f1np1) bus=0002:01:00.1 ;;
+  enP7s7) bus=0007:01:00.0 ;; *) bus= ;;
+esac
+case $dev in en[pP]*np[01]) driver=mlx5_core; fw="28.45.4028 (NVD0000000087)" ;; *) driver=r8127; fw= ;; esac
+case $opt in
+  -S|--statistics)
+    if [ -r "$home/net/$dev.ethtool" ]; then exec cat "$home/net/$dev.ethtool"; fi
+    echo "no stats available" >&2; exit 94 ;;
+  -i|--driver)
+    [ -n "$bus" ] || { echo "Cannot get driver information: Operation not supported" >&2; exit 71; }
+    printf 'driver: %s
+version: 6.17.0-1014-nvidia
+firmware-version: %s
+expansion-rom-version: 
+' "$driver" "$fw"
+    printf 'bus-info: %s
+supports-statistics: yes
+supports-test: yes
+supports-eeprom-access: no
+' "$bus"
+    printf 'supports-register-dump: no
+supports-priv-flags: yes
+'
+    exit 0 ;;
+esac
+read -r state < "$net/operstate"
+speed=-1; [ -r "$net/speed" ] && read -r speed < "$net/speed"
+echo "Settings for $dev:"
+if [ "$state" = up ] && [ "$speed" -gt 0 ] 2>/dev/null; then
+  printf '	Speed: %sMb/s
+	Duplex: Full
+	Auto-negotiation: on
+	Link detected: yes
+' "$speed"
+else
+  printf '	Speed: Unknown!
+	Duplex: Unknown! (255)
+	Auto-negotiation: on
+	Link detected: no
+'
+fi
+"""
+
+
 def install(bin_dir: str | Path) -> Path:
     """Write the stand-in commands into `bin_dir` (created if needed)."""
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "ethtool").write_text(ETHTOOL)
+    os.chmod(bin_dir / "ethtool", 0o755)
     src = Path(__file__).resolve().parents[2]
     for tool in TOOLS:
         script = bin_dir / tool

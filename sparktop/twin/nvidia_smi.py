@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from sparktop.twin import link
 from sparktop.twin.host import TwinHost
 
 DRIVER = "580.159.03"
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if host is None:
         print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", file=sys.stderr)
         return 9
+    # The monitor runs this every poll: the host's background network traffic (ssh, HTTP) moves with it.
+    link.tick(host.home)
     query = apps = None
     fmt: set[str] = set()
     for arg in argv:

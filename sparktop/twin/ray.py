@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sparktop.twin import wire
 from sparktop.twin.host import TwinHost, pid_alive, read_json, write_json
+from sparktop.twin.link import LinkTraffic
 
 DEFAULT_PORT = 6379
 
@@ -120,11 +121,11 @@ class Gcs:
             m = await wire.recv(reader)
             if m is None:
                 break
-            if m.get("op") == "util" and engine in self.placements:
+            if m.get("op") in ("util", "link") and engine in self.placements:
                 node = self.nodes.get(self.placements[engine])
                 if node and node["writer"] is not None:
                     with contextlib.suppress(ConnectionError, OSError):
-                        await wire.send(node["writer"], {"op": "util", "engine": engine, "util": m.get("util", 0)})
+                        await wire.send(node["writer"], {**m, "engine": engine})
         self.drivers.pop(engine, None)
         placed_on = self.placements.pop(engine, None)
         node = self.nodes.get(placed_on) if placed_on else None
@@ -148,6 +149,7 @@ async def member(host: TwinHost, head_ip: str, head_port: int, ip: str) -> int:
                                         "started": time.time()})
     print(f"Ray runtime started. Connected to {head_ip}:{head_port}", flush=True)
     hosting: set[str] = set()
+    links: dict[str, LinkTraffic] = {}  # per engine: its NCCL's traffic on this node
     used = 0
     while True:
         msg = await wire.recv(reader)
@@ -160,8 +162,13 @@ async def member(host: TwinHost, head_ip: str, head_port: int, ip: str) -> int:
             host.register(os.getpid(), "ray::RayWorkerWrapper", used)
         elif op == "util":
             host.update_util(os.getpid(), float(msg.get("util", 0)))
+        elif op == "link" and msg.get("engine") in hosting:
+            if msg["engine"] not in links:
+                links[msg["engine"]] = LinkTraffic(host.home)
+            links[msg["engine"]].advance(float(msg.get("link", 0)))
         elif op == "release":
             hosting.discard(msg["engine"])
+            links.pop(msg["engine"], None)
             if not hosting:
                 used = 0
                 host.unregister(os.getpid())
@@ -249,6 +256,12 @@ class RayDriver:
         if self.writer is not None:
             with contextlib.suppress(ConnectionError, OSError):
                 await wire.send(self.writer, {"op": "util", "util": value})
+
+    async def link(self, total: float) -> None:
+        """The bytes each node has sent over the link so far, for the worker's node to count."""
+        if self.writer is not None:
+            with contextlib.suppress(ConnectionError, OSError):
+                await wire.send(self.writer, {"op": "link", "link": total})
 
     def close(self) -> None:
         if self.writer is not None:
