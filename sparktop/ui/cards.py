@@ -366,7 +366,7 @@ def perf_for(snap) -> PerfModel | None:
 
 def expected_link_gbps(engines) -> float | None:
     """What NCCL should send each way over a node's link, Gb/s: every engine spread over it, its all-reduce
-    bytes per token (the model) at its token rate now. None when no such engine has a model card."""
+    bytes per token (the model) at the rate it computes tokens now. None when no engine has a model card."""
     total = None
     for e in engines:
         if e.state != "ready" or not e.model:
@@ -374,7 +374,9 @@ def expected_link_gbps(engines) -> float | None:
         perf = perf_for(e)
         if perf is None:
             continue
-        tokens = (e.gen_tps or 0.0) + (e.prompt_tps or 0.0)
+        # Prompt tokens served from the prefix cache are not computed again: no all-reduce moves them.
+        computed_prompt = (e.prompt_tps or 0.0) * (1.0 - min(1.0, max(0.0, e.prefix_hit_rate or 0.0)))
+        tokens = (e.gen_tps or 0.0) + computed_prompt
         total = (total or 0.0) + perf.link_bytes_per_token() * tokens * 8 / 1e9
     return total
 
