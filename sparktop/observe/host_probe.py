@@ -44,8 +44,12 @@ _SCRIPT_FILES = (
 _SCRIPT_GPU = (
     "if command -v nvidia-smi >/dev/null 2>&1; then "
     f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"@@rc $?\"; "
-    f"echo @@apps; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1; "
-    'echo "@@rc $?"; '
+    f"echo @@apps; a=$(nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1); "
+    'r=$?; printf \'%s\\n\' "$a"; echo "@@rc $r"; '
+    # Each GPU process's cgroup, with builtins: which container holds that memory.
+    'echo @@appcg; printf \'%s\\n\' "$a" | while IFS=", " read -r p _; do '
+    'f="${SPARKTOP_PROC_ROOT:-/proc}/$p/cgroup"; [ -r "$f" ] && while read -r l; do echo "$p:$l"; done < "$f"; '
+    'done 2>/dev/null; '
     "else echo @@gpu; echo @@missing; fi; "
 )
 _SCRIPT_DOCKER = (
@@ -477,6 +481,9 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
         apps_body, apps_rc, _ = sections.get("apps", ("", None, False))
         if apps_rc in (0, None):
             snap.processes = hostparse.parse_compute_apps(apps_body)
+            cgroups = hostparse.parse_pid_cgroups(sections.get("appcg", ("", None, False))[0])
+            for proc in snap.processes:
+                proc.container_id = cgroups.get(proc.pid)
     if "servers" in sections:
         snap.servers = hostparse.parse_server_processes(sections["servers"][0])
         snap.servers_rss_mib = hostparse.servers_memory_mib(sections["servers"][0])

@@ -258,6 +258,22 @@ def _listening(line: str) -> tuple[int, int] | None:
         return None
 
 
+_CONTAINER_ID = re.compile(r"(?:docker-|/docker/|containerd-|cri-containerd-|libpod-)([0-9a-f]{12,64})")
+
+
+def parse_pid_cgroups(text: str) -> dict[int, str]:
+    """`PID:CGROUP-LINE` lines -> the id of the container each process runs in (those in none: absent)."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        pid, sep, cgroup = line.partition(":")
+        if not sep or not pid.strip().isdigit():
+            continue
+        match = _CONTAINER_ID.search(cgroup)
+        if match is not None:
+            out[int(pid)] = match.group(1)
+    return out
+
+
 def servers_memory_mib(text: str) -> float | None:
     """Resident memory (MiB) of the engine processes outside containers in a `@@servers` section (their
     `/proc/PID/rss:KB` lines): what a node's engines hold when nvidia-smi lists no processes. None when

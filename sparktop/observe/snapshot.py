@@ -71,6 +71,14 @@ class GpuProcess:
     pid: int
     name: str
     used_mib: int | None
+    container_id: str | None = None  # from its cgroup: the container it runs in
+
+    def container(self, containers: list[Container]) -> Container | None:
+        """The container (of `docker ps`) this process runs in."""
+        if not self.container_id:
+            return None
+        return next((c for c in containers if c.id and (c.id.startswith(self.container_id)
+                                                        or self.container_id.startswith(c.id))), None)
 
 
 @dataclass

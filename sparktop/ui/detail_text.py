@@ -200,8 +200,11 @@ def node_details(state: ClusterState, name: str, prefs: Preferences | None, log_
             f"  ({', '.join(x for x in (m.vendor, m.product, m.family) if x)}, from DMI)", style="dim"))
     if snap is not None and snap.processes:
         for proc in sorted(snap.processes, key=lambda proc: -(proc.used_mib or 0))[:4]:
+            holder = proc.container(snap.containers)
+            where = f", container {holder.name}" if holder is not None else (
+                ", in a container docker does not list" if proc.container_id else "")
             out.append(label("gpu mem") + Text(f"{(proc.used_mib or 0) / 1024:.1f} GiB ", style="magenta")
-                       + Text(f"{proc.name} (pid {proc.pid})", style="dim"))
+                       + Text(f"{proc.name} (pid {proc.pid}{where})", style="dim"))
     view = state.links.get(name)
     if view is not None:
         for p in view.ports:

@@ -71,6 +71,10 @@ async def test_the_monitor_shows_the_links_traffic_as_the_model_says_and_warns_o
         nodes: list[NodeSnapshot] = [state.nodes[n.name] for n in cluster.nodes]
         assert [n.machine.variant for n in nodes if n.machine] == ["DGX Spark", "ASUS Ascent GX10"]
         assert isinstance(state.engines[url], EngineSnapshot)
+        # What holds each node's GPU memory: the process nvidia-smi lists, in the container its cgroup names.
+        for node, container in zip(nodes, ("vllm-spark-a", "worker1-spark-a"), strict=True):
+            holders = {(p.name, getattr(p.container(node.containers), "name", None)) for p in node.processes}
+            assert any(name == container for _, name in holders), (node.name, holders)
         # The last dozen polls, each the counters' growth over its own interval, beside what the model
         # expects at the token rate the engine reported then (a 10 s window: the two move together once
         # the load is steady, and each poll's counters may land between the twin's half-second updates).
