@@ -35,11 +35,12 @@ def counter(url: str) -> tuple[float, float]:
 def test_status_over_ten_seconds_agrees_with_the_servers_counter_ten_times_in_a_row(vllm_server, tmp_path):
     # Steady: more requests than run at once (a queue keeps the batch full), each long enough that no
     # wave of endings and starts falls into one run and not the next.
-    sweep = start_sweep(vllm_server, tmp_path, c=8, runs=RUNS * 2, pp=64, tg=2048)
+    sweep = start_sweep(vllm_server, tmp_path, c=8, runs=RUNS * 2, pp=64, tg=1024)
     ratios: list[float] = []
     try:
         deadline = time.monotonic() + 120
         while scrape(vllm_server.url).get("vllm:num_requests_running", 0) < 8:
+            assert sweep.poll() is None, sweep.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "the sweep never filled the batch"
             time.sleep(0.2)
         time.sleep(3)  # past the first prefill
