@@ -38,6 +38,19 @@ def replay_app(**kw) -> SparktopApp:
     return SparktopApp(source, replay=True, **kw)
 
 
+async def painted(pilot) -> None:
+    """Until the screen just pushed has drawn its status line (the app repaints it on the screen's
+    resume: on a busy machine that can take longer than a fixed pause)."""
+    from sparktop.ui.screens import StatusLine
+
+    for _ in range(100):
+        await pilot.pause(0.1)
+        lines = pilot.app.screen.query(StatusLine)
+        if lines and str(lines.first().content).strip():
+            break
+    await pilot.pause(0.3)
+
+
 async def settle(pilot) -> None:
     app = pilot.app
     for _ in range(50):
@@ -192,7 +205,7 @@ async def every_screen(pilot, results: Path, shoot) -> None:
     plan = launcher.plan
     app.pop_screen()
     app.push_screen(ProgressScreen(app.launcher, ready_run(plan)))
-    await pilot.pause(0.5)
+    await painted(pilot)
     await shoot("launch-progress")
     app.pop_screen()
     sweep = SweepScreen(list(app.state.engines.values()), results)
