@@ -258,6 +258,73 @@ async def shoot_engines(model: str, warmup: float, record_dir: Path | None) -> N
                 await cluster.stop_all()
 
 
+async def shoot_link(model: str, warmup: float) -> None:
+    """A tp=2 layout launched as `sparktop demo --layout tp=2` does, under load: the node cards' link
+    line (RDMA each way, the kernel's, what NCCL should send) and the node's detail screen, at the three
+    sizes; then the same pair with NCCL put on sockets (NCCL_IB_DISABLE=1): the warning."""
+    import shlex
+
+    from sparktop.demo import launch_layout, start_demo_cluster, stop_everything
+    from sparktop.launch.state import api_key_for
+
+    for sockets in (False, True):
+        cluster, _ = await start_demo_cluster(model, speed=1.0, nodes=2, engines=False, startup_speed=500)
+        launcher = None
+        load = None
+        try:
+            if sockets:
+                a, b = cluster.nodes
+                env = ["-e", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "-e", "NCCL_IB_DISABLE=1"]
+                labels = ["--label", "sparktop.launch=pair", "--label", "sparktop.topology=tp=2"]
+                common = [model, "-tp", "2", "--nnodes", "2", "--master-addr", a.address, "--master-port", "29511",
+                          "--startup-speed", "500"]
+                await b.transport().run(shlex.join(
+                    ["docker", "run", "-d", "--name", "worker1-spark-a", "--network", "host", *env, *labels,
+                     "--label", "sparktop.role=worker1-spark-a", DEFAULT_IMAGE, *common, "--node-rank", "1",
+                     "--headless"]), timeout=30)
+                await a.transport().run(shlex.join(
+                    ["docker", "run", "-d", "--name", "vllm-spark-a", "--network", "host", *env, *labels,
+                     "--label", "sparktop.role=vllm-spark-a", DEFAULT_IMAGE, *common, "--node-rank", "0",
+                     "--host", a.address, "--port", "8000"]), timeout=30)
+                url = f"http://{a.address}:8000"
+                from sparktop.twin.cluster import wait_ready
+
+                await wait_ready([url], timeout=60)
+            else:
+                launcher, plan = await launch_layout(cluster, model, "tp=2", say=lambda _: None)
+                url = plan.endpoints[0].url.removesuffix("/v1")
+            load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", url, "--min", "4", "--max", "8",
+                                     "--period", "40"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=1.0,
+                            default_port=None, router_key=api_key_for)
+            await poller.start()
+            label = f"demo: {model} tp=2" + (" with NCCL on sockets" if sockets else "")
+            try:
+                warm = SparktopApp(poller, recorder=None, label=label)
+                async with warm.run_test(size=(160, 48)) as pilot:
+                    await pilot.pause(warmup)
+                state = warm.state
+                sizes = ((120, 40),) if sockets else ((80, 24), (120, 40), (160, 48))
+                for size in sizes:
+                    stem = "link-sockets" if sockets else "link"
+                    app = SparktopApp(poller, recorder=None, label=label)
+                    app.state = state
+                    await shoot(app, size, f"monitor-{stem}-{size[0]}x{size[1]}")
+                    if not sockets:
+                        app = SparktopApp(poller, recorder=None, label=label)
+                        app.state = state
+                        # The first node card, Enter: its detail (the link's ports, chart, the machine).
+                        await shoot(app, size, f"detail-node-link-{size[0]}x{size[1]}", keys=["tab", "enter"])
+            finally:
+                await poller.close()
+        finally:
+            if load is not None:
+                load.terminate()
+            if launcher is not None:
+                await launcher.close()
+            await stop_everything(cluster)
+
+
 async def incident(cluster: TwinCluster, model: str) -> None:
     """spark-b's engine dies and is started again under the same name, so
     the event log has something to show: down, back, restarted."""
@@ -280,6 +347,9 @@ async def main(args) -> None:
         return
     if args.only == "nodes":
         await shoot_many_nodes()
+        return
+    if args.only == "link":
+        await shoot_link(args.model, args.warmup)
         return
     if args.only == "engines":
         await shoot_engines(args.model, args.warmup, Path(args.record_dir) if args.record_dir else None)
@@ -350,6 +420,7 @@ if __name__ == "__main__":
     ap.add_argument("--record", help="also record the session to this JSONL file")
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
-    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines"], help="only these pictures")
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link"],
+                    help="only these pictures")
     ap.add_argument("--record-dir", help="with --only engines: record each mix there (recording-engines-N.jsonl)")
     asyncio.run(main(ap.parse_args()))

@@ -98,7 +98,9 @@ def node_json(n: NodeSnapshot, state: ClusterState | None = None, prefs: Prefere
         "cpu_pct": _r(n.cpu_pct, 1),
         "gpu": None if n.gpu is None else {"name": n.gpu.name, "util_pct": n.gpu.util, "temp_c": n.gpu.temp,
                                             "power_w": n.gpu.power, "sm_clock_mhz": n.gpu.sm_clock,
-                                            "pstate": n.gpu.pstate},
+                                            "pstate": n.gpu.pstate,
+                                            # why its clocks are held down (NVML's clock event reasons)
+                                            "clocks_held_by": n.gpu.throttle},
         "gpu_status": n.gpu_status, "docker_status": n.docker_status,
         "containers": [{"name": c.name, "image": c.image, "state": c.state, "status": c.status}
                        for c in n.containers],

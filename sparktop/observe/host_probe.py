@@ -33,6 +33,9 @@ from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
 
 GPU_QUERY = "name,utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate"
+# Why the clocks are held down (NVML's clock event reasons, a bitmask): drivers before 535 do not know
+# the field and refuse the whole query, so a node answering so is asked without it from then on.
+GPU_QUERY_REASONS = GPU_QUERY + ",clocks_event_reasons.active"
 APPS_QUERY = "pid,process_name,used_memory"
 
 # Shell builtins where a command would do (`read` for the first line of
@@ -41,9 +44,15 @@ _SCRIPT_FILES = (
     'echo @@meminfo; cat "${SPARKTOP_PROC_ROOT:-/proc}/meminfo" 2>&1; '
     "echo @@stat; read -r l < /proc/stat && echo \"$l\"; "
 )
+def gpu_script(query: str = GPU_QUERY_REASONS) -> str:
+    """The `@@gpu`, `@@apps` and `@@appcg` sections, `query` the GPU's fields."""
+    return _SCRIPT_GPU.replace(GPU_QUERY_REASONS, query)
+
+
 _SCRIPT_GPU = (
     "if command -v nvidia-smi >/dev/null 2>&1; then "
-    f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>&1; echo \"@@rc $?\"; "
+    f"echo @@gpu; nvidia-smi --query-gpu={GPU_QUERY_REASONS} --format=csv,noheader,nounits 2>&1; "
+    'echo "@@rc $?"; '
     f"echo @@apps; a=$(nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>&1); "
     'r=$?; printf \'%s\\n\' "$a"; echo "@@rc $r"; '
     # Each GPU process's cgroup, with builtins: which container holds that memory.
@@ -110,6 +119,7 @@ def server_candidates(section: str) -> str | None:
 _SCRIPT_SERVERS = servers_script()
 # The link's counters are read every poll, like memory (RoCE bypasses the kernel: only the NIC counts it).
 _SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU + LINK_SCRIPT
+_SCRIPT_HEAD_OLD_DRIVER = _SCRIPT_FILES + gpu_script(GPU_QUERY) + LINK_SCRIPT
 # Every section; a poll sends the head and whichever of the others are due.
 PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
 # `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
@@ -172,6 +182,7 @@ class HostProbe:
     _machine: Machine | None = field(default=None, repr=False)
     _dmi_read: bool = field(default=False, repr=False)  # DMI does not change: read once
     _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
+    _gpu_query: str = field(default=GPU_QUERY_REASONS, repr=False)
 
     def refresh_docker(self) -> None:
         """Read the container list and the process list on the next poll (something changed)."""
@@ -189,13 +200,17 @@ class HostProbe:
         if isinstance(self.transport, LocalTransport):
             text, ok, why = await self._read_here(docker_due, servers_due)
         else:
-            script = _SCRIPT_HEAD + ("" if self._dmi_read else DMI_SCRIPT) + (
+            head = _SCRIPT_HEAD if self._gpu_query == GPU_QUERY_REASONS else _SCRIPT_HEAD_OLD_DRIVER
+            script = head + ("" if self._dmi_read else DMI_SCRIPT) + (
                 _SCRIPT_DOCKER if docker_due else "") + (
                 servers_script(self._server_candidates) if servers_due else "") + "echo @@end"
             result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
                 f"exit {result.exit_status}: {result.first_error_line()}"
-        snap = parse_probe(self.name, text, self._prev_cpu)
+        snap = parse_probe(self.name, text, self._prev_cpu, self._gpu_query)
+        if self._gpu_query == GPU_QUERY_REASONS and "clocks_event_reasons.active" in snap.gpu_status:
+            self._gpu_query = GPU_QUERY  # a driver before 535: asked without the reasons from now on
+            snap.gpu_status = "ok" if snap.gpu is not None else "unknown"
         self._prev_cpu = snap._cpu_raw  # type: ignore[attr-defined]
         if docker_due:
             self._docker_at = started
@@ -269,7 +284,7 @@ class HostProbe:
         if not self._dmi_read:
             text += "@@dmi\n" + "".join(f"{name}={_first_line_of(f'{sys_root}/class/dmi/id/{name}')}\n"
                                        for name in ("sys_vendor", "product_name", "product_family"))
-        script = (_SCRIPT_GPU if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "") + (
+        script = (gpu_script(self._gpu_query) if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "") + (
             LINK_SCRIPT if self._has_rdma else "")
         if not gpu:
             text += "@@gpu\n@@missing\n"
@@ -455,7 +470,8 @@ def process_engine(server: ServerProcess, node_address: str, other_nodes: Collec
                          topology=engine.layout(args).name, model=engine.served_model(args), argv=list(args))
 
 
-def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeSnapshot:
+def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None,
+                gpu_query: str = GPU_QUERY_REASONS) -> NodeSnapshot:
     sections = split_sections(text)
     snap = NodeSnapshot(name=name, t=time.time(), state="ok")
     body, _, _ = sections.get("meminfo", ("", None, False))
@@ -474,7 +490,7 @@ def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None) -> NodeS
         snap.gpu_status = _first_line(gpu_body) or f"nvidia-smi exited {gpu_rc}"
     else:
         try:
-            snap.gpu = hostparse.parse_gpu_query(gpu_body, tuple(GPU_QUERY.split(",")))
+            snap.gpu = hostparse.parse_gpu_query(gpu_body, tuple(gpu_query.split(",")))
             snap.gpu_status = "ok"
         except ValueError as exc:
             snap.gpu_status = f"unreadable nvidia-smi output: {exc}"

@@ -14,6 +14,7 @@ import re
 
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value
+from sparktop.observe.machine import throttle_reasons
 from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory, ServerProcess
 
 NA = {"[n/a]", "n/a", "not supported", "[not supported]", "", "[unknown error]", "[insufficient permissions]"}
@@ -135,6 +136,8 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_FIELDS) -> Gpu:
         power=number(row.get("power.draw")),
         sm_clock=number(row.get("clocks.sm") or row.get("clocks.current.sm")),
         pstate=row.get("pstate"),
+        throttle=throttle_reasons(row.get("clocks_event_reasons.active") or "")
+        if "clocks_event_reasons.active" in fields else None,
     )
 
 

@@ -64,6 +64,8 @@ class Gpu:
     power: float | None = None  # W
     sm_clock: float | None = None  # MHz
     pstate: str | None = None
+    # Why its clocks are held down now (NVML's clock event reasons, in words); None: not read
+    throttle: list[str] | None = None
 
 
 @dataclass

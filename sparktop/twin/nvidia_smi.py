@@ -37,6 +37,9 @@ def _gpu_values(host: TwinHost) -> dict[str, str]:
         "clocks.current.sm": f"{clock}",
         "clocks.mem": "[N/A]",
         "pstate": pstate,
+        # Idle when nothing runs (the twin never holds its clocks down; a test writes a cap by hand).
+        "clocks_event_reasons.active": host.config.get("clocks_event_reasons", "0x0000000000000000")
+        if busy else "0x0000000000000001",
         "memory.used": "[N/A]",
         "memory.total": "[N/A]",
         "memory.free": "[N/A]",

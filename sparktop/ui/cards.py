@@ -23,6 +23,7 @@ from textual.widget import Widget
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
 from sparktop.observe.link import LinkView
+from sparktop.observe.machine import is_clock_limited
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import History
 from sparktop.ui import render as r
@@ -315,6 +316,12 @@ class NodeCard(Card):
             per_token = joules(energy)
             if per_token and line.cell_len + 2 + len(per_token) <= width:
                 line.append(f"  {per_token}", style="green")
+            if gpu.throttle and is_clock_limited(gpu.throttle):
+                # On the same line (a card that grows and shrinks as the GPU brushes its cap would jump).
+                held = " ".join(x for x in gpu.throttle if x not in ("idle", "applications clocks setting"))
+                room = width - line.cell_len - 2
+                if room >= 6:
+                    line.append("  " + (held if len(held) <= room else held[: room - 1] + "…"), style="yellow")
         else:
             line.append(" no nvidia-smi" if snap.gpu_status == "missing" else f" {snap.gpu_status}", style="dim")
         lines.append(line)
