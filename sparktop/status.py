@@ -64,6 +64,15 @@ def notices_json(state: ClusterState | None, *keys: str) -> list[dict]:
     return [{**n.to_dict(), "time": _when(n.t)} for n in state.log(*keys)]
 
 
+def _peer_json(state: ClusterState, node: str, device: str) -> dict | None:
+    peer = state.peer_of(node, device)
+    if peer is None:
+        return None
+    other, other_device, pair = peer
+    return {"node": other, "rdma_device": other_device, "found_by": pair.how, "verified": pair.verified,
+            "note": pair.note}
+
+
 def _link_json(n: NodeSnapshot, state: ClusterState | None) -> dict | None:
     """The node's RDMA ports that are up: Gb/s each way over the last poll, RDMA (the NIC's vport counters,
     or its port counters x4) beside the kernel's own bytes for the same interface; the totals, the link's
@@ -75,7 +84,11 @@ def _link_json(n: NodeSnapshot, state: ClusterState | None) -> dict | None:
         "ports": [{"rdma_device": p.rdma_device, "netdev": p.netdev, "speed_gbps": _r(p.speed_mbps / 1000)
                    if p.speed_mbps else None, "counters": p.source, "rdma_rx_gbps": _r(p.rdma_rx_gbps, 3),
                    "rdma_tx_gbps": _r(p.rdma_tx_gbps, 3), "kernel_rx_gbps": _r(p.kernel_rx_gbps, 3),
-                   "kernel_tx_gbps": _r(p.kernel_tx_gbps, 3)} for p in view.ports],
+                   "kernel_tx_gbps": _r(p.kernel_tx_gbps, 3), "addresses": list(n.addresses.get(p.netdev or "", ())),
+                   # the node and port it reaches (from addresses), verified: what one sends the other receives
+                   "peer": _peer_json(state, n.name, p.rdma_device) if state is not None else None}
+                  for p in view.ports],
+        "unpaired": state.link_notes if state is not None else [],
         "rdma_rx_gbps": _r(view.rdma_rx_gbps, 3), "rdma_tx_gbps": _r(view.rdma_tx_gbps, 3),
         "kernel_rx_gbps": _r(view.kernel_rx_gbps, 3), "kernel_tx_gbps": _r(view.kernel_tx_gbps, 3),
         "capacity_gbps": _r(view.capacity_gbps, 1), "engines_spread_here": view.engines, "warning": view.warning,

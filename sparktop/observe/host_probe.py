@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sparktop.layouts import from_label
 from sparktop.observe import engines, hostparse
 from sparktop.observe.argv import flag_value
+from sparktop.observe.fabric import parse_ip_br_addr
 from sparktop.observe.linkparse import LINK_SCRIPT, LinkCounters, link_rates, parse_link_section
 from sparktop.observe.machine import DMI_SCRIPT, Machine, parse_dmi_section
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
@@ -66,6 +67,8 @@ _SCRIPT_DOCKER = (
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
 )
+# The fabric's addresses change rarely: read with the slow tier (which port reaches which node).
+_SCRIPT_ADDR = "echo @@addr; ip -br addr 2>/dev/null; "
 # Engine API servers outside Docker, in one pass over the process table: one
 # grep finds the candidates (an argument naming an engine's server, each
 # engine module's `process_arg`, or `sparktop`; `vll[m]` and the like so grep
@@ -183,6 +186,7 @@ class HostProbe:
     _dmi_read: bool = field(default=False, repr=False)  # DMI does not change: read once
     _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
     _gpu_query: str = field(default=GPU_QUERY_REASONS, repr=False)
+    _addresses: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def refresh_docker(self) -> None:
         """Read the container list and the process list on the next poll (something changed)."""
@@ -202,7 +206,7 @@ class HostProbe:
         else:
             head = _SCRIPT_HEAD if self._gpu_query == GPU_QUERY_REASONS else _SCRIPT_HEAD_OLD_DRIVER
             script = head + ("" if self._dmi_read else DMI_SCRIPT) + (
-                _SCRIPT_DOCKER if docker_due else "") + (
+                _SCRIPT_DOCKER + _SCRIPT_ADDR if docker_due else "") + (
                 servers_script(self._server_candidates) if servers_due else "") + "echo @@end"
             result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
@@ -246,10 +250,15 @@ class HostProbe:
             self._dmi_read = True
             self._machine = parse_dmi_section(sections["dmi"][0])
         snap.machine = self._machine
+        if "addr" in sections and ok:
+            self._addresses = {name: iface.addresses for name, iface in
+                               parse_ip_br_addr(sections["addr"][0]).items()}
         if "link" not in sections or not ok:
             return
         now = time.monotonic()
         counters = parse_link_section(sections["link"][0])
+        snap.addresses = {c.netdev: self._addresses[c.netdev] for c in counters
+                          if c.netdev and c.netdev in self._addresses}
         if self._links is not None:
             snap.links = link_rates(self._links[1], self._links[0], counters, now)
         self._links = (now, counters)
@@ -285,7 +294,7 @@ class HostProbe:
             text += "@@dmi\n" + "".join(f"{name}={_first_line_of(f'{sys_root}/class/dmi/id/{name}')}\n"
                                        for name in ("sys_vendor", "product_name", "product_family"))
         script = (gpu_script(self._gpu_query) if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "") + (
-            LINK_SCRIPT if self._has_rdma else "")
+            LINK_SCRIPT if self._has_rdma else "") + (_SCRIPT_ADDR if self._has_rdma and docker_due else "")
         if not gpu:
             text += "@@gpu\n@@missing\n"
         if docker_due and not docker:

@@ -18,6 +18,7 @@ rate) is the UI's to add: observe does not import the model.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -114,3 +115,103 @@ class LinkWatch:
         if count >= HOLD_POLLS:
             v.warning = v.suspect
         return v
+
+
+# -- which port reaches which node ---------------------------------------------------------------------
+
+# A pair's counters agree when what one side sends is what the other receives, within this share (two
+# nodes' polls are not taken at the same instant), once either moves more than AGREE_MIN_GBPS.
+AGREE_WITHIN = 0.3
+AGREE_MIN_GBPS = 0.1
+
+
+@dataclass
+class PortPair:
+    """Two RDMA ports, on two nodes, that reach each other: inferred from their addresses, then verified
+    by their traffic (what one sends, the other receives)."""
+
+    a_node: str
+    a_device: str
+    b_node: str
+    b_device: str
+    how: str  # "169.254.0.0/16", "same port, IPv6 link-local only"
+    verified: bool | None = None  # None: no traffic yet to tell
+    note: str | None = None  # why the counters say it is not this pair
+
+
+def _ipv4_networks(addresses: tuple[str, ...]) -> list[ipaddress.IPv4Network]:
+    out = []
+    for text in addresses:
+        try:
+            iface = ipaddress.ip_interface(text)
+        except ValueError:
+            continue
+        if isinstance(iface, ipaddress.IPv4Interface):
+            out.append(iface.network)
+    return out
+
+
+def pair_ports(nodes: list[NodeSnapshot]) -> tuple[list[PortPair], list[str]]:
+    """The port pairs between `nodes` (each with its up RDMA ports' addresses), and what could not be
+    paired: on a switch (three or more nodes with ports on one subnet) per-peer traffic cannot be
+    attributed to a pair, and none is invented."""
+    ports: dict[str, dict[str, LinkRate]] = {n.name: {p.netdev: p for p in n.links if p.up and p.netdev}
+                                             for n in nodes}
+    addresses = {n.name: n.addresses for n in nodes}
+    by_net: dict[ipaddress.IPv4Network, list[tuple[str, str]]] = {}
+    for node, netdevs in ports.items():
+        for netdev in netdevs:
+            for net in _ipv4_networks(addresses[node].get(netdev, ())):
+                by_net.setdefault(net, []).append((node, netdev))
+    pairs: list[PortPair] = []
+    notes: list[str] = []
+    paired_nodes: set[tuple[str, str]] = set()
+    for net, members in sorted(by_net.items(), key=lambda kv: str(kv[0])):
+        names = sorted({node for node, _ in members})
+        if len(names) >= 3:
+            notes.append(f"{len(names)} nodes share {net} (a switch): traffic per peer cannot be attributed")
+            continue
+        if len(names) < 2:
+            continue
+        a, b = names
+        a_ports = sorted(d for n, d in members if n == a)
+        b_ports = sorted(d for n, d in members if n == b)
+        for x in a_ports:  # the same port cabled on both first, then what is left, in order
+            y = x if x in b_ports else next(iter(b_ports), None)
+            if y is None:
+                continue
+            b_ports.remove(y)
+            pairs.append(PortPair(a, ports[a][x].rdma_device, b, ports[b][y].rdma_device, str(net)))
+        paired_nodes.add((a, b))
+    # The other half of a cable often has only an IPv6 link-local address (NVIDIA's netplan gives the first
+    # an IPv4 one): between two nodes already paired, the same port name on both.
+    taken = {(p.a_node, p.a_device) for p in pairs} | {(p.b_node, p.b_device) for p in pairs}
+    for a, b in sorted(paired_nodes):
+        for netdev, port in sorted(ports[a].items()):
+            other = ports[b].get(netdev)
+            if other is None or (a, port.rdma_device) in taken or (b, other.rdma_device) in taken:
+                continue
+            if not any(x.lower().startswith("fe80:") for x in addresses[a].get(netdev, ())):
+                continue
+            pairs.append(PortPair(a, port.rdma_device, b, other.rdma_device, "same port, IPv6 link-local only"))
+    for p in pairs:
+        _verify(p, ports[p.a_node], ports[p.b_node])
+    return pairs, notes
+
+
+def _verify(pair: PortPair, a_ports: dict[str, LinkRate], b_ports: dict[str, LinkRate]) -> None:
+    a = next(p for p in a_ports.values() if p.rdma_device == pair.a_device)
+    b = next(p for p in b_ports.values() if p.rdma_device == pair.b_device)
+    verdicts = []
+    for sender, s_name, receiver, r_name in ((a, pair.a_node, b, pair.b_node), (b, pair.b_node, a, pair.a_node)):
+        sent, got = sender.rdma_tx_gbps, receiver.rdma_rx_gbps
+        if sent is None or got is None or max(sent, got) < AGREE_MIN_GBPS:
+            continue
+        if abs(sent - got) <= AGREE_WITHIN * max(sent, got):
+            verdicts.append(True)
+        else:
+            verdicts.append(False)
+            pair.note = (f"{s_name} {sender.rdma_device} sends {sent:.2f} Gb/s, {r_name} {receiver.rdma_device} "
+                         f"receives {got:.2f}: not each other's peer, or traffic from elsewhere")
+    if verdicts:
+        pair.verified = all(verdicts)

@@ -130,6 +130,8 @@ class NodeSnapshot:
     # the node has none, or on its first poll).
     links: list[LinkRate] = field(default_factory=list)
     machine: Machine | None = None  # which GB10 (or other) machine, from DMI
+    # The RDMA ports' addresses (`ip -br addr`, read every few seconds): netdev -> "169.254.44.136/16", ...
+    addresses: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def engines_mib(self) -> int:
@@ -292,6 +294,7 @@ def node_from_dict(d: dict) -> NodeSnapshot:
     d["links"] = [LinkRate(**x) for x in d.get("links", [])]
     if d.get("machine"):
         d["machine"] = Machine(**d["machine"])
+    d["addresses"] = {k: tuple(v) for k, v in (d.get("addresses") or {}).items()}
     return NodeSnapshot(**d)
 
 

@@ -18,7 +18,7 @@ from sparktop.layouts import layout_of
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value as _flag
 from sparktop.observe.energy import Energy
-from sparktop.observe.link import LinkView, LinkWatch
+from sparktop.observe.link import LinkView, LinkWatch, PortPair, pair_ports
 from sparktop.observe.link import view as link_view
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
@@ -134,6 +134,8 @@ class ClusterState:
         self.notices: dict[str, deque[Notice]] = {}
         # Per node, what its link carries and what is wrong with it (observe/link.py).
         self.links: dict[str, LinkView] = {}
+        self.link_pairs: list[PortPair] = []  # which port reaches which node (observe/link.py)
+        self.link_notes: list[str] = []  # what could not be paired, and why
         self._link_watch = LinkWatch()
         self.now = 0.0  # the newest snapshot's time: "now" for a replay as for a live session
         self.version = 0  # bumps on every change, so a view can skip redraws
@@ -168,7 +170,18 @@ class ClusterState:
                 out.append(e)
         return out
 
+    def peer_of(self, node: str, device: str) -> tuple[str, str, PortPair] | None:
+        """The node and device a node's RDMA port reaches, and the pair (how it was found, verified)."""
+        for p in self.link_pairs:
+            if (p.a_node, p.a_device) == (node, device):
+                return p.b_node, p.b_device, p
+            if (p.b_node, p.b_device) == (node, device):
+                return p.a_node, p.a_device, p
+        return None
+
     def _link(self, s: NodeSnapshot) -> None:
+        if s.links:
+            self.link_pairs, self.link_notes = pair_ports([n for n in self.nodes.values() if n.links])
         v = link_view(s, self.spread_engines(s.name))
         if v is None:
             self.links.pop(s.name, None)

@@ -212,9 +212,20 @@ def node_details(state: ClusterState, name: str, prefs: Preferences | None, log_
             line.append(f"RDMA ↓{_gbps(p.rdma_rx_gbps)} ↑{_gbps(p.rdma_tx_gbps)}")
             line.append(f" · kernel ↓{_gbps(p.kernel_rx_gbps)} ↑{_gbps(p.kernel_tx_gbps)} Gb/s", style="dim")
             line.append(f" ({p.source})", style="dim")
+            peer = state.peer_of(name, p.rdma_device)
+            if peer is not None:
+                other, device, pair = peer
+                seen = {True: "verified by traffic", False: "counters disagree", None: "no traffic yet"}[pair.verified]
+                line.append(f" → {other} {device} ({pair.how}; {seen})",
+                            style="bold yellow" if pair.verified is False else "dim")
             out.append(line)
         if view.warning:
             out.append(Text(view.warning, style="bold yellow"))
+        for pair in state.link_pairs:
+            if pair.note and name in (pair.a_node, pair.b_node):
+                out.append(Text(pair.note, style="yellow"))
+        for note in state.link_notes:
+            out.append(Text(note, style="dim"))
     out += energy_lines(state.node_energy(name), prefs)
     log = state.log(name)
     out.append(Text(f"events ({len(log)})" if log else "events: none yet", style="bold"))

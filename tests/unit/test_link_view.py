@@ -118,3 +118,59 @@ def test_one_half_of_the_cable_carrying_everything_is_flagged():
     assert view(both, [BUSY]).suspect is None
     # No engine spread over this node: its link is somebody else's business, nothing flagged.
     assert view(one_half, []).suspect is None
+
+
+# -- which port reaches which node ---------------------------------------------------------------------
+
+FABRIC = Path(__file__).parent.parent / "fixtures" / "fabric"
+HALVES = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
+
+
+def spark(name: str, capture: str, sends: dict[str, tuple[float, float]]) -> NodeSnapshot:
+    """A node as the probe reads it: `ip -br addr` (a real Spark's, fixtures/fabric: starsky and hutch,
+    jeffersonjhunt/code-monkeys @ 13c0b55) and its halves' RDMA Gb/s (rx, tx)."""
+    from sparktop.observe.fabric import parse_ip_br_addr
+
+    interfaces = parse_ip_br_addr((FABRIC / capture).read_text())
+    links = [LinkRate(dev, net, True, 200000, "ethtool", *sends.get(net, (0.0, 0.0)), 0.0, 0.0, 1.0)
+             for net, dev in HALVES.items()]
+    return NodeSnapshot(name=name, t=time.time(), state="ok", links=links,
+                        addresses={net: interfaces[net].addresses for net in HALVES})
+
+
+def test_two_cabled_sparks_pair_their_ports_by_address_and_traffic_verifies_them():
+    from sparktop.observe.link import pair_ports
+
+    starsky = spark("starsky", "ip-br-addr_dgx-spark-starsky_code-monkeys.txt",
+                    {"enp1s0f1np1": (4.0, 5.0), "enP2p1s0f1np1": (4.1, 5.1)})
+    hutch = spark("hutch", "ip-br-addr_dgx-spark-hutch_code-monkeys.txt",
+                  {"enp1s0f1np1": (5.1, 4.0), "enP2p1s0f1np1": (5.0, 4.1)})
+    pairs, notes = pair_ports([starsky, hutch])
+    assert notes == []
+    found = {(p.a_device, p.b_device, p.how, p.verified) for p in pairs}
+    # The halves with NVIDIA's link-local IPv4 share 169.254.0.0/16; the others have only IPv6 link-local
+    # addresses: the same port on both, as a QSFP cable joins them.
+    assert found == {("rocep1s0f1", "rocep1s0f1", "169.254.0.0/16", True),
+                     ("roceP2p1s0f1", "roceP2p1s0f1", "same port, IPv6 link-local only", True)}
+    # What one half sends, the other node's half of the same name does not receive: flagged.
+    crossed = spark("hutch", "ip-br-addr_dgx-spark-hutch_code-monkeys.txt",
+                    {"enp1s0f1np1": (0.2, 4.0), "enP2p1s0f1np1": (5.0, 4.1)})
+    (first, *_), _ = pair_ports([starsky, crossed])
+    assert first.verified is False and "sends 5.00 Gb/s" in (first.note or "")
+    # No traffic yet: paired by address, not verified.
+    quiet = [spark("starsky", "ip-br-addr_dgx-spark-starsky_code-monkeys.txt", {}),
+             spark("hutch", "ip-br-addr_dgx-spark-hutch_code-monkeys.txt", {})]
+    assert {p.verified for p in pair_ports(quiet)[0]} == {None}
+
+
+def test_on_a_switch_no_pair_is_invented():
+    from sparktop.observe.link import pair_ports
+
+    nodes = []
+    for i, name in enumerate(("spark-a", "spark-b", "spark-c")):
+        links = [LinkRate("rocep1s0f1", "enp1s0f1np1", True, 200000, "ethtool", 1.0, 1.0, 0.0, 0.0, 1.0)]
+        nodes.append(NodeSnapshot(name=name, t=time.time(), state="ok", links=links,
+                                  addresses={"enp1s0f1np1": (f"192.168.100.{10 + i}/24",)}))
+    pairs, notes = pair_ports(nodes)
+    assert pairs == [] and notes == ["3 nodes share 192.168.100.0/24 (a switch): traffic per peer cannot be "
+                                     "attributed"]
