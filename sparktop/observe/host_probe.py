@@ -20,6 +20,7 @@ import shutil
 import socket
 import struct
 import time
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from sparktop.observe.argv import flag_value
 from sparktop.observe.fabric import parse_ip_br_addr
 from sparktop.observe.linkparse import LINK_SCRIPT, LinkCounters, link_rates, parse_link_section
 from sparktop.observe.machine import DMI_SCRIPT, Machine, parse_dmi_section
+from sparktop.observe.prometheus import RATE_WINDOW_S
 from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
@@ -67,6 +69,8 @@ _SCRIPT_DOCKER = (
     "echo @@docker; docker ps -a --no-trunc --format '{{json .}}' 2>&1; echo \"@@rc $?\"; "
     "else echo @@docker; echo @@missing; fi; "
 )
+# The link's rates are taken over this many seconds, as the engines' token rates are (prometheus.py).
+LINK_WINDOW_S = RATE_WINDOW_S
 # The fabric's addresses change rarely: read with the slow tier (which port reaches which node).
 _SCRIPT_ADDR = "echo @@addr; ip -br addr 2>/dev/null; "
 # Engine API servers outside Docker, in one pass over the process table: one
@@ -181,7 +185,8 @@ class HostProbe:
     _servers: list[ServerProcess] | None = field(default=None, repr=False)
     _servers_rss: float | None = field(default=None, repr=False)
     _server_candidates: str | None = field(default=None, repr=False)
-    _links: tuple[float, list[LinkCounters]] | None = field(default=None, repr=False)  # when read, what
+    # The link's counters as read (when, what), over the last LINK_WINDOW_S: rates over the window.
+    _links: deque[tuple[float, list[LinkCounters]]] = field(default_factory=deque, repr=False)
     _machine: Machine | None = field(default=None, repr=False)
     _dmi_read: bool = field(default=False, repr=False)  # DMI does not change: read once
     _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
@@ -259,9 +264,17 @@ class HostProbe:
         counters = parse_link_section(sections["link"][0])
         snap.addresses = {c.netdev: self._addresses[c.netdev] for c in counters
                           if c.netdev and c.netdev in self._addresses}
-        if self._links is not None:
-            snap.links = link_rates(self._links[1], self._links[0], counters, now)
-        self._links = (now, counters)
+        if self._links:
+            # From the newest read at least a window old (or the oldest there is): NCCL moves its bytes in
+            # bursts, and a second's rate beside a token rate over 10 s would jump around it.
+            start = self._links[0]
+            for t, old in self._links:
+                if now - t >= LINK_WINDOW_S:
+                    start = (t, old)
+            snap.links = link_rates(start[1], start[0], counters, now)
+        self._links.append((now, counters))
+        while len(self._links) > 2 and now - self._links[1][0] >= LINK_WINDOW_S:
+            self._links.popleft()
 
     async def _read_here(self, docker_due: bool, servers_due: bool = False) -> tuple[str, bool, str]:
         """The probe's sections for the node sparktop runs on: the /proc files

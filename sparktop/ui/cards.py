@@ -236,18 +236,21 @@ def link_of(state, node: str) -> tuple[LinkView, float | None] | None:
 def _gb(value: float | None) -> str:
     if value is None:
         return "—"
-    return f"{value:.2f}" if value < 10 else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+    return f"{value:.2f}" if value < 1 else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def link_lines(view: LinkView, expected: float | None, width: int) -> list[Text]:
-    """"link ↓12.1 ↑12.3 Gb/s of 200 · kernel 0.00 · NCCL ~12.0", and its warning."""
+    """"link ↓12.1 ↑12.3 of 200 Gb/s · NCCL ~12.0 · kernel 0.00", and its warning: RDMA each way, what
+    the model says NCCL sends at the engines' token rates, the kernel's bytes (both ways)."""
     line = Text("link ", style="bold")
-    line.append(f"↓{_gb(view.rdma_rx_gbps)} ↑{_gb(view.rdma_tx_gbps)} Gb/s", style="cyan")
-    if view.capacity_gbps:
-        line.append(f" of {view.capacity_gbps:.0f}", style="dim")
-    parts = [Text("kernel ", style="dim") + Text(f"↓{_gb(view.kernel_rx_gbps)} ↑{_gb(view.kernel_tx_gbps)}")]
+    line.append(f"↓{_gb(view.rdma_rx_gbps)} ↑{_gb(view.rdma_tx_gbps)}", style="cyan")
+    line.append(f" of {view.capacity_gbps:.0f} Gb/s" if view.capacity_gbps else " Gb/s", style="dim")
+    parts = []
     if expected is not None:
         parts.append(Text("NCCL ~", style="dim") + Text(_gb(expected)))
+    kernel = None if view.kernel_rx_gbps is None and view.kernel_tx_gbps is None else (
+        (view.kernel_rx_gbps or 0.0) + (view.kernel_tx_gbps or 0.0))
+    parts.append(Text("kernel ", style="dim") + Text(_gb(kernel)))
     for part in parts:
         if line.cell_len + 3 + part.cell_len <= width:
             line.append(" · ", style="dim")
