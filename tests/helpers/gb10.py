@@ -28,8 +28,9 @@ MEMINFO = (
 )
 
 # GB10 answers to the probe's two queries, in the shape the captures show
-# (memory fields [N/A]; util/temp/power as numbers with nounits).
-GPU_CSV = "NVIDIA GB10, 96, 46, 10.45, 2405, P0\n"
+# (memory fields [N/A]; util/temp/power as numbers with nounits; the clock event reasons as NVML's hex
+# bitmask, none holding the clocks down).
+GPU_CSV = "NVIDIA GB10, 96, 46, 10.45, 2405, P0, 0x0000000000000000\n"
 APPS_CSV = "577729, VLLM::EngineCore, 89093\n"
 DOCKER_JSON = (CAP / "docker-ps_format-json_nginx_docker-cli-docs.jsonl").read_text()
 
