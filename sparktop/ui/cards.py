@@ -233,6 +233,12 @@ def link_of(state, node: str) -> tuple[LinkView, float | None] | None:
     return view, expected_link_gbps(state.spread_engines(node)) if view.engines else None
 
 
+def _link_busy(view: LinkView) -> bool:
+    moved = [v for v in (view.rdma_rx_gbps, view.rdma_tx_gbps, view.kernel_rx_gbps, view.kernel_tx_gbps)
+             if v is not None]
+    return sum(moved) > 0.05
+
+
 def _gb(value: float | None) -> str:
     if value is None:
         return "—"
@@ -339,7 +345,9 @@ class NodeCard(Card):
         else:
             line.append(f"docker: {snap.docker_status}", style="yellow")
         lines.append(line)
-        if link is not None:
+        # The link's line where it is in use (an engine spread over this node, traffic, a warning): a solo
+        # node's idle cable is the detail screen's to show, not a line on every card.
+        if link is not None and (link[0].engines or link[0].warning or _link_busy(link[0])):
             lines += link_lines(*link, width)
         for c in running[:2]:
             status = c.status.replace(" seconds", "s").replace(" minutes", "m").replace(" hours", "h")

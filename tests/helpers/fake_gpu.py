@@ -19,6 +19,7 @@ def fake_gpu(tmp_path: Path, watts: float = 30.0) -> tuple[dict[str, str], Path]
     script.write_text(f"""#!/bin/sh
 case "$*" in
   *query-gpu=power.draw*) cat {power}; echo ;;
+  *clocks_event_reasons*) echo "NVIDIA GB10, 90, 61, $(cat {power}), 2405, P0, 0x0000000000000000" ;;
   *query-gpu*) echo "NVIDIA GB10, 90, 61, $(cat {power}), 2405, P0" ;;
   *query-compute-apps*) echo "4242, VLLM::EngineCore, 90000" ;;
 esac

@@ -41,7 +41,7 @@ def live(cluster):
     endpoints = [url.split("//")[1] for url in cluster.urls]
 
     def check(text: str) -> bool:
-        return (all(f"─ {name} ─" in text for name in ("spark-a", "spark-b"))
+        return (all(f"─ {name} " in text for name in ("spark-a", "spark-b"))  # "─ spark-a · DGX Spark ─"
                 and all(e in text for e in endpoints) and text.count("llama-3.1-8b · solo") >= 2
                 and text.count("● ready") >= 2 and len(re.findall(r"gen \d[\d.]*k? t/s", text)) >= 2)
 
