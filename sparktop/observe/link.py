@@ -56,6 +56,12 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def totals(ports: list[LinkRate]) -> dict[str, float | None]:
+    """Gb/s each way over `ports`, RDMA and kernel (None: no port read that figure)."""
+    return {"rdma_rx": _sum(p.rdma_rx_gbps for p in ports), "rdma_tx": _sum(p.rdma_tx_gbps for p in ports),
+            "kernel_rx": _sum(p.kernel_rx_gbps for p in ports), "kernel_tx": _sum(p.kernel_tx_gbps for p in ports)}
+
+
 def _capacity(port: LinkRate, spark: bool) -> float | None:
     speed = port.speed_mbps / 1000 if port.speed_mbps else None
     if spark:
@@ -70,10 +76,10 @@ def view(node: NodeSnapshot, spread: list[EngineSnapshot]) -> LinkView | None:
         return None
     up = [p for p in node.links if p.up]
     spark = node.machine is None or node.machine.gb10
+    total = totals(up)
     v = LinkView(
-        node=node.name, ports=up,
-        rdma_rx_gbps=_sum(p.rdma_rx_gbps for p in up), rdma_tx_gbps=_sum(p.rdma_tx_gbps for p in up),
-        kernel_rx_gbps=_sum(p.kernel_rx_gbps for p in up), kernel_tx_gbps=_sum(p.kernel_tx_gbps for p in up),
+        node=node.name, ports=up, rdma_rx_gbps=total["rdma_rx"], rdma_tx_gbps=total["rdma_tx"],
+        kernel_rx_gbps=total["kernel_rx"], kernel_tx_gbps=total["kernel_tx"],
         capacity_gbps=_sum(_capacity(p, spark) for p in up),
         engines=[e.key for e in spread])
     v.suspect = _suspect(v, spread)

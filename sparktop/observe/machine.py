@@ -155,6 +155,11 @@ def throttle_reasons(value: str) -> list[str]:
     return out
 
 
+def limiting(reasons: list[str]) -> list[str]:
+    """The reasons that hold the clock back: all but idling and a clock setting."""
+    return [r for r in reasons if r not in _NOT_LIMITING]
+
+
 def is_clock_limited(reasons: list[str]) -> bool:
     """True when something other than idling or a clock setting holds the clock."""
-    return any(r not in _NOT_LIMITING for r in reasons)
+    return bool(limiting(reasons))

@@ -19,6 +19,7 @@ from sparktop.observe import engines
 from sparktop.observe.argv import flag_value as _flag
 from sparktop.observe.energy import Energy
 from sparktop.observe.link import LinkView, LinkWatch, PortPair, pair_ports
+from sparktop.observe.link import totals as link_totals
 from sparktop.observe.link import view as link_view
 from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
@@ -107,15 +108,7 @@ class History:
 def _link_point(s: NodeSnapshot) -> dict[str, float | None]:
     """The link's Gb/s each way, RDMA and kernel, summed over the ports that are up (none: no link)."""
     up = [p for p in s.links if p.up]
-    if not up:
-        return {}
-
-    def total(name: str) -> float | None:
-        known = [getattr(p, name) for p in up if getattr(p, name) is not None]
-        return sum(known) if known else None
-
-    return {"rdma_rx": total("rdma_rx_gbps"), "rdma_tx": total("rdma_tx_gbps"),
-            "kernel_rx": total("kernel_rx_gbps"), "kernel_tx": total("kernel_tx_gbps")}
+    return link_totals(up) if up else {}
 
 
 class ClusterState:

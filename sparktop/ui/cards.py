@@ -23,7 +23,7 @@ from textual.widget import Widget
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
 from sparktop.observe.link import LinkView
-from sparktop.observe.machine import is_clock_limited
+from sparktop.observe.machine import limiting
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import History
 from sparktop.ui import render as r
@@ -325,9 +325,9 @@ class NodeCard(Card):
             per_token = joules(energy)
             if per_token and line.cell_len + 2 + len(per_token) <= width:
                 line.append(f"  {per_token}", style="green")
-            if gpu.throttle and is_clock_limited(gpu.throttle):
+            held = " ".join(limiting(gpu.throttle or []))
+            if held:
                 # On the same line (a card that grows and shrinks as the GPU brushes its cap would jump).
-                held = " ".join(x for x in gpu.throttle if x not in ("idle", "applications clocks setting"))
                 room = width - line.cell_len - 2
                 if room >= 6:
                     line.append("  " + (held if len(held) <= room else held[: room - 1] + "…"), style="yellow")
@@ -374,12 +374,33 @@ _ROOFLINE_TPS: dict[tuple, float] = {}
 
 
 def perf_for(snap) -> PerfModel | None:
-    """The performance model of an engine's model in its own layout (cached), or None for a model sparktop
-    has no card for."""
+    """The performance model of an engine's model in its own layout (cached per model, layout and
+    engine), or None for a model sparktop has no card for."""
     key = (snap.model, snap.topology, snap.kind)
-    if key not in _ROOFLINE_CACHE:
-        roofline_share_of(snap, key)
-    return _ROOFLINE_CACHE.get(key)
+    if key in _ROOFLINE_CACHE:
+        return _ROOFLINE_CACHE[key]
+    from sparktop.errors import SparktopError
+    from sparktop.layouts import layout_of
+    from sparktop.model.cards import UnknownModel, find_card
+    from sparktop.model.gguf import gguf_card
+    from sparktop.model.perf import PerfModel
+    from sparktop.model.predict import card_for_runtime
+
+    layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
+    card = None
+    for find in (find_card, gguf_card):  # a card's name, or a GGUF's (`ggml-org/gpt-oss-120b-GGUF`)
+        try:
+            card = find(snap.model)
+            break
+        except UnknownModel:
+            continue
+    if card is not None:
+        # The bytes that engine reads: its own layout of the weights (llama.cpp's GGUF tensors).
+        with contextlib.suppress(SparktopError):
+            card = card_for_runtime(card, snap.kind)
+    perf = PerfModel(card, tp=layout.tp if layout else 1, pp=layout.pp if layout else 1) if card else None
+    _ROOFLINE_CACHE[key] = perf
+    return perf
 
 
 def expected_link_gbps(engines) -> float | None:
@@ -400,40 +421,15 @@ def expected_link_gbps(engines) -> float | None:
 
 
 def roofline_share(snap) -> float | None:
-    if not snap.gen_tps or not snap.running or not snap.model:
-        return None
-    return roofline_share_of(snap, (snap.model, snap.topology, snap.kind))
-
-
-def roofline_share_of(snap, key: tuple) -> float | None:
     """Generation tokens/s as a fraction of the bandwidth roofline for the
     batch running now (every weight and KV byte read once per step at the
     full 273 GB/s): how close the engine runs to what the memory allows."""
-    perf = _ROOFLINE_CACHE.get(key)
-    if perf is None and key not in _ROOFLINE_CACHE:
-        from sparktop.errors import SparktopError
-        from sparktop.layouts import layout_of
-        from sparktop.model.cards import UnknownModel, find_card
-        from sparktop.model.gguf import gguf_card
-        from sparktop.model.perf import PerfModel
-        from sparktop.model.predict import card_for_runtime
-
-        layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
-        card = None
-        for find in (find_card, gguf_card):  # a card's name, or a GGUF's (`ggml-org/gpt-oss-120b-GGUF`)
-            try:
-                card = find(snap.model)
-                break
-            except UnknownModel:
-                continue
-        if card is not None:
-            # The bytes that engine reads: its own layout of the weights (llama.cpp's GGUF tensors).
-            with contextlib.suppress(SparktopError):
-                card = card_for_runtime(card, snap.kind)
-        perf = PerfModel(card, tp=layout.tp if layout else 1, pp=layout.pp if layout else 1) if card else None
-        _ROOFLINE_CACHE[key] = perf
-    if perf is None or not snap.gen_tps or not snap.running:
+    if not snap.gen_tps or not snap.running or not snap.model:
         return None
+    perf = perf_for(snap)
+    if perf is None:
+        return None
+    key = (snap.model, snap.topology, snap.kind)
     batch = max(1, round(snap.running))
     roof = _ROOFLINE_TPS.get((key, batch))
     if roof is None:  # the model's byte count walks every layer: once per batch size, not every second

@@ -13,11 +13,10 @@ import pytest
 
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
-from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
+from sparktop.twin.cluster import TwinCluster
 from sparktop.ui.cards import expected_link_gbps
-from tests.conftest import free_port
 from tests.helpers.cluster import load, poller_for
-from tests.unit.test_twin_link import MODEL, sh
+from tests.unit.test_twin_link import run_tp2_pair, sh
 
 pytestmark = pytest.mark.slow
 
@@ -26,23 +25,12 @@ pytestmark = pytest.mark.slow
 async def test_the_monitor_shows_the_links_traffic_as_the_model_says_and_warns_of_sockets(tmp_path, ib_disable):
     cluster = TwinCluster(tmp_path / "lab", speed=20.0).setup()
     a, b = cluster.nodes
-    port, master = free_port(a.address), free_port(a.address)
-    env = ["-e", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "-e", "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1",
-           "-e", f"NCCL_IB_DISABLE={ib_disable}"]
-    common = [MODEL, "-tp", "2", "--nnodes", "2", "--master-addr", a.address, "--master-port", str(master),
-              "--startup-speed", "500"]
-    labels = ["--label", "sparktop.launch=pair", "--label", "sparktop.topology=tp=2"]
     poller = poller_for(cluster, interval=0.5)
     state = ClusterState()
     try:
-        assert (await sh(b, "docker", "run", "-d", "--name", "worker1-spark-a", "--network", "host", *env, *labels,
-                         "--label", "sparktop.role=worker1-spark-a", DEFAULT_IMAGE, *common, "--node-rank", "1",
-                         "--headless")).ok
-        assert (await sh(a, "docker", "run", "-d", "--name", "vllm-spark-a", "--network", "host", *env, *labels,
-                         "--label", "sparktop.role=vllm-spark-a", DEFAULT_IMAGE, *common, "--node-rank", "0",
-                         "--host", a.address, "--port", str(port))).ok
-        url = f"http://{a.address}:{port}"
-        await wait_ready([url], timeout=30)
+        # Labelled as a launch of sparktop's: the monitor knows the worker's node is the engine's too.
+        url = await run_tp2_pair(cluster, ib_disable, head="vllm-spark-a", worker="worker1-spark-a",
+                                 labels=("--label", "sparktop.launch=pair", "--label", "sparktop.topology=tp=2"))
         await poller.start()
 
         async def consume():

@@ -270,23 +270,34 @@ async def sh(node, *argv: str, timeout: float = 30):
     return await node.transport().run(shlex.join(argv), timeout=timeout)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ib_disable", ["0", "1"])
-async def test_a_tp2_launch_through_docker_moves_both_nodes_ports_as_the_model_says(tmp_path, ib_disable):
-    cluster = TwinCluster(tmp_path / "lab", speed=20.0).setup()
+async def run_tp2_pair(cluster: TwinCluster, ib_disable: str, head: str = "head", worker: str = "worker",
+                       labels: tuple[str, ...] = ()) -> str:
+    """A tp=2 engine over the cluster's two nodes through the twin's docker, NCCL told to use both halves
+    (or put on sockets with `ib_disable` "1"); `labels` (`--label` pairs) on both containers, each also
+    labelled with its role (its name). Its URL, once ready."""
     a, b = cluster.nodes
     port, master = free_port(a.address), free_port(a.address)
     env = ["-e", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "-e", "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1",
            "-e", f"NCCL_IB_DISABLE={ib_disable}"]
     common = [MODEL, "-tp", "2", "--nnodes", "2", "--master-addr", a.address, "--master-port", str(master),
               "--startup-speed", "500"]
+    for node, name, rank in ((b, worker, ["--node-rank", "1", "--headless"]),
+                             (a, head, ["--node-rank", "0", "--host", a.address, "--port", str(port)])):
+        role = ["--label", f"sparktop.role={name}"] if labels else []
+        assert (await sh(node, "docker", "run", "-d", "--name", name, "--network", "host", *env, *labels, *role,
+                         DEFAULT_IMAGE, *common, *rank)).ok
+    url = f"http://{a.address}:{port}"
+    await wait_ready([url], timeout=30)
+    return url
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ib_disable", ["0", "1"])
+async def test_a_tp2_launch_through_docker_moves_both_nodes_ports_as_the_model_says(tmp_path, ib_disable):
+    cluster = TwinCluster(tmp_path / "lab", speed=20.0).setup()
+    a, b = cluster.nodes
     try:
-        assert (await sh(b, "docker", "run", "-d", "--name", "worker", "--network", "host", *env, DEFAULT_IMAGE,
-                         *common, "--node-rank", "1", "--headless")).ok
-        assert (await sh(a, "docker", "run", "-d", "--name", "head", "--network", "host", *env, DEFAULT_IMAGE,
-                         *common, "--node-rank", "0", "--host", a.address, "--port", str(port))).ok
-        url = f"http://{a.address}:{port}"
-        await wait_ready([url], timeout=30)
+        url = await run_tp2_pair(cluster, ib_disable)
         used = await serve(url, requests=4)
         from sparktop.model.cards import find_card
         from sparktop.model.perf import PerfModel

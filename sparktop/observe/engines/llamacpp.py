@@ -210,9 +210,9 @@ class LlamaCpp(Engine):
         t0, first = self._generated[0]
         if t > t0:
             derived.gen_tps = max(0.0, total - first) / (t - t0)
-        (t1, before), (t2, now) = self._generated[-2] if len(self._generated) > 1 else self._generated[0], \
-            self._generated[-1]
-        derived.gen_tps_now = max(0.0, now - before) / (t2 - t1) if t2 > t1 else None
+        if len(self._generated) > 1:
+            (t1, before), (t2, now) = self._generated[-2], self._generated[-1]
+            derived.gen_tps_now = max(0.0, now - before) / (t2 - t1) if t2 > t1 else None
 
     def _prefix(self, derived: Derived) -> None:
         assert self.metrics is not None
