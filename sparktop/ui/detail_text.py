@@ -38,6 +38,12 @@ def _count(value: float | None) -> str:
 LABEL = 9  # the width of the labels on the left, as the latency table's first column
 
 
+def _cut(line: Text, width: int | None) -> Text:
+    if width is not None and line.cell_len > width:
+        line.truncate(width, overflow="ellipsis")
+    return line
+
+
 def _gbps(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
@@ -191,34 +197,37 @@ def engine_details(state: ClusterState, e: EngineSnapshot, prefs: Preferences | 
     return out
 
 
-def node_details(state: ClusterState, name: str, prefs: Preferences | None, log_lines: int) -> list[Text]:
+def node_details(state: ClusterState, name: str, prefs: Preferences | None, log_lines: int,
+                 width: int | None = None) -> list[Text]:
+    """Everything above a node's charts, as lines; the facts a line each, cut at `width` (a container's
+    long name must not push the charts down a line)."""
     out: list[Text] = []
     snap = state.nodes.get(name)
     if snap is not None and snap.machine is not None:
         m = snap.machine
-        out.append(label("machine") + Text(m.variant, style="cyan") + Text(
-            f"  ({', '.join(x for x in (m.vendor, m.product, m.family) if x)}, from DMI)", style="dim"))
+        out.append(_cut(label("machine") + Text(m.variant, style="cyan") + Text(
+            f"  ({', '.join(x for x in (m.vendor, m.product, m.family) if x)}, from DMI)", style="dim"), width))
     if snap is not None and snap.processes:
         for proc in sorted(snap.processes, key=lambda proc: -(proc.used_mib or 0))[:4]:
             holder = proc.container(snap.containers)
             where = f", container {holder.name}" if holder is not None else (
                 ", in a container docker does not list" if proc.container_id else "")
-            out.append(label("gpu mem") + Text(f"{(proc.used_mib or 0) / 1024:.1f} GiB ", style="magenta")
-                       + Text(f"{proc.name} (pid {proc.pid}{where})", style="dim"))
+            out.append(_cut(label("gpu mem") + Text(f"{(proc.used_mib or 0) / 1024:.1f} GiB ", style="magenta")
+                            + Text(f"{proc.name} (pid {proc.pid}{where})", style="dim"), width))
     view = state.links.get(name)
     if view is not None:
         for p in view.ports:
-            line = label("link") + Text(f"{p.rdma_device}", style="cyan") + Text(f" ({p.netdev or '?'}) ")
-            line.append(f"RDMA ↓{_gbps(p.rdma_rx_gbps)} ↑{_gbps(p.rdma_tx_gbps)}")
-            line.append(f" · kernel ↓{_gbps(p.kernel_rx_gbps)} ↑{_gbps(p.kernel_tx_gbps)} Gb/s", style="dim")
-            line.append(f" ({p.source})", style="dim")
+            line = label("link") + Text(f"{p.rdma_device}", style="cyan")
+            line.append(f" ↓{_gbps(p.rdma_rx_gbps)} ↑{_gbps(p.rdma_tx_gbps)} Gb/s")
+            line.append(f" · kernel ↓{_gbps(p.kernel_rx_gbps)} ↑{_gbps(p.kernel_tx_gbps)}", style="dim")
+            line.append(f" · {p.netdev or '?'}, {p.source}", style="dim")
+            out.append(_cut(line, width))
             peer = state.peer_of(name, p.rdma_device)
             if peer is not None:
                 other, device, pair = peer
                 seen = {True: "verified by traffic", False: "counters disagree", None: "no traffic yet"}[pair.verified]
-                line.append(f" → {other} {device} ({pair.how}; {seen})",
-                            style="bold yellow" if pair.verified is False else "dim")
-            out.append(line)
+                out.append(_cut(label("") + Text(f"→ {other} {device} ({pair.how}; {seen})",
+                                                 style="bold yellow" if pair.verified is False else "dim"), width))
         if view.warning:
             out.append(Text(view.warning, style="bold yellow"))
         for pair in state.link_pairs:

@@ -283,7 +283,7 @@ class DetailScreen(LiveScreen):
         if self.kind == "node":
             history = state.node_history.get(self.key)
             snap = state.nodes.get(self.key)
-            facts = node_details(state, self.key, prefs, 6 if tall else 2)
+            facts = node_details(state, self.key, prefs, 6 if tall else 2, width)
             title = f"{self.key}"
             if snap and snap.memory:
                 title += f" · {snap.memory.total / 1024**3:.1f} GiB unified memory"
