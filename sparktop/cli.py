@@ -31,7 +31,7 @@ def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
     return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes,
-                        study=args.study, read_only=args.read_only)
+                        study=args.study, read_only=args.read_only, rate_window=args.rate_window)
 
 
 def cmd_web(args) -> int:
@@ -39,7 +39,8 @@ def cmd_web(args) -> int:
 
     token = resolve_token(args.host, args.no_token)
     _inventory(args)  # a broken inventory is an error now, not in every browser session
-    command = session_command(args.inventory, args.engine or [], args.interval, read_only=not args.allow_control)
+    command = session_command(args.inventory, args.engine or [], args.interval, read_only=not args.allow_control,
+                              rate_window=args.rate_window)
     return main_web(args.host, args.port, command, token, read_only=not args.allow_control)
 
 
@@ -180,6 +181,25 @@ def _watch_options(p, interval: bool = True) -> None:
                    help="also watch this OpenAI-compatible endpoint (repeatable)")
     if interval:
         p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+        _rate_window_option(p)
+
+
+def _window_seconds(text: str) -> float:
+    from sparktop.settings import window_problem
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
+    problem = window_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _rate_window_option(p) -> None:
+    p.add_argument("--rate-window", type=_window_seconds, metavar="S", help="tokens/s and link rates over the "
+                   "last S seconds (default 10, or rate_window_s in settings.yaml)")
 
 
 def _add_watching(add, watch_options) -> None:
@@ -205,6 +225,7 @@ def _add_watching(add, watch_options) -> None:
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
     demo.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    _rate_window_option(demo)
     demo.add_argument("--record", metavar="FILE", help="write every snapshot to FILE (JSON lines)")
 
 

@@ -213,9 +213,14 @@ async def run_demo(args) -> int:
     from sparktop.observe.poller import NodeTarget, Poller
     from sparktop.ui.run import run_monitor
 
+    from sparktop.settings import load_preferences
+
+    prefs = load_preferences()
     load = start_load(urls, key=key)
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes],
-                    interval=args.interval, default_port=None, router_key=api_key_for)
+                    interval=args.interval, default_port=None, router_key=api_key_for,
+                    rate_window=getattr(args, "rate_window", None) or prefs.rate_window_s,
+                    latency_window=prefs.latency_window_s)
     try:
         await run_monitor(cluster.inventory(), [], label=f"demo: twin cluster serving {args.model}",
                           poller=poller, record=args.record)

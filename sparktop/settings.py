@@ -302,10 +302,14 @@ class Preferences:
 
         energy_price_per_kwh: 0.32   # what a kWh costs you
         currency: EUR                # printed beside costs
+        rate_window_s: 10            # the monitor's tokens/s and link rates: over this many seconds
+        latency_window_s: 60         # its latency percentiles and acceptance rates: over this many
     """
 
     energy_price_per_kwh: float | None = None
     currency: str = ""
+    rate_window_s: float = 10.0  # as vLLM's own log line: smooth enough to read, still responsive
+    latency_window_s: float = 60.0
 
     def money(self, value: float | None) -> str:
         """A cost as `0.012 EUR` (three significant figures: costs per token are small)."""
@@ -343,4 +347,23 @@ def load_preferences(path: str | Path | None = None) -> Preferences:
         prefs.energy_price_per_kwh = float(price)
     if doc.get("currency") is not None:
         prefs.currency = _typed(doc["currency"], str, str(path), line_of(doc, "currency"), "currency")
+    for key in ("rate_window_s", "latency_window_s"):
+        value = doc.get(key)
+        if value is None:
+            continue
+        problem = window_problem(value)
+        if problem:
+            raise ConfigError(str(path), line_of(doc, key), key, problem)
+        setattr(prefs, key, float(value))
     return prefs
+
+
+WINDOW_RANGE_S = (1.0, 3600.0)
+
+
+def window_problem(value) -> str | None:
+    """Why `value` is not a window in seconds, or None."""
+    low, high = WINDOW_RANGE_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        return f"must be a number of seconds from {low:.0f} to {high:.0f} (got {value!r})"
+    return None

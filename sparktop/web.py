@@ -70,7 +70,8 @@ def resolve_token(host: str, no_token: bool, environ=os.environ) -> str | None:
     return token or secrets.token_urlsafe(24)
 
 
-def session_command(inventory: str | None, engines: list[str], interval: float, read_only: bool) -> str:
+def session_command(inventory: str | None, engines: list[str], interval: float, read_only: bool,
+                    rate_window: float | None = None) -> str:
     """The shell command each browser session runs: this sparktop's monitor,
     every value quoted (textual-serve runs it through a shell)."""
     argv = [sys.executable, "-m", "sparktop", "monitor"]
@@ -78,6 +79,8 @@ def session_command(inventory: str | None, engines: list[str], interval: float, 
         argv.append(f"--inventory={Path(inventory).resolve()}")
     argv += [f"--engine={url}" for url in engines]
     argv.append(f"--interval={interval:g}")
+    if rate_window is not None:
+        argv.append(f"--rate-window={rate_window:g}")
     if read_only:
         argv.append("--read-only")
     return shlex.join(argv)

@@ -129,10 +129,12 @@ _SCRIPT_HEAD = _SCRIPT_FILES + _SCRIPT_GPU + LINK_SCRIPT
 _SCRIPT_HEAD_OLD_DRIVER = _SCRIPT_FILES + gpu_script(GPU_QUERY) + LINK_SCRIPT
 # Every section; a poll sends the head and whichever of the others are due.
 PROBE_SCRIPT = _SCRIPT_HEAD + _SCRIPT_DOCKER + _SCRIPT_SERVERS + "echo @@end"
-# `docker ps` is most of a poll's cost on the node (a Go binary and a daemon
-# round trip, ~10 ms of CPU): the container list is read at most this often,
-# and at once when the poller asks (an engine stopped answering).
-DOCKER_EVERY_S = 3.0
+# The slow tier: `docker ps` is most of a poll's cost on the node (a Go binary
+# and a daemon round trip, ~10 ms of CPU), and the process list, the addresses
+# and which ports are engines change as rarely: read at most this often, and at
+# once when something changed (the poller asks: an engine stopped answering or
+# started to, the app launched or stopped something).
+DOCKER_EVERY_S = 10.0
 # A docker that fails twice in a row (no daemon, no permission) is asked again a
 # minute later, then half as often each time it fails again, down to once in DOCKER_RETRY_MAX_S:
 # its CLI costs as much to fail as to answer (~30 ms of CPU), and a daemon that
@@ -174,6 +176,7 @@ class HostProbe:
     transport: Transport
     timeout: float = 5.0
     docker_every: float = DOCKER_EVERY_S
+    link_window: float = LINK_WINDOW_S  # link rates over this many seconds (the engines' token-rate window)
     _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
     _docker_at: float | None = field(default=None, repr=False)
     _docker_failures: int = field(default=0, repr=False)  # reads in a row that docker failed
@@ -185,13 +188,15 @@ class HostProbe:
     _servers: list[ServerProcess] | None = field(default=None, repr=False)
     _servers_rss: float | None = field(default=None, repr=False)
     _server_candidates: str | None = field(default=None, repr=False)
-    # The link's counters as read (when, what), over the last LINK_WINDOW_S: rates over the window.
+    # The link's counters as read (when, what), over the last `link_window` s: rates over the window.
     _links: deque[tuple[float, list[LinkCounters]]] = field(default_factory=deque, repr=False)
     _machine: Machine | None = field(default=None, repr=False)
     _dmi_read: bool = field(default=False, repr=False)  # DMI does not change: read once
     _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
     _gpu_query: str = field(default=GPU_QUERY_REASONS, repr=False)
     _addresses: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    # Whether the last poll read the containers or the process list afresh (or copied the last ones).
+    read_slow_tier: bool = field(default=False, repr=False)
 
     def refresh_docker(self) -> None:
         """Read the container list and the process list on the next poll (something changed)."""
@@ -216,7 +221,8 @@ class HostProbe:
             result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
                 f"exit {result.exit_status}: {result.first_error_line()}"
-        snap = parse_probe(self.name, text, self._prev_cpu, self._gpu_query)
+        sections = split_sections(text)  # once: the snapshot, the servers and the link all read it
+        snap = parse_probe(self.name, text, self._prev_cpu, self._gpu_query, sections)
         if self._gpu_query == GPU_QUERY_REASONS and "clocks_event_reasons.active" in snap.gpu_status:
             self._gpu_query = GPU_QUERY  # a driver before 535: asked without the reasons from now on
             snap.gpu_status = "ok" if snap.gpu is not None else "unknown"
@@ -229,7 +235,7 @@ class HostProbe:
             snap.docker_status, snap.containers = self._docker[0], list(self._docker[1])
         if servers_due and ok:  # a cut-off answer is no news that the servers have gone
             self._servers_at = started
-            candidates = server_candidates(split_sections(text).get("servers", ("", None, False))[0])
+            candidates = server_candidates(sections.get("servers", ("", None, False))[0])
             if candidates == "unchanged" and self._servers is not None:
                 snap.servers = list(self._servers)  # the same processes; their memory was read afresh
             else:
@@ -241,16 +247,16 @@ class HostProbe:
         elif self._servers is not None:
             snap.servers = list(self._servers)
             snap.servers_rss_mib = self._servers_rss
-        self._read_link_and_machine(text, ok, snap)
+        self._read_link_and_machine(sections, ok, snap)
+        self.read_slow_tier = docker_due or (servers_due and ok)
         snap.poll_ms = (time.monotonic() - started) * 1000
         if not ok:
             raise RuntimeError(f"probe did not finish ({why})")
         return snap
 
-    def _read_link_and_machine(self, text: str, ok: bool, snap: NodeSnapshot) -> None:
+    def _read_link_and_machine(self, sections: dict, ok: bool, snap: NodeSnapshot) -> None:
         """The link's rates since the last read (measured interval, not the poll period asked for) and
         the machine, read once."""
-        sections = split_sections(text)
         if "dmi" in sections and ok:
             self._dmi_read = True
             self._machine = parse_dmi_section(sections["dmi"][0])
@@ -269,11 +275,11 @@ class HostProbe:
             # bursts, and a second's rate beside a token rate over 10 s would jump around it.
             start = self._links[0]
             for t, old in self._links:
-                if now - t >= LINK_WINDOW_S:
+                if now - t >= self.link_window:
                     start = (t, old)
             snap.links = link_rates(start[1], start[0], counters, now)
         self._links.append((now, counters))
-        while len(self._links) > 2 and now - self._links[1][0] >= LINK_WINDOW_S:
+        while len(self._links) > 2 and now - self._links[1][0] >= self.link_window:
             self._links.popleft()
 
     async def _read_here(self, docker_due: bool, servers_due: bool = False) -> tuple[str, bool, str]:
@@ -493,8 +499,9 @@ def process_engine(server: ServerProcess, node_address: str, other_nodes: Collec
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None,
-                gpu_query: str = GPU_QUERY_REASONS) -> NodeSnapshot:
-    sections = split_sections(text)
+                gpu_query: str = GPU_QUERY_REASONS, sections: dict | None = None) -> NodeSnapshot:
+    """`sections`: `split_sections(text)` when the caller has it already."""
+    sections = split_sections(text) if sections is None else sections
     snap = NodeSnapshot(name=name, t=time.time(), state="ok")
     body, _, _ = sections.get("meminfo", ("", None, False))
     try:

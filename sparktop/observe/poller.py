@@ -198,6 +198,14 @@ class Poller:
     def resume(self) -> None:
         self._running.set()
 
+    def refresh(self, nodes: list[str] | None = None) -> None:
+        """Something changed on these nodes (all by default): a launch started or
+        stopped containers. Their slow tier (containers, processes, addresses) is
+        read on their next poll instead of up to DOCKER_EVERY_S later."""
+        for name, worker in self._nodes.items():
+            if nodes is None or name in nodes:
+                worker.probe.refresh_docker()
+
     async def start(self) -> Poller:
         self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30))
         for node in self._node_targets:
@@ -233,7 +241,8 @@ class Poller:
 
     def _add_node(self, target: NodeTarget) -> None:
         worker = _NodeWorker(target, HostProbe(target.name, target.transport,
-                                               timeout=max(2.0, min(10.0, self._interval * 2))))
+                                               timeout=max(2.0, min(10.0, self._interval * 2)),
+                                               link_window=self.rate_window))
         self._nodes[target.name] = worker
         worker.task = asyncio.create_task(self._node_loop(worker), name=f"node-{target.name}")
 
@@ -310,7 +319,7 @@ class Poller:
                 w.health.ok()
                 w.last = snap
                 self._emit_node(w)
-                if self.discover:
+                if self.discover and w.probe.read_slow_tier:  # between, the same lists: the same engines
                     self._discover(w, snap)
                 delay = self._interval
             await self._sleep_until(started + delay)

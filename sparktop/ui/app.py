@@ -345,6 +345,8 @@ class SparktopApp(App):
     def on_launch_progress(self, message: LaunchProgress) -> None:
         from sparktop.ui.launcher import ProgressScreen
 
+        self._containers_changed(message.event)
+
         for screen in self.screen_stack:
             if isinstance(screen, ProgressScreen):
                 screen.post_message(LaunchProgress(message.event, message.run))
@@ -352,6 +354,24 @@ class SparktopApp(App):
             self._paint(force=True)  # say how it ended, wherever the user is
         else:
             self._schedule_paint()  # the status line's "launching …" moves on
+
+    def _containers_changed(self, event) -> None:
+        """A launch started or removed containers: the nodes' slow tier (containers,
+        processes) is read on their next poll, so the new engine's card comes at once."""
+        from sparktop.launch.events import Failed, Ready, StepDone, TornDown
+
+        refresh = getattr(self.source, "refresh", None)  # a live poller; a replay has nothing to read
+        if refresh is None:
+            return
+        match event:
+            case StepDone(step=step) if step.container:
+                refresh([step.node])
+            case Ready(plan=plan):
+                refresh(list(plan.nodes))
+            case TornDown(nodes=nodes):
+                refresh(list(nodes))
+            case Failed():
+                refresh()
 
     def on_launch_seen(self, message: LaunchSeen) -> None:
         if message.run.status != "running":
@@ -370,6 +390,9 @@ class SparktopApp(App):
         except Exception as exc:  # a node that cannot be reached is reported, not raised
             self.notify(f"{type(exc).__name__}: {exc}", title="stop failed", severity="error", timeout=10)
             return
+        refresh = getattr(self.source, "refresh", None)
+        if refresh is not None:
+            refresh()  # the stopped engines' cards go at once, not at the next slow read
         for lid, count in removed.items():
             self.notify(f"stopped {lid}: removed {count} container(s)", title="Stop")
 
@@ -553,7 +576,11 @@ class SparktopApp(App):
         self.notify(f"report: {paths[-1]}", title="Study done", timeout=15)
 
     def on_study_progress(self, message: StudyProgress) -> None:
+        from sparktop.study.events import LaunchUpdate
         from sparktop.ui.study import StudyScreen
+
+        if isinstance(message.event, LaunchUpdate):
+            self._containers_changed(message.event.event)
 
         for screen in self.screen_stack:
             if isinstance(screen, StudyScreen):

@@ -7,18 +7,20 @@ import contextlib
 import signal
 from pathlib import Path
 
-from sparktop.settings import Inventory
+from sparktop.settings import Inventory, load_preferences
 from sparktop.ui.app import SparktopApp
 
 
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
                       record: str | None = None, label: str = "", poller=None,
                       recipe_dirs: list[str] | None = None, study_dir: Path | None = None,
-                      read_only: bool = False) -> int:
+                      read_only: bool = False, rate_window: float | None = None) -> int:
     """With `study_dir`, the study screen follows that study (another
     process runs it, `sparktop study`) over the monitor. `read_only`: watch
     only (a browser session of `sparktop web` without --allow-control)."""
     started = []
+    prefs = load_preferences()  # the windows (and, in the app, the energy price): a bad file stops here
+    windows = {"rate_window": rate_window or prefs.rate_window_s, "latency_window": prefs.latency_window_s}
 
     async def start_source():
         # Imported here, after the first frame: aiohttp and friends take a while.
@@ -27,7 +29,7 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
         from sparktop.observe.targets import engine_targets, node_targets
 
         source = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
-                                  default_port=inventory.defaults.port, router_key=api_key_for)
+                                  default_port=inventory.defaults.port, router_key=api_key_for, **windows)
         await source.start()
         started.append(source)
         return source
@@ -70,7 +72,8 @@ def _exit_on_signals(app: SparktopApp) -> None:
 
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
-                 recipe_dirs: list[str] | None = None, study: str | None = None, read_only: bool = False) -> int:
+                 recipe_dirs: list[str] | None = None, study: str | None = None, read_only: bool = False,
+                 rate_window: float | None = None) -> int:
     """`study`: an id or directory to attach to (`sparktop --study ID`); a
     wrong one is an error before the screen opens."""
     study_dir = None
@@ -79,7 +82,8 @@ def main_monitor(inventory: Inventory, engines: list[str], interval: float, reco
 
         study_dir = load_study(study).dir
     return asyncio.run(run_monitor(inventory, engines, interval, record, label="read-only" if read_only else "",
-                                   recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only))
+                                   recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only,
+                                   rate_window=rate_window))
 
 
 def main_replay(path: str, speed: float) -> int:

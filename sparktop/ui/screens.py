@@ -392,9 +392,9 @@ out of memory freezes rather than swapping.
 Engine figures: KV-cache usage, running and waiting requests, preemptions \
 since the engine started, prefix-cache hit rate, requests finished per \
 second (errors and aborts in red), generation and prompt tokens/s (10 s \
-average; the sparkline poll by poll), energy per generated token (the nodes' GPU power from \
+average, or --rate-window / rate_window_s in settings.yaml; the sparkline poll by poll), energy per generated token (the nodes' GPU power from \
 nvidia-smi over the token rate), TTFT, inter-token, queue and end-to-end \
-latency p50/p95 over the last minute. The detail view adds p99 and a p95 \
+latency p50/p95 over the last minute (latency_window_s). The detail view adds p99 and a p95 \
 over the last minute, peaks since sparktop started, lifetime counters, Wh and cost per \
 million tokens (energy_price_per_kwh in settings.yaml) and the event log; \
 a card shows its newest event for 90 s.

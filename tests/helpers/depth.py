@@ -24,6 +24,16 @@ HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_tok
 FINISHED = "vllm:request_success_total"
 
 
+def counter(text: str, name: str) -> float:
+    """A counter's value summed over its label sets, as the server printed it."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                total += s.value
+    return total
+
+
 def by_reason(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):

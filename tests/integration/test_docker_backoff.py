@@ -54,7 +54,7 @@ async def test_a_failing_docker_is_asked_less_often_until_it_answers(tmp_path, m
     assert count() == before + 1 and snap.docker_status == "ok"
     # Answering again: read every few seconds, as before it failed.
     asked_at = []
-    for _ in range(10):
+    for _ in range(int(DOCKER_EVERY_S) * 3 + 1):
         now[0] += 1.0
         before = count()
         await probe.poll()
@@ -62,3 +62,59 @@ async def test_a_failing_docker_is_asked_less_often_until_it_answers(tmp_path, m
             asked_at.append(now[0])
     assert [b - a for a, b in zip(asked_at, asked_at[1:], strict=False)] == [DOCKER_EVERY_S] * (len(asked_at) - 1)
     assert len(asked_at) >= 3
+
+
+LISTING = """#!/bin/sh
+cat "$(dirname "$0")/containers" 2>/dev/null
+exit 0
+"""
+
+
+async def test_a_launch_on_a_node_has_its_containers_read_at_the_next_poll(tmp_path):
+    """The slow tier waits DOCKER_EVERY_S between reads, except when told that
+    something changed: the app tells the poller when a launch starts or
+    removes containers, and the new container shows at the next poll."""
+    import asyncio
+    import json
+    import time
+
+    from sparktop.observe.poller import NodeTarget, Poller
+    from sparktop.observe.snapshot import NodeSnapshot
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(LISTING)
+    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    transport = LocalTransport("here", env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    poller = Poller([NodeTarget("here", transport)], interval=0.5, discover=False, default_port=None)
+    await poller.start()
+    seen: list[tuple[float, list[str]]] = []
+
+    async def until(names: list[str], limit: float) -> float | None:
+        began = time.monotonic()
+        async for event in poller.events():
+            if isinstance(event, NodeSnapshot):
+                seen.append((time.monotonic(), [c.name for c in event.containers]))
+                if seen[-1][1] == names:
+                    return time.monotonic() - began
+            if time.monotonic() - began > limit:
+                return None
+        return None
+
+    try:
+        assert await asyncio.wait_for(until([], 5), 10) is not None
+        row = {"Names": "vllm_node", "Image": "vllm", "State": "running", "Status": "Up 1 second", "ID": "abc",
+               "Command": "vllm serve", "Labels": "sparktop.launch=l1"}
+        (bin_dir / "containers").write_text(json.dumps(row) + "\n")
+        # Untold, the new container waits for the slow tier: not on the next polls.
+        assert await asyncio.wait_for(until(["vllm_node"], 1.6), 10) is None
+        poller.refresh(["here"])
+        took = await asyncio.wait_for(until(["vllm_node"], DOCKER_EVERY_S), DOCKER_EVERY_S + 5)
+        assert took is not None and took < 1.5, seen[-5:]
+        (bin_dir / "containers").write_text("")
+        poller.refresh()  # a stop: every node
+        took = await asyncio.wait_for(until([], DOCKER_EVERY_S), DOCKER_EVERY_S + 5)
+        assert took is not None and took < 1.5, seen[-5:]
+    finally:
+        await poller.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 
 import openai
@@ -104,6 +105,38 @@ async def test_request_figures_agree_with_the_twins_counters_and_histograms(twin
     peaks = state.peaks[last.key]
     assert peaks["running"] == max(s.running for s in snaps) == 4
     assert peaks["gen_tps"] == max(s.gen_tps for s in snaps if s.gen_tps is not None)
+
+
+@pytest.mark.parametrize("rate_window", [3.0, 8.0])
+async def test_tokens_per_second_are_over_the_window_the_user_chose(twin, rate_window):
+    """`--rate-window S` (or rate_window_s in settings.yaml): each snapshot's
+    gen t/s is the server's own generation counter over the last S seconds,
+    not over the default 10 nor between two polls."""
+    server = await twin("llama-3.1-8b", "--max-num-seqs", "4", speed=40)
+    proxy = await RecordingProxy(server.url).start()
+    poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None, rate_window=rate_window)
+    await poller.start()
+    try:
+        events, _ = await asyncio.gather(watch(poller, ClusterState(), rate_window + 6), load(server.url, rate_window + 5))
+    finally:
+        await poller.close()
+        await proxy.stop()
+    snaps = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
+    assert len(snaps) == len(proxy.scrapes)
+    gen = [depth.counter(r.text, "vllm:generation_tokens_total") for r in proxy.scrapes]
+    times = [s.t for s in snaps]
+    spans = []
+    for i, snap in enumerate(snaps):
+        if times[i] - times[0] < rate_window + 0.5 or not snap.gen_tps:
+            continue  # the window is not full yet
+        matches = [times[i] - times[k] for k in range(i)
+                   if depth.close(snap.gen_tps, (gen[i] - gen[k]) / (times[i] - times[k]), rel=0.01)]
+        assert matches, f"t={snap.t:.1f}: {snap.gen_tps:.1f} t/s matches no span of the server's counter"
+        spans.append(min(matches, key=lambda dt: abs(dt - rate_window)))
+    assert len(spans) >= 3, "too few full windows to judge"
+    # The oldest scrape inside the window: a span of S seconds less at most one poll.
+    assert all(rate_window - 1.1 <= dt <= rate_window + 0.1 for dt in spans), spans
+    assert statistics.median(spans) > rate_window - 0.6, spans
 
 
 async def test_an_engine_killed_and_restarted_gives_down_back_restarted_in_order():

@@ -50,3 +50,20 @@ def test_unknown_twin_model_is_one_line_and_nonzero():
     r = sparktop("twin", "serve", "--model", "gpt-7", "--port", "0")
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0 and "unknown model 'gpt-7'" in r.stderr
+
+
+def test_a_rate_window_outside_its_range_is_one_line_and_nonzero(tmp_path):
+    for value, why in (("0.5", "from 1 to 3600"), ("ten", "a number of seconds")):
+        r = sparktop("monitor", "--rate-window", value)
+        assert r.returncode == 2 and r.stdout == "", r.stdout
+        (line,) = [x for x in r.stderr.splitlines() if "--rate-window" in x and "error" in x]
+        assert why in line and "Traceback" not in r.stderr
+
+
+def test_web_sessions_keep_the_rate_window():
+    import shlex
+
+    from sparktop.web import session_command
+
+    assert "--rate-window=30" in shlex.split(session_command(None, [], 1.0, read_only=True, rate_window=30.0))
+    assert not any(a.startswith("--rate-window") for a in shlex.split(session_command(None, [], 1.0, True)))

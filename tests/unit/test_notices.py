@@ -125,3 +125,17 @@ def test_the_energy_price_comes_from_settings_yaml(tmp_path, monkeypatch):
     path.write_text("energy_price: 0.3\n")
     with pytest.raises(ConfigError, match=r"settings.yaml:1: energy_price: unknown key; did you mean"):
         load_preferences()
+
+
+def test_the_monitors_windows_come_from_settings_yaml(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    monkeypatch.setenv("SPARKTOP_SETTINGS", str(path))
+    assert (load_preferences().rate_window_s, load_preferences().latency_window_s) == (10.0, 60.0)
+    path.write_text("rate_window_s: 30\nlatency_window_s: 300\n")
+    assert (load_preferences().rate_window_s, load_preferences().latency_window_s) == (30.0, 300.0)
+    path.write_text("currency: EUR\nrate_window_s: 0.2\n")
+    with pytest.raises(ConfigError, match=r"settings.yaml:2: rate_window_s: must be a number of seconds from 1"):
+        load_preferences()
+    path.write_text("latency_window_s: a minute\n")
+    with pytest.raises(ConfigError, match=r"settings.yaml:1: latency_window_s: must be a number of seconds"):
+        load_preferences()
