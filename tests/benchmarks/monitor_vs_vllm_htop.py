@@ -373,7 +373,9 @@ def main() -> None:
                     help="with --engines 2: vllm-htop watches the first engine, all, or none")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the first figures before measuring")
+    # 12 s: past sparktop's one-off garbage-collector settle 10 s after start (ui/app.py GC_SETTLE_S), a
+    # start-up cost like importing Textual, not what watching costs by the hour.
+    ap.add_argument("--warmup", type=float, default=12.0, help="seconds after the first figures before measuring")
     ap.add_argument("--src", action="append", metavar="NAME=DIR",
                     help="a source tree to run sparktop from (repeatable; default: this tree)")
     ap.add_argument("--py-spy", metavar="PREFIX", help="also record where sparktop's time goes with py-spy")
