@@ -413,6 +413,9 @@ def _add_recipes_and_predict(add) -> None:
     pred.add_argument("--runtime", help="the engine to predict for: vllm, sglang, llama-cpp, trtllm, ollama (default: "
                                         "the recipe's; vLLM for a card); one without published Spark figures is said "
                                         "so")
+    pred.add_argument("--stack", metavar="ID", help="the vLLM build to predict for (eugr-vllm-node, "
+                      "eugr-vllm-node-mxfp4, ngc-vllm, vllm-openai, vllm-openai-marlin, ...; default: the one the "
+                      "recipe's image is, see model/data/stacks.yaml)")
     pred.add_argument("--json", action="store_true")
 
 
@@ -448,7 +451,13 @@ def _add_twin(sub) -> None:
     fitp.add_argument("--iterations", type=int, help="fit iterations (default 120; 40 with --runs)")
     fitp.add_argument("--cross-validate", action="store_true",
                       help="leave each model out, fit, predict it: the error to expect for an unmeasured model "
-                           "(minutes; saved beside the constants with --refit)")
+                           "(minutes: each refit linearised around the fitted constants; saved beside the constants "
+                           "with --refit)")
+    fitp.add_argument("--exact", action="store_true", help="with --cross-validate: refit each model out by the "
+                      "simplex instead (about an hour on 2 cores)")
+    fitp.add_argument("--stacks", nargs="*", metavar="STACK",
+                      help="fit each software stack's factors on its own figures (all, or these), the shared "
+                           "constants held, and save them (model/data/stacks.yaml says which source ran which)")
     fitp.add_argument("--runs", nargs="+", metavar="STUDY",
                       help="also fit to these studies' measurements (weighted above the published figures) and "
                            "save the constants for their inventory")

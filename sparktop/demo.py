@@ -211,9 +211,8 @@ async def run_demo(args) -> int:
 
     from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import NodeTarget, Poller
-    from sparktop.ui.run import run_monitor
-
     from sparktop.settings import load_preferences
+    from sparktop.ui.run import run_monitor
 
     prefs = load_preferences()
     load = start_load(urls, key=key)

@@ -240,6 +240,37 @@ def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int
     return topologies, note
 
 
+def _predict_stack(args, recipe, inventory, runtime: str) -> tuple[str | None, str | None]:
+    """(the vLLM stack predicted, a note when it is assumed from an image no pattern knows): `--stack`,
+    else the recipe's image (or the inventory's default image)."""
+    from sparktop.model.fit import YOURS, fitted_summary, inventory_key
+    from sparktop.model.stacks import load_stacks
+
+    stacks = load_stacks()
+    asked = getattr(args, "stack", None)
+    if runtime != "vllm":
+        if asked:
+            raise SparktopError(f"predict: --stack chooses a vLLM build; {runtime} has its own constants")
+        return None, None
+    if asked:
+        if asked != YOURS:
+            stacks.get(asked)  # an unknown id: one line naming the known ones
+        return asked, None
+    if YOURS in ((fitted_summary(inventory_key(inventory)) or {}).get("stacks") or {}):
+        return YOURS, None  # `twin fit --runs` measured this inventory's own stack
+    return stacks.for_image((recipe.image if recipe is not None else None) or inventory.defaults.image)
+
+
+def stack_text(stack: str, note: str | None, factors: dict[str, float]) -> str:
+    """What `predict` says of the stack: its name, its factors, or why it was assumed."""
+    from sparktop.model.fit import YOURS
+    from sparktop.model.stacks import load_stacks
+
+    name = "fitted to your studies" if stack == YOURS else load_stacks().get(stack).name
+    what = ", ".join(f"{n} x{v:.2f}" for n, v in factors.items()) or "the shared constants (no factors of its own)"
+    return f"stack {stack} ({name}): {what}" + (f"; {note}" if note else "")
+
+
 def cmd_predict(args) -> int:
     from sparktop.model.fit import FITTED, constants_for, fitted_summary, inventory_key
     from sparktop.model.predict import card_for_runtime, crossover_lines, recommend, rows_for, uncertainty
@@ -282,8 +313,9 @@ def cmd_predict(args) -> int:
     fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
     sources = [str(s) for s in (fitted or {}).get("sources") or []]
     modeled = runtime_model(runtime)  # which engine the figures are of, or why there are none
+    stack, stack_note = _predict_stack(args, recipe, inventory, runtime)
     rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
-                    k=constants_for(key), runtime=runtime)
+                    k=constants_for(key).for_stack(stack), runtime=runtime)
     if not rows:
         raise SparktopError(f"predict: {modeled}")
     recs = recommend(rows)
@@ -299,6 +331,7 @@ def cmd_predict(args) -> int:
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows], "recommendation": recs, "crossovers": cross,
                           "uncertainty": unsure, "runtime": {"id": runtime, "text": modeled},
+                          "stack": {"id": stack, "assumed": stack_note},
                           "constants": {"inventory_key": key, "fitted": fitted is not None,
                                         "sources": sources, "text": used}}, indent=2))
         return 0
@@ -313,6 +346,9 @@ def cmd_predict(args) -> int:
         console.print(f"  {line}")
     if note:
         console.print(f"[dim]{note}[/]")
+    if stack:
+        factors = constants_for(key).stack_factor_map(stack)
+        console.print(f"[dim]{escape(stack_text(stack, stack_note, factors))}[/]", highlight=False, soft_wrap=True)
     if unsure:
         console.print(f"[dim]{unsure}[/]")
     console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)

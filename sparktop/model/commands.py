@@ -14,23 +14,31 @@ def cmd_fit(args) -> int:
     if getattr(args, "runs", None):
         return _fit_runs(args, console)
     k = None
+    stacks = None
     if args.refit:
         k = fit.refit(iterations=args.iterations or 120,
                       progress=lambda it, v: console.print(f"iteration {it}: loss {v:.4f}") if it % 10 == 0 else None)
+    if getattr(args, "stacks", None) is not None:
+        k, entries = fit.fit_stacks(k=k, iterations=args.iterations or 60, only=args.stacks or None,
+                                    progress=lambda line: console.print(line))
+        stored = fit.load_fit_summary().get("stacks") or {}
+        stacks = {**stored, **entries}
     rep = fit.report(k)
     cv = None
     if args.cross_validate:
         cv = fit.cross_validate(start=k, iterations=max(20, (args.iterations or 120) // 2),
-                                progress=lambda line: console.print(line))
+                                progress=lambda line: console.print(line), exact=getattr(args, "exact", False))
     if k is not None:  # refitted
-        fit.save_constants(k, rep.summary(), cross=cv)
+        fit.save_constants(k, rep.summary(), cross=cv, stacks=stacks)
         console.print(f"saved {fit.FITTED}")
     if args.json:
         print(json.dumps({"cells": [{"model": c.model, "topology": c.topology, "metric": c.metric,
                                      "concurrency": c.concurrency, "published": c.published, "predicted": p,
                                      "fits": f, "source": c.source, "engine": c.engine,
                                      "workload": list(c.workload)} for c, p, f in rep.rows],
-                          **rep.summary(), "not_replayed": rep.skipped,
+                          **rep.summary(), "not_replayed": rep.skipped, "inconsistent": rep.inconsistent,
+                          "per_stack": rep.by(lambda c: c.stack), "per_source": rep.by(lambda c: c.source),
+                          "stacks": fit.load_fit_summary().get("stacks"),
                           "cross_validation": cv or fit.load_fit_summary().get("cross_validation")}, indent=2))
         return 0
     print(rep.text())

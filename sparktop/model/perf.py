@@ -38,7 +38,7 @@ peaks they scale (`hardware`) are the vendor's, never fitted.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparktop.model.cards import GIB, ModelCard
 from sparktop.model.hardware import GB10, Hardware
@@ -84,6 +84,20 @@ class Constants:
     # Left for a model whose kernel path no shared constant describes; empty
     # in the fitted set (every model is held to the same physics).
     model_factors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # Each software stack's fitted factors (model/stacks.py), as ((stack, ((factor, value), ...)), ...):
+    # a tuple, so the constants stay hashable and their repr names them.
+    stack_factors: tuple = ()
+
+    def stack_factor_map(self, stack: str | None) -> dict[str, float]:
+        return dict(next((f for s, f in self.stack_factors if s == stack), ()))
+
+    def for_stack(self, stack: str | None) -> Constants:
+        """These constants as `stack` runs them (its factors applied, the table dropped)."""
+        if not self.stack_factors:
+            return self
+        from sparktop.model.stacks import apply_stack
+
+        return apply_stack(replace(self, stack_factors=()), self.stack_factor_map(stack))
 
 
 DEFAULT_CONSTANTS = Constants()

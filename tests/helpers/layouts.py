@@ -219,6 +219,12 @@ async def every_screen(pilot, results: Path, shoot) -> None:
     await pilot.press("space", "down", "space")
     await pilot.pause(0.2)
     await shoot("runs")
-    app.push_screen(CompareScreen([load_run(r.path) for r in list_runs(results)]))
+    compare = CompareScreen([load_run(r.path) for r in list_runs(results)])
+    app.push_screen(compare)
+    for _ in range(100):  # until its text is laid out (a busy machine takes longer than a fixed pause)
+        await pilot.pause(0.1)
+        if app.screen is compare and compare.query("#compare-text") \
+                and compare.query_one("#compare-text").region.height > 1:
+            break
     await pilot.pause(0.5)
     await shoot("compare")

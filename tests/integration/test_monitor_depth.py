@@ -117,7 +117,8 @@ async def test_tokens_per_second_are_over_the_window_the_user_chose(twin, rate_w
     poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None, rate_window=rate_window)
     await poller.start()
     try:
-        events, _ = await asyncio.gather(watch(poller, ClusterState(), rate_window + 6), load(server.url, rate_window + 5))
+        events, _ = await asyncio.gather(watch(poller, ClusterState(), rate_window + 6),
+                                         load(server.url, rate_window + 5))
     finally:
         await poller.close()
         await proxy.stop()
