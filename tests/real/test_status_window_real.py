@@ -35,7 +35,8 @@ def counter(url: str) -> tuple[float, float]:
 def test_status_over_ten_seconds_agrees_with_the_servers_counter_ten_times_in_a_row(vllm_server, tmp_path):
     # Steady: more requests than run at once (a queue keeps the batch full), each long enough that no
     # wave of endings and starts falls into one run and not the next.
-    sweep = start_sweep(vllm_server, tmp_path, c=8, runs=RUNS * 2, pp=64, tg=1024)
+    # Load for longer than the ten runs can take on a busy machine: the sweep is stopped at the end.
+    sweep = start_sweep(vllm_server, tmp_path, c=8, runs=RUNS * 6, pp=64, tg=1024)
     ratios: list[float] = []
     try:
         deadline = time.monotonic() + 120
@@ -45,6 +46,7 @@ def test_status_over_ten_seconds_agrees_with_the_servers_counter_ten_times_in_a_
             time.sleep(0.2)
         time.sleep(3)  # past the first prefill
         for _ in range(RUNS):
+            assert sweep.poll() is None, "the load ended before the runs: " + sweep.communicate()[1][-2000:]
             t0, c0 = counter(vllm_server.url)
             out = subprocess.run([sys.executable, "-m", "sparktop", "status", "--json", "--engine", vllm_server.url,
                                   "--seconds", str(SECONDS)], capture_output=True, text=True, timeout=120)
