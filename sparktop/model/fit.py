@@ -366,6 +366,9 @@ def evaluate(k: Constants, cells: list[Cell], workers: int = 1) -> list[tuple[Ce
         import multiprocessing
 
         _POOL = multiprocessing.get_context("fork").Pool(workers)
+        import atexit
+
+        atexit.register(_POOL.terminate)  # closed before the interpreter tears its modules down
     # Cells of one model and workload share a simulation: keep them together.
     order = sorted(range(len(cells)), key=lambda i: (cells[i].model, cells[i].workload, cells[i].concurrency))
     chunks = [[cells[i] for i in order[len(order) * w // workers:len(order) * (w + 1) // workers]]
