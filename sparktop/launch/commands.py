@@ -314,8 +314,9 @@ def cmd_predict(args) -> int:
     sources = [str(s) for s in (fitted or {}).get("sources") or []]
     modeled = runtime_model(runtime)  # which engine the figures are of, or why there are none
     stack, stack_note = _predict_stack(args, recipe, inventory, runtime)
+    k = constants_for(key)  # read once: the rows and the stack's line both use it
     rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
-                    k=constants_for(key).for_stack(stack), runtime=runtime)
+                    k=k.for_stack(stack), runtime=runtime)
     if not rows:
         raise SparktopError(f"predict: {modeled}")
     recs = recommend(rows)
@@ -347,8 +348,8 @@ def cmd_predict(args) -> int:
     if note:
         console.print(f"[dim]{note}[/]")
     if stack:
-        factors = constants_for(key).stack_factor_map(stack)
-        console.print(f"[dim]{escape(stack_text(stack, stack_note, factors))}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[dim]{escape(stack_text(stack, stack_note, k.stack_factor_map(stack)))}[/]", highlight=False,
+                      soft_wrap=True)
     if unsure:
         console.print(f"[dim]{unsure}[/]")
     console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)

@@ -242,10 +242,15 @@ def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
 def published_cells(more: bool = True) -> list[Cell]:
     cells = _article_cells(PUBLISHED)
     cells += _more_cells(MORE) if more else []
-    bad = {id(c) for c, _ in inconsistent(cells)}
-    # A TTFT its own prefill figure refutes is left out of the fit (listed by `twin fit`): the printed
-    # prefill rate is the direct measurement, and the physics cannot meet both.
-    return [replace(c, weight=0.0) if id(c) in bad else c for c in cells]
+    return without_refuted(cells)[0]
+
+
+def without_refuted(cells: list[Cell]) -> tuple[list[Cell], list[str]]:
+    """The cells with each TTFT its own prefill figure refutes left out of the fit (weight 0: the
+    printed prefill rate is the direct measurement, and the physics cannot meet both), and why each."""
+    refuted = inconsistent(cells)
+    bad = {id(c) for c, _ in refuted}
+    return [replace(c, weight=0.0) if id(c) in bad else c for c in cells], [why for _, why in refuted]
 
 
 # How far a llama-benchy TTFT may sit from what its own prefill figure implies
@@ -666,12 +671,8 @@ class Report:
 
 def report(k: Constants | None = None) -> Report:
     skipped: list[str] = []
-    cells = _article_cells(PUBLISHED) + _more_cells(MORE, skipped)
-    refuted = inconsistent(cells)
-    bad = {id(c) for c, _ in refuted}
-    cells = [replace(c, weight=0.0) if id(c) in bad else c for c in cells]
-    return Report(evaluate(k or load_constants(), cells, min(4, os.cpu_count() or 1)), skipped,
-                  [why for _, why in refuted])
+    cells, refuted = without_refuted(_article_cells(PUBLISHED) + _more_cells(MORE, skipped))
+    return Report(evaluate(k or load_constants(), cells, min(4, os.cpu_count() or 1)), skipped, refuted)
 
 
 # -- leave one model out ------------------------------------------------------------------

@@ -247,12 +247,14 @@ def runtime_card(runtime: str, card: ModelCard, scheme: str | None = None) -> Mo
     return replace(card, quant=quant, measured_weights_gib=None)
 
 
-def apply_factors(k: Constants, factors: dict[str, float]) -> Constants:
-    """`k` with each factor multiplied into the constants it stands for;
-    efficiencies stay at most 1 (the nominal bandwidth, the measured GEMM rate)."""
+def apply_factors(k: Constants, factors: dict[str, float],
+                  fields: dict[str, tuple[str, ...]] = FACTOR_FIELDS) -> Constants:
+    """`k` with each factor multiplied into the constants it stands for
+    (`fields`: a runtime's, or a vLLM stack's); efficiencies stay at most 1
+    (the nominal bandwidth, the measured GEMM rate)."""
     changes: dict[str, Any] = {}
     for name, value in factors.items():
-        for f in FACTOR_FIELDS[name]:
+        for f in fields[name]:
             v = getattr(k, f) * value
             changes[f] = min(v, 1.0) if f in CAPPED else v
     return replace(k, **changes)

@@ -31,7 +31,7 @@ default stack and `predict` says so.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,6 @@ STACK_FACTOR_FIELDS: dict[str, tuple[str, ...]] = {
     "gemm": ("compute_efficiency", "moe_efficiency"),
     "overhead": ("step_overhead_s", "layer_overhead_s", "eager_layer_overhead_s"),
 }
-_CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency")
 # A stack is another build of the same engine on the same chip: its kernels
 # may be twice as slow, not ten times (past that it would be another engine).
 STACK_FACTOR_RANGE = {"bandwidth": (0.5, 2.0), "gemm": (0.33, 3.0), "overhead": (0.2, 5.0)}
@@ -169,11 +168,6 @@ class StackFactors:
 
 def apply_stack(k: Constants, factors: dict[str, float]) -> Constants:
     """`k` with a stack's factors multiplied in; efficiencies stay at most 1."""
-    if not factors:
-        return k
-    changes: dict[str, Any] = {}
-    for name, value in factors.items():
-        for f in STACK_FACTOR_FIELDS[name]:
-            v = getattr(k, f) * value
-            changes[f] = min(v, 1.0) if f in _CAPPED else v
-    return replace(k, **changes)
+    from sparktop.model.runtimes import apply_factors
+
+    return apply_factors(k, factors, STACK_FACTOR_FIELDS) if factors else k

@@ -370,7 +370,7 @@ class SparktopApp(App):
                 refresh(list(plan.nodes))
             case TornDown(nodes=nodes):
                 refresh(list(nodes))
-            case Failed():
+            case Failed() | None:  # a launch that failed, or a stop: every node
                 refresh()
 
     def on_launch_seen(self, message: LaunchSeen) -> None:
@@ -390,9 +390,7 @@ class SparktopApp(App):
         except Exception as exc:  # a node that cannot be reached is reported, not raised
             self.notify(f"{type(exc).__name__}: {exc}", title="stop failed", severity="error", timeout=10)
             return
-        refresh = getattr(self.source, "refresh", None)
-        if refresh is not None:
-            refresh()  # the stopped engines' cards go at once, not at the next slow read
+        self._containers_changed(None)  # the stopped engines' cards go at once, not at the next slow read
         for lid, count in removed.items():
             self.notify(f"stopped {lid}: removed {count} container(s)", title="Stop")
 
