@@ -143,6 +143,29 @@ def cmd_stop(args) -> int:
     return run(inventory, args.launch, args.all)
 
 
+def cmd_history(args) -> int:
+    from sparktop.history.commands import main_history
+
+    return main_history(args.since, args.until, args.engine, "json" if args.json else "csv" if args.csv else "table",
+                        args.file)
+
+
+def cmd_collect(args) -> int:
+    from sparktop.history.collect import install, main_collect
+
+    if args.install:
+        return install([a for a in args.argv[args.argv.index("collect") + 1:] if a != "--install"])
+    metrics = None
+    if args.serve_metrics:
+        from sparktop.history.exporter import parse_listen, resolve_metrics_token
+
+        host, port = parse_listen(args.serve_metrics)
+        # The web's rules: loopback needs no token; any other address one (SPARKTOP_METRICS_TOKEN, or a new one).
+        token, generated = resolve_metrics_token(host)
+        metrics = (host, port, token, generated)
+    return main_collect(_inventory(args), args.engine or [], args.interval, args.rate_window, args.file, metrics)
+
+
 def cmd_replay(args) -> int:
     from sparktop.ui.run import main_replay
 
@@ -279,6 +302,29 @@ def _add_web(add, watch_options) -> None:
                      "(default: read-only)")
     web.add_argument("--no-token", action="store_true", help="ask no token (only on a loopback --host); by "
                      "default one is generated, or taken from SPARKTOP_WEB_TOKEN, and printed in the URL")
+
+
+def _add_history(add, watch_options) -> None:
+    """`sparktop history` and `sparktop collect`."""
+    history = add("history", "what happened while you were away: serving sessions, daily totals, peaks, events",
+                  cmd_history)
+    history.add_argument("--since", default="24h", metavar="WHEN", help="from this long ago (24h, 7d, 90m) or this "
+                         "local date and time (2026-11-20, '2026-11-20 08:00'); default 24h")
+    history.add_argument("--until", metavar="WHEN", help="up to (default: now)")
+    history.add_argument("--engine", metavar="X", help="only engines whose URL, model or engine name contains X")
+    out = history.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON for scripts")
+    out.add_argument("--csv", action="store_true", help="print CSV (a section column first)")
+    history.add_argument("--file", metavar="PATH", help="the history file (default: "
+                         "$XDG_DATA_HOME/sparktop/history.sqlite)")
+    collect = add("collect", "write the history without a screen (and serve metrics to Prometheus)", cmd_collect)
+    watch_options(collect)
+    collect.add_argument("--file", metavar="PATH", help="the history file (default: "
+                         "$XDG_DATA_HOME/sparktop/history.sqlite)")
+    collect.add_argument("--serve-metrics", metavar="HOST:PORT", help="serve every figure in Prometheus' format "
+                         "on HOST:PORT/metrics (e.g. 127.0.0.1:9109; any other address than loopback needs a token)")
+    collect.add_argument("--install", action="store_true", help="write a systemd user unit that runs this collector "
+                         "(with the other options given) and print how to enable it")
 
 
 def _add_sweeping(add) -> None:
@@ -507,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launching(add)
     _add_status(add, _watch_options)
     _add_web(add, _watch_options)
+    _add_history(add, _watch_options)
     _add_sweeping(add)
     _add_studying(add)
     _add_recipes_and_predict(add)
@@ -524,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["monitor", *argv]  # `sparktop` alone, or with monitor options, watches
     args = parser.parse_args(argv)
+    args.argv = argv  # as typed: `collect --install` writes the same options into its unit
     try:
         return int(args.func(args) or 0)
     except SparktopError as exc:

@@ -222,7 +222,9 @@ async def run_demo(args) -> int:
                     latency_window=prefs.latency_window_s)
     try:
         await run_monitor(cluster.inventory(), [], label=f"demo: twin cluster serving {args.model}",
-                          poller=poller, record=args.record)
+                          poller=poller, record=args.record,
+                          # The twins' history stays with the twins (h shows it), out of the user's own.
+                          history_path=str(cluster.root / "history.sqlite"))
     finally:
         load.send_signal(signal.SIGTERM)
         try:

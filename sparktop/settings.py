@@ -151,6 +151,10 @@ def inventory_from_hosts(hosts: list[str]) -> Inventory:
 
 
 def _typed(value, kind, path, line, key):
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, line, key, f"must be true or false, got {value!r}")
+        return value
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(path, line, key, f"must be an integer, got {value!r}")
@@ -304,12 +308,16 @@ class Preferences:
         currency: EUR                # printed beside costs
         rate_window_s: 10            # the monitor's tokens/s and link rates: over this many seconds
         latency_window_s: 60         # its latency percentiles and acceptance rates: over this many
+        history: true                # keep a history (a row a minute per node and engine, sessions, events)
+        history_retention_days: 30   # ... for this many days, then the oldest go
     """
 
     energy_price_per_kwh: float | None = None
     currency: str = ""
     rate_window_s: float = 10.0  # as vLLM's own log line: smooth enough to read, still responsive
     latency_window_s: float = 60.0
+    history: bool = True
+    history_retention_days: float = 30.0
 
     def money(self, value: float | None) -> str:
         """A cost as `0.012 EUR` (three significant figures: costs per token are small)."""
@@ -347,6 +355,14 @@ def load_preferences(path: str | Path | None = None) -> Preferences:
         prefs.energy_price_per_kwh = float(price)
     if doc.get("currency") is not None:
         prefs.currency = _typed(doc["currency"], str, str(path), line_of(doc, "currency"), "currency")
+    if doc.get("history") is not None:
+        prefs.history = _typed(doc["history"], bool, str(path), line_of(doc, "history"), "history")
+    days = doc.get("history_retention_days")
+    if days is not None:
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or not 1 <= days <= 3650:
+            raise ConfigError(str(path), line_of(doc, "history_retention_days"), "history_retention_days",
+                              f"must be a number of days from 1 to 3650 (got {days!r})")
+        prefs.history_retention_days = float(days)
     for key in ("rate_window_s", "latency_window_s"):
         value = doc.get(key)
         if value is None:

@@ -84,13 +84,14 @@ class SparktopApp(App):
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
                  repaint: float = 1.0, inventory=None, recipe_dirs: list[str] | None = None,
                  launch_timeout: float | None = None, results_root=None, study_dir: Path | None = None,
-                 read_only: bool = False, preferences=None):
+                 read_only: bool = False, preferences=None, history=None, history_note: str | None = None):
         """`source` yields events; or `start_source`, an async callable that
         makes one, is called once the first frame is on screen (so heavy
         imports and connections never delay it). With an `inventory` the
         app can launch and stop recipes on its nodes, and study them. With a
         `study_dir` it follows that study (run by another process) from the
-        start. `read_only` (a browser session of `sparktop web`) watches
+        start. `history`: a `HistoryWriter` fed every event (or None, with
+        `history_note` saying why there is none). `read_only` (a browser session of `sparktop web`) watches
         only: launching, stopping, sweeping and studies are off."""
         super().__init__()
         from sparktop.settings import load_preferences
@@ -117,6 +118,8 @@ class SparktopApp(App):
         self.source = source
         self._start_source = start_source
         self.recorder = recorder
+        self.history = history
+        self.history_note = history_note
         self.replay = replay
         self.label = label
         self.state = ClusterState()
@@ -158,6 +161,8 @@ class SparktopApp(App):
             self.state.apply(event)
             if self.recorder is not None:
                 self.recorder.write(event)
+            if self.history is not None:
+                self.history.observe(event, self.state)
             self._schedule_paint()
 
     def _schedule_paint(self) -> None:
@@ -207,6 +212,9 @@ class SparktopApp(App):
             text.append(f" · every {self.source.interval:g}s · {clock()}")
             if self.recorder is not None:
                 text.append(f" · recording to {self.recorder.path.name}", style="red")
+            problem = self.history.status if self.history is not None else None
+            if problem and problem.startswith("history paused"):
+                text.append(f" · {problem}", style="bold yellow")
         if self.source.paused:
             text.append("  PAUSED ", style="bold black on yellow")
         run = self._launcher.run if self._launcher else None
@@ -421,6 +429,9 @@ class SparktopApp(App):
             await asyncio.gather(task, return_exceptions=True)
         if self._launcher is not None:
             await self._launcher.close()
+        if self.history is not None:
+            self.history.close()  # the minute in progress goes to the file
+            self.history = None
 
     def action_sweep(self) -> None:
         if self.replay:

@@ -14,7 +14,8 @@ from sparktop.ui.app import SparktopApp
 async def run_monitor(inventory: Inventory, engines: list[str], interval: float = 1.0,
                       record: str | None = None, label: str = "", poller=None,
                       recipe_dirs: list[str] | None = None, study_dir: Path | None = None,
-                      read_only: bool = False, rate_window: float | None = None) -> int:
+                      read_only: bool = False, rate_window: float | None = None,
+                      history_path: str | None | bool = None) -> int:
     """With `study_dir`, the study screen follows that study (another
     process runs it, `sparktop study`) over the monitor. `read_only`: watch
     only (a browser session of `sparktop web` without --allow-control)."""
@@ -39,8 +40,11 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
         from sparktop.observe.record import Recorder
 
         recorder = Recorder(record, interval)
+    history, note = (open_history(prefs, history_path if isinstance(history_path, str) else None)
+                     if history_path is not False else (None, None))
     app = SparktopApp(start_source=start_source, recorder=recorder, label=label, inventory=inventory,
-                      recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only)
+                      recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only, history=history,
+                      history_note=note)
     _exit_on_signals(app)
     try:
         await app.run_async()
@@ -50,6 +54,21 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
         if recorder:
             recorder.close()
     return 0
+
+
+def open_history(prefs, path: str | None = None):
+    """The history writer the app feeds (None and a line saying why when
+    history is off or its file cannot be opened: the monitor runs anyway)."""
+    if not prefs.history:
+        return None, "history is off (history: false in settings.yaml)"
+    from sparktop.errors import SparktopError
+    from sparktop.history.store import HistoryStore
+    from sparktop.history.writer import HistoryWriter
+
+    try:
+        return HistoryWriter(HistoryStore.open(path), prefs.history_retention_days), None
+    except (SparktopError, OSError) as exc:
+        return None, f"history is off: {exc}"
 
 
 async def run_replay(path: str, speed: float = 1.0) -> int:

@@ -139,9 +139,9 @@ TWIN_COMMANDS = {
 }
 
 
-def one_run(name: str, src: Path, urls: list[str], args, run: int) -> float | None:
+def one_run(name: str, src: Path, urls: list[str], args, run: int, extra_env: str = "") -> float | None:
     session = f"sparktop-bench-{os.getpid()}-{name}-{run}".replace(":", "_").replace(".", "_")  # tmux targets
-    env_prefix = f"PYTHONPATH={src}" if src != ROOT else ""
+    env_prefix = " ".join(x for x in (f"PYTHONPATH={src}" if src != ROOT else "", extra_env) if x)
     engines = " ".join(f"--engine {u}" for u in urls)
     # A one-node inventory: this node, no default-port candidate to probe.
     window = None
@@ -208,6 +208,9 @@ def main() -> None:
     ap.add_argument("--engines", action="append", metavar="E,E",
                     help=f"engines watched, a variant each (repeatable; of {', '.join(TWIN_COMMANDS)}; "
                          "default vllm,vllm)")
+    ap.add_argument("--history-ab", action="store_true",
+                    help="run each variant with its history written (to a scratch file) and with history off "
+                         "(history: false in settings.yaml), interleaved: what writing history costs")
     args = ap.parse_args()
     trees = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src or []] or [
         ("current", ROOT)]
@@ -217,8 +220,18 @@ def main() -> None:
             if engine not in TWIN_COMMANDS:
                 raise SystemExit(f"--engines: {engine!r} is not one of {', '.join(TWIN_COMMANDS)}")
     # A variant: a source tree and the engines it watches.
-    variants = [(f"{tree}:{'+'.join(mix)}" if len(mixes) > 1 else tree, src, mix)
+    variants = [(f"{tree}:{'+'.join(mix)}" if len(mixes) > 1 else tree, src, mix, "")
                 for mix in mixes for tree, src in trees]
+    scratch = Path(tempfile.mkdtemp(prefix="sparktop-bench-history-"))
+    if args.history_ab:
+        (scratch / "off.yaml").write_text("history: false\n")
+        (scratch / "on.yaml").write_text("history: true\n")
+        data = f"XDG_DATA_HOME={scratch / 'data'}"
+        variants = [(f"{name}+{label}", src, mix, f"{data} SPARKTOP_SETTINGS={scratch / label.split('-')[-1]}.yaml")
+                    for name, src, mix, _ in variants for label in ("history-on", "history-off")]
+    else:
+        # The history file of these runs is the benchmark's, not the user's.
+        variants = [(name, src, mix, f"XDG_DATA_HOME={scratch / 'data'}") for name, src, mix, _ in variants]
     from importlib.metadata import version
 
     print(f"sparktop monitor cost: {COLS}x{ROWS} tmux, twin engines under load, one node, -i 1, "
@@ -248,11 +261,11 @@ def main() -> None:
                                            "--max", "3", "--parent", str(os.getpid())],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(3)
-            results: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+            results: dict[str, list[float]] = {name: [] for name, _, _, _ in variants}
             for run in range(1, args.runs + 1):
-                for name, src, mix in variants:
+                for name, src, mix, extra_env in variants:
                     urls = [started[e][mix[:k].count(e)] for k, e in enumerate(mix)]
-                    pct = one_run(name, src, urls, args, run)
+                    pct = one_run(name, src, urls, args, run, extra_env)
                     if pct is not None:
                         results[name].append(pct)
         finally:
@@ -265,6 +278,15 @@ def main() -> None:
         if values:
             print(f"{name:>8}: median {statistics.median(values):.2f} % of a core "
                   f"(runs: {', '.join(f'{v:.2f}' for v in values)})")
+    if args.history_ab:
+        for name, *_ in variants[::2]:
+            base = name.rsplit("+", 1)[0]
+            on, off = results.get(f"{base}+history-on"), results.get(f"{base}+history-off")
+            if on and off:
+                diffs = [a - b for a, b in zip(on, off, strict=False)]
+                print(f"{base}: writing history adds {statistics.median(diffs):+.2f} % of a core "
+                      f"(median of paired runs: {', '.join(f'{d:+.2f}' for d in diffs)})")
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

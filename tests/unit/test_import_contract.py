@@ -24,10 +24,13 @@ ALLOWED = {
     "twin": {"remote", "model"},
     "status": {"remote", "observe", "launch"},
     "study": {"remote", "observe", "bench", "model", "launch"},
-    "ui": {"remote", "observe", "bench", "model", "launch", "study"},
+    # web: the token rules its metrics endpoint shares; launch: the router keys of what sparktop launched
+    "history": {"remote", "observe", "web", "launch"},
+    "ui": {"remote", "observe", "bench", "model", "launch", "study", "history"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
     "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
-    "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web"},
+    "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web",
+            "history"},
     "__main__": {"cli"},
 }
 
