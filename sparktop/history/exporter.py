@@ -156,6 +156,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_link_rdma_tx_bytes_per_second": ("gauge", "RDMA (RoCE) bytes sent per second"),
     "sparktop_link_kernel_rx_bytes_per_second": ("gauge", "Bytes received per second through the kernel"),
     "sparktop_link_kernel_tx_bytes_per_second": ("gauge", "Bytes sent per second through the kernel"),
+    "sparktop_link_rdma_rx_bytes_total": ("counter", "RDMA (RoCE) bytes received, the NIC's own counter (vport RDMA "
+                                                     "bytes, or the port counters x4)"),
+    "sparktop_link_rdma_tx_bytes_total": ("counter", "RDMA (RoCE) bytes sent, the NIC's own counter"),
+    "sparktop_link_kernel_rx_bytes_total": ("counter", "Bytes received through the kernel (/proc/net/dev)"),
+    "sparktop_link_kernel_tx_bytes_total": ("counter", "Bytes sent through the kernel (/proc/net/dev)"),
     "sparktop_link_rate_interval_seconds": ("gauge", "The interval the port's rates were measured over"),
     "sparktop_link_peer_info": ("info", "The node and port this RDMA port reaches, and how that was found"),
     "sparktop_link_peer_verified": (
@@ -441,6 +446,9 @@ class SparktopCollector(Collector):
             out.gauge("sparktop_link_kernel_rx_bytes_per_second", at, _gbps(p.kernel_rx_gbps))
             out.gauge("sparktop_link_kernel_tx_bytes_per_second", at, _gbps(p.kernel_tx_gbps))
             out.gauge("sparktop_link_rate_interval_seconds", at, p.seconds)
+            # The counters as the NIC keeps them, for rate() over any window Prometheus likes.
+            for way in ("rdma_rx", "rdma_tx", "kernel_rx", "kernel_tx"):
+                out.counter(f"sparktop_link_{way}_bytes_total", at, getattr(p, f"{way}_bytes"))
             peer = self.state.peer_of(n.name, p.rdma_device)
             if peer is not None:
                 peer_node, peer_port, pair = peer

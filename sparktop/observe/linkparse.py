@@ -228,6 +228,11 @@ class LinkRate:
     kernel_rx_gbps: float | None
     kernel_tx_gbps: float | None
     seconds: float
+    # The counters themselves, bytes since the driver loaded (for Prometheus, whose rate() wants counters).
+    rdma_rx_bytes: int | None = None
+    rdma_tx_bytes: int | None = None
+    kernel_rx_bytes: int | None = None
+    kernel_tx_bytes: int | None = None
 
 
 def _gbps(prev: int | None, cur: int | None, seconds: float) -> float | None:
@@ -268,6 +273,10 @@ def link_rates(
                 kernel_rx_gbps=_gbps(p.kernel_rx_bytes, c.kernel_rx_bytes, seconds) if p else None,
                 kernel_tx_gbps=_gbps(p.kernel_tx_bytes, c.kernel_tx_bytes, seconds) if p else None,
                 seconds=seconds,
+                rdma_rx_bytes=c.rdma_rx_bytes,
+                rdma_tx_bytes=c.rdma_tx_bytes,
+                kernel_rx_bytes=c.kernel_rx_bytes,
+                kernel_tx_bytes=c.kernel_tx_bytes,
             )
         )
     return out

@@ -164,6 +164,27 @@ def test_the_link_is_exported_per_port_in_bytes_per_second_with_the_port_it_reac
     assert not [x for x in samples(text)["sparktop_link_rdma_rx_bytes_per_second"] if x[0] == down]
 
 
+def test_the_links_byte_counters_are_prometheus_counters(tmp_path):
+    """What `rate(sparktop_link_rdma_rx_bytes_total[1m])` needs: the NIC's counter itself, read by the real
+    link script from a captured sysfs tree (port counters in 4-byte words), not a rate turned back into bytes."""
+    from sparktop.observe.linkparse import link_rates, parse_link_section
+    from tests.unit.test_linkparse import make_sys, run_link_script
+
+    make_sys(tmp_path / "sys")
+    (tmp_path / "empty").mkdir()
+    counters = parse_link_section(run_link_script(tmp_path / "sys", tmp_path / "empty"))
+    up = next(c for c in counters if c.up)
+    assert up.rdma_rx_bytes  # the capture's counters are not zero
+    state = ClusterState()
+    state.apply(NodeSnapshot(name="spark-a", t=1.0, state="ok", links=link_rates(counters, 0.0, counters, 1.0)))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_for(state)).decode())}
+    for way in ("rdma_rx", "rdma_tx", "kernel_rx", "kernel_tx"):
+        family = families[f"sparktop_link_{way}_bytes"]
+        assert family.type == "counter"
+        total = next(x for x in family.samples if x.labels["port"] == up.rdma_device and x.name.endswith("_total"))
+        assert total.value == getattr(up, f"{way}_bytes")
+
+
 # -- engines --------------------------------------------------------------------------------------------
 
 

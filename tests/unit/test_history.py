@@ -363,3 +363,42 @@ def test_retention_and_history_are_settings(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as exc:
         load_preferences(f)
     assert "history_retention_days" in str(exc.value) and ":2" in str(exc.value)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem that fills up: a 384 KiB tmpfs (needs root to mount; skipped without)."""
+    import os
+    import subprocess
+
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root, or no mount in this container)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_real_full_disk_pauses_history_until_there_is_room(small_disk):
+    import subprocess
+
+    path = small_disk / "h.sqlite"
+    writer = HistoryWriter(HistoryStore.open(path))
+    start = time.time() - 10 * DAY
+    day = 0
+    while writer.paused is None and day < 30:
+        run(Scenario(start=start + day * DAY / 4, days=0.25, step=60.0), writer.observe)
+        day += 1
+    assert writer.paused == "history paused: disk full"
+    held = len(writer._rows)
+    assert held > 0
+    run(Scenario(start=start + day * DAY / 4, days=0.05, step=60.0), writer.observe)  # the monitor goes on
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
+    run(Scenario(start=start + day * DAY / 4 + 0.05 * DAY, days=0.05, step=60.0), writer.observe)
+    assert writer.paused is None
+    writer.close()
+    with HistoryStore.open(path, write=False) as s:
+        assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        minutes = [m for (m,) in s.db.execute("SELECT DISTINCT minute FROM node_minutes ORDER BY minute")]
+    assert minutes == list(range(minutes[0], minutes[0] + len(minutes)))  # no minute lost
