@@ -79,6 +79,7 @@ class SparktopApp(App):
         Binding("x", "stop", "Stop"),
         Binding("s", "sweep", "Sweep"),
         Binding("y,b", "study", "Study", show=False),
+        Binding("h", "history", "History"),
     ]
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
@@ -432,6 +433,20 @@ class SparktopApp(App):
         if self.history is not None:
             self.history.close()  # the minute in progress goes to the file
             self.history = None
+
+    def action_history(self) -> None:
+        """The last 24 hours or 7 days from the history file (or why there is none)."""
+        from sparktop.history.query import HistoryReader
+        from sparktop.ui.history import HistoryScreen
+
+        if isinstance(self.screen, HistoryScreen):
+            return
+        writer = self.history
+        if writer is None:
+            note = self.history_note or ("a replay keeps no history" if self.replay else "history is off")
+            self.push_screen(HistoryScreen(None, self.preferences, note=note))
+            return
+        self.push_screen(HistoryScreen(HistoryReader(writer.store), self.preferences, note=writer.status))
 
     def action_sweep(self) -> None:
         if self.replay:

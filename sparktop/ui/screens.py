@@ -383,6 +383,8 @@ HELP = """\
   [b]y[/b]        the study under way (Esc there cancels it, after asking;
            m leaves it running); sparktop --study ID shows one
            started elsewhere
+  [b]h[/b]        history: the last 24 hours or 7 days charted, the serving
+           sessions, daily totals and events (1/7/w switch, r refresh)
 
 Memory is unified on a GB10: the bar shows the engines' share (magenta), other \
 used memory, page cache (▒) and free memory (░). A node card turns yellow \
