@@ -452,3 +452,42 @@ def test_the_token_is_needed_off_loopback_only_and_shown_only_when_generated():
     assert f"credentials: \"{token}\"" in "\n".join(scrape_config("0.0.0.0", 9109, token, show_token=True))
     loopback = scrape_config("127.0.0.1", 9109, None)
     assert 'targets: ["127.0.0.1:9109"]' in "\n".join(loopback) and "authorization" not in "\n".join(loopback)
+
+
+def test_values_equal_status_json_at_the_same_moment(exported):
+    """One state, two outputs: what Prometheus scrapes is what `sparktop status --json` prints (each
+    in its own units and rounding)."""
+    from sparktop.settings import Preferences
+    from sparktop.status import status_json
+
+    state, text = exported
+    doc = status_json(state, [], Preferences(energy_price_per_kwh=0.32), window_s=10.0)
+    assert doc["nodes"] and doc["engines"]
+    for n in doc["nodes"]:
+        at = {"node": n["name"]}
+        gib = 1024**3
+        assert value(text, "sparktop_node_memory_available_bytes", **at) / gib == pytest.approx(
+            n["memory_gib"]["available"], abs=0.006)
+        assert value(text, "sparktop_node_memory_total_bytes", **at) / gib == pytest.approx(
+            n["memory_gib"]["total"], abs=0.006)
+        for port in n["link"]["ports"]:
+            rx = value(text, "sparktop_link_rdma_rx_bytes_per_second", **at, port=port["rdma_device"])
+            assert rx * 8 / 1e9 == pytest.approx(port["rdma_rx_gbps"], abs=0.051)
+    def same(metric: str, at: dict, expected, abs_: float = 0.0) -> None:
+        got = [v for labels, v in samples(text).get(metric, []) if all(labels.get(k) == x for k, x in at.items())]
+        if expected is None:
+            assert got == [], f"{metric}{at}: status says unknown, the exporter says {got}"
+        else:
+            assert got == [pytest.approx(expected, abs=abs_)], f"{metric}{at}"
+
+    for e in doc["engines"]:
+        at = {"engine": e["url"]}
+        same("sparktop_engine_kv_cache_usage_ratio", at, e["kv_cache_usage"], 5e-5)
+        same("sparktop_engine_requests_running", at, e["running"])
+        same("sparktop_engine_requests_waiting", at, e["waiting"])
+        same("sparktop_engine_generation_tokens_per_second", at, e["gen_tps"], 0.051)
+        same("sparktop_engine_generation_tokens_total", at, e["gen_tokens_total"])
+        same("sparktop_engine_requests_finished_total", at, e["requests_total"])
+        same("sparktop_engine_time_to_first_token_seconds", {**at, "quantile": "0.5", "window": "recent"},
+             None if e["ttft_p50_ms"] is None else e["ttft_p50_ms"] / 1000, 5e-5)
+        same("sparktop_engine_energy_joules_per_token", at, (e.get("energy") or {}).get("j_per_token"), 5e-5)
