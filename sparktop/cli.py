@@ -367,6 +367,24 @@ def _add_sweeping(add) -> None:
                        help="read these nodes' GPU power (nvidia-smi, over ssh; inventory names, ssh hosts or "
                             "'local') during each level for its energy and cost per token (default: the inventory "
                             "nodes the endpoint's host names; 'none' turns it off)")
+    rate = sweep.add_argument_group("request rates (instead of lockstep concurrency levels)")
+    rate.add_argument("--rate", metavar="RATES", help="requests per second per level, e.g. 1,2,4,8: requests "
+                      "leave on a schedule (AIPerf's and vLLM bench's way), not in lockstep batches")
+    rate.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson",
+                      help="how requests arrive at a rate (default poisson: exponential gaps, seeded)")
+    rate.add_argument("--requests", type=int, metavar="N", help="requests per rate level (default: --duration's "
+                      "worth, 20 at least)")
+    rate.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of sending per rate level "
+                      "(default 30: long enough for a queue to build where the server cannot keep up)")
+    rate.add_argument("--max-concurrency", type=int, metavar="N", help="at most N requests in flight (a request "
+                      "due while N are out waits for a slot; the wait is reported apart from the client's lag)")
+    rate.add_argument("--seed", type=int, default=0, help="random seed of the arrivals (default 0)")
+    rate.add_argument("--slo", metavar="TARGETS", help="service-level targets, e.g. ttft_p95=2s,itl_p95=100ms: "
+                      "goodput (requests/s meeting them) and the share meeting them per level")
+    rate.add_argument("--find-max-rate", action="store_true", help="search for the highest rate meeting --slo "
+                      "(doubling from the first --rate, default 1, then halving the gap)")
+    rate.add_argument("--prefix-cache", choices=["on", "off"], default="off",
+                      help="with --depth: one shared context every request reuses (on), or one each (off)")
     sweep.add_argument("--label", help="a name for this run in compare tables")
     sweep.add_argument("--results", metavar="DIR", help="where runs are written (default: the results dir)")
     sweep.add_argument("--resume", metavar="RUN", help="finish a run that was interrupted (its id or directory)")

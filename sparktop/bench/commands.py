@@ -39,6 +39,8 @@ EXIT_ERROR_RATE = 3
 def cmd_sweep(args) -> int:
     from sparktop.settings import results_dir
 
+    if getattr(args, "rate", None) or getattr(args, "find_max_rate", False):
+        return cmd_rate_sweep(args)
     root = Path(args.results) if args.results else results_dir()
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     resume = None
@@ -243,4 +245,137 @@ def cmd_runs(args) -> int:
         t.add_row(r.id, str(r.meta.get("model") or ""), str(r.meta.get("topology") or r.meta.get("label") or ""),
                   " ".join(f"c{lv.concurrency}" for lv in levels), str(r.meta.get("status") or ""))
     Console().print(t if runs else f"no runs yet in {results_dir()}")
+    return 0
+
+
+# -- rate sweeps (bench/load.py) --------------------------------------------------------------------------
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1000:,.0f}"
+
+
+def rate_table(levels: list, title: str, width: int = 120):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", header_style="bold underline", box=None, pad_edge=False)
+    slo = any(lv.slo for lv in levels)
+    # Times in ms, short headers; under 110 columns the client's own figures (sent/s, lag, in flight) go, as
+    # long as no level fell behind, so the table reads at 80.
+    wide = width >= 110 or any(lv.behind for lv in levels)
+    cols = ["rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50", "ITL95", "e2e95", "lag95", "busy"]
+    if not wide:
+        cols = [c for c in cols if c not in ("sent/s", "lag95", "busy")]
+    if slo:
+        cols += ["good/s", "met", "SLO"]
+    for c in cols:
+        t.add_column(c, justify="right", no_wrap=True)
+    for lv in levels:
+        cells = {"rate": lv.label, "sent/s": f"{lv.send_rate:.3g}" if lv.send_rate else "—",
+                 "req/s": f"{lv.request_throughput:.3g}" if lv.request_throughput else "—",
+                 "tok/s": f"{lv.output_tps or 0:,.0f}", "TTFT50": _ms(lv.ttft_p50), "TTFT95": _ms(lv.ttft_p95),
+                 "ITL50": _ms(lv.itl_p50), "ITL95": _ms(lv.itl_p95), "e2e95": _ms(lv.e2e_p95),
+                 "lag95": ("[red]" if lv.behind else "") + _ms(lv.lag_p95),
+                 "busy": f"{lv.concurrency_mean:.1f}" if lv.concurrency_mean is not None else "—",
+                 "good/s": f"{lv.goodput:.3g}" if lv.goodput is not None else "—",
+                 "met": f"{lv.slo_share:.0%}" if lv.slo_share is not None else "—",
+                 "SLO": "[green]yes" if lv.meets_slo and not lv.saturated else "[red]no"}
+        t.add_row(*(cells[c] for c in cols))
+    t.caption = ("times in ms" + (" · busy: requests in flight, mean · lag95: sends behind schedule, p95 (red: "
+                                  "behind)" if wide else ""))
+    return t
+
+
+def rate_json(run, levels: list, max_rate) -> dict:
+    return {"run": run.id, "path": str(run.path), "mode": "rate", "model": run.meta.get("model"),
+            "endpoint": run.meta.get("endpoint"), "settings": run.meta.get("settings"),
+            "slo": run.meta.get("slo"), "status": run.meta.get("status"), "reason": run.meta.get("reason"),
+            "levels": [lv.as_dict() for lv in levels],
+            "max_rate": None if max_rate is None else {**max_rate.__dict__, "text": max_rate.text}}
+
+
+def cmd_rate_sweep(args) -> int:
+    """`sparktop sweep --rate 1,2,4` (or --find-max-rate): requests on a schedule, goodput under --slo."""
+    from sparktop.bench.events import MaxRateFound, RateLevelDone, RateLevelStarted
+    from sparktop.bench.load import RateSweep, parse_rates
+    from sparktop.settings import results_dir
+
+    if not args.endpoint:
+        raise SweepError("--endpoint is required (http://HOST:PORT or http://HOST:PORT/v1)")
+    if args.resume:
+        raise SweepError("--resume: a rate sweep is measured afresh (its finished requests stay in its run)")
+    rates = parse_rates(args.rate) if args.rate else [1.0]
+    root = Path(args.results) if args.results else results_dir()
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    settings = SweepSettings(
+        endpoint=args.endpoint, rates=rates, arrivals=args.arrivals, requests=args.requests, duration=args.duration,
+        max_concurrency=args.max_concurrency, seed=args.seed, slo=args.slo, find_max_rate=args.find_max_rate,
+        prefix_cache=args.prefix_cache == "on", pp=args.pp, tg=args.tg, depth=args.depth, model=args.model,
+        extra_body=parse_extra_body(args.extra_body), timeout=args.timeout, max_error_rate=args.max_error_rate,
+        warmup=not args.no_warmup, exact_tg=args.exact_tg, tokenizer=args.tokenizer, latency_mode=args.latency_mode,
+        recipe=args.recipe, topology=args.topology, nodes=[n for n in (args.nodes or "").split(",") if n],
+        label=args.label)
+    _guard_options(args, settings)
+    machine = args.json or args.md or args.csv
+    console = Console(stderr=bool(machine))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False)
+    level_task = progress.add_task("level", total=1, info="", visible=False)
+    sweep = RateSweep(settings, root, api_key=api_key)
+    found = []
+
+    def show(event: SweepEvent) -> None:
+        match event:
+            case SweepStarted():
+                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl")
+            case RateLevelStarted(rate=rate, requests=n):
+                progress.update(level_task, visible=True, completed=0, total=n, info="",
+                                description=f"{rate:g} requests/s ({settings.arrivals})")
+            case RequestDone():
+                progress.update(level_task, completed=event.level_done, total=event.level_total)
+            case RateLevelDone(stats=lv):
+                slo = ""
+                if lv.slo:
+                    verdict = "[green]meets the SLO[/]" if lv.meets_slo else "[red]misses the SLO[/]"
+                    slo = f"  goodput {fmt(lv.goodput, '/s')}/s ({lv.slo_share:.0%} met) {verdict}"
+                console.print(f"{lv.label:>8}  {fmt(lv.request_throughput, '/s')} req/s  {fmt(lv.output_tps)} t/s  "
+                              f"TTFT p95 {_ms(lv.ttft_p95)} ms  ITL p95 {_ms(lv.itl_p95)} ms{slo}"
+                              + (f"  [red]{lv.errors} errors[/]" if lv.errors else ""))
+                if lv.behind:
+                    console.print(f"[yellow]⚠ {lv.label}: the client fell behind its schedule ({lv.behind})[/]")
+                if lv.saturated:
+                    console.print(f"[yellow]⚠ {lv.label}: {lv.saturated}[/]")
+            case MaxRateFound(result=result):
+                found.append(result)
+
+    async def go() -> SweepFinished:
+        finished = None
+        with progress:
+            async for event in sweep.events():
+                show(event)
+                finished = event
+        assert isinstance(finished, SweepFinished)
+        return finished
+
+    try:
+        with _runner() as runner:
+            result = runner.run(go())
+    except KeyboardInterrupt:
+        if sweep.writer is not None:
+            console.print(f"interrupted: finished requests are in {sweep.writer.dir}/requests.jsonl")
+        return 130
+    run = load_run(result.path)
+    levels = run.rate_levels()
+    max_rate = found[0] if found else None
+    if args.json:
+        print(json.dumps(rate_json(run, levels, max_rate), indent=2, default=str))
+    else:
+        console.print(rate_table(levels, f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg} · "
+                                         f"{settings.arrivals} arrivals"
+                                 + (f" · SLO {settings.slo}" if settings.slo else ""), console.width))
+        if max_rate is not None:
+            console.print(f"[bold]{max_rate.text}[/]")
+    if result.status != "done":
+        console.print(f"[red]sweep {result.status}: {result.reason}[/]")
+        return EXIT_ERROR_RATE
     return 0

@@ -15,6 +15,7 @@ from sparktop.bench.request import RequestRecord
 from sparktop.bench.stats import LevelStats
 
 if TYPE_CHECKING:
+    from sparktop.bench.load import MaxRate, RateLevelStats
     from sparktop.bench.sweep import SweepSettings
 
 
@@ -101,5 +102,26 @@ class SweepFinished:
     path: Path
 
 
+@dataclass(frozen=True)
+class RateLevelStarted:
+    """A rate sweep's level (bench/load.py) begins: `requests` sent at `rate` per second (None: a trace)."""
+
+    rate: float | None
+    requests: int
+    index: int
+
+
+@dataclass(frozen=True)
+class RateLevelDone:
+    stats: RateLevelStats
+
+
+@dataclass(frozen=True)
+class MaxRateFound:
+    """`--find-max-rate`'s answer, once its search ends."""
+
+    result: MaxRate
+
+
 SweepEvent = (SweepStarted | LevelStarted | RequestDone | EngineSample | WaitingForIdle | LevelContaminated
-              | LevelDone | SweepFinished)
+              | LevelDone | RateLevelStarted | RateLevelDone | MaxRateFound | SweepFinished)

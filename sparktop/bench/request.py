@@ -109,6 +109,13 @@ class RequestRecord:
     # The engine's own account of the request where it sends one (llama.cpp's `timings` on its last chunk):
     # prompt_n, prompt_ms, predicted_n, predicted_ms, cache_n. None: the engine sends none.
     server_timings: dict[str, float] | None = None
+    # A rate sweep's (bench/load.py): the request rate of its level (None: a lockstep batch, or a replayed
+    # trace), when it was due to leave (wall seconds), how long it waited for a slot under
+    # --max-concurrency, and the context tokens before its prompt.
+    rate: float | None = None
+    scheduled: float | None = None
+    held_s: float = 0.0
+    depth: int = 0
 
     @property
     def ok(self) -> bool:

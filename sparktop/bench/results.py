@@ -58,6 +58,8 @@ class Run:
         redid it, the complete attempt is the one that counts."""
         groups: dict[tuple[int, int, int], list[RequestRecord]] = defaultdict(list)
         for r in self.records:
+            if r.scheduled is not None:
+                continue  # a rate sweep's request (`rate_levels`), not part of a batch
             groups[(r.level, r.run, r.attempt)].append(r)
         chosen: dict[tuple[int, int], list[RequestRecord]] = {}
         for (level, run, _attempt), recs in sorted(groups.items()):
@@ -72,6 +74,24 @@ class Run:
         """Requests written by batches that never finished."""
         counted = sum(len(b) for bs in self.batches().values() for b in bs)
         return len(self.records) - counted
+
+    @property
+    def mode(self) -> str:
+        """"rate" for a rate sweep (bench/load.py), else "concurrency" (lockstep batches)."""
+        return self.meta.get("mode") or "concurrency"
+
+    def rate_levels(self) -> list:
+        """A rate sweep's levels, recomputed from its requests (one level per measured rate, in order)."""
+        from sparktop.bench.load import parse_slo, rate_level_stats
+
+        settings = self.meta.get("settings") or {}
+        slo = parse_slo(settings["slo"]) if settings.get("slo") else []
+        groups: dict[int, list[RequestRecord]] = defaultdict(list)
+        for r in self.records:
+            if r.scheduled is not None:
+                groups[r.run].append(r)
+        return [rate_level_stats(recs, recs[0].rate, settings.get("arrivals") or "poisson", slo, recs[0].depth)
+                for _, recs in sorted(groups.items())]
 
     def levels(self) -> list[LevelStats]:
         if self.imported_levels is not None:

@@ -128,6 +128,19 @@ class SweepSettings:
     nodes: list[str] = field(default_factory=list)
     label: str | None = None
     runtime: str | None = None  # the runtime a study launched (vllm, sglang, llama-cpp, trtllm)
+    # A rate sweep (bench/load.py: RateSweep) instead of lockstep batches: requests per second per level.
+    rates: list[float] | None = None
+    arrivals: str = "poisson"  # poisson | constant
+    requests: int | None = None  # per rate level (None: enough for `duration` seconds)
+    duration: float = 30.0  # seconds of sending per rate level, when `requests` is not given
+    max_concurrency: int | None = None  # requests in flight at most (None: as many as the schedule sends)
+    seed: int = 0  # the arrivals' (and a trace's sampling) random seed
+    slo: str | None = None  # "ttft_p95=2s,itl_p95=100ms"
+    find_max_rate: bool = False  # search for the highest rate that meets `slo`
+    max_levels: int = 12  # levels a search may measure
+    min_rate: float = 0.05  # a search stops halving below this
+    rate_tolerance: float = 0.10  # a search stops when the bracket is this narrow (relative)
+    prefix_cache: bool = False  # at a depth: one shared context (cached after the first request) or one each
 
     def validate(self) -> None:
         if not self.levels or any(c < 1 for c in self.levels):
@@ -142,6 +155,25 @@ class SweepSettings:
             raise SweepError(f"--max-error-rate must be between 0 and 1, got {self.max_error_rate}")
         if self.idle_timeout < 0:
             raise SweepError(f"--idle-timeout must not be negative, got {self.idle_timeout}")
+        if self.rates is not None or self.find_max_rate:
+            self._validate_rates()
+
+    def _validate_rates(self) -> None:
+        if self.arrivals not in ("poisson", "constant"):
+            raise SweepError(f"--arrivals must be poisson or constant, got {self.arrivals!r}")
+        if self.requests is not None and self.requests < 1:
+            raise SweepError(f"--requests must be at least 1, got {self.requests}")
+        if self.duration <= 0:
+            raise SweepError(f"--duration must be more than 0 seconds, got {self.duration}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise SweepError(f"--max-concurrency must be at least 1, got {self.max_concurrency}")
+        if self.find_max_rate and not self.slo:
+            raise SweepError("--find-max-rate needs --slo (e.g. --slo ttft_p95=2s,itl_p95=100ms): the highest "
+                             "rate meeting what?")
+        if self.slo:
+            from sparktop.bench.load import parse_slo
+
+            parse_slo(self.slo)
 
     def public(self) -> dict:
         d = asdict(self)

@@ -1,0 +1,105 @@
+"""Rate sweeps against a twin over real HTTP: the schedule is kept (or the
+client says it was not), the cap holds, every request is on disk as it
+finishes, and --find-max-rate brackets what the server can serve."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sparktop.bench.events import MaxRateFound, RateLevelDone, RequestDone
+from sparktop.bench.load import RateSweep
+from sparktop.bench.results import load_run
+from sparktop.bench.sweep import SweepSettings
+from tests.helpers.twin_process import start_twin_process
+
+
+def settings(url: str, **kw) -> SweepSettings:
+    base = dict(endpoint=url, pp=64, tg=16, metrics=False, warmup=False, latency_mode="none")
+    base.update(kw)
+    return SweepSettings(**base)
+
+
+async def test_constant_arrivals_leave_on_time_and_are_on_disk_as_they_finish(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=20)
+    sweep = RateSweep(settings(server.url, rates=[10.0], requests=30, arrivals="constant"), tmp_path)
+    seen_on_disk = []
+    async for event in sweep.events():
+        if isinstance(event, RequestDone) and sweep.writer is not None and not seen_on_disk:
+            seen_on_disk.append(len((sweep.writer.dir / "requests.jsonl").read_text().splitlines()))
+        if isinstance(event, RateLevelDone):
+            lv = event.stats
+    assert seen_on_disk and seen_on_disk[0] >= 1  # written the moment the first one finished
+    assert lv.requests == 30 and lv.errors == 0
+    assert lv.lag_p95 is not None and lv.lag_p95 < 0.02 and lv.behind is None
+    assert lv.send_rate == pytest.approx(10.0, rel=0.05)
+    run = load_run(sweep.writer.dir)
+    (again,) = run.rate_levels()  # the level's figures come back from the file alone
+    assert again.request_throughput == pytest.approx(lv.request_throughput)
+    assert run.levels() == []  # no lockstep levels in a rate run
+
+
+async def test_max_concurrency_caps_what_is_in_flight(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=5)
+    sweep = RateSweep(settings(server.url, rates=[50.0], requests=20, max_concurrency=2), tmp_path)
+    await sweep.run()
+    (lv,) = sweep.rate_levels
+    assert lv.concurrency_peak <= 2
+    assert lv.held_mean is not None and lv.held_mean > 0  # requests waited for a slot ...
+    assert lv.behind is None  # ... which is not the client falling behind
+
+
+async def test_a_rate_the_client_cannot_send_is_said_so(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=1000)
+    sweep = RateSweep(settings(server.url, rates=[20000.0], requests=1500, pp=16, tg=2, arrivals="constant",
+                               max_error_rate=1.0), tmp_path)
+    await sweep.run()
+    (lv,) = sweep.rate_levels
+    assert lv.behind is not None
+
+
+@pytest.mark.slow
+async def test_find_max_rate_brackets_what_the_twin_serves(tmp_path):
+    proc, url = start_twin_process("llama-3.1-8b", "--max-num-seqs", "16", speed=4.0)
+    try:
+        sweep = RateSweep(settings(url, rates=[4.0], duration=4.0, slo="ttft_p95=500ms,itl_p95=80ms",
+                                   find_max_rate=True, tg=32), tmp_path)
+        found = None
+        async for event in sweep.events():
+            if isinstance(event, MaxRateFound):
+                found = event.result
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert found is not None and found.rate is not None and found.failed_at is not None
+    assert found.rate < found.failed_at <= 2.2 * found.rate  # a bracket, narrowed
+    best = next(lv for lv in sweep.rate_levels if lv.rate == found.rate)
+    assert best.meets_slo and not best.saturated and not best.behind
+    # Physics: what it served at the max rate is what was asked of it, and no more.
+    assert best.request_throughput <= 1.05 * found.rate
+    failed = [lv for lv in sweep.rate_levels if lv.rate == found.failed_at]
+    assert failed and (not failed[0].meets_slo or failed[0].saturated)
+
+
+def test_the_cli_prints_json_a_script_can_read(tmp_path):
+    proc, url = start_twin_process("llama-3.1-8b", speed=20)
+    try:
+        out = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", url, "--rate", "4", "--requests",
+                              "12", "--pp", "64", "--tg", "16", "--slo", "ttft_p95=2s", "--json", "--results",
+                              str(tmp_path)], capture_output=True, text=True, timeout=120)
+        bad = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", url, "--rate", "4", "--slo",
+                              "ttft<2", "--results", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (lv,) = doc["levels"]
+    assert doc["mode"] == "rate" and lv["rate"] == 4.0 and lv["requests"] == 12
+    for key in ("request_throughput", "output_tps", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "goodput",
+                "slo_share", "lag_p95"):
+        assert isinstance(lv[key], float), key
+    assert bad.returncode != 0 and "--slo" in bad.stderr and "Traceback" not in bad.stderr
