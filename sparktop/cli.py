@@ -74,6 +74,29 @@ def cmd_compare(args) -> int:
     return run(args)
 
 
+def cmd_export(args) -> int:
+    """`sparktop export RUN --arena DIR`: the recipe that served is read here (bench may not import launch)."""
+    from sparktop.bench.commands import cmd_export as run_export
+    from sparktop.bench.results import load_run
+
+    ref = args.recipe or load_run(args.run).meta.get("recipe")
+    served: dict = {}
+    text = None
+    if ref:
+        from sparktop.launch.catalog import find_recipe
+
+        try:
+            recipe = find_recipe(ref)
+        except SparktopError:
+            if args.recipe:
+                raise
+            recipe = None  # the name the run recorded is not a recipe here: exported without one
+        if recipe is not None:
+            text = recipe.path.read_text() if recipe.path else None
+            served = {"image": recipe.image, "runtime": recipe.runtime, "hf_model": recipe.model}
+    return run_export(args, text, served)
+
+
 def cmd_runs(args) -> int:
     from sparktop.bench.commands import cmd_runs as run
 
@@ -337,7 +360,12 @@ def _add_sweeping(add) -> None:
     sweep.add_argument("--runs", type=int, default=5, help="batches per level (default 5; the articles used 50)")
     sweep.add_argument("--pp", type=int, default=1024, help="prompt tokens per request (default 1024)")
     sweep.add_argument("--tg", type=int, default=128, help="tokens to generate per request (default 128)")
-    sweep.add_argument("--depth", type=int, default=0, help="context tokens before the prompt (default 0)")
+    sweep.add_argument("--depth", default="0", metavar="TOKENS", help="context tokens before the prompt (default 0); "
+                       "several (0,4096,16384,65536) sweep each concurrency at each depth; --prefix-cache on shares "
+                       "one context per depth (reused from the engine's cache), off sends a new one each time")
+    sweep.add_argument("--prefix-cache", choices=["on", "off"], default="off",
+                       help="with --depth: one shared context every request reuses (on), or one each (off); the "
+                            "prefill figures count only the tokens not served from the cache")
     sweep.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     sweep.add_argument("--extra-body", action="append", metavar="KEY=VALUE",
                        help="add to every request, e.g. reasoning_effort=low (repeatable, or a JSON object)")
@@ -383,8 +411,9 @@ def _add_sweeping(add) -> None:
                       "goodput (requests/s meeting them) and the share meeting them per level")
     rate.add_argument("--find-max-rate", action="store_true", help="search for the highest rate meeting --slo "
                       "(doubling from the first --rate, default 1, then halving the gap)")
-    rate.add_argument("--prefix-cache", choices=["on", "off"], default="off",
-                      help="with --depth: one shared context every request reuses (on), or one each (off)")
+    sweep.add_argument("--profile", metavar="NAME", help="a published profile, run as published: spark-arena-v2 "
+                       "(depths 0-100000 x concurrency 1,2,5,10, pp 2048, tg 128, 3 runs, prefix caching on, its 28 "
+                       "cells in its heat-aware order); it sets -c, --pp, --tg, --runs and the depths itself")
     sweep.add_argument("--label", help="a name for this run in compare tables")
     sweep.add_argument("--results", metavar="DIR", help="where runs are written (default: the results dir)")
     sweep.add_argument("--resume", metavar="RUN", help="finish a run that was interrupted (its id or directory)")
@@ -400,10 +429,19 @@ def _add_sweeping(add) -> None:
     cout.add_argument("--json", action="store_true")
     cout.add_argument("--md", action="store_true", help="Markdown, like the articles' tables")
     cout.add_argument("--csv", action="store_true")
-    runs = add("runs", "list sweep runs, or import a llama-benchy JSON result as a run", cmd_runs)
-    runs.add_argument("--import", dest="import_file", metavar="FILE", help="a llama-benchy --format json output")
+    runs = add("runs", "list sweep runs, or import a llama-benchy JSON result or Spark Arena files as a run",
+               cmd_runs)
+    runs.add_argument("--import", dest="import_file", metavar="FILE|DIR", help="a llama-benchy --format json "
+                      "output, or a directory of Spark Arena files (recipe.yaml, benchmark.csv, metadata.json)")
     runs.add_argument("--label", help="name for the imported run")
     runs.add_argument("--json", action="store_true")
+    export = add("export", "write a run as Spark Arena's submission files (nothing is uploaded)", cmd_export)
+    export.add_argument("run", metavar="RUN", help="a run id, a run directory, or a llama-benchy JSON file")
+    export.add_argument("--arena", metavar="DIR", required=True,
+                        help="write recipe.yaml, benchmark.csv (llama-benchy 0.4's CSV) and metadata.json here, "
+                             "and print what to run to submit them")
+    export.add_argument("--recipe", help="the recipe that served, a name or a YAML file (default: the one the "
+                        "run recorded)")
 
 
 def _add_studying(add) -> None:

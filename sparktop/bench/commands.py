@@ -56,12 +56,21 @@ def cmd_sweep(args) -> int:
     else:
         if not args.endpoint:
             raise SweepError("--endpoint is required (http://HOST:PORT or http://HOST:PORT/v1)")
+        depths = parse_depths(args.depth)
         settings = SweepSettings(
             endpoint=args.endpoint, levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
-            depth=args.depth, model=args.model, extra_body=parse_extra_body(args.extra_body), timeout=args.timeout,
+            depth=depths[0], depths=depths if len(depths) > 1 else None, prefix_cache=args.prefix_cache == "on",
+            model=args.model, extra_body=parse_extra_body(args.extra_body), timeout=args.timeout,
             max_error_rate=args.max_error_rate, warmup=not args.no_warmup, exact_tg=args.exact_tg,
             tokenizer=args.tokenizer, latency_mode=args.latency_mode, recipe=args.recipe, topology=args.topology,
             nodes=[n for n in (args.nodes or "").split(",") if n], label=args.label)
+        if getattr(args, "profile", None):
+            from sparktop.bench.arena import profile
+
+            prof = profile(args.profile)
+            for key, value in prof.settings().items():  # levels, depths, cells, pp, tg, runs, prefix cache
+                setattr(settings, key, value)
+            settings.label = settings.label or prof.name
     _guard_options(args, settings)
     machine = args.json or args.md or args.csv
     console = Console(stderr=bool(machine))
@@ -93,7 +102,7 @@ def cmd_sweep(args) -> int:
                 progress.update(level_task, completed=event.level_done, total=event.level_total, info=live)
             case LevelDone(stats=lv):
                 err = f"  [red]{lv.errors} errors[/]" if lv.errors else ""
-                console.print(f"c{lv.concurrency:<4} tg {fmt(lv.tg_tps_total)} t/s  pp {fmt(lv.pp_tps_total)} t/s"
+                console.print(f"{'c' + format(lv.key):<5} tg {fmt(lv.tg_tps_total)} t/s  pp {fmt(lv.pp_tps_total)} t/s"
                               f"  TTFT {fmt(lv.ttft_ms_mean, 'ms')} ms{err}")
                 if lv.contaminated:
                     console.print(f"[yellow]⚠ c{lv.concurrency} contaminated: {lv.contamination}[/]")
@@ -146,6 +155,25 @@ def cmd_sweep(args) -> int:
         console.print(f"[red]sweep {result.status}: {result.reason}[/]")
         return EXIT_ERROR_RATE
     return 0
+
+
+def parse_depths(text: str | int) -> list[int]:
+    """`--depth 0,4096,16384`: context tokens before the prompt, one level set per depth."""
+    try:
+        depths = [int(x) for x in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise SweepError(f"--depth {text!r}: expected token counts like 0,4096,16384") from None
+    if not depths or any(d < 0 for d in depths):
+        raise SweepError(f"--depth {text!r}: depths are token counts, 0 or more")
+    return list(dict.fromkeys(depths))
+
+
+def _one_depth(text: str | int) -> int:
+    depths = parse_depths(text)
+    if len(depths) > 1:
+        raise SweepError("--depth: a rate sweep runs at one depth (sweep depths with -c levels, or run once per "
+                         "depth)")
+    return depths[0]
 
 
 def _guard_options(args, settings: SweepSettings) -> None:
@@ -219,9 +247,40 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_export(args, recipe_text: str | None = None, served: dict | None = None) -> int:
+    """`sparktop export RUN --arena DIR` (the recipe read by cli.py, which may look recipes up)."""
+    from sparktop.bench.arena import submit_instructions, write_arena
+
+    run = load_run(args.run)
+    for key, value in (served or {}).items():
+        if value and not run.meta.get(key):
+            run.meta[key] = value
+    out = write_arena(run, args.arena, recipe_text=recipe_text)
+    print(f"wrote {out / 'recipe.yaml'}, {out / 'benchmark.csv'} and {out / 'metadata.json'}")
+    for line in submit_instructions(out):
+        print(line)
+    return 0
+
+
 def cmd_runs(args) -> int:
     from sparktop.settings import results_dir
 
+    if args.import_file and Path(args.import_file).is_dir():
+        import shutil
+
+        from sparktop.bench.arena import FILES, read_arena
+
+        src = Path(args.import_file)
+        arena = read_arena(src)  # says which file is missing or wrong, and where
+        dest = results_dir() / (args.label or arena.id)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in FILES:
+            shutil.copyfile(src / name, dest / name)
+        meta = {"id": dest.name, "label": args.label or arena.label, "model": arena.meta.get("model"),
+                "status": "imported", "source": str(src.resolve())}
+        (dest / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        print(f"imported {src} (Spark Arena files) as {dest.name} ({len(arena.levels())} cells)")
+        return 0
     if args.import_file:
         run = import_llama_benchy(Path(args.import_file), label=args.label)
         dest = results_dir() / (args.label or run.id)
@@ -310,7 +369,8 @@ def cmd_rate_sweep(args) -> int:
     settings = SweepSettings(
         endpoint=args.endpoint, rates=rates, arrivals=args.arrivals, requests=args.requests, duration=args.duration,
         max_concurrency=args.max_concurrency, seed=args.seed, slo=args.slo, find_max_rate=args.find_max_rate,
-        prefix_cache=args.prefix_cache == "on", pp=args.pp, tg=args.tg, depth=args.depth, model=args.model,
+        prefix_cache=args.prefix_cache == "on", pp=args.pp, tg=args.tg, depth=_one_depth(args.depth),
+        model=args.model,
         extra_body=parse_extra_body(args.extra_body), timeout=args.timeout, max_error_rate=args.max_error_rate,
         warmup=not args.no_warmup, exact_tg=args.exact_tg, tokenizer=args.tokenizer, latency_mode=args.latency_mode,
         recipe=args.recipe, topology=args.topology, nodes=[n for n in (args.nodes or "").split(",") if n],

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 
 from sparktop.bench.results import Run
-from sparktop.bench.stats import LevelStats, batch_stats, percentile
+from sparktop.bench.stats import LevelKey, LevelStats, batch_stats, percentile
 from sparktop.units import fmt
 
 TIE = 0.01  # closer than 1 % is always a tie (the articles call 156.40 vs 156.02 one)
@@ -61,9 +61,10 @@ def labels(runs: list[Run]) -> list[str]:
     return out
 
 
-def table(runs: list[Run]) -> tuple[list[str], list[int], dict[str, dict[int, LevelStats]]]:
+def table(runs: list[Run]) -> tuple[list[str], list[LevelKey], dict[str, dict[LevelKey, LevelStats]]]:
     names = labels(runs)
-    by_run = {name: {lv.concurrency: lv for lv in run.levels()} for name, run in zip(names, runs, strict=False)}
+    # Keyed by level (stats.LevelKey: the concurrency, and the depth of a depth sweep's levels).
+    by_run = {name: {lv.key: lv for lv in run.levels()} for name, run in zip(names, runs, strict=False)}
     levels = sorted({c for lv in by_run.values() for c in lv})
     return names, levels, by_run
 
@@ -100,12 +101,12 @@ def spreads(run: Run) -> Spreads:
                 for key, std in (("tg_tps_total", lv.tg_tps_total_std), ("pp_tps_total", lv.pp_tps_total_std)):
                     if std is not None:
                         d[key] = Spread(std, lv.runs)
-            out[lv.concurrency] = d
+            out[lv.key] = d
         return out
     latency = float(run.meta.get("latency_s") or 0.0)
     pp = int((run.meta.get("settings") or {}).get("pp") or 0)
     for c, batches in run.batches().items():
-        per = [batch_stats(b, latency, pp, peak=False) for b in batches]
+        per = [batch_stats(b, latency, pp + c.depth, peak=False) for b in batches]
         if c > 1:  # at c = 1 the level's "total" is the per-request figure, as in stats.level_stats
             tg_tot = [b.tg_tps_total for b in per if b.tg_tps_total is not None]
             pp_tot = [b.pp_tps_total for b in per if b.pp_tps_total is not None]
@@ -244,7 +245,8 @@ def as_json(runs: list[Run]) -> dict:
         for c in levels:
             vals = {n: (getattr(by_run[n][c], m.key) if c in by_run[n] else None) for n in names}
             w = winner(vals, m, level_spreads(spread_by_run, c, m.key))
-            winners.append({"metric": m.key, "concurrency": c, "winner": w.name, "tie": w.tie,
+            winners.append({"metric": m.key, "concurrency": int(c), "depth": getattr(c, "depth", 0),
+                            "winner": w.name, "tie": w.tie,
                             "margin": w.margin, "noise": w.noise, "values": vals})
     return {
         "runs": [{"id": r.id, "label": n, "path": str(r.path) if r.path else None, **_meta(r)}

@@ -27,7 +27,8 @@ COLUMNS: tuple[tuple[str, str, JustifyMethod], ...] = (  # key, header, justify
     ("waiting_max", "queue", "right"),
     ("errors", "err", "right"),
 )
-JSON_KEYS = ("concurrency", "requests", "errors", "pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req",
+JSON_KEYS = ("concurrency", "depth", "cached_prompt_tokens", "requests", "errors", "pp_tps_total", "pp_tps_req",
+             "tg_tps_total", "tg_tps_req",
              "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "peak_tps", "kv_cache_usage_max",
              "e2e_tps_total", "e2e_tps_req", "wall_s_mean",
              # llama-benchy's own decode figures (its N-1 count), to compare like with like
@@ -44,12 +45,15 @@ COST_COLUMN: tuple[str, str, JustifyMethod] = ("cost_per_mtok", "cost/Mtok", "ri
 def columns(levels: list[LevelStats], prefs: Preferences | None = None) -> tuple[tuple[str, str, JustifyMethod], ...]:
     """The table's columns: energy ones when some level has a power reading,
     and the cost per million tokens when a price is set."""
+    base = COLUMNS
+    if any(lv.depth for lv in levels):  # a depth sweep: each level's context before its concurrency
+        base = (("depth", "depth", "right"), *COLUMNS)
     if not any(lv.j_per_token is not None for lv in levels):
-        return COLUMNS
+        return base
     extra = ENERGY_COLUMNS
     if prefs is not None and prefs.energy_price_per_kwh is not None:
         extra += (COST_COLUMN,)
-    return COLUMNS + extra
+    return base + extra
 
 
 def cell(lv: LevelStats, key: str, prefs: Preferences | None = None) -> str:
@@ -63,6 +67,8 @@ def cell(lv: LevelStats, key: str, prefs: Preferences | None = None) -> str:
         return "—" if v is None else f"{v:.2f}" if v < 10 else f"{v:.0f}"
     if key == "concurrency":
         return f"c{v}"
+    if key == "depth":
+        return f"{v:,}"
     if key == "errors":
         if not lv.requests:
             return "—"
@@ -88,15 +94,26 @@ def rich_table(run: Run, title: str | None = None, prefs: Preferences | None = N
 def summary_lines(run: Run) -> list[str]:
     levels = run.levels()
     out = []
-    k = knee(levels)
-    if k and len(levels) > 1:
-        out.append(k.describe("decode"))
+    depths = sorted({lv.depth for lv in levels})
+    for depth in depths:
+        # A knee is a concurrency's: within one depth (a deeper context is another workload).
+        here = [lv for lv in levels if lv.depth == depth]
+        k = knee(here)
+        if k and len(here) > 1:
+            out.append(k.describe("decode") + (f" at depth {depth:,}" if len(depths) > 1 else ""))
     best = max((lv for lv in levels if lv.tg_tps_total), key=lambda lv: lv.tg_tps_total or 0.0, default=None)
     if best:
-        out.append(f"best decode {fmt(best.tg_tps_total)} t/s total at c{best.concurrency}")
+        out.append(f"best decode {fmt(best.tg_tps_total)} t/s total at c{best.key}")
+    if len(depths) > 1:
+        for c in sorted({lv.concurrency for lv in levels}):
+            row = [lv for lv in levels if lv.concurrency == c and lv.tg_tps_total]
+            if len(row) > 1 and row[0].tg_tps_total:
+                last = row[-1]
+                out.append(f"c{c}: decode {fmt(last.tg_tps_total)} t/s at depth {last.depth:,}, "
+                           f"{(last.tg_tps_total or 0) / row[0].tg_tps_total - 1:+.0%} from depth {row[0].depth:,}")
     frugal = min((lv for lv in levels if lv.j_per_token), key=lambda lv: lv.j_per_token or 0.0, default=None)
     if frugal is not None and frugal.j_per_token is not None and frugal.wh_per_mtok is not None:
-        out.append(f"least energy per token at c{frugal.concurrency}: {frugal.j_per_token:.2f} J/token, "
+        out.append(f"least energy per token at c{frugal.key}: {frugal.j_per_token:.2f} J/token, "
                    f"{frugal.wh_per_mtok:.0f} Wh per million (the nodes' GPU power, nvidia-smi)")
     return out
 

@@ -372,7 +372,7 @@ class RateSweep(Sweep):
         self.rate_levels: list[RateLevelStats] = []
         self.max_rate: MaxRate | None = None
         self._rng = random.Random(s.seed)
-        self._shared_context: str | None = None
+        self._shared: str | None = None  # --prefix-cache on at a depth: the context every request sends
 
     async def _sweep(self, emit: Callable[[SweepEvent], None]) -> SweepFinished:
         self._emit = emit
@@ -425,23 +425,27 @@ class RateSweep(Sweep):
         compilation and cache allocation, which is no level's figure."""
         for i in range(2):
             rec = RequestRecord(level=0, run=0, index=i, attempt=self._attempt)
-            await stream_chat(to.url, self._rate_payload(to), rec, self._timeout(), self._headers, to.tokenizer)
+            await stream_chat(to.url, self._rate_payload(to)[0], rec, self._timeout(), self._headers, to.tokenizer)
 
     def _timeout(self) -> float:
         s = self.s
         return s.timeout or request_timeout(s.pp + s.depth, s.tg, max(1, s.max_concurrency or 8))
 
-    def _rate_payload(self, to: _Target) -> dict:
-        s = self.s
-        if to.context is not None and s.prefix_cache:
-            # Prefix caching on: one context per sweep, the same bytes in every request (cached after the first).
-            if self._shared_context is None:
-                self._shared_context = to.context.make()
-            shared = self._shared_context
-            payload = self._payload(to.model, to.prompts, None)
-            payload["messages"].insert(0, {"role": "system", "content": shared})
-            return payload
-        return self._payload(to.model, to.prompts, to.context)
+    def _rate_payload(self, to: _Target) -> tuple[dict, int | None]:
+        """A request's body, and the tokens of its context the engine has seen before: with --prefix-cache
+        on, one context per sweep that every request shares (a conversation's history every user of a
+        service sends); off, a new one each."""
+        depth = self.s.depth
+        if depth and self.s.prefix_cache:
+            if self._shared is None:
+                self._shared = self._context(to, depth)
+            context, cached = self._shared, depth
+        else:
+            context, cached = self._context(to, depth), None
+        payload = self._payload(to.model, to.prompts, None)
+        if context is not None:
+            payload["messages"].insert(0, {"role": "system", "content": context})
+        return payload, cached
 
     async def _rate_level(self, to: _Target, rate: float, index: int) -> str | None:
         """One level: `requests` sent at `rate`; the reason the sweep stops (too many errors), else None."""
@@ -472,14 +476,15 @@ class RateSweep(Sweep):
         s = self.s
         slots = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency else None
         # Prompts are made before the first send: making one is not the client's lag.
-        bodies = payloads if payloads is not None else [self._rate_payload(to) for _ in offsets]
+        made = [(p, None) for p in payloads] if payloads is not None else [self._rate_payload(to) for _ in offsets]
+        bodies = [body for body, _ in made]
         timeout = self._timeout()
         level_done = 0
 
         async def one(i: int, due: float) -> RequestRecord:
             nonlocal level_done
             rec = RequestRecord(level=0, run=index, index=i, attempt=self._attempt, rate=rate, scheduled=due,
-                                depth=s.depth)
+                                depth=s.depth, cached_tokens=made[i][1])
             if slots is not None:
                 waited = now()
                 await slots.acquire()

@@ -116,6 +116,12 @@ class RequestRecord:
     scheduled: float | None = None
     held_s: float = 0.0
     depth: int = 0
+    # Prompt tokens served from the engine's prefix cache: as the server says (usage.prompt_tokens_details,
+    # vLLM with --enable-prompt-tokens-details), else the shared context the sweep sent before (None: none).
+    cached_tokens: int | None = None
+    # A depth level with --prefix-cache on: the request that loaded a context into the engine's cache
+    # before the measured one sent it again (llama-benchy's "context load"; Spark Arena's ctx rows).
+    context_load: bool = False
 
     @property
     def ok(self) -> bool:
@@ -301,10 +307,15 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         if isinstance(timings, dict):
             record.server_timings = {k: float(v) for k, v in timings.items()
                                      if k in TIMINGS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if "cache_n" in record.server_timings:  # llama.cpp: prompt tokens it took from its cache
+                record.cached_tokens = int(record.server_timings["cache_n"])
         usage = data.get("usage")
         if usage:
             if isinstance(usage.get("prompt_tokens"), int):
                 record.prompt_tokens = usage["prompt_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                record.cached_tokens = details["cached_tokens"]
             if isinstance(usage.get("completion_tokens"), int):
                 state["usage"] = usage["completion_tokens"]
         choices = data.get("choices")

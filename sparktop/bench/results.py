@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktop.bench.request import RequestRecord
-from sparktop.bench.stats import EngineWatch, LevelStats, level_stats, percentile
+from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats, percentile
 from sparktop.errors import SparktopError as UserError
 
 META = "meta.json"
@@ -52,22 +52,22 @@ class Run:
     def label(self) -> str:
         return self.meta.get("label") or self.meta.get("topology") or self.id
 
-    def batches(self) -> dict[int, list[list[RequestRecord]]]:
-        """Complete batches per level. A batch cut short by a crash is left
-        out of the figures (its requests stay on disk); when a resumed run
-        redid it, the complete attempt is the one that counts."""
-        groups: dict[tuple[int, int, int], list[RequestRecord]] = defaultdict(list)
+    def batches(self) -> dict[LevelKey, list[list[RequestRecord]]]:
+        """Complete batches per level (its concurrency, and its depth in a depth sweep). A batch cut short
+        by a crash is left out of the figures (its requests stay on disk); when a resumed run redid it, the
+        complete attempt is the one that counts."""
+        groups: dict[tuple[int, int, int, int], list[RequestRecord]] = defaultdict(list)
         for r in self.records:
-            if r.scheduled is not None:
-                continue  # a rate sweep's request (`rate_levels`), not part of a batch
-            groups[(r.level, r.run, r.attempt)].append(r)
-        chosen: dict[tuple[int, int], list[RequestRecord]] = {}
-        for (level, run, _attempt), recs in sorted(groups.items()):
+            if r.scheduled is not None or r.context_load:
+                continue  # a rate sweep's request (`rate_levels`), or a context loaded before a batch
+            groups[(r.depth, r.level, r.run, r.attempt)].append(r)
+        chosen: dict[tuple[int, int, int], list[RequestRecord]] = {}
+        for (depth, level, run, _attempt), recs in sorted(groups.items()):
             if len(recs) >= level:
-                chosen[(level, run)] = sorted(recs, key=lambda r: r.index)
-        out: dict[int, list[list[RequestRecord]]] = defaultdict(list)
-        for (level, _run), recs in sorted(chosen.items()):
-            out[level].append(recs)
+                chosen[(depth, level, run)] = sorted(recs, key=lambda r: r.index)
+        out: dict[LevelKey, list[list[RequestRecord]]] = defaultdict(list)
+        for (depth, level, _run), recs in sorted(chosen.items()):
+            out[LevelKey(level, depth)].append(recs)
         return dict(out)
 
     def incomplete(self) -> int:
@@ -98,7 +98,18 @@ class Run:
             return self.imported_levels
         latency = float(self.meta.get("latency_s") or 0.0)
         pp = int((self.meta.get("settings") or {}).get("pp") or 0)
-        return [level_stats(c, bs, latency, pp, self.engine.get(c)) for c, bs in sorted(self.batches().items())]
+        levels = [level_stats(c, bs, latency, pp + c.depth, self.engine.get(c))
+                  for c, bs in sorted(self.batches().items())]
+        loads: dict[tuple[int, int], dict[int, list[RequestRecord]]] = defaultdict(lambda: defaultdict(list))
+        for r in self.records:
+            if r.context_load:
+                loads[(r.depth, r.level)][r.run].append(r)
+        for lv in levels:
+            batches = loads.get((lv.depth, lv.concurrency))
+            if batches:
+                lv.context_load = level_stats(LevelKey(lv.concurrency, lv.depth), list(batches.values()), latency,
+                                              lv.depth, peak=False)
+        return levels
 
 
 class RunWriter:
@@ -131,7 +142,9 @@ class RunWriter:
         self._requests.flush()
 
     def engine_level(self, concurrency: int, watch: EngineWatch) -> None:
-        self._engine.write(json.dumps({"concurrency": concurrency, **watch.__dict__}) + "\n")
+        depth = getattr(concurrency, "depth", 0)
+        extra = {"depth": depth} if depth else {}
+        self._engine.write(json.dumps({"concurrency": int(concurrency), **extra, **watch.__dict__}) + "\n")
         self._engine.flush()
 
     def update(self, **fields) -> None:
@@ -177,6 +190,12 @@ def load_run(path: str | Path) -> Run:
     if p.is_file():
         return import_llama_benchy(p)
     meta_path = p / META
+    if (p / "benchmark.csv").is_file() and (p / "metadata.json").is_file():  # Spark Arena's files
+        from sparktop.bench.arena import read_arena
+
+        run = read_arena(p)
+        run.meta.update(json.loads(meta_path.read_text()) if meta_path.exists() else {})
+        return run
     if (p / "llama-benchy.json").exists():  # imported with `sparktop runs --import`
         run = import_llama_benchy(p / "llama-benchy.json")
         run.path = p
@@ -198,7 +217,8 @@ def load_run(path: str | Path) -> Run:
     for d in _read_jsonl(p / ENGINE):
         c = d.pop("concurrency", None)
         if isinstance(c, int):
-            engine[c] = EngineWatch(**{k: v for k, v in d.items() if k in EngineWatch.__dataclass_fields__})
+            key = LevelKey(c, int(d.pop("depth", 0) or 0))
+            engine[key] = EngineWatch(**{k: v for k, v in d.items() if k in EngineWatch.__dataclass_fields__})
     return Run(p, meta, records, engine)
 
 

@@ -69,6 +69,47 @@ def _std(values: list[float]) -> float | None:
     return statistics.pstdev(values) if values else None
 
 
+class LevelKey(int):
+    """A sweep level: its concurrency (the int it is) and the context depth it ran at. A level at depth 0
+    equals and hashes as its plain concurrency, so runs without depths (and every table keyed by
+    concurrency) read as before; at a depth it formats as `4 @4096` (`f"c{key}"` reads c4 @4096). Levels
+    sort by depth, then concurrency."""
+
+    depth: int
+
+    def __new__(cls, concurrency: int, depth: int = 0) -> LevelKey:
+        key = super().__new__(cls, concurrency)
+        key.depth = depth
+        return key
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LevelKey):
+            return int(self) == int(other) and self.depth == other.depth
+        if isinstance(other, int):
+            return self.depth == 0 and int(self) == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return int.__hash__(self) if self.depth == 0 else hash((self.depth, int(self)))
+
+    def __lt__(self, other: int) -> bool:
+        return (self.depth, int(self)) < (getattr(other, "depth", 0), int(other))
+
+    def __format__(self, spec: str) -> str:
+        text = int.__repr__(self) if not spec else int.__format__(int(self), spec)
+        return f"{text} @{self.depth}" if self.depth and not spec else text
+
+    def __str__(self) -> str:
+        return self.__format__("")
+
+    def __repr__(self) -> str:
+        return f"LevelKey({int(self)}, depth={self.depth})"
+
+
 @dataclass
 class BatchStats:
     requests: int
@@ -99,7 +140,9 @@ def batch_stats(records: list[RequestRecord], latency: float = 0.0, expected_pro
     prompt_sum = 0
     unmeasured = 0  # streams read in one piece: no decode rate to see in them
     for r in ok:
-        prompt = r.prompt_tokens or expected_prompt
+        # What was prefilled: a prompt's tokens served from the prefix cache were not (a figure that counts
+        # them is the 770,000 t/s prefill no GB10 can do).
+        prompt = max(0, (r.prompt_tokens or expected_prompt) - (r.cached_tokens or 0))
         prompt_sum += prompt
         ttft.append(first[id(r)] - r.start)
         # Prefill ends with the first token, not with a first response that
@@ -224,9 +267,21 @@ class LevelStats:
     # of its prompt processing, generated tokens per second of its decoding; means over the level's requests.
     server_pp_tps_req: float | None = None
     server_tg_tps_req: float | None = None
+    depth: int = 0  # context tokens before each prompt (a depth sweep's level)
+    cached_prompt_tokens: float | None = None  # per request, served from the prefix cache (not prefilled)
+    # --prefix-cache on at a depth: the requests that loaded each context before the measured ones
+    # (llama-benchy's context-load phase; Spark Arena's ctx_pp / ctx_tg rows).
+    context_load: LevelStats | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["concurrency"] = int(self.concurrency)
+        d.pop("context_load", None)
+        return d
+
+    @property
+    def key(self) -> LevelKey:
+        return LevelKey(int(self.concurrency), self.depth)
 
     def cost_per_mtok(self, price_per_kwh: float | None) -> float | None:
         """What a million generated tokens cost in electricity at this price per kWh."""
@@ -264,8 +319,10 @@ def level_stats(concurrency: int, batches: list[list[RequestRecord]], latency: f
     timings = [r.server_timings for r in records if r.ok and r.server_timings]
     e2e_total = _mean([b.e2e_tps_total for b in per if b.e2e_tps_total is not None])
     j_per_token = eng.power_w / e2e_total if eng.power_w is not None and e2e_total else None
+    cached = [r.cached_tokens for r in records if r.ok and r.cached_tokens is not None]
     return LevelStats(
-        concurrency=concurrency, runs=len(batches), requests=len(records),
+        depth=getattr(concurrency, "depth", 0), cached_prompt_tokens=_mean([float(c) for c in cached]),
+        concurrency=int(concurrency), runs=len(batches), requests=len(records),
         errors=sum(1 for r in records if not r.ok), timeouts=sum(1 for r in records if r.timed_out),
         pp_tps_total=_mean(pp_tot), pp_tps_req=_mean(pp_req),
         tg_tps_total=_mean(tg_tot), tg_tps_req=_mean(tg_req),

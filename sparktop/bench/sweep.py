@@ -56,7 +56,7 @@ from sparktop.bench.events import (
 from sparktop.bench.prompts import LocalTokenizer, PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, now, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
-from sparktop.bench.stats import EngineWatch, LevelStats, level_stats
+from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats
 from sparktop.errors import SparktopError
 from sparktop.events import emitting
 
@@ -140,7 +140,21 @@ class SweepSettings:
     max_levels: int = 12  # levels a search may measure
     min_rate: float = 0.05  # a search stops halving below this
     rate_tolerance: float = 0.10  # a search stops when the bracket is this narrow (relative)
-    prefix_cache: bool = False  # at a depth: one shared context (cached after the first request) or one each
+    # At a depth: each context loaded into the engine's cache by a request of its own before the measured
+    # one reuses it (llama-benchy's --enable-prefix-caching), or sent once, cold.
+    prefix_cache: bool = False
+    # A depth sweep: each concurrency at each of these context depths (instead of `depth`), in `cells`' order
+    # when given ([[depth, concurrency], ...]: Spark Arena's heat-aware order), else depth by depth.
+    depths: list[int] | None = None
+    cells: list[list[int]] | None = None
+    warmup_first_only: bool = False  # warm up before the first level only (a profile's: each warms the next)
+    profile: str | None = None  # the published profile these settings are (`--profile spark-arena-v2`)
+
+    def level_cells(self) -> list[tuple[int, int]]:
+        """(depth, concurrency) of every lockstep level, in the order they run."""
+        if self.cells:
+            return [(int(d), int(c)) for d, c in self.cells]
+        return [(d, c) for d in (self.depths or [self.depth]) for c in self.levels]
 
     def validate(self) -> None:
         if not self.levels or any(c < 1 for c in self.levels):
@@ -235,7 +249,7 @@ class _Target:
 @dataclass
 class _Level:
     index: int
-    concurrency: int
+    concurrency: LevelKey  # and its depth
     timeout: float
     done: int  # requests recorded at this level so far
     attempt: int  # on its records: a re-measurement gets a new one
@@ -404,7 +418,8 @@ class Sweep:
         self._attempt = 1  # the newest attempt number in use
         # Complete batches per level: a resumed run's from disk, then this
         # session's as they finish (the level figures need no re-read).
-        self._batches: dict[int, list[list[RequestRecord]]] = {}
+        self._batches: dict[LevelKey, list[list[RequestRecord]]] = {}
+        self._contexts: dict[int, PromptMaker] = {}  # per depth: contexts of that many tokens
 
     # -- server facts -----------------------------------------------------------
 
@@ -443,10 +458,11 @@ class Sweep:
         context = model.get("max_model_len") or (meta.get("n_ctx") if isinstance(meta, dict) else None)
         if not isinstance(context, int) or context <= 0:
             return
-        need = self.s.pp + self.s.tg + self.s.depth
+        depth = max(d for d, _ in self.s.level_cells())
+        need = self.s.pp + self.s.tg + depth
         if need > context:
             raise SweepError(f"{self.s.endpoint}: a request of --pp {self.s.pp} --tg {self.s.tg}"
-                             + (f" --depth {self.s.depth}" if self.s.depth else "")
+                             + (f" --depth {depth}" if depth else "")
                              + f" needs {need} tokens of context; the server holds {context} per request")
 
     async def _latency(self, session: aiohttp.ClientSession) -> float:
@@ -657,11 +673,46 @@ class Sweep:
             return None
         per = self._batch_secs[c]
         eta = per * batches_left_here
-        for nxt in self.s.levels[level_index + 1:]:
+        for _depth, nxt in self.s.level_cells()[level_index + 1:]:
             # Decode is bandwidth-bound: a bigger batch takes longer, but far
             # less than proportionally. A rough guess, refined level by level.
             eta += per * math.sqrt(nxt / c) * (self.s.runs + (1 if self.s.warmup else 0))
         return eta
+
+    def _context(self, to: _Target, depth: int) -> str | None:
+        """A new context of `depth` tokens to put before a prompt (None at depth 0): every request its own,
+        so no two requests share a prefix the engine could reuse (with --prefix-cache on, a request reuses
+        its own context, loaded just before: `_load_contexts`)."""
+        if not depth:
+            return None
+        maker = self._contexts.get(depth)
+        if maker is None:
+            per_word = to.prompts.words / max(1, self.s.pp - to.prompts.template)
+            maker = self._contexts[depth] = PromptMaker(depth, max(1, round(depth * per_word)), 0, False)
+        return maker.make()
+
+    async def _load_contexts(self, to: _Target, level: _Level, run: int, contexts: list[str],
+                             record: bool) -> None:
+        """--prefix-cache on, at a depth: each context sent once on its own (a "." for a prompt, as
+        llama-benchy does), all together, so the measured requests that follow find it in the engine's
+        prefix cache and their prefill is their prompt's. Kept as context-load records, out of the level's
+        figures."""
+        c = level.concurrency
+
+        async def one(i: int) -> None:
+            rec = RequestRecord(level=int(c), run=run, index=i, attempt=level.attempt, depth=c.depth,
+                                context_load=True)
+            payload = self._payload(to.model, to.prompts, None)
+            payload["messages"] = [{"role": "system", "content": contexts[i]}, {"role": "user", "content": "."}]
+            self._flight.add()
+            try:
+                await stream_chat(to.url, payload, rec, level.timeout, self._headers, to.tokenizer)
+            finally:
+                self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
+            if record:
+                self._out.append(rec)
+
+        await asyncio.gather(*(one(i) for i in range(len(contexts))))
 
     async def _batch(self, to: _Target, level: _Level, run: int, record: bool) -> list[RequestRecord]:
         c = level.concurrency
@@ -670,12 +721,21 @@ class Sweep:
 
         # Every prompt is made before the first request leaves, so the batch
         # reaches the server together (as llama-benchy's does).
-        payloads = [self._payload(to.model, to.prompts, to.context) for _ in range(c)]
+        depth = c.depth
+        contexts = [self._context(to, depth) for _ in range(c)]
+        payloads = [self._payload(to.model, to.prompts, None) for _ in range(c)]
+        for payload, context in zip(payloads, contexts, strict=True):
+            if context is not None:
+                payload["messages"].insert(0, {"role": "system", "content": context})
+        cached = depth if depth and self.s.prefix_cache else None
+        if cached:
+            await self._load_contexts(to, level, run, [x for x in contexts if x is not None], record)
         batch_start = time.perf_counter()
 
         async def one(i: int) -> RequestRecord:
             nonlocal decoded, first
-            rec = RequestRecord(level=c, run=run, index=i, attempt=level.attempt)
+            rec = RequestRecord(level=int(c), run=run, index=i, attempt=level.attempt, depth=depth,
+                                cached_tokens=cached)
             self._flight.add()
             try:
                 await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers, to.tokenizer)
@@ -690,7 +750,7 @@ class Sweep:
                 first = rec.first_token if first is None else min(first, rec.first_token)
                 decoded += rec.decode_tokens
             live = decoded / (now() - first) if first is not None and now() > first else None
-            self._emit(RequestDone(rec, self._done, self._total, level.done, c * self.s.runs, live,
+            self._emit(RequestDone(rec, self._done, self._total, level.done, int(c) * self.s.runs, live,
                                    self._eta(level.index, c, self.s.runs - run)))
             return rec
 
@@ -728,10 +788,11 @@ class Sweep:
                 self._power = None  # no reading (no nvidia-smi there, a node down): no energy figures
             power = asyncio.ensure_future(self._watch_power()) if self._power is not None else None
             try:
-                for index, c in enumerate(s.levels):
+                for index, (depth, conc) in enumerate(s.level_cells()):
+                    c = LevelKey(conc, depth)
                     have = min(done_batches.get(c, 0), s.runs)
                     if have < s.runs:
-                        level = _Level(index, c, s.timeout or request_timeout(s.pp + s.depth, s.tg, c), have * c,
+                        level = _Level(index, c, s.timeout or request_timeout(s.pp + depth, s.tg, conc), have * conc,
                                        to.attempt)
                         reason = await self._measure(to, level, have)
                         if reason is not None:
@@ -801,8 +862,9 @@ class Sweep:
         else:
             run_id = new_run_id(to.model, s.topology or s.label, meta["started"])
             self.writer = RunWriter(self.root, run_id, meta)
-        self._total = sum(c * s.runs for c in s.levels)
-        self._done = sum(min(done_batches.get(c, 0), s.runs) * c for c in s.levels)
+        cells = [LevelKey(c, d) for d, c in s.level_cells()]
+        self._total = sum(c * s.runs for c in cells)
+        self._done = sum(min(done_batches.get(c, 0), s.runs) * c for c in cells)
         self._emit(SweepStarted(run_id, self.writer.dir, to.model, s, self._total, self._done))
         return done_batches
 
@@ -834,7 +896,7 @@ class Sweep:
             self._emit(LevelContaminated(c, level.attempt, watch.foreign_requests, watch.contamination or "", False))
         self._out.engine_level(c, watch)
         stats = self._level(c)
-        self.levels = [lv for lv in self.levels if lv.concurrency != c] + [stats]
+        self.levels = [lv for lv in self.levels if lv.key != c] + [stats]
         self._emit(LevelDone(stats))
         return reason
 
@@ -845,7 +907,7 @@ class Sweep:
         if self._watched:
             self._window = await self._wait_idle(to.session, c)
         try:
-            if s.warmup:
+            if s.warmup and (not s.warmup_first_only or level.index == 0):
                 self._emit(LevelStarted(c, True))
                 await self._batch(to, level, 0, record=False)
             self._emit(LevelStarted(c, False))
@@ -873,8 +935,8 @@ class Sweep:
             self._measuring = False
         return reason
 
-    def _level(self, c: int) -> LevelStats:
-        return level_stats(c, self._batches.get(c, []), self.latency, self.s.pp + self.s.depth, self._engine)
+    def _level(self, c: LevelKey) -> LevelStats:
+        return level_stats(c, self._batches.get(c, []), self.latency, self.s.pp + c.depth, self._engine)
 
     @property
     def _out(self) -> RunWriter:

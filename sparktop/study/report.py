@@ -22,6 +22,7 @@ import re
 import shlex
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def _mean_spread(spreads: list[Spread | None]) -> Spread | None:
     return Spread(se, 1)
 
 
-def _shape_levels(at: Levels, levels: list[int]) -> list[int]:
+def _shape_levels(at: Levels, levels: Sequence[int]) -> list[int]:
     if not levels:
         return []
     if isinstance(at, tuple):
@@ -148,7 +149,7 @@ def _shape_levels(at: Levels, levels: list[int]) -> list[int]:
     return [1] if at == "lowest" and 1 in levels else [levels[0]] if at == "lowest" else [levels[-1]]
 
 
-def _recommend(study: Study, columns: list[str], levels: list[int], by_run: dict, spread_by_run: dict,
+def _recommend(study: Study, columns: list[str], levels: Sequence[int], by_run: dict, spread_by_run: dict,
                dirty: dict[str, dict[int, str]]) -> list[dict]:
     out = []
     tops = {t.name: t for t in study.topologies}
