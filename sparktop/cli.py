@@ -409,6 +409,9 @@ def _add_sweeping(add) -> None:
     rate.add_argument("--seed", type=int, default=0, help="random seed of the arrivals (default 0)")
     rate.add_argument("--slo", metavar="TARGETS", help="service-level targets, e.g. ttft_p95=2s,itl_p95=100ms: "
                       "goodput (requests/s meeting them) and the share meeting them per level")
+    rate.add_argument("--trace", metavar="FILE", help="replay a trace: JSON lines of timestamp (ms), input_length, "
+                      "output_length[, hash_ids] (the Mooncake format AIPerf and GuideLLM read), each request at its "
+                      "own time with its own lengths")
     rate.add_argument("--find-max-rate", action="store_true", help="search for the highest rate meeting --slo "
                       "(doubling from the first --rate, default 1, then halving the gap)")
     sweep.add_argument("--profile", metavar="NAME", help="a published profile, run as published: spark-arena-v2 "

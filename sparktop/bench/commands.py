@@ -39,7 +39,7 @@ EXIT_ERROR_RATE = 3
 def cmd_sweep(args) -> int:
     from sparktop.settings import results_dir
 
-    if getattr(args, "rate", None) or getattr(args, "find_max_rate", False):
+    if getattr(args, "rate", None) or getattr(args, "find_max_rate", False) or getattr(args, "trace", None):
         return cmd_rate_sweep(args)
     root = Path(args.results) if args.results else results_dir()
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
@@ -364,11 +364,18 @@ def cmd_rate_sweep(args) -> int:
     if args.resume:
         raise SweepError("--resume: a rate sweep is measured afresh (its finished requests stay in its run)")
     rates = parse_rates(args.rate) if args.rate else [1.0]
+    if args.trace:
+        from sparktop.bench.trace import load_trace
+
+        if args.rate or args.find_max_rate:
+            raise SweepError("--trace replays the trace's own times: leave --rate and --find-max-rate out")
+        load_trace(args.trace)  # a bad line is an error now, before anything is sent
     root = Path(args.results) if args.results else results_dir()
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     settings = SweepSettings(
         endpoint=args.endpoint, rates=rates, arrivals=args.arrivals, requests=args.requests, duration=args.duration,
         max_concurrency=args.max_concurrency, seed=args.seed, slo=args.slo, find_max_rate=args.find_max_rate,
+        trace=args.trace,
         prefix_cache=args.prefix_cache == "on", pp=args.pp, tg=args.tg, depth=_one_depth(args.depth),
         model=args.model,
         extra_body=parse_extra_body(args.extra_body), timeout=args.timeout, max_error_rate=args.max_error_rate,
@@ -390,7 +397,8 @@ def cmd_rate_sweep(args) -> int:
                 console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl")
             case RateLevelStarted(rate=rate, requests=n):
                 progress.update(level_task, visible=True, completed=0, total=n, info="",
-                                description=f"{rate:g} requests/s ({settings.arrivals})")
+                                description=f"{rate:g} requests/s ({settings.arrivals})" if rate is not None
+                                else f"replaying {settings.trace}")
             case RequestDone():
                 progress.update(level_task, completed=event.level_done, total=event.level_total)
             case RateLevelDone(stats=lv):
@@ -430,8 +438,9 @@ def cmd_rate_sweep(args) -> int:
     if args.json:
         print(json.dumps(rate_json(run, levels, max_rate), indent=2, default=str))
     else:
-        console.print(rate_table(levels, f"{run.meta.get('model')} · pp{settings.pp} tg{settings.tg} · "
-                                         f"{settings.arrivals} arrivals"
+        what = (f"replay of {settings.trace}" if settings.trace
+                else f"pp{settings.pp} tg{settings.tg} · {settings.arrivals} arrivals")
+        console.print(rate_table(levels, f"{run.meta.get('model')} · {what}"
                                  + (f" · SLO {settings.slo}" if settings.slo else ""), console.width))
         if max_rate is not None:
             console.print(f"[bold]{max_rate.text}[/]")

@@ -31,7 +31,7 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from sparktop.bench.events import (
     MaxRateFound,
@@ -277,8 +277,11 @@ def rate_level_stats(records: list[RequestRecord], rate: float | None, arrivals:
     mean_c, peak_c = _in_flight(records)
     behind = None
     lag95 = percentile(lags, 0.95)
-    if rate is not None and lags:
-        gap = 1.0 / rate
+    due_all = sorted(r.scheduled for r in records if r.scheduled is not None)
+    schedule_rate = rate or ((len(due_all) - 1) / (due_all[-1] - due_all[0])
+                             if len(due_all) > 2 and due_all[-1] > due_all[0] else None)
+    if schedule_rate is not None and lags:
+        gap = 1.0 / schedule_rate
         if lag95 is not None and lag95 > max(BEHIND_MIN_S, BEHIND_SHARE * gap):
             behind = (f"sends ran late: p95 {lag95 * 1000:.0f} ms behind schedule (a tenth of the mean gap is "
                       f"{BEHIND_SHARE * gap * 1000:.0f} ms)")
@@ -390,7 +393,9 @@ class RateSweep(Sweep):
             try:
                 if s.warmup:
                     await self._warm_up(to)
-                if s.find_max_rate:
+                if s.trace:
+                    reason = await self._trace_level(to)
+                elif s.find_max_rate:
                     reason = await self._find_max_rate(to)
                 else:
                     for index, rate in enumerate(s.rates or []):
@@ -468,6 +473,45 @@ class RateSweep(Sweep):
             first = next((r.error for r in records if r.error), None) or "errors"
             return (f"stopped at {rate:g} requests/s: {errors} of {len(records)} requests failed "
                     f"({errors / len(records):.0%} > {s.max_error_rate:.0%}); first: {first}")
+        return None
+
+    async def _trace_level(self, to: _Target) -> str | None:
+        """The trace replayed once: each request at its own time, with its own prompt and output length."""
+        from sparktop.bench.trace import TracePrompts, load_trace
+
+        s = self.s
+        assert s.trace is not None
+        trace = load_trace(s.trace)
+        if self.context_len is not None:
+            for r in trace.requests:
+                if r.input_tokens + r.output_tokens > self.context_len:
+                    raise SweepError(f"{trace.path}:{r.line}: a request of {r.input_tokens} prompt and "
+                                     f"{r.output_tokens} output tokens; the server holds {self.context_len} "
+                                     "per request")
+        template = to.prompts.template
+        prompts = TracePrompts(to.prompts.words / max(1, s.pp - template), s.seed)
+        payloads = []
+        for r in trace.requests:
+            payload = self._payload(to.model, to.prompts, None)
+            # The chat template's tokens come on top of the text: the text is that much shorter.
+            payload["messages"] = [{"role": "user", "content": prompts.text(
+                replace(r, input_tokens=max(1, r.input_tokens - template)))}]
+            # Its recorded output length, exactly: a replay is of the same work.
+            payload.update(max_tokens=r.output_tokens, min_tokens=r.output_tokens, ignore_eos=True)
+            payloads.append(payload)
+        self._total = len(payloads)
+        self._emit(RateLevelStarted(None, len(payloads), 1))
+        self._engine = EngineWatch(attempt=self._attempt)
+        records = await self._send(to, [r.offset_s for r in trace.requests], None, 1, payloads)
+        stats = rate_level_stats(records, None, "trace", self.slo, 0)
+        self.rate_levels.append(stats)
+        self._out.update(rate_levels=[lv.as_dict() for lv in self.rate_levels],
+                         trace={"path": str(trace.path), "requests": len(trace.requests),
+                                "duration_s": trace.duration_s, "rate": trace.rate})
+        self._emit(RateLevelDone(stats))
+        if records and stats.errors / len(records) > s.max_error_rate:
+            first = next((r.error for r in records if r.error), None) or "errors"
+            return f"{stats.errors} of {len(records)} requests failed; first: {first}"
         return None
 
     async def _send(self, to: _Target, offsets: list[float], rate: float | None, index: int,

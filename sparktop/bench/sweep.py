@@ -143,6 +143,7 @@ class SweepSettings:
     # At a depth: each context loaded into the engine's cache by a request of its own before the measured
     # one reuses it (llama-benchy's --enable-prefix-caching), or sent once, cold.
     prefix_cache: bool = False
+    trace: str | None = None  # a rate sweep replaying this trace (bench/trace.py) instead of `rates`
     # A depth sweep: each concurrency at each of these context depths (instead of `depth`), in `cells`' order
     # when given ([[depth, concurrency], ...]: Spark Arena's heat-aware order), else depth by depth.
     depths: list[int] | None = None
@@ -169,7 +170,7 @@ class SweepSettings:
             raise SweepError(f"--max-error-rate must be between 0 and 1, got {self.max_error_rate}")
         if self.idle_timeout < 0:
             raise SweepError(f"--idle-timeout must not be negative, got {self.idle_timeout}")
-        if self.rates is not None or self.find_max_rate:
+        if self.rates is not None or self.find_max_rate or self.trace:
             self._validate_rates()
 
     def _validate_rates(self) -> None:
@@ -420,6 +421,7 @@ class Sweep:
         # session's as they finish (the level figures need no re-read).
         self._batches: dict[LevelKey, list[list[RequestRecord]]] = {}
         self._contexts: dict[int, PromptMaker] = {}  # per depth: contexts of that many tokens
+        self.context_len: int | None = None  # the tokens a request may hold, as /v1/models says
 
     # -- server facts -----------------------------------------------------------
 
@@ -458,6 +460,7 @@ class Sweep:
         context = model.get("max_model_len") or (meta.get("n_ctx") if isinstance(meta, dict) else None)
         if not isinstance(context, int) or context <= 0:
             return
+        self.context_len = context
         depth = max(d for d, _ in self.s.level_cells())
         need = self.s.pp + self.s.tg + depth
         if need > context:

@@ -103,3 +103,23 @@ def test_the_cli_prints_json_a_script_can_read(tmp_path):
                 "slo_share", "lag_p95"):
         assert isinstance(lv[key], float), key
     assert bad.returncode != 0 and "--slo" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_a_trace_is_replayed_at_its_own_times_with_its_own_lengths(twin, tmp_path):
+    server = await twin("llama-3.1-8b", speed=20)
+    lines = [{"timestamp": 1000 + 150 * i, "input_length": 200 + 100 * (i % 3), "output_length": 8 + 4 * (i % 2),
+              "hash_ids": [i % 2]} for i in range(16)]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    sweep = RateSweep(settings(server.url, trace=str(trace), pp=128), tmp_path)
+    await sweep.run()
+    (lv,) = sweep.rate_levels
+    assert lv.rate is None and lv.requests == 16 and lv.errors == 0 and lv.behind is None
+    records = sorted((r for r in load_run(sweep.writer.dir).records if r.scheduled is not None),
+                     key=lambda r: r.scheduled)
+    # Each at its own time (150 ms apart, within the event loop's noise) ...
+    gaps = [b.start - a.start for a, b in zip(records, records[1:], strict=False)]
+    assert all(abs(g - 0.150) < 0.03 for g in gaps), gaps
+    # ... with the server counting the trace's own prompt and output lengths.
+    assert [r.prompt_tokens for r in records] == [x["input_length"] for x in lines]
+    assert [r.completion_tokens for r in records] == [x["output_length"] for x in lines]
