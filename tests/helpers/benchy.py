@@ -18,8 +18,11 @@ BOOK_URL = "http://book.invalid/book.txt"  # never fetched: the cache has it
 
 def run_llama_benchy(url: str, model: str, tokenizer: Path, workdir: Path, *, pp: int, tg: int,
                      levels: list[int], runs: int, exact_tg: bool = True,
-                     prefix: list[str] | None = None) -> dict[int, dict]:
-    """`prefix`: put before the command (e.g. taskset, to keep it off the server's core)."""
+                     prefix: list[str] | None = None, extra: list[str] | None = None,
+                     raw: bool = False):
+    """By concurrency; `raw`: every benchmark entry as llama-benchy wrote it (a depth run has one per depth,
+    and a context-load entry per depth with --enable-prefix-caching). `extra`: more of its arguments;
+    `prefix`: put before the command (e.g. taskset, to keep it off the server's core)."""
     benchy = llama_benchy()
     home = workdir / "benchy-home"
     cache = home / ".cache" / "llama-benchy"
@@ -31,7 +34,8 @@ def run_llama_benchy(url: str, model: str, tokenizer: Path, workdir: Path, *, pp
         [*(prefix or []), str(benchy), "--base-url", url + "/v1", "--model", model, "--tokenizer", str(tokenizer),
          "--book-url", BOOK_URL, "--pp", str(pp), "--tg", str(tg), "--concurrency", *map(str, levels),
          "--runs", str(runs), *(["--exact-tg"] if exact_tg else []), "--skip-coherence", "--format", "json",
-         "--save-result", str(out)],
+         "--save-result", str(out), *(extra or [])],
         env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return {b["concurrency"]: b for b in json.loads(out.read_text())["benchmarks"]}
+    entries = json.loads(out.read_text())["benchmarks"]
+    return entries if raw else {b["concurrency"]: b for b in entries}

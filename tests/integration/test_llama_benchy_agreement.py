@@ -70,3 +70,59 @@ def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
                        for c, n, m, r, d, tol in rows)
     print(report)
     assert all(abs(d) <= tol for *_, d, tol in rows), report
+
+
+@pytest.fixture(scope="module")
+def at_depth(tmp_path_factory):
+    """Both tools at depth 0 and 4096, each context loaded into the prefix cache before the measured request
+    (llama-benchy's --enable-prefix-caching, sparktop's --prefix-cache on): {(depth, c): (ours, theirs)}."""
+    tmp_path = tmp_path_factory.mktemp("depth")
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", book_text())
+    twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), speed=2,
+                                   log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
+    try:
+        entries = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path, pp=int(PP), tg=int(TG),
+                                   levels=[1, 2], runs=int(RUNS), raw=True,
+                                   extra=["--depth", "0", "4096", "--enable-prefix-caching"])
+        sp = subprocess.run(
+            [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
+             "--pp", PP, "--tg", TG, "-c", "1,2", "--runs", RUNS, *EXACT, "--depth", "0,4096", "--prefix-cache",
+             "on", "--json", "--results", str(tmp_path / "results")],
+            capture_output=True, text=True, timeout=900)
+        assert sp.returncode == 0, sp.stderr[-2000:]
+    finally:
+        twin.terminate()
+        twin.wait(10)
+    theirs = {(e["context_size"], e["concurrency"]): e for e in entries if not e.get("is_context_prefill_phase")}
+    (run_dir,) = (tmp_path / "results").iterdir()
+    ours = {(lv.depth, lv.concurrency): lv for lv in load_run(run_dir).levels()}
+    assert set(ours) == set(theirs) == {(0, 1), (0, 2), (4096, 1), (4096, 2)}
+    assert all(lv.errors == 0 for lv in ours.values())
+    return {key: (ours[key], theirs[key]) for key in sorted(ours)}
+
+
+def _report(rows) -> str:
+    return "\n".join(f"d{d} c{c} {n:4} sparktop {m:10.2f}  llama-benchy {r:10.2f}  {x:+.2%}"
+                     for (d, c), n, m, r, x in rows)
+
+
+def test_at_depth_both_measure_the_same_decode_and_the_same_ttft_without_a_context(at_depth):
+    """Issue 28: within 5 % at depth 0 and 4096."""
+    rows = []
+    for key, (o, t) in at_depth.items():
+        rows.append((key, "tg", o.tg_tps_total_llama_benchy, t["tg_throughput"]["mean"],
+                     o.tg_tps_total_llama_benchy / t["tg_throughput"]["mean"] - 1))
+        if key[0] == 0:
+            ttft = t["e2e_ttft"]["mean"]
+            rows.append((key, "ttft", o.ttft_ms_mean, ttft, o.ttft_ms_mean / ttft - 1))
+    print(_report(rows))
+    assert all(abs(x) <= 0.05 for *_, x in rows), _report(rows)
+
+
+@pytest.mark.xfail(strict=True, reason="not met yet: after a cached 4096-token context sparktop's TTFT reads "
+                                       "4-7 % lower than llama-benchy's on the twin; the cause is not found")
+def test_at_depth_4096_the_ttft_after_a_cached_context_agrees(at_depth):
+    rows = [(key, "ttft", o.ttft_ms_mean, t["e2e_ttft"]["mean"], o.ttft_ms_mean / t["e2e_ttft"]["mean"] - 1)
+            for key, (o, t) in at_depth.items() if key[0] == 4096]
+    print(_report(rows))
+    assert all(abs(x) <= 0.05 for *_, x in rows), _report(rows)
