@@ -461,6 +461,18 @@ def _add_studying(add) -> None:
     study.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
                        help="concurrency levels (default 1,2,4,8,16,32,64)")
     study.add_argument("--runs", type=int, default=5, help="batches per level (default 5)")
+    load = study.add_argument_group("request rates and depth (instead of lockstep concurrency, or besides it)")
+    load.add_argument("--rate", metavar="RATES", help="sweep each topology at these request rates (per second) "
+                      "instead of concurrency levels")
+    load.add_argument("--slo", metavar="TARGETS", help="e.g. ttft_p95=2s,itl_p95=100ms: goodput per topology")
+    load.add_argument("--find-max-rate", action="store_true", help="find each topology's highest rate meeting "
+                      "--slo: the report ranks them by it")
+    load.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
+    load.add_argument("--requests", type=int, metavar="N", help="requests per rate level (default: --duration's)")
+    load.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds per rate level (30)")
+    load.add_argument("--depth", default="0", metavar="TOKENS", help="context depths to sweep (0,4096,16384)")
+    load.add_argument("--prefix-cache", choices=["on", "off"], default="off",
+                      help="with --depth: load each context into the cache before the measured request")
     study.add_argument("--pp", type=int, default=1024, help="prompt tokens per request (default 1024)")
     study.add_argument("--tg", type=int, default=128, help="tokens to generate per request (default 128)")
     study.add_argument("--extra-body", action="append", metavar="KEY=VALUE",

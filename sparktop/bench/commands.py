@@ -232,6 +232,28 @@ def cmd_compare(args) -> int:
             raise SparktopError(f"--label given {len(args.label)} times for {len(runs)} runs")
         for run, label in zip(runs, args.label, strict=False):
             run.meta["label"] = label
+    modes = {r.mode for r in runs}
+    if len(modes) > 1:
+        raise SparktopError("compare: rate sweeps and concurrency sweeps measure different things; compare "
+                            "each kind with its own")
+    if modes == {"rate"}:
+        if args.json:
+            names, _, _ = cmp.rate_table(runs)
+            print(json.dumps({"runs": [{"id": r.id, "label": n, **cmp._meta(r)} for n, r in zip(names, runs,
+                                                                                                  strict=False)],
+                              "levels": {n: [lv.as_dict() for lv in r.rate_levels()] for n, r in zip(names, runs,
+                                                                                                      strict=False)},
+                              "max_rates": {n: r.meta.get("max_rate") for n, r in zip(names, runs, strict=False)}},
+                             indent=2, default=str))
+            return 0
+        text = cmp.rate_markdown(runs)
+        if args.md or args.csv:
+            print(text, end="")
+        else:
+            from rich.markdown import Markdown
+
+            Console().print(Markdown(text))
+        return 0
     if args.json:
         print(json.dumps(cmp.as_json(runs), indent=2, default=str))
     elif args.csv:

@@ -261,3 +261,58 @@ def _meta(run: Run) -> dict:
     keep = ("model", "topology", "recipe", "nodes", "vllm_version", "sparktop_version", "tool", "started",
             "ended", "status", "settings")
     return {k: run.meta.get(k) for k in keep if k in run.meta}
+
+
+# -- rate sweeps --------------------------------------------------------------------------------------------
+
+RATE_METRICS = (("goodput", "Goodput (requests/s meeting the SLO)", True, "/s"),
+                ("request_throughput", "Request throughput (requests/s)", True, "/s"),
+                ("output_tps", "Output tokens/s", True, "t/s"),
+                ("ttft_p95", "TTFT p95 (ms)", False, "ms"),
+                ("itl_p95", "ITL p95 (ms)", False, "ms"))
+
+
+def rate_table(runs: list[Run]) -> tuple[list[str], list[float], dict[str, dict[float, object]]]:
+    """Rate sweeps side by side: names, the rates any of them ran, and each run's level per rate."""
+    names = labels(runs)
+    by_run = {n: {lv.rate: lv for lv in run.rate_levels() if lv.rate is not None}
+              for n, run in zip(names, runs, strict=False)}
+    rates = sorted({r for levels in by_run.values() for r in levels})
+    return names, rates, by_run
+
+
+def rate_markdown(runs: list[Run]) -> str:
+    """A table per figure, a row per rate, a column per run, and the best per row (no noise model: a rate
+    level is one measurement)."""
+    names, rates, by_run = rate_table(runs)
+    parts = []
+    for key, title, higher, unit in RATE_METRICS:
+        if not any(getattr(lv, key, None) is not None for levels in by_run.values() for lv in levels.values()):
+            continue
+        head = ["Rate", *names] + (["Best"] if len(names) > 1 else [])
+        rows = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
+        for rate in rates:
+            vals: dict[str, float | None] = {}
+            for n in names:
+                lv = by_run[n].get(rate)
+                v = getattr(lv, key, None) if lv is not None else None
+                vals[n] = v * 1000 if v is not None and unit == "ms" else v
+            cells = [f"{rate:g}/s", *(fmt(vals[n], unit) for n in names)]
+            if len(names) > 1:
+                known = {n: v for n, v in vals.items() if v is not None}
+                cells.append((max if higher else min)(known, key=lambda n: known[n]) if known else "—")
+            rows.append(f"| {' | '.join(cells)} |")
+        parts.append(f"### {title}\n\n" + "\n".join(rows))
+    lines = []
+    for n, run in zip(names, runs, strict=False):
+        m = run.meta.get("max_rate") or {}
+        if not m:
+            continue
+        if m.get("rate"):
+            tail = f" ({m['failed_at']:.3g}/s does not)" if m.get("failed_at") else ""
+            lines.append(f"- {n}: {m['rate']:.3g} requests/s{tail}")
+        else:
+            lines.append(f"- {n}: no rate met it")
+    if lines:
+        parts.append("### Max rate meeting the SLO\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"

@@ -168,7 +168,7 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
             recipe, inventory, study_entries(recipes, args.topologies, count),
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
             extra_body=parse_extra_body(args.extra_body), overrides=overrides,
-            nodes=nodes, recipes=recipes,
+            nodes=nodes, recipes=recipes, load=_load_options(args),
             inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
@@ -234,3 +234,31 @@ def cmd_report(args) -> int:
     sys.stdout.write(text)
     return 0
 
+
+
+def _load_options(args) -> dict:
+    """A study's rate, SLO and depth options (`--rate`, `--slo`, `--find-max-rate`, `--depth`, ...), checked as
+    a sweep would check them."""
+    from sparktop.bench.commands import parse_depths
+    from sparktop.bench.load import parse_rates, parse_slo
+
+    out: dict = {}
+    if getattr(args, "rate", None):
+        out["rates"] = parse_rates(args.rate)
+    if getattr(args, "slo", None):
+        parse_slo(args.slo)
+        out["slo"] = args.slo
+    if getattr(args, "find_max_rate", False):
+        if not out.get("slo"):
+            raise SparktopError("--find-max-rate needs --slo (e.g. --slo ttft_p95=2s,itl_p95=100ms)")
+        out["find_max_rate"] = True
+        out.setdefault("rates", [1.0])
+    if getattr(args, "depth", None):
+        depths = parse_depths(args.depth)
+        if depths != [0]:
+            out["depths"] = depths
+    for key in ("arrivals", "requests", "duration"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    out["prefix_cache"] = getattr(args, "prefix_cache", "off") == "on"
+    return out

@@ -144,13 +144,20 @@ def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constant
     startup = sum(stages.values()) + EXTRA_START_S.get(name, 0.0)
     batches = study.runs + 1  # the warm-up batch is as long as one measured
     sweep = CALIBRATE_S + sum(batches * (r.wall_s_mean or 0.0) for r in rows)
+    if study.rates or study.find_max_rate:
+        # A rate level sends for its duration, then drains; a search measures about six of them.
+        levels = 6 if study.find_max_rate else len(study.rates or [])
+        sweep = CALIBRATE_S + levels * (study.duration + max((r.wall_s_mean or 0.0) for r in rows))
+    elif study.depths:
+        sweep *= len(study.depths)  # at least: a deeper context only adds to each batch
     return Estimate(startup, sweep)
 
 
 def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list[TopologyState], *,
               levels: list[int], runs: int, pp: int, tg: int, extra_body: dict, overrides: dict,
               nodes: list[str] | None, inventory_path: str | None,
-              recipes: dict[str, Recipe] | None = None) -> tuple[Study, dict[str, Estimate | None]]:
+              recipes: dict[str, Recipe] | None = None,
+              load: dict | None = None) -> tuple[Study, dict[str, Estimate | None]]:
     """A planned study (not yet on disk) and the estimate per topology (entries of `study_entries`, or layout
     names of one recipe); `recipes`: each runtime's recipe, in a study across runtimes."""
     card = recipe.twin_card()
@@ -161,6 +168,7 @@ def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list
         extra_body=dict(extra_body), overrides=dict(overrides), recipe_path=str(recipe.path),
         card=card.name if card is not None else None, inventory=inventory_path, nodes=list(nodes or []),
         image=recipe.image or inventory.defaults.image,
+        **(load or {}),  # rates, slo, find_max_rate, arrivals, requests, duration, depths, prefix_cache
     )
     k, key = constants_for_inventory(inventory)
     study.inventory_key = key

@@ -114,9 +114,49 @@ def _load(study: Study) -> tuple[dict[str, Run], dict[str, str]]:
             problems[t.name] = str(e)
             continue
         run.meta["label"] = t.name  # the column name, the same in `sparktop compare`
-        if run.levels():
+        if run.levels() or (run.mode == "rate" and run.rate_levels()):
             runs[t.name] = run
     return runs, problems
+
+
+def _rates(columns: list[str], runs: dict[str, Run]) -> dict | None:
+    """A rate study's answer: goodput and the SLO's verdict per rate and topology, each topology's highest
+    rate meeting the SLO (its search's bracket and confidence), and which serves the most (None: no rates)."""
+    per = {n: runs[n].rate_levels() for n in columns if runs[n].mode == "rate"}
+    if not per:
+        return None
+    rates = sorted({lv.rate for lvs in per.values() for lv in lvs if lv.rate is not None})
+    rows = []
+    for rate in rates:
+        values: dict[str, dict | None] = {}
+        for n, lvs in per.items():
+            lv = next((x for x in reversed(lvs) if x.rate == rate), None)
+            values[n] = None if lv is None else {
+                "goodput": lv.goodput, "share": lv.slo_share, "meets": bool(lv.meets_slo) and not lv.saturated
+                and not lv.behind, "request_throughput": lv.request_throughput, "output_tps": lv.output_tps,
+                "ttft_p95": lv.ttft_p95, "itl_p95": lv.itl_p95, "saturated": lv.saturated, "behind": lv.behind}
+        rows.append({"rate": rate, "values": values})
+    max_rates = {n: runs[n].meta.get("max_rate") for n in per}
+    # Without a search, a topology's max rate is the highest rate it met the SLO at, of those tried.
+    for n, lvs in per.items():
+        if max_rates[n] is None and any(lv.slo for lv in lvs):
+            met = [lv.rate for lv in lvs if lv.rate is not None and lv.meets_slo and not lv.saturated
+                   and not lv.behind]
+            failed = [lv.rate for lv in lvs if lv.rate is not None and lv.rate not in met]
+            best_lv = next((lv for lv in lvs if met and lv.rate == max(met)), None)
+            max_rates[n] = {"rate": max(met) if met else None,
+                            "failed_at": min((r for r in failed if not met or r > max(met)), default=None),
+                            "share": best_lv.slo_share if best_lv else None,
+                            "lower": best_lv.slo_lower if best_lv else None,
+                            "requests": best_lv.requests if best_lv else 0}
+    ranked = sorted(((m["rate"], n) for n, m in max_rates.items() if m and m.get("rate")), reverse=True)
+    best = None
+    if ranked:
+        best = {"topology": ranked[0][1], "rate": ranked[0][0],
+                "runner_up": ranked[1][1] if len(ranked) > 1 else None,
+                "margin": ranked[0][0] / ranked[1][0] - 1 if len(ranked) > 1 else None}
+    slo = next((runs[n].meta.get("slo") for n in per if runs[n].meta.get("slo")), None)
+    return {"slo": slo, "rows": rows, "max_rates": max_rates, "best": best}
 
 
 def _contaminated(t: TopologyState, run: Run | None) -> dict[int, str]:
@@ -364,6 +404,8 @@ def build(study: Study) -> dict:
             "overrides": dict(study.overrides), "nodes": list(study.nodes), "inventory": study.inventory,
             "inventory_key": study.inventory_key, "created": study.created, "updated": study.updated,
             "ended": study.ended, "estimate_s": study.estimate_s, "sparktop_version": study.sparktop_version,
+            "rates": study.rates, "slo": study.slo, "find_max_rate": study.find_max_rate,
+            "arrivals": study.arrivals, "depths": study.depths, "prefix_cache": study.prefix_cache,
             "path": str(study.path) if study.path else None,
         },
         "generated": {"at": time.time(), "sparktop_version": __version__},
@@ -382,6 +424,7 @@ def build(study: Study) -> dict:
                     "lines": d["lines"], "levels_measured": d["levels_measured"]} for d in unfinished],
         "topologies": topologies,
         "reproduce": reproduce(study),
+        "rates": _rates(columns, runs),
     }
 
 
@@ -463,16 +506,24 @@ def document(data: dict) -> list[Block]:
     nodes = ", ".join(st["nodes"]) or "—"
     out.append(Heading(1, f"{st['recipe']}: {len(data['topologies'])} topologies compared"))
     versions = sorted({t["vllm_version"] for t in data["topologies"] if t["vllm_version"]})
+    if st.get("rates") or st.get("find_max_rate"):
+        rates = st.get("rates") or [1.0]
+        how = (f"the highest rate meeting {st.get('slo')}, searched from {rates[0]:g}/s" if st.get("find_max_rate")
+               else f"{', '.join(f'{r:g}' for r in rates)} requests/s") + f", {st.get('arrivals')} arrivals"
+    else:
+        how = f"{levels_text(data['levels'] or st['levels'])}, {st['runs']} batches per level"
+        if st.get("depths"):
+            how += f", at depths {', '.join(f'{d:,}' for d in st['depths'])}"
     out.append(Para(
         f"**{st['model']}** on {nodes} · image `{st['image'] or 'unknown'}` · vLLM {', '.join(versions) or 'unknown'}"
-        f" · pp{st['pp']} tg{st['tg']} · {levels_text(data['levels'] or st['levels'])}, "
-        f"{st['runs']} batches per level · study `{st['id']}` ({st['state']}), {_when(st['created'])}", "lede"))
+        f" · pp{st['pp']} tg{st['tg']} · {how} · study `{st['id']}` ({st['state']}), {_when(st['created'])}",
+        "lede"))
     if not cols:
         out.append(Para("Nothing was measured: no topology has a finished level yet."))
 
     # The answer first.
     recs = [r for r in data["recommendations"] if r.get("best") or r.get("why")]
-    if recs and cols:
+    if recs and cols and data["tables"]:  # a rate study has no lockstep levels to recommend from
         out.append(Heading(2, "Recommendations", "recommendations"))
         rows = []
         for r in recs:
@@ -497,7 +548,10 @@ def document(data: dict) -> list[Block]:
         if data["summary"]:
             out.append(Bullets(data["summary"]))
 
-    if cols:
+    if data.get("rates"):
+        out += _rate_blocks(data["rates"], cols)
+
+    if cols and data["tables"]:
         out.append(Heading(2, "Charts", "charts"))
         out.append(Charts())
 
@@ -580,6 +634,56 @@ def document(data: dict) -> list[Block]:
         "`sparktop compare` on the same runs names the same winners."))
     out.append(Para(f"Report by sparktop {data['generated']['sparktop_version']}, "
                     f"{_when(data['generated']['at'])}.", "quiet"))
+    return out
+
+
+def _share(x: float) -> str:
+    """97 %, or 99.7 % where a whole percent would round a shortfall away."""
+    return f"{x:.0%}" if x < 0.995 or x == 1 else f"{x:.1%}"
+
+
+def _rate_blocks(rates: dict, cols: list[str]) -> list[Block]:
+    """A rate study: the most requests per second within the SLO per topology, then goodput per rate."""
+    out: list[Block] = []
+    slo = ", ".join(rates.get("slo") or []) or "no SLO given"
+    out.append(Heading(2, f"Requests per second within the SLO ({slo})", "rates"))
+    best = rates.get("best")
+    if best:
+        margin = f", {pct(best['margin'])} more than {best['runner_up']}" if best.get("margin") is not None else ""
+        out.append(Para(f"**{best['topology']}** serves the most: {best['rate']:.3g} requests/s within the SLO"
+                        f"{margin}."))
+    rows = []
+    for n in cols:
+        m = (rates.get("max_rates") or {}).get(n) or {}
+        if not m:
+            continue
+        conf = (f"{_share(m['share'])} of {m['requests']} met it (95 % lower bound {_share(m['lower'])})"
+                if m.get("share") is not None and m.get("lower") is not None else "—")
+        rows.append([Cell(n), Cell(f"{m['rate']:.3g}/s" if m.get("rate") else "none met it",
+                                   cls="win" if best and best["topology"] == n else ""),
+                     Cell(f"{m['failed_at']:.3g}/s" if m.get("failed_at") else "—"), Cell(conf)])
+    if rows:
+        out.append(Table(["Topology", "Max rate meeting the SLO", "First rate missing it", "At the max rate"], rows,
+                         [], "rates"))
+    head = ["Rate", *cols]
+    body = []
+    for r in rates["rows"]:
+        cells = [Cell(f"{r['rate']:.3g}/s")]
+        for n in cols:
+            v = r["values"].get(n)
+            if v is None:
+                cells.append(Cell("—", cls="none"))
+                continue
+            good = f"{v['goodput']:.3g}/s" if v.get("goodput") is not None else fmt(v["request_throughput"], "/s")
+            why = "queue grew" if v.get("saturated") else "client behind" if v.get("behind") else ""
+            note = ", ".join(x for x in ((f"{v['share']:.0%} met" if v.get("share") is not None else ""),
+                                         f"TTFT p95 {v['ttft_p95'] * 1000:,.0f} ms" if v.get("ttft_p95") else "",
+                                         why) if x)
+            cells.append(Cell(good, note, "win" if v.get("meets") else "dirty"))
+        body.append(cells)
+    out.append(Heading(3, "Goodput per rate (requests/s that met every target)", "goodput"))
+    out.append(Table(head, body, ["green: the rate met the SLO; a queue that grew through the level, or a client "
+                                  "that fell behind its schedule, does not"], "goodput"))
     return out
 
 

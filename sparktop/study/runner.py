@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 
 from sparktop import __version__
-from sparktop.bench.events import LevelDone, LevelStarted, SweepFinished, SweepStarted
+from sparktop.bench.events import LevelDone, LevelStarted, RateLevelStarted, SweepFinished, SweepStarted
+from sparktop.bench.load import RateSweep
 from sparktop.bench.sweep import Sweep, SweepSettings
 from sparktop.events import emitting
 from sparktop.launch.events import Stage
@@ -287,10 +288,16 @@ class StudyRunner:
         self._stage(t, "sweeping")
         # What a user of the layout calls: its router when it has one, else its (one) engine.
         api = next((e for e in plan.endpoints if e.kind == "router"), plan.endpoints[0])
+        by_rate = bool(study.rates or study.find_max_rate)
         settings = SweepSettings(
             endpoint=api.url, levels=list(study.levels), runs=study.runs, pp=study.pp, tg=study.tg,
             extra_body=dict(study.extra_body), max_error_rate=self.max_error_rate, recipe=self.recipe_of(t).id,
-            topology=t.layout_name, nodes=list(plan.nodes), label=t.name, runtime=plan.runtime)
+            topology=t.layout_name, nodes=list(plan.nodes), label=t.name, runtime=plan.runtime,
+            depths=list(study.depths) if study.depths and not by_rate else None,
+            depth=(study.depths or [0])[0] if by_rate else 0, prefix_cache=study.prefix_cache,
+            rates=list(study.rates or [1.0]) if by_rate else None, slo=study.slo,
+            find_max_rate=study.find_max_rate, arrivals=study.arrivals, requests=study.requests,
+            duration=study.duration)
         # The guard watches the engines themselves: a router has no vLLM metrics.
         settings.guard_urls = [e.url for e in plan.endpoints if e.kind != "router"]
         executor = self._executor
@@ -299,8 +306,12 @@ class StudyRunner:
         previous = study.run_dir(t)
         # Energy per token: the GPU power of every node the topology runs on, read during each level.
         power = NodesPower({n: self.transports[n] for n in plan.nodes if n in self.transports})
-        sweep = Sweep(settings, study.runs_dir, resume=previous if previous and previous.exists() else None,
-                      api_key=key, power=power)
+        if by_rate:
+            # A rate topology is measured afresh on a resume: its levels are not batches that add up.
+            sweep: Sweep = RateSweep(settings, study.runs_dir, api_key=key, power=power)
+        else:
+            sweep = Sweep(settings, study.runs_dir, resume=previous if previous and previous.exists() else None,
+                          api_key=key, power=power)
         began = time.monotonic()
         finished: SweepFinished | None = None
         async for event in sweep.events():
@@ -311,6 +322,8 @@ class StudyRunner:
                     self._save()
                 case LevelStarted(concurrency=c, warmup=warm):
                     self._stage(t, f"sweeping c{c}" + (" (warm-up)" if warm else ""))
+                case RateLevelStarted(rate=rate):
+                    self._stage(t, f"sweeping {rate:g} requests/s" if rate is not None else "replaying a trace")
                 case LevelDone(stats=stats):
                     if getattr(stats, "contaminated", False) and stats.concurrency not in t.contaminated:
                         t.contaminated.append(stats.concurrency)

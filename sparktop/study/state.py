@@ -95,6 +95,16 @@ class Study:
     tg: int = 128
     extra_body: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)  # --set FLAG=VALUE, as vLLM flags
+    # A study of request rates (bench/load.py) instead of lockstep levels: each topology swept at these
+    # rates, or searched for its highest rate meeting `slo`; and the context depths a lockstep study sweeps.
+    rates: list[float] | None = None
+    slo: str | None = None
+    find_max_rate: bool = False
+    arrivals: str = "poisson"
+    requests: int | None = None
+    duration: float = 30.0
+    depths: list[int] | None = None
+    prefix_cache: bool = False
     recipe_path: str | None = None
     card: str | None = None  # the model card the predictions used
     inventory: str | None = None  # the inventory file, if one was given

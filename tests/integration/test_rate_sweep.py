@@ -123,3 +123,25 @@ async def test_a_trace_is_replayed_at_its_own_times_with_its_own_lengths(twin, t
     # ... with the server counting the trace's own prompt and output lengths.
     assert [r.prompt_tokens for r in records] == [x["input_length"] for x in lines]
     assert [r.completion_tokens for r in records] == [x["output_length"] for x in lines]
+
+
+async def test_rate_runs_compare_rate_by_rate(twin, tmp_path, capsys):
+    from sparktop.cli import main
+
+    fast = await twin("llama-3.1-8b", speed=20)
+    slow = await twin("llama-3.1-8b", speed=5)
+    a = await RateSweep(settings(fast.url, rates=[4.0], requests=12, slo="ttft_p95=2s", label="fast"),
+                        tmp_path).run()
+    b = await RateSweep(settings(slow.url, rates=[4.0], requests=12, slo="ttft_p95=2s", label="slow"),
+                        tmp_path).run()
+    assert main(["compare", str(a.path), str(b.path), "--md", "--label", "fast", "--label", "slow"]) == 0
+    text = capsys.readouterr().out
+    assert "| Rate | fast | slow | Best |" in text
+    ttft = text.split("### TTFT p95 (ms)")[1].split("###")[0]
+    assert "| 4/s |" in ttft and ttft.strip().splitlines()[-1].endswith("| fast |")  # the faster twin's is lower
+    from sparktop.bench.sweep import Sweep
+
+    lockstep = await Sweep(SweepSettings(endpoint=fast.url, levels=[1], runs=1, pp=64, tg=16, metrics=False,
+                                         warmup=False), tmp_path / "lockstep").run()
+    assert main(["compare", str(a.path), str(lockstep.path)]) != 0  # a rate run beside a lockstep one: refused
+    assert "measure different things" in capsys.readouterr().err
