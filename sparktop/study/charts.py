@@ -11,6 +11,7 @@ of the same colour, contaminated levels as hollow markers.
 from __future__ import annotations
 
 import io
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,12 @@ def colour(name: str, index: int) -> str:
 
 
 def _series(table: dict, name: str, what: str) -> tuple[list[int], list[float]]:
+    """Against concurrency: at the shallowest depth a depth study ran (its depths have charts of their own)."""
     xs, ys = [], []
+    shallow = min((row.get("depth", 0) for row in table["rows"]), default=0)
     for row in table["rows"]:
+        if row.get("depth", 0) != shallow:
+            continue
         v = row["values"].get(name, {}).get(what)
         if v is not None and v > 0:
             xs.append(row["concurrency"])
@@ -129,11 +134,108 @@ def _svg_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _style(ax, title: str, xlabel: str, ylabel: str) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.3g}" if v < 10 else f"{v:,.0f}"))
+    ax.set_title(title, fontsize=14, fontweight="bold", loc="left")
+    ax.set_xlabel(xlabel, fontsize=11)
+    ax.set_ylabel(ylabel, fontsize=11)
+    ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(labelsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=10)
+
+
+def goodput_figure(data: dict) -> Figure | None:
+    """A rate study: goodput against the rate offered, a line per topology, the offered rate as the diagonal
+    (what a server that keeps up and meets the SLO serves); hollow markers where the SLO was missed."""
+    rates = data.get("rates")
+    if not rates or not rates.get("rows"):
+        return None
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    fig = Figure(figsize=(10, 4.8), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    offered = [r["rate"] for r in rates["rows"]]
+    ax.plot(offered, offered, color="#999999", linewidth=1, linestyle=(0, (2, 2)), label="rate offered")
+    for i, name in enumerate(data["columns"]):
+        pts = [(r["rate"], v.get("goodput") if v.get("goodput") is not None else v.get("request_throughput"),
+                v.get("meets")) for r in rates["rows"] if (v := r["values"].get(name))]
+        pts = [p for p in pts if p[1] is not None]
+        if not pts:
+            continue
+        c = colour(name, i)
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], color=c, linewidth=2.2, label=name, zorder=3)
+        for x, y, ok in pts:
+            ax.plot([x], [y], marker="o", markersize=7, color=c, markerfacecolor=c if ok else "white",
+                    markeredgewidth=2, zorder=4)
+    ax.set_xscale("log", base=2)
+    # Powers of two labelled; a search's rates between them (bisections) as unlabelled ticks, so they never
+    # print over each other.
+    lo, hi = min(offered), max(offered)
+    powers = [2.0**k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1) if lo <= 2.0**k <= hi]
+    ax.xaxis.set_major_locator(FixedLocator(powers or sorted(set(offered))))
+    ax.xaxis.set_minor_locator(FixedLocator(sorted(set(offered) - set(powers))) if powers else NullLocator())
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+    slo = ", ".join(rates.get("slo") or [])
+    _style(ax, "Goodput against the rate offered (hollow: the SLO missed)",
+           f"requests/s offered (log scale) · SLO {slo}", "requests / s meeting the SLO")
+    return fig
+
+
+def depth_figures(data: dict) -> list[tuple[str, str, str, Figure]]:
+    """A depth study: decode throughput and TTFT against the context's depth, a line per topology and
+    concurrency."""
+    from matplotlib.figure import Figure
+
+    out = []
+    for key, slug, title, ylabel in (("tg_tps_total", "decode-by-depth", "Decode throughput against context "
+                                      "depth (higher is better)", "tokens / s"),
+                                     ("ttft_ms_mean", "ttft-by-depth", "Time to first token against context "
+                                      "depth (lower is better)", "milliseconds")):
+        table = next((t for t in data["tables"] if t["key"] == key), None)
+        if table is None or len({row.get("depth", 0) for row in table["rows"]}) < 2:
+            continue
+        fig = Figure(figsize=(10, 4.8), dpi=110, layout="constrained")
+        ax = fig.add_subplot()
+        styles = ["-", "--", ":", "-."]
+        for i, name in enumerate(data["columns"]):
+            for j, c in enumerate(sorted({row["concurrency"] for row in table["rows"]})):
+                pts = sorted((row.get("depth", 0), v) for row in table["rows"] if row["concurrency"] == c
+                             and (v := row["values"].get(name, {}).get("measured")) is not None)
+                if len(pts) > 1:
+                    ax.plot([d for d, _ in pts], [v for _, v in pts], color=colour(name, i), marker="o",
+                            linestyle=styles[j % len(styles)], linewidth=2, label=f"{name} c{c}")
+        ax.set_xlim(left=0)
+        _style(ax, title, "context tokens before the prompt", ylabel)
+        out.append((key + "_by_depth", slug, title, fig))
+    return out
+
+
+def _extra(data: dict) -> list[tuple[str, str, str, Figure]]:
+    out = depth_figures(data)
+    fig = goodput_figure(data)
+    if fig is not None:
+        out.insert(0, ("goodput", "goodput", "Goodput against the rate offered", fig))
+    return out
+
+
 def write(data: dict, out_dir: Path) -> list[dict]:
     """Each chart as SVG and PNG under `out_dir`; what was written, per chart
     (`key`, `title`, `svg`, `png` — paths relative to `out_dir`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    for key, slug, title, extra in _extra(data):
+        svg, png = f"{slug}.svg", f"{slug}.png"
+        (out_dir / svg).write_bytes(_svg_bytes(extra))
+        extra.savefig(out_dir / png, format="png", dpi=110, facecolor="white", metadata={"Software": None})
+        written.append({"key": key, "title": title, "svg": svg, "png": png})
     for chart in CHARTS:
         fig = figure(data, chart)
         if fig is None:
@@ -165,7 +267,7 @@ def inline_svg(fig: Figure) -> str:
 
 def inline(data: dict) -> list[dict]:
     """Each chart as inline SVG: `key`, `title`, `svg`."""
-    out = []
+    out = [{"key": key, "title": title, "svg": inline_svg(fig)} for key, _slug, title, fig in _extra(data)]
     for chart in CHARTS:
         fig = figure(data, chart)
         if fig is not None:

@@ -363,7 +363,8 @@ def build(study: Study) -> dict:
                              "contaminated": lv is not None and c in dirty[n]}
             w = compare.winner({n: v["measured"] for n, v in values.items()}, m,
                                compare.level_spreads(spread_by_run, c, m.key))
-            rows.append({"concurrency": c, "values": values, "winner": _winner_dict(w)})
+            rows.append({"concurrency": int(c), "depth": getattr(c, "depth", 0), "values": values,
+                         "winner": _winner_dict(w)})
         if any(v["measured"] is not None for r in rows for v in r["values"].values()):
             tables.append({"key": m.key, "title": m.title, "short": m.short, "unit": m.unit,
                            "higher_is_better": m.higher_is_better, "rows": rows})
@@ -551,7 +552,7 @@ def document(data: dict) -> list[Block]:
     if data.get("rates"):
         out += _rate_blocks(data["rates"], cols)
 
-    if cols and data["tables"]:
+    if cols and (data["tables"] or data.get("rates")):
         out.append(Heading(2, "Charts", "charts"))
         out.append(Charts())
 
