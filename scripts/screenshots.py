@@ -197,6 +197,31 @@ async def shoot_every_screen(size: tuple[int, int] = (120, 40)) -> None:
             await layouts.every_screen(pilot, results, shot)
 
 
+async def shoot_history() -> None:
+    """The history screen (h) at the three sizes, on the deterministic week tests/ui/test_history_screen.py
+    writes (a restart, a night of low memory, a KV spike, an engine down for an hour)."""
+    import os
+    import time
+
+    from sparktop.history.query import HistoryReader
+    from sparktop.history.store import HistoryStore
+    from tests.ui.test_history_screen import host, write_week
+
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_week(Path(tmp) / "history.sqlite")
+        store = HistoryStore.open(path, write=False)
+        try:
+            for size in ((80, 24), (120, 40), (160, 48)):
+                app = host(HistoryReader(store))
+                async with app.run_test(size=size) as pilot:
+                    await pilot.pause(0.5)
+                    save(app, f"history-{size[0]}x{size[1]}")
+        finally:
+            store.close()
+
+
 async def shoot_many_nodes() -> None:
     """The monitor with four and eight nodes at 80x24, 120x40 and 160x48, from
     the demo recording fanned out to that many nodes (as the snapshot tests)."""
@@ -348,6 +373,9 @@ async def main(args) -> None:
     if args.only == "nodes":
         await shoot_many_nodes()
         return
+    if args.only == "history":
+        await shoot_history()
+        return
     if args.only == "link":
         await shoot_link(args.model, args.warmup)
         return
@@ -420,7 +448,7 @@ if __name__ == "__main__":
     ap.add_argument("--record", help="also record the session to this JSONL file")
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
-    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link"],
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link", "history"],
                     help="only these pictures")
     ap.add_argument("--record-dir", help="with --only engines: record each mix there (recording-engines-N.jsonl)")
     asyncio.run(main(ap.parse_args()))
