@@ -27,7 +27,7 @@ from sparktop.bench.events import (
     WaitingForIdle,
 )
 from sparktop.bench.results import import_llama_benchy, list_runs, load_run
-from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_extra_body, parse_levels
+from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_depths, parse_extra_body, parse_levels
 from sparktop.errors import SparktopError
 from sparktop.observe.power import power_source
 from sparktop.settings import load_preferences
@@ -155,17 +155,6 @@ def cmd_sweep(args) -> int:
         console.print(f"[red]sweep {result.status}: {result.reason}[/]")
         return EXIT_ERROR_RATE
     return 0
-
-
-def parse_depths(text: str | int) -> list[int]:
-    """`--depth 0,4096,16384`: context tokens before the prompt, one level set per depth."""
-    try:
-        depths = [int(x) for x in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise SweepError(f"--depth {text!r}: expected token counts like 0,4096,16384") from None
-    if not depths or any(d < 0 for d in depths):
-        raise SweepError(f"--depth {text!r}: depths are token counts, 0 or more")
-    return list(dict.fromkeys(depths))
 
 
 def _one_depth(text: str | int) -> int:

@@ -206,6 +206,17 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def parse_depths(text: str | int) -> list[int]:
+    """`--depth 0,4096,16384`: context tokens before the prompt, one level set per depth."""
+    try:
+        depths = [int(x) for x in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise SweepError(f"--depth {text!r}: expected token counts like 0,4096,16384") from None
+    if not depths or any(d < 0 for d in depths):
+        raise SweepError(f"--depth {text!r}: depths are token counts, 0 or more")
+    return list(dict.fromkeys(depths))
+
+
 def parse_extra_body(items: list[str] | None) -> dict:
     """`--extra-body reasoning_effort=low` (repeatable; values are JSON when
     they parse as JSON) or one JSON object."""

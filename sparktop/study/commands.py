@@ -239,8 +239,8 @@ def cmd_report(args) -> int:
 def _load_options(args) -> dict:
     """A study's rate, SLO and depth options (`--rate`, `--slo`, `--find-max-rate`, `--depth`, ...), checked as
     a sweep would check them."""
-    from sparktop.bench.commands import parse_depths
     from sparktop.bench.load import parse_rates, parse_slo
+    from sparktop.bench.sweep import parse_depths
 
     out: dict = {}
     if getattr(args, "rate", None):
