@@ -433,6 +433,7 @@ class Sweep:
         self._batches: dict[LevelKey, list[list[RequestRecord]]] = {}
         self._contexts: dict[int, PromptMaker] = {}  # per depth: contexts of that many tokens
         self.context_len: int | None = None  # the tokens a request may hold, as /v1/models says
+        self.metrics_interval = METRICS_INTERVAL
 
     # -- server facts -----------------------------------------------------------
 
@@ -640,7 +641,7 @@ class Sweep:
                 if session.closed:
                     return
                 raise
-            await asyncio.sleep(METRICS_INTERVAL)
+            await asyncio.sleep(self.metrics_interval)
 
     async def _wait_idle(self, session: aiohttp.ClientSession, c: int) -> _Window:
         """Before a level: wait until the engines have nothing running or

@@ -76,8 +76,8 @@ def test_poisson_arrivals_have_the_rate_and_the_spread_of_a_poisson_process():
     assert schedule(4.0, 50, "poisson", random.Random(7)) == offsets[:50]  # the seed fixes them
 
 
-def test_constant_arrivals_are_evenly_spaced():
-    assert schedule(4.0, 5, "constant", random.Random(0)) == [0.0, 0.25, 0.5, 0.75, 1.0]
+def test_constant_arrivals_are_evenly_spaced_from_one_gap_after_the_start():
+    assert schedule(4.0, 5, "constant", random.Random(0)) == [0.25, 0.5, 0.75, 1.0, 1.25]
 
 
 def test_a_level_is_long_enough_for_its_rate():
@@ -87,9 +87,10 @@ def test_a_level_is_long_enough_for_its_rate():
 
 
 def test_level_figures_follow_the_definitions():
-    records = [rec(i * 0.5, ttft=0.2 + 0.01 * i, itl=0.02) for i in range(20)]
+    records = [rec(0.5 + i * 0.5, ttft=0.2 + 0.01 * i, itl=0.02) for i in range(20)]
     lv = rate_level_stats(records, 2.0, "constant")
-    span = records[-1].end - records[0].start
+    # From the level's start, one gap before the first send (as AIPerf and vLLM's client divide).
+    span = records[-1].end - 0.0
     assert lv.duration_s == pytest.approx(span)
     assert lv.request_throughput == pytest.approx(20 / span)
     assert lv.output_tps == pytest.approx(20 * 33 / span)
