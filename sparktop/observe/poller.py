@@ -295,7 +295,10 @@ class Poller:
                 return
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), remaining)
+                # A deadline on this task: `wait_for` would start a task for the wait and, at the timeout
+                # (every poll's end), cancel it and wait for it, each loop every second.
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
             except TimeoutError:
                 return
             # Interval changed: keep the original deadline unless it got shorter.
@@ -307,7 +310,8 @@ class Poller:
             await self._running.wait()
             started = loop.time()
             try:
-                snap = await asyncio.wait_for(w.probe.poll(), w.probe.timeout + 1)
+                async with asyncio.timeout(w.probe.timeout + 1):  # in this task: no task a poll to run it
+                    snap = await w.probe.poll()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is shown, none stops the loop

@@ -62,6 +62,9 @@ def _settle_gc() -> None:
     for nothing: a monitor left open all day pays for that."""
     gc.collect()
     gc.freeze()
+    # What a monitor allocates each second is mostly short-lived lines and strips freed by reference
+    # counting: a young collection every 10,000 allocations (not 700) finds the same, 16 times less often.
+    gc.set_threshold(10_000, 10, 10)
 
 
 class SparktopApp(App):

@@ -13,6 +13,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
+from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -75,6 +76,42 @@ def _columns(history: History, name: str, span: int, step: int) -> list[float]:
     return [max(values[i:i + step]) for i in range(start, len(values), step)]
 
 
+# How a line of text is cut into styled segments, by what decides it (the
+# console, the card's style, the line's style, its length and its spans):
+# the cuts and the style of each piece. From one second to the next a card's
+# lines change their figures but rarely their styling. Emptied when full.
+_SEGMENT_PLANS: dict[tuple, list[tuple[int, int, Style | None]]] = {}
+_SEGMENT_PLANS_MAX = 2048
+
+
+def line_segments(text: Text, console: Console, style: Style) -> list[Segment]:
+    """The segments of one line of a card under the card's `style`: what
+    `Segment.apply_style(text.render(console), style)` gives. Rich's render
+    depends on where the spans are, not on the characters: the first line
+    styled a way is rendered by Rich and its cuts kept, the next ones are
+    cut the same way (every line that changes comes here, every second)."""
+    plain = text.plain
+    spans = text.spans
+    if not spans:
+        return [Segment(plain, style) if style else Segment(plain)]  # Rich leaves out the line's own style then
+    key = (id(console), style, text.style, len(plain), tuple(spans))
+    plan = _SEGMENT_PLANS.get(key)
+    if plan is None:
+        segments = list(Segment.apply_style(text.render(console), style))
+        if any(segment.style is not None and segment.style.link for segment in segments):
+            return segments  # Rich gives a link a new id every time: never kept
+        plan = []
+        at = 0
+        for segment in segments:
+            plan.append((at, at + len(segment.text), segment.style))
+            at += len(segment.text)
+        if len(_SEGMENT_PLANS) >= _SEGMENT_PLANS_MAX:
+            _SEGMENT_PLANS.clear()
+        _SEGMENT_PLANS[key] = plan
+        return segments
+    return [Segment(plain[start:end], segment_style) for start, end, segment_style in plan]
+
+
 class Card(Widget, can_focus=True):
     kind = "card"
 
@@ -107,11 +144,14 @@ class Card(Widget, can_focus=True):
         # repaint only the lines that changed (the compositor and the
         # terminal then redraw those rows alone).
         strips: list[Strip | None] = list(old_strips)
+        changed = []
         for y, (before, after) in enumerate(zip(old_lines, lines, strict=True)):
             if before is not after and before != after:  # a sparkline row that did not move is the same Text
                 strips[y] = None
-                self.refresh(Region(0, y, width, 1))
+                changed.append(Region(0, y, width, 1))
         self._card_strips = strips
+        if changed:
+            self.refresh(*changed)  # one refresh: each clears the widget's caches and asks for an idle
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self._card_lines))
@@ -130,7 +170,7 @@ class Card(Widget, can_focus=True):
             # One Strip per line, cut to the width here: each Strip Textual
             # makes carries seven caches, and a line went through three.
             style = self._card_style or self.rich_style
-            segments = list(Segment.apply_style(self._card_lines[y].render(self.app.console), style))
+            segments = line_segments(self._card_lines[y], self.app.console, style)
             strip = Strip(Segment.adjust_line_length(segments, width, style), width)
             self._card_strips[y] = strip
         return strip
@@ -180,6 +220,15 @@ class Card(Widget, can_focus=True):
         history too."""
         rows = self.spark_height
         step = polls_per_column(rows)
+        # Between moves nothing it draws can change: a History only grows, a
+        # column is drawn once all its polls are in, and a series that appears
+        # fills its past with gaps. Known without reading the series, while
+        # the polls a chart shows fit in the history kept.
+        moment = (history.pushed // step, left[1] in history.series, right[1] in history.series, width, rows, left,
+                  right)
+        drawn = self._sparks_drawn
+        if drawn is not None and drawn[2] is history and drawn[3] == moment and width * step <= history.maxlen:
+            return drawn[1]
         series = []
         for label, name, top, style in (left, right):
             pad = max(len(label), 5) if rows > 2 else len(label)
@@ -189,21 +238,28 @@ class Card(Widget, can_focus=True):
         # objects, which the paint then knows unchanged without comparing.
         key = (width, rows, [(label, top, style, pad, span) for label, top, style, pad, span, _ in series],
                [values for *_, values in series])
-        if self._sparks_drawn is not None and self._sparks_drawn[0] == key:
-            return self._sparks_drawn[1]
-        columns = []
+        if drawn is not None and drawn[0] == key:
+            self._sparks_drawn = (key, drawn[1], history, moment)
+            return drawn[1]
+        sides = []
         for label, top, style, pad, span, values in series:
             shown = values[-span:] if span > 0 else []
-            chart = r.spark_rows(values, span, rows, top=top, style=style)
             peak = top if top is not None else (max(shown) if shown else 0)
             scale = ("100%" if top in (1.0, 100.0) else r.rate(peak)) if rows > 2 else ""
-            labelled = []
-            for i, line in enumerate(chart):
-                tag = label if i == rows - 1 else scale if i == 0 else ""
-                labelled.append(Text(f"{tag:<{pad}}"[:pad], style="dim") + line)
-            columns.append(labelled)
-        lines = r.side_by_side(columns[0], columns[1])
-        self._sparks_drawn = (key, lines)
+            tags = [label if i == rows - 1 else scale if i == 0 else "" for i in range(max(1, rows))]
+            sides.append((values, span, [f"{tag:<{pad}}"[:pad] for tag in tags], top, style))
+        lines = r.labelled_sparks(sides[0], sides[1], rows)
+        if drawn is not None and drawn[0][:3] == key[:3]:
+            # A row that reads the same keeps its Text: while the history is
+            # shorter than the chart, each move shifts where a row's blank
+            # cells start, spaces that look the same whatever their colour,
+            # and the rows above the line (most of a flat chart's) would be
+            # redrawn for nothing. Same size, labels and colours: a row's
+            # cells only take over its padding (spaces) or move their blocks,
+            # which changes what it reads.
+            lines = [before if before.plain == after.plain else after
+                     for before, after in zip(drawn[1], lines, strict=True)]
+        self._sparks_drawn = (key, lines, history, moment)
         return lines
 
     _sparks_drawn: tuple | None = None

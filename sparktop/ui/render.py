@@ -5,8 +5,9 @@ Rich `Text` only, so cards stay single widgets that repaint cheaply.
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Console
-from rich.text import Text
+from rich.text import Span, Text
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 GIB = 1024**3
@@ -53,6 +54,73 @@ def spark_rows(values: list[float], width: int, rows: int, top: float | None = N
         text = Text(" " * (width - len(cells)))
         text.append("".join(cells), style=style)
         out.append(text)
+    return out
+
+
+def _spark_parts(values: list[float], width: int, rows: int, top: float | None) -> list[tuple[str, str]]:
+    """Each row of `spark_rows(values, width, rows, top)` (top row first) as
+    (padding, cells): the strings it joins, without making Texts."""
+    if rows <= 1:
+        values = values[-width:] if width > 0 else []
+        if not values:
+            return [("·" * max(0, width), "")]
+        hi = top if top is not None else max(values)
+        cells = "".join(BLOCKS[1] if hi <= 0 or v <= 0 else BLOCKS[min(8, max(2, round(v / hi * 8)))]
+                        for v in values)
+        return [(" " * (width - len(cells)), cells)]
+    values = values[-width:] if width > 0 else []
+    hi = top if top is not None else (max(values) if values else 0)
+    levels = [1 if hi <= 0 or v <= 0 else max(2, round(v / hi * 8 * rows)) for v in values]
+    pad = " " * (width - len(levels))
+    if not levels:
+        return [(pad, "")] * rows
+    # Each column top to bottom (a level of eighths of a row: full rows, a part
+    # of one, blanks above), then the rows read across the columns.
+    column: dict[int, str] = {}
+    for level in levels:
+        if level not in column:
+            full, part = min(rows, level // 8), level % 8
+            tip = BLOCKS[part] if part and full < rows else ""
+            column[level] = " " * (rows - full - len(tip)) + tip + BLOCKS[8] * full
+    return [(pad, "".join(cells)) for cells in zip(*[column[level] for level in levels], strict=True)]
+
+
+def labelled_sparks(left: tuple, right: tuple, rows: int) -> list[Text]:
+    """Two sparklines side by side, each (values, width, rows' labels, top,
+    style), a row a Text: what `side_by_side` makes of `Text(label,
+    style="dim") + spark_rows(...)[i]` for each side, the same text and the
+    same spans, built in one go (a tall chart redraws a dozen rows at once,
+    and the Texts those steps make and copy were most of its cost)."""
+    sides = []
+    for values, width, labels, top, style in (left, right):
+        sides.append((labels, style, rows <= 1, _spark_parts(values, width, rows, top)))
+    (labels_l, style_l, one_l, parts_l), (labels_r, style_r, one_r, parts_r) = sides
+
+    def side(label: str, style: str, one: bool, pad: str, cells: str, at: int, spans: list[Span]) -> str:
+        # `Text(label, style="dim") + chart`: the chart's own style over all of it (a one-row spark's "dim"
+        # padding), then its cells' style.
+        chart = len(pad) + len(cells)
+        if chart:
+            start = at + len(label)
+            if one:
+                spans.append(Span(start, start + chart, "dim"))
+            if cells and style:
+                spans.append(Span(start + len(pad), start + chart, style))
+        return label + pad + cells
+
+    lefts = []
+    for label, (pad, cells) in zip(labels_l, parts_l, strict=True):
+        spans: list[Span] = []
+        plain = side(label, style_l, one_l, pad, cells, 0, spans)
+        lefts.append((plain, cell_len(label) + len(pad) + len(cells), spans))  # blocks and "·" take a cell each
+    width = max((cells for _, cells, _ in lefts), default=0)
+    out = []
+    for (plain, length, spans), label, (pad, cells) in zip(lefts, labels_r, parts_r, strict=True):
+        plain += " " * (width - length + 1)
+        at = len(plain)
+        right = label + pad + cells
+        spans.append(Span(at, at + len(right), "dim"))  # the right side's own style, as `append_text` adds it
+        out.append(Text(plain + side(label, style_r, one_r, pad, cells, at, spans), style="dim", spans=spans))
     return out
 
 

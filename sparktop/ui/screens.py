@@ -5,20 +5,21 @@ from __future__ import annotations
 import contextlib
 import time
 
-from rich.text import Text
+from rich.text import Span, Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
+from textual.strip import Strip
 from textual.widgets import Footer, Static
 
 from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
 from sparktop.ui import render as r
-from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts, link_of
+from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts, line_segments, link_of
 from sparktop.ui.detail_text import engine_details, node_details
 from sparktop.ui.messages import RepaintRequested, StateChanged
 from sparktop.ui.rows import EngineRow, NodeRow, summary_line
@@ -39,9 +40,40 @@ HEIGHTS = [(0, "-short"), (32, "-tall")]
 
 
 class StatusLine(Static):
+    """One line of status. Repainted every second (its clock), and through
+    Textual's visuals that one line cost more than a card's changed lines:
+    a Text that fits is drawn here as the card lines are, the same cells in
+    the same styles; anything else (a line too long for the screen, which
+    Textual wraps at a word) goes Textual's way."""
+
+    _line: Text | None = None
+    _line_strip: Strip | None = None
+    _line_key: tuple | None = None
+
     def update(self, content="", *, layout: bool = False) -> None:
         # One line that never changes size: repaint it, never relayout the screen.
         super().update(content, layout=layout)
+        self._line = content if isinstance(content, Text) else None
+        self._line_strip = None
+
+    def render_line(self, y: int) -> Strip:
+        text = self._line
+        width = self.size.width
+        if text is None or y != 0 or self.size.height != 1 or text.cell_len > width or "\n" in text.plain \
+                or self.text_selection is not None:  # Textual draws a selection
+            return super().render_line(y)
+        style = self.rich_style
+        key = (width, style)
+        if self._line_strip is None or self._line_key != key:
+            # As Textual shows a Text: its own style under all of it, its spans over that, and all of it
+            # over the widget's.
+            line = Text(text.plain, spans=[Span(0, len(text), text.style), *text.spans] if text.style else
+                        list(text.spans))
+            # Not padded: the rest of the line is the background's, as Textual pads it. Each piece says
+            # where it starts in the text, as Textual's do, for a selection made with the mouse.
+            self._line_strip = Strip(line_segments(line, self.app.console, style), text.cell_len).apply_offsets(0, 0)
+            self._line_key = key
+        return self._line_strip
 
 
 class LiveScreen(Screen):
@@ -226,7 +258,8 @@ class MonitorScreen(LiveScreen):
         self.post_message(RepaintRequested())
 
     def _sync(self, grid: Grid, cls, items: dict, histories: dict, extras) -> None:
-        cards = {card.key: card for card in grid.query(cls)}
+        # Its children, not a query: a selector walk every second for what sits straight in the grid.
+        cards = {card.key: card for card in grid.children if isinstance(card, cls)}
         if list(cards) != list(items):
             # Membership, order or view changed: rebuild in order (rare; keeps focus simple).
             focused = self.focused.key if isinstance(self.focused, Card) else None

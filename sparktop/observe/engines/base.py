@@ -11,6 +11,7 @@ is per instance, one instance per watched endpoint, holding its scrapes.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -53,9 +54,11 @@ class Answer:
     # poll's start, so a slow answer from a busy server does not bend the rate. 0 when unknown.
     at: float = 0.0
 
-    @property
+    @functools.cached_property
     def text(self) -> str | None:
-        """The body as UTF-8, or None when it is not (no engine answers bytes)."""
+        """The body as UTF-8, or None when it is not (no engine answers bytes).
+        Decoded once: a scrape's 50 kB were decoded three times a poll (its
+        checks, then the parse)."""
         try:
             return self.body.decode("utf-8")
         except UnicodeDecodeError:
