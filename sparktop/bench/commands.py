@@ -120,22 +120,8 @@ def cmd_sweep(args) -> int:
     prefs = load_preferences()  # the energy price: a bad settings file stops here, before any request
     sweep = Sweep(settings, root, resume=resume, api_key=api_key, power=power)
 
-    async def go() -> SweepFinished:
-        finished = None
-        with progress:
-            async for event in sweep.events():
-                show(event)
-                finished = event
-        assert isinstance(finished, SweepFinished)
-        return finished
-
-    try:
-        with _runner() as runner:
-            result = runner.run(go())
-    except KeyboardInterrupt:
-        if sweep.writer is not None:
-            console.print(f"interrupted: finished requests are in {sweep.writer.dir}/requests.jsonl; "
-                          f"resume with: sparktop sweep --resume {sweep.writer.dir}")
+    result = _drive(sweep, progress, show, console, resumable=True)
+    if result is None:
         return 130
     run = load_run(result.path)
     if args.json:
@@ -198,6 +184,28 @@ def guard_lines(run) -> list[str]:
     if guard.startswith("off:") and "not read" not in guard:
         out.append(f"no clean-measurement guard ({guard[4:].strip()}): foreign traffic would go unnoticed")
     return out
+
+
+def _drive(sweep: Sweep, progress: Progress, show, console: Console, resumable: bool) -> SweepFinished | None:
+    """Run a sweep, each event shown as it comes; None when Ctrl-C ended it (what finished is kept)."""
+
+    async def go() -> SweepFinished:
+        finished = None
+        with progress:
+            async for event in sweep.events():
+                show(event)
+                finished = event
+        assert isinstance(finished, SweepFinished)
+        return finished
+
+    try:
+        with _runner() as runner:
+            return runner.run(go())
+    except KeyboardInterrupt:
+        if sweep.writer is not None:
+            console.print(f"interrupted: finished requests are in {sweep.writer.dir}/requests.jsonl"
+                          + (f"; resume with: sparktop sweep --resume {sweep.writer.dir}" if resumable else ""))
+        return None
 
 
 def _runner() -> asyncio.Runner:
@@ -427,21 +435,8 @@ def cmd_rate_sweep(args) -> int:
             case MaxRateFound(result=result):
                 found.append(result)
 
-    async def go() -> SweepFinished:
-        finished = None
-        with progress:
-            async for event in sweep.events():
-                show(event)
-                finished = event
-        assert isinstance(finished, SweepFinished)
-        return finished
-
-    try:
-        with _runner() as runner:
-            result = runner.run(go())
-    except KeyboardInterrupt:
-        if sweep.writer is not None:
-            console.print(f"interrupted: finished requests are in {sweep.writer.dir}/requests.jsonl")
+    result = _drive(sweep, progress, show, console, resumable=False)
+    if result is None:
         return 130
     run = load_run(result.path)
     levels = run.rate_levels()

@@ -270,8 +270,9 @@ def rate_level_stats(records: list[RequestRecord], rate: float | None, arrivals:
     ends = [r.end for r in records if r.end is not None]
     # The span a level's rates are over: from its start (one mean gap before its first send is due, as
     # AIPerf's and vLLM's client's spans begin) to its last response; a trace's from its first request.
-    due = [r.scheduled for r in records if r.scheduled is not None]
-    origin = (min(due) - 1.0 / rate) if due and rate else min(starts) if starts else None
+    due = sorted(r.scheduled for r in records if r.scheduled is not None)
+    planned = (len(due) - 1) / (due[-1] - due[0]) if len(due) > 2 and due[-1] > due[0] else None
+    origin = (due[0] - 1.0 / rate) if due and rate else min(starts) if starts else None
     duration = max(ends) - origin if origin is not None and ends and max(ends) > origin else None
     out_tokens = sum(r.completion_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -285,17 +286,13 @@ def rate_level_stats(records: list[RequestRecord], rate: float | None, arrivals:
     mean_c, peak_c = _in_flight(records)
     behind = None
     lag95 = percentile(lags, 0.95)
-    due_all = sorted(r.scheduled for r in records if r.scheduled is not None)
-    schedule_rate = rate or ((len(due_all) - 1) / (due_all[-1] - due_all[0])
-                             if len(due_all) > 2 and due_all[-1] > due_all[0] else None)
+    schedule_rate = rate or planned
     if schedule_rate is not None and lags:
         gap = 1.0 / schedule_rate
         if lag95 is not None and lag95 > max(BEHIND_MIN_S, BEHIND_SHARE * gap):
             behind = (f"sends ran late: p95 {lag95 * 1000:.0f} ms behind schedule (a tenth of the mean gap is "
                       f"{BEHIND_SHARE * gap * 1000:.0f} ms)")
         # Against its own schedule (a Poisson schedule's realised rate is not the rate asked).
-        due = sorted(r.scheduled for r in records if r.scheduled is not None)
-        planned = (len(due) - 1) / (due[-1] - due[0]) if len(due) > 2 and due[-1] > due[0] else None
         uncapped = not any(h > 0 for h in held)
         if uncapped and send_rate is not None and planned is not None and len(sends) >= 10 \
                 and send_rate < SEND_SHORTFALL * planned:
@@ -336,7 +333,7 @@ def _r(rate: float) -> str:
     return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
-def _pct(share: float) -> str:
+def share_text(share: float) -> str:
     """97 %, or 99.7 % where a whole percent would round a shortfall away."""
     return f"{share:.0%}" if share < 0.995 or share == 1 else f"{share:.1%}"
 
@@ -362,8 +359,8 @@ class MaxRate:
                    else " (the search stopped before any rate failed)")
         share = ""
         if self.share is not None and self.lower is not None:
-            share = (f"; at it {_pct(self.share)} of {self.requests} requests met every target "
-                     f"(95 % lower bound {_pct(self.lower)})")
+            share = (f"; at it {share_text(self.share)} of {self.requests} requests met every target "
+                     f"(95 % lower bound {share_text(self.lower)})")
         return f"max rate {_r(self.rate)} requests/s meets the SLO{bracket}{share}"
 
 

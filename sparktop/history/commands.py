@@ -13,31 +13,22 @@ from rich.console import Console
 from rich.table import Table
 
 from sparktop.errors import SparktopError
-from sparktop.history.query import Day, Event, HistoryReader, Peak, Session, parse_since
+from sparktop.history.query import (
+    Day,
+    Event,
+    HistoryReader,
+    Peak,
+    Session,
+    count_text,
+    energy_text,
+    parse_since,
+    when_text,
+)
 from sparktop.history.store import HistoryStore
 from sparktop.settings import Preferences, load_preferences
 from sparktop.units import ago
 
 GIB = 1024**3
-
-
-def _when(t: float) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(t))
-
-
-def _count(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}G"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1e4:
-        return f"{n / 1e3:.1f}k"
-    return f"{n:,.0f}"
-
-
-def _energy(joules: float) -> str:
-    wh = joules / 3600.0
-    return f"{wh / 1000:.2f} kWh" if wh >= 1000 else f"{wh:.1f} Wh"
 
 
 def _peak_text(p: Peak) -> str:
@@ -90,7 +81,7 @@ def write_csv(found: dict, out: TextIO) -> None:
 
 
 def print_tables(found: dict, console: Console, prefs: Preferences, since: float, until: float, path: str) -> None:
-    console.print(f"history from {_when(since)} to {_when(until)} ([dim]{path}[/])")
+    console.print(f"history from {when_text(since)} to {when_text(until)} ([dim]{path}[/])")
     sessions: list[Session] = found["sessions"]
     if sessions:
         t = Table(title="serving sessions", title_justify="left")
@@ -99,11 +90,11 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
             t.add_column(col, justify="right" if col in ("tokens", "requests", "peak KV", "peak waiting",
                                                          "energy", "J/token") else "left")
         for s in sessions:
-            ended = f"serving ({ago(time.time() - s.last_seen)} ago)" if s.open else _when(s.ended or 0)
-            t.add_row(s.url, s.model or "?", s.node or "", _when(s.started), ended, s.end_reason or "",
-                      _count(s.gen_tokens), _count(s.requests),
+            ended = f"serving ({ago(time.time() - s.last_seen)} ago)" if s.open else when_text(s.ended or 0)
+            t.add_row(s.url, s.model or "?", s.node or "", when_text(s.started), ended, s.end_reason or "",
+                      count_text(s.gen_tokens), count_text(s.requests),
                       "" if s.peak_kv is None else f"{s.peak_kv:.0%}",
-                      "" if s.peak_waiting is None else f"{s.peak_waiting:.0f}", _energy(s.energy_j),
+                      "" if s.peak_waiting is None else f"{s.peak_waiting:.0f}", energy_text(s.energy_j),
                       "" if s.j_per_token is None else f"{s.j_per_token:.2f}")
         console.print(t)
     else:
@@ -114,9 +105,9 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
         for col in ("day", "engine", "models", "tokens", "prompt tokens", "requests", "energy", "cost", "watched"):
             t.add_column(col, justify="left" if col in ("day", "engine", "models") else "right")
         for d in days:
-            t.add_row(d.day, d.url, ", ".join(d.models), _count(d.gen_tokens), _count(d.prompt_tokens),
-                      _count(d.requests), _energy(d.energy_j), prefs.money(d.cost) if d.cost is not None else "",
-                      f"{d.minutes / 60:.1f} h")
+            t.add_row(d.day, d.url, ", ".join(d.models), count_text(d.gen_tokens), count_text(d.prompt_tokens),
+                      count_text(d.requests), energy_text(d.energy_j),
+                      prefs.money(d.cost) if d.cost is not None else "", f"{d.minutes / 60:.1f} h")
         console.print(t)
     peaks: list[Peak] = found["peaks"]
     if peaks:
@@ -124,7 +115,7 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
         for col in ("engine or node", "what", "when"):
             t.add_column(col)
         for p in peaks:
-            t.add_row(p.key, _peak_text(p), _when(p.t))
+            t.add_row(p.key, _peak_text(p), when_text(p.t))
         console.print(t)
     events: list[Event] = found["events"]
     if events:
@@ -133,7 +124,7 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
             t.add_column(col)
         style = {"error": "red", "warn": "yellow"}
         for e in events:
-            t.add_row(_when(e.t), e.key, f"[{style[e.level]}]{e.text}[/]" if e.level in style else e.text)
+            t.add_row(when_text(e.t), e.key, f"[{style[e.level]}]{e.text}[/]" if e.level in style else e.text)
         console.print(t)
     if not prefs.energy_price_per_kwh and days:
         console.print("[dim]costs: set energy_price_per_kwh in settings.yaml[/]")
@@ -145,7 +136,7 @@ def main_history(since: str, until: str | None, engine: str | None, fmt: str, pa
     start = parse_since(since, now)
     end = parse_since(until, now, "--until") if until else now
     if end <= start:
-        raise SparktopError(f"--until ({_when(end)}) is not after --since ({_when(start)})")
+        raise SparktopError(f"--until ({when_text(end)}) is not after --since ({when_text(start)})")
     store = HistoryStore.open(path, write=False)
     try:
         reader = HistoryReader(store)

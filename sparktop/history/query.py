@@ -41,6 +41,28 @@ def parse_since(text: str, now: float | None = None, option: str = "--since") ->
                             "(2026-11-20, 2026-11-20 08:00)") from None
 
 
+# -- how history's figures read (the CLI's tables and the history screen alike) ----------------
+
+
+def when_text(t: float) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(t))
+
+
+def count_text(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}G"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:,.0f}"
+
+
+def energy_text(joules: float) -> str:
+    wh = joules / 3600.0
+    return f"{wh / 1000:.2f} kWh" if wh >= 1000 else f"{wh:.1f} Wh"
+
+
 @dataclass
 class Session:
     id: int

@@ -243,14 +243,20 @@ class HistoryWriter:
                     self._pruned_at = t
         self._clock = (t, now)
 
-    def _node(self, s: NodeSnapshot) -> None:
-        m = self._nodes.get(s.name)
-        minute = int(s.t // 60)
+    def _minute_of(self, kind: str, key: str, t: float) -> _Minute:
+        """The subject's minute of `t`; the one before it, when `t` starts another, goes to be written."""
+        table = self._nodes if kind == "node" else self._engines
+        m = table.get(key)
+        minute = int(t // 60)
         if m is None or m.minute != minute:
             if m is not None:
-                self._rows.append(("node", s.name, m))
-            m = self._nodes[s.name] = _Minute(minute)
+                self._rows.append((kind, key, m))
+            m = table[key] = _Minute(minute)
         m.samples += 1
+        return m
+
+    def _node(self, s: NodeSnapshot) -> None:
+        m = self._minute_of("node", s.name, s.t)
         mem, gpu = s.memory, s.gpu
         if mem is not None:
             m.mean("mem_used", float(mem.used))
@@ -316,13 +322,7 @@ class HistoryWriter:
         s.peak("peak_gen_tps", e.gen_tps)
         s.last_seen, s.down, s.changed = e.t, None, True
 
-        m = self._engines.get(e.key)
-        minute = int(e.t // 60)
-        if m is None or m.minute != minute:
-            if m is not None:
-                self._rows.append(("engine", e.key, m))
-            m = self._engines[e.key] = _Minute(minute)
-        m.samples += 1
+        m = self._minute_of("engine", e.key, e.t)
         m.session = s
         m.mean("kv", e.kv_usage)
         m.high("kv_max", e.kv_usage)

@@ -29,6 +29,7 @@ from pathlib import Path
 from sparktop import __version__
 from sparktop.bench import compare
 from sparktop.bench.compare import METRICS, Metric, Spread
+from sparktop.bench.load import share_text
 from sparktop.bench.results import Run, load_run
 from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
@@ -638,11 +639,6 @@ def document(data: dict) -> list[Block]:
     return out
 
 
-def _share(x: float) -> str:
-    """97 %, or 99.7 % where a whole percent would round a shortfall away."""
-    return f"{x:.0%}" if x < 0.995 or x == 1 else f"{x:.1%}"
-
-
 def _rate_blocks(rates: dict, cols: list[str]) -> list[Block]:
     """A rate study: the most requests per second within the SLO per topology, then goodput per rate."""
     out: list[Block] = []
@@ -658,7 +654,7 @@ def _rate_blocks(rates: dict, cols: list[str]) -> list[Block]:
         m = (rates.get("max_rates") or {}).get(n) or {}
         if not m:
             continue
-        conf = (f"{_share(m['share'])} of {m['requests']} met it (95 % lower bound {_share(m['lower'])})"
+        conf = (f"{share_text(m['share'])} of {m['requests']} met it (95 % lower bound {share_text(m['lower'])})"
                 if m.get("share") is not None and m.get("lower") is not None else "—")
         rows.append([Cell(n), Cell(f"{m['rate']:.3g}/s" if m.get("rate") else "none met it",
                                    cls="win" if best and best["topology"] == n else ""),

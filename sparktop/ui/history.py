@@ -32,7 +32,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from sparktop.errors import SparktopError
-from sparktop.history.query import Event, HistoryReader, Session
+from sparktop.history.query import Event, HistoryReader, Session, count_text, energy_text, when_text
 from sparktop.settings import Preferences
 from sparktop.ui.screens import HEIGHTS, WIDTHS
 from sparktop.units import ago
@@ -70,28 +70,6 @@ DAY_COLUMNS: Columns = (
     ("day", "day", False), ("tokens", "tokens", True), ("requests", "requests", True), ("energy", "energy", True),
     ("cost", "cost", True), ("watched", "watched", True),
 )
-
-
-# -- the words: `history/commands.py`'s, which nothing but the CLI may import --------
-
-
-def _when(t: float) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(t))
-
-
-def _count(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}G"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1e4:
-        return f"{n / 1e3:.1f}k"
-    return f"{n:,.0f}"
-
-
-def _energy(joules: float) -> str:
-    wh = joules / 3600.0
-    return f"{wh / 1000:.2f} kWh" if wh >= 1000 else f"{wh:.1f} Wh"
 
 
 def short_key(key: str) -> str:
@@ -331,16 +309,17 @@ def session_cells(s: Session, now: float) -> dict[str, Text]:
         seen = now - s.last_seen
         ended = Text("serving" if seen <= OPEN_GAP_S else f"serving? seen {ago(seen)} ago", style="green")
     else:
-        ended = Text(_when(s.ended or 0))
+        ended = Text(when_text(s.ended or 0))
     how = s.end_reason or ""
     return {
         "engine": Text(short_key(s.url)), "model": Text(short_model(s.model)), "node": Text(s.node or ""),
-        "started": Text(_when(s.started)), "ended": ended,
+        "started": Text(when_text(s.started)), "ended": ended,
         "how": Text(how, style="" if not how else "yellow" if how == "restarted" else "red"),
-        "tokens": Text(_count(s.gen_tokens), justify="right"), "requests": Text(_count(s.requests), justify="right"),
+        "tokens": Text(count_text(s.gen_tokens), justify="right"),
+        "requests": Text(count_text(s.requests), justify="right"),
         "kv": Text("" if s.peak_kv is None else f"{s.peak_kv:.0%}", justify="right",
                    style="yellow" if (s.peak_kv or 0) > 0.9 else ""),
-        "energy": Text(_energy(s.energy_j) if s.energy_j > 0 else "—", justify="right"),
+        "energy": Text(energy_text(s.energy_j) if s.energy_j > 0 else "—", justify="right"),
     }
 
 
@@ -532,7 +511,7 @@ class HistoryScreen(Screen):
         head.append(f" last {self.window.name}", style="bold")
         found = self.found
         if found is not None:
-            head.append(f" · {_when(found.since)} to {_when(found.until)}", style="dim")
+            head.append(f" · {when_text(found.since)} to {when_text(found.until)}", style="dim")
         # The keys are in the footer too, where the app's own may crowd them out at 80 columns.
         head.append("   ")
         head.append("1 7 w", style="bold")
@@ -557,8 +536,8 @@ class HistoryScreen(Screen):
         elif found is not None and found.span is not None and found.empty:
             first, last = found.span
             other = "7 shows the last 7 days" if self.window.key == "24h" else "1 shows the last 24 hours"
-            lines.append(Text(f"nothing in the last {self.window.name}: the history holds {_when(first)} to "
-                              f"{_when(last)} ({other}, or `sparktop history --since` any time)"))
+            lines.append(Text(f"nothing in the last {self.window.name}: the history holds {when_text(first)} to "
+                              f"{when_text(last)} ({other}, or `sparktop history --since` any time)"))
         return Text("\n").join(lines) if lines else None
 
     def _sessions(self, found: Found) -> None:
@@ -602,9 +581,9 @@ class HistoryScreen(Screen):
             table.add_column(Text(heading, justify="right" if right else "left"), key=key)
         money = self.preferences.money
         for d in found.days:
-            table.add_row(Text(d.label), Text(_count(d.gen_tokens), justify="right"),
-                          Text(_count(d.requests), justify="right"),
-                          Text(_energy(d.energy_j) if d.energy_j > 0 else "—", justify="right"),
+            table.add_row(Text(d.label), Text(count_text(d.gen_tokens), justify="right"),
+                          Text(count_text(d.requests), justify="right"),
+                          Text(energy_text(d.energy_j) if d.energy_j > 0 else "—", justify="right"),
                           Text(money(d.cost) if d.cost is not None else "—", justify="right"),
                           Text(f"{d.minutes / 60:.1f} h", justify="right"), key=d.day)
         hint = self.query_one("#history-cost-hint", Static)
@@ -623,7 +602,7 @@ class HistoryScreen(Screen):
         grid.add_column(no_wrap=True)
         grid.add_column(ratio=1)
         for e in found.events[:EVENTS_SHOWN]:
-            grid.add_row(_when(e.t), short_key(e.key), Text(e.text, style=LEVEL_STYLE.get(e.level, "")))
+            grid.add_row(when_text(e.t), short_key(e.key), Text(e.text, style=LEVEL_STYLE.get(e.level, "")))
         if len(found.events) > EVENTS_SHOWN:
             grid.add_row("", "", Text(f"… and {len(found.events) - EVENTS_SHOWN} older (`sparktop history` lists "
                                       "them all)", style="dim"))
