@@ -22,11 +22,11 @@ from sparktop.history.query import (
     count_text,
     energy_text,
     parse_since,
+    short_key,
     when_text,
 )
 from sparktop.history.store import HistoryStore
 from sparktop.settings import Preferences, load_preferences
-from sparktop.units import ago
 
 GIB = 1024**3
 
@@ -80,51 +80,68 @@ def write_csv(found: dict, out: TextIO) -> None:
                                    ("" if r[c] is None else r[c]) for c in columns)])
 
 
+def _table(title: str, columns: list[tuple[str, str]]) -> Table:
+    """A borderless table (it reads at 80 columns); `columns`: (header, "l" | "r" | "w": left, right, or left
+    and wrapped — the one column of free text; the others never wrap)."""
+    t = Table(title=title, title_justify="left", header_style="bold underline", box=None, pad_edge=False)
+    for head, justify in columns:
+        t.add_column(head, justify="right" if justify == "r" else "left", no_wrap=justify != "w")
+    return t
+
+
 def print_tables(found: dict, console: Console, prefs: Preferences, since: float, until: float, path: str) -> None:
+    # Under 120 columns what the other tables also say, or a glance needs least, goes (model, node, peak
+    # waiting, energy and J/token of a session; models and prompt tokens of a day): nothing wraps at 80.
+    wide = console.width >= 120
     console.print(f"history from {when_text(since)} to {when_text(until)} ([dim]{path}[/])")
     sessions: list[Session] = found["sessions"]
     if sessions:
-        t = Table(title="serving sessions", title_justify="left")
-        for col in ("engine", "model", "node", "started", "ended", "how it ended", "tokens", "requests", "peak KV",
-                    "peak waiting", "energy", "J/token"):
-            t.add_column(col, justify="right" if col in ("tokens", "requests", "peak KV", "peak waiting",
-                                                         "energy", "J/token") else "left")
+        cols = [("engine", "l"), ("model", "l"), ("node", "l"), ("started", "l"), ("ended", "l"), ("how", "l"),
+                ("tokens", "r"), ("requests", "r"), ("peak KV", "r"), ("peak wait", "r"), ("energy", "r"),
+                ("J/tok", "r")]
+        if not wide:
+            cols = [c for c in cols if c[0] not in ("model", "node", "peak wait", "energy", "J/tok")]
+        t = _table("serving sessions", cols)
         for s in sessions:
-            ended = f"serving ({ago(time.time() - s.last_seen)} ago)" if s.open else when_text(s.ended or 0)
-            t.add_row(s.url, s.model or "?", s.node or "", when_text(s.started), ended, s.end_reason or "",
-                      count_text(s.gen_tokens), count_text(s.requests),
-                      "" if s.peak_kv is None else f"{s.peak_kv:.0%}",
-                      "" if s.peak_waiting is None else f"{s.peak_waiting:.0f}", energy_text(s.energy_j),
-                      "" if s.j_per_token is None else f"{s.j_per_token:.2f}")
+            ended = "serving" if s.open else when_text(s.ended or 0)
+            cells = {"engine": short_key(s.url), "model": (s.model or "?").split("/")[-1], "node": s.node or "",
+                     "started": when_text(s.started), "ended": ended, "how": s.end_reason or "",
+                     "tokens": count_text(s.gen_tokens), "requests": count_text(s.requests),
+                     "peak KV": "" if s.peak_kv is None else f"{s.peak_kv:.0%}",
+                     "peak wait": "" if s.peak_waiting is None else f"{s.peak_waiting:.0f}",
+                     "energy": energy_text(s.energy_j),
+                     "J/tok": "" if s.j_per_token is None else f"{s.j_per_token:.2f}"}
+            t.add_row(*(cells[c] for c, _ in cols))
         console.print(t)
     else:
         console.print("no serving sessions in this window")
     days: list[Day] = found["daily"]
     if days:
-        t = Table(title="per day", title_justify="left")
-        for col in ("day", "engine", "models", "tokens", "prompt tokens", "requests", "energy", "cost", "watched"):
-            t.add_column(col, justify="left" if col in ("day", "engine", "models") else "right")
+        cols = [("day", "l"), ("engine", "l"), ("models", "l"), ("tokens", "r"), ("prompt", "r"),
+                ("requests", "r"), ("energy", "r"), ("cost", "r"), ("watched", "r")]
+        if not wide:
+            cols = [c for c in cols if c[0] not in ("models", "prompt")]
+        t = _table("per day", cols)
         for d in days:
-            t.add_row(d.day, d.url, ", ".join(d.models), count_text(d.gen_tokens), count_text(d.prompt_tokens),
-                      count_text(d.requests), energy_text(d.energy_j),
-                      prefs.money(d.cost) if d.cost is not None else "", f"{d.minutes / 60:.1f} h")
+            cells = {"day": d.day, "engine": short_key(d.url), "models": ", ".join(m.split("/")[-1] for m in d.models),
+                     "tokens": count_text(d.gen_tokens), "prompt": count_text(d.prompt_tokens),
+                     "requests": count_text(d.requests), "energy": energy_text(d.energy_j),
+                     "cost": prefs.money(d.cost) if d.cost is not None else "", "watched": f"{d.minutes / 60:.1f} h"}
+            t.add_row(*(cells[c] for c, _ in cols))
         console.print(t)
     peaks: list[Peak] = found["peaks"]
     if peaks:
-        t = Table(title="peaks", title_justify="left")
-        for col in ("engine or node", "what", "when"):
-            t.add_column(col)
+        t = _table("peaks", [("engine or node", "l"), ("what", "w"), ("when", "l")])
         for p in peaks:
-            t.add_row(p.key, _peak_text(p), when_text(p.t))
+            t.add_row(short_key(p.key), _peak_text(p), when_text(p.t))
         console.print(t)
     events: list[Event] = found["events"]
     if events:
-        t = Table(title="events", title_justify="left")
-        for col in ("when", "engine or node", "what"):
-            t.add_column(col)
+        t = _table("events", [("when", "l"), ("engine or node", "l"), ("what", "w")])
         style = {"error": "red", "warn": "yellow"}
         for e in events:
-            t.add_row(when_text(e.t), e.key, f"[{style[e.level]}]{e.text}[/]" if e.level in style else e.text)
+            t.add_row(when_text(e.t), short_key(e.key),
+                      f"[{style[e.level]}]{e.text}[/]" if e.level in style else e.text)
         console.print(t)
     if not prefs.energy_price_per_kwh and days:
         console.print("[dim]costs: set energy_price_per_kwh in settings.yaml[/]")

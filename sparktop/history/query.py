@@ -58,6 +58,14 @@ def count_text(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def short_key(key: str) -> str:
+    """An engine's URL as a legend and a table cell have room for: spark-a:8000."""
+    for scheme in ("http://", "https://"):
+        if key.startswith(scheme):
+            key = key[len(scheme):]
+    return key.rstrip("/")
+
+
 def energy_text(joules: float) -> str:
     wh = joules / 3600.0
     return f"{wh / 1000:.2f} kWh" if wh >= 1000 else f"{wh:.1f} Wh"

@@ -32,7 +32,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from sparktop.errors import SparktopError
-from sparktop.history.query import Event, HistoryReader, Session, count_text, energy_text, when_text
+from sparktop.history.query import Event, HistoryReader, Session, count_text, energy_text, short_key, when_text
 from sparktop.settings import Preferences
 from sparktop.ui.screens import HEIGHTS, WIDTHS
 from sparktop.units import ago
@@ -70,14 +70,6 @@ DAY_COLUMNS: Columns = (
     ("day", "day", False), ("tokens", "tokens", True), ("requests", "requests", True), ("energy", "energy", True),
     ("cost", "cost", True), ("watched", "watched", True),
 )
-
-
-def short_key(key: str) -> str:
-    """An engine's URL as a legend and a table cell have room for: spark-a:8000."""
-    for scheme in ("http://", "https://"):
-        if key.startswith(scheme):
-            key = key[len(scheme):]
-    return key.rstrip("/")
 
 
 def short_model(model: str | None) -> str:
