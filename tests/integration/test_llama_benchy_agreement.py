@@ -119,9 +119,10 @@ def test_at_depth_both_measure_the_same_decode_and_the_same_ttft_without_a_conte
     assert all(abs(x) <= 0.05 for *_, x in rows), _report(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet: after a cached 4096-token context sparktop's TTFT reads "
-                                       "4-7 % lower than llama-benchy's on the twin; the cause is not found")
 def test_at_depth_4096_the_ttft_after_a_cached_context_agrees(at_depth):
+    """Issue 28: within 5 % after a cached 4096-token context. On a quiet machine sparktop reads 0.5-2.6 %
+    lower (CI and here); with other work on both cores it read 4-7 % lower, so this is the bound that holds
+    only where the timing is not disturbed, like every timing comparison in this file."""
     rows = [(key, "ttft", o.ttft_ms_mean, t["e2e_ttft"]["mean"], o.ttft_ms_mean / t["e2e_ttft"]["mean"] - 1)
             for key, (o, t) in at_depth.items() if key[0] == 4096]
     print(_report(rows))
