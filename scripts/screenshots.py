@@ -170,6 +170,35 @@ async def shoot_sweep(reuse, urls: list[str], results: Path) -> None:
         await pilot.pause(1.0)
         assert isinstance(app.screen, CompareScreen)
         save(app, "sweep-compare-160x48")
+    await shoot_rate_sweep(reuse, urls[0], results)
+
+
+async def shoot_rate_sweep(reuse, url: str, results: Path) -> None:
+    """The sweep screen searching for the highest request rate meeting an SLO, finished, at three sizes."""
+    from sparktop.ui.sweep import SweepScreen
+
+    app = reuse()
+    app.results_root = results
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(2.0)
+        await pilot.press("s")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        screen.query_one("#sweep-engine").value = url
+        screen.query_one("#sweep-mode").value = "max-rate"
+        await pilot.pause(0.3)
+        for wid, value in (("levels", "1"), ("seconds", "8"), ("pp", "1024"), ("tg", "64"),
+                           ("slo", "ttft_p95=1s,itl_p95=60ms")):
+            screen.query_one(f"#{wid}").value = value
+        await pilot.press("enter")
+        while screen.finished is None:
+            await pilot.pause(0.5)
+        await pilot.pause(1.0)
+        for size in ((160, 48), (120, 40), (80, 24)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause(1.0)
+            save(app, f"sweep-max-rate-{size[0]}x{size[1]}")
 
 
 async def shoot_every_screen(size: tuple[int, int] = (120, 40)) -> None:

@@ -1,13 +1,17 @@
 """The sweep screen (`s`), the past runs (`r` there) and their comparison.
 
-The screen only draws: the sweep itself is `sparktop.bench.sweep.Sweep`,
+The screen only draws: the sweep itself is `sparktop.bench.sweep.Sweep`
+(lockstep concurrency) or `sparktop.bench.load.RateSweep` (requests per
+second, goodput under an SLO, the search for the highest rate meeting it),
 run as a worker whose events arrive here as messages. Every request is on
 disk the moment it finishes, so closing or cancelling loses nothing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from rich.markdown import Markdown
 from rich.text import Text
@@ -19,8 +23,19 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
 
 from sparktop.bench import compare as cmp
-from sparktop.bench.events import EngineSample, LevelDone, LevelStarted, RequestDone, SweepFinished, SweepStarted
+from sparktop.bench.events import (
+    EngineSample,
+    LevelDone,
+    LevelStarted,
+    MaxRateFound,
+    RateLevelDone,
+    RateLevelStarted,
+    RequestDone,
+    SweepFinished,
+    SweepStarted,
+)
 from sparktop.bench.export import COLUMNS, cell
+from sparktop.bench.load import MaxRate, RateLevelStats, RateSweep, parse_rates
 from sparktop.bench.results import Run, list_runs, load_run
 from sparktop.bench.stats import LevelStats, knee
 from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body, parse_levels
@@ -32,29 +47,76 @@ from sparktop.units import eta_text, fmt
 
 CHARTS = (("tg_tps_total", "decode t/s (total)"), ("pp_tps_total", "prefill t/s (total)"),
           ("ttft_ms_mean", "TTFT ms (mean)"))
+# A rate sweep's charts, in the same three boxes: what was served, how fast the first token came, what met the
+# SLO (the request throughput when there is no SLO), each against the rate offered.
+RATE_CHARTS = (("output_tps", "output t/s"), ("ttft_p95_ms", "TTFT p95 ms"), ("goodput", "goodput req/s"))
+
+# The modes of the form's mode select: (label, value).
+MODES = (("concurrency", "concurrency"), ("rate poisson", "poisson"), ("rate constant", "constant"),
+         ("max rate", "max-rate"))
+# The rate table: (column key, heading). Times in ms.
+RATE_COLUMNS = (("rate", "rate"), ("sent", "sent/s"), ("req", "req/s"), ("tok", "tok/s"), ("ttft50", "TTFT50"),
+                ("ttft95", "TTFT95"), ("itl50", "ITL50"), ("itl95", "ITL95"), ("busy", "busy"),
+                ("good", "good/s"), ("met", "met"), ("slo", "SLO"))
 
 
-def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int) -> Text:
-    """A metric against concurrency; one line per run (this one first)."""
+def rate_value(lv: RateLevelStats, key: str) -> float | None:
+    """A rate level's figure as a rate chart draws it."""
+    if key == "ttft_p95_ms":
+        return None if lv.ttft_p95 is None else lv.ttft_p95 * 1000
+    if key == "goodput":
+        return lv.goodput if lv.slo else lv.request_throughput
+    return getattr(lv, key)
+
+
+def rate_cells(lv: RateLevelStats) -> list[str | Text]:
+    """A rate level as a row of RATE_COLUMNS: red where the client fell behind or the SLO was missed."""
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v * 1000:,.0f}"
+
+    met = lv.meets_slo and not lv.saturated and not lv.behind
+    label = lv.label + (" ⚠" if lv.behind or lv.saturated else "")
+    return [label, f"{lv.send_rate:.3g}" if lv.send_rate else "—",
+            f"{lv.request_throughput:.3g}" if lv.request_throughput else "—", f"{lv.output_tps or 0:,.0f}",
+            ms(lv.ttft_p50), ms(lv.ttft_p95), ms(lv.itl_p50), ms(lv.itl_p95),
+            f"{lv.concurrency_mean:.1f}" if lv.concurrency_mean is not None else "—",
+            f"{lv.goodput:.3g}" if lv.goodput is not None else "—",
+            f"{lv.slo_share:.0%}" if lv.slo_share is not None else "—",
+            Text("—") if not lv.slo else Text("yes", style="green") if met else Text("no", style="red")]
+
+
+def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int,
+                x=None, value=getattr) -> Text:
+    """A metric against concurrency, the levels spaced evenly as the sweep chose them; or, given `x` (a
+    level's request rate), against the rate offered on its own scale (a search's rates crowd where the SLO
+    gives way). One line per run, this one first."""
     import plotext as plt
 
     plt.clear_figure()
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("pro")
     plt.title(title)
-    levels = sorted({lv.concurrency for _, lvs in runs for lv in lvs})
-    pos = {c: i for i, c in enumerate(levels)}
+    if x is None:
+        levels = sorted({lv.concurrency for _, lvs in runs for lv in lvs})
+        pos = {c: float(i) for i, c in enumerate(levels)}
+
+        def where(lv) -> float:
+            return pos[lv.concurrency]
+    else:
+        where = x
     drawn = False
     for label, lvs in reversed(runs):  # this run (first) drawn last, on top
-        pts = [(pos[lv.concurrency], getattr(lv, key)) for lv in lvs if getattr(lv, key) is not None]
+        pts = sorted((where(lv), v) for lv in lvs if (v := value(lv, key)) is not None)
         if pts:
-            plt.plot([x for x, _ in pts], [y for _, y in pts], label=label[:24],
+            plt.plot([p for p, _ in pts], [y for _, y in pts], label=label[:24],
                      marker="hd" if label == "this run" else "braille")
             drawn = True
     if not drawn:
         plt.plot([0], [0])
-    if levels:
+    if x is None and levels:
         plt.xticks(list(range(len(levels))), [f"c{c}" for c in levels])
+    elif x is not None:
+        plt.xlabel("requests/s offered")
     return Text.from_ansi(plt.build())
 
 
@@ -74,7 +136,11 @@ def monitored_power(state: ClusterState, engine) -> Callable[[], Awaitable[float
 
 
 class SweepScreen(LiveScreen):
-    """Settings, then the live sweep: progress, tokens/s, the table, the charts."""
+    """Settings, then the live sweep: progress, tokens/s, the table, the charts.
+
+    The mode select chooses lockstep concurrency levels, request rates (Poisson or constant arrivals, each
+    level `seconds` long, goodput under the SLO when one is given) or the search for the highest rate meeting
+    the SLO; the levels box then holds concurrencies, rates, or the rate the search starts from."""
 
     BINDINGS = [
         Binding("escape", "cancel_or_back", "Cancel / back"),
@@ -97,16 +163,22 @@ class SweepScreen(LiveScreen):
         self.earlier: list[tuple[str, list]] = []
         self.tps: list[float] = []
         self.finished: SweepFinished | None = None
+        self.mode = "concurrency"  # of the sweep on screen (MODES' values)
+        self.rate_levels: list[RateLevelStats] = []
+        self.max_rate: MaxRate | None = None
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         with Horizontal(classes="form-row", id="sweep-form"):
             yield Select([], id="sweep-engine", allow_blank=True, prompt="endpoint")
+            yield Select(MODES, id="sweep-mode", allow_blank=False, value="concurrency")
             yield Input(id="levels", value="1,2,4,8,16,32,64", placeholder="concurrency", classes="wide")
             yield Input(id="runs", value="5", placeholder="runs", type="integer", classes="small")
+            yield Input(id="seconds", value="30", placeholder="s/level", type="number", classes="small rate-only")
             yield Input(id="pp", value="1024", placeholder="pp", type="integer", classes="small")
             yield Input(id="tg", value="128", placeholder="tg", type="integer", classes="small")
             yield Input(id="extra", placeholder="extra body, e.g. reasoning_effort=low", classes="wide")
+            yield Input(id="slo", placeholder="SLO ttft_p95=2s,itl_p95=100ms", classes="wide rate-only")
             yield Button("Start", id="start", variant="success")
         with Horizontal(id="sweep-progress-row"):
             yield Static("", id="sweep-progress")
@@ -126,11 +198,8 @@ class SweepScreen(LiveScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#levels-table", DataTable)
-        for key, head, _ in COLUMNS:
-            table.add_column(head, key=key)
-        table.add_column("pred tg", key="predicted")  # sparktop predict's decode for this level
-        table.add_column("J/tok", key="j_per_token")  # the nodes' GPU power over the level's tokens/s
+        self.mode = ""
+        self._set_table_mode("concurrency")
         options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
         select = self.query_one("#sweep-engine", Select)
         select.set_options(options)
@@ -139,9 +208,39 @@ class SweepScreen(LiveScreen):
         self.query_one("#live-tps").border_title = "tokens/s as requests finish"
         self.query_one("#sweep-progress", Static).update(
             "Enter starts the sweep · Esc cancels it (finished requests are kept) · ctrl+r past runs")
+        self._show_mode("concurrency")
         self.query_one("#start", Button).focus()
 
+    # Each mode's own default levels, kept while the user switches modes back and forth.
+    _LEVELS = {"concurrency": "1,2,4,8,16,32,64", "rate": "1,2,4,8", "max-rate": "1"}
+
+    @on(Select.Changed, "#sweep-mode")
+    def _mode_changed(self, event: Select.Changed) -> None:
+        if event.value not in (Select.NULL, None) and not self.running:
+            self._show_mode(str(event.value))
+
+    def _show_mode(self, mode: str) -> None:
+        """The form for `mode`: runs for lockstep levels, seconds per level and the SLO for rates."""
+        rate = mode != "concurrency"
+        for w in self.query(".rate-only"):
+            w.display = rate
+        self.query_one("#runs", Input).display = not rate
+        levels = self.query_one("#levels", Input)
+        kind = "max-rate" if mode == "max-rate" else "rate" if rate else "concurrency"
+        previous = next((k for k, v in self._LEVELS.items() if v == levels.value), None)
+        if previous is not None or not levels.value.strip():
+            levels.value = self._LEVELS[kind]  # the user's own list is kept
+        levels.placeholder = {"concurrency": "concurrency", "rate": "requests/s",
+                              "max-rate": "start at req/s"}[kind]
+        levels.tooltip = {"concurrency": "concurrent requests per level, e.g. 1,2,4,8",
+                          "rate": "requests per second per level, e.g. 1,2,4,8",
+                          "max-rate": "the rate the search starts from (it doubles, then halves the bracket)"}[kind]
+
     # -- starting ----------------------------------------------------------------
+
+    def _mode(self) -> str:
+        value = self.query_one("#sweep-mode", Select).value
+        return "concurrency" if value in (Select.NULL, None) else str(value)
 
     def _settings(self) -> SweepSettings:
         url = self.query_one("#sweep-engine", Select).value
@@ -157,11 +256,28 @@ class SweepScreen(LiveScreen):
                 raise SparktopError(f"{wid}: expected a whole number, got {text!r}") from None
 
         extra = self.query_one("#extra", Input).value.strip()
-        return SweepSettings(
-            endpoint=str(url), levels=parse_levels(self.query_one("#levels", Input).value), runs=number("runs"),
-            pp=number("pp"), tg=number("tg"), extra_body=parse_extra_body([extra] if extra else []),
-            topology=engine.topology if engine else None, nodes=[engine.node] if engine and engine.node else [],
-        )
+        common = SweepSettings(endpoint=str(url), pp=number("pp"), tg=number("tg"),
+                               extra_body=parse_extra_body([extra] if extra else []),
+                               topology=engine.topology if engine else None,
+                               nodes=[engine.node] if engine and engine.node else [])
+        mode = self._mode()
+        if mode == "concurrency":
+            return replace(common, levels=parse_levels(self.query_one("#levels", Input).value), runs=number("runs"))
+        text = self.query_one("#seconds", Input).value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise SparktopError(f"s/level: expected seconds per rate level, got {text!r}") from None
+        if not seconds > 0:
+            raise SparktopError(f"s/level: a level must last more than 0 seconds, got {text!r}")
+        slo = self.query_one("#slo", Input).value.strip() or None
+        rates = parse_rates(self.query_one("#levels", Input).value)
+        if mode == "max-rate":
+            if slo is None:
+                raise SparktopError("max rate: give the SLO it must meet, e.g. ttft_p95=2s,itl_p95=100ms")
+            rates = rates[:1]
+        return replace(common, rates=rates, arrivals="constant" if mode == "constant" else "poisson",
+                       duration=seconds, slo=slo, find_max_rate=mode == "max-rate")
 
     @on(Button.Pressed, "#start")
     def _pressed(self) -> None:
@@ -179,14 +295,17 @@ class SweepScreen(LiveScreen):
             engine = next((e for e in self.engines if e.url.rstrip("/") == settings.endpoint.removesuffix("/v1")),
                           None)
             power = monitored_power(self.cluster, engine) if self.cluster is not None and engine else None
-            sweep = Sweep(settings, self.results_root, power=power)
+            rate = settings.rates is not None
+            sweep = (RateSweep if rate else Sweep)(settings, self.results_root, power=power)
         except SparktopError as e:
             self.notify(str(e), title="Sweep", severity="error")
             return
         self.sweep, self.running, self.finished = sweep, True, None
-        self.levels, self.tps = [], []
-        self.query_one("#levels-table", DataTable).clear()
+        self.levels, self.tps, self.rate_levels, self.max_rate = [], [], [], None
+        self._set_table_mode("rate" if rate else "concurrency")
+        self.query_one("#sweep-summary", Static).update("")
         self.query_one("#start", Button).disabled = True
+        self.query_one("#sweep-mode", Select).disabled = True
         self.query_one("#sweep-progress", Static).update("calibrating prompts…")
         self._run(sweep)
 
@@ -206,6 +325,24 @@ class SweepScreen(LiveScreen):
     def _ended(self) -> None:
         self.running = False
         self.query_one("#start", Button).disabled = False
+        self.query_one("#sweep-mode", Select).disabled = False
+
+    def _set_table_mode(self, mode: str) -> None:
+        """The table's columns for lockstep levels or rate levels (the first sweep of a mode changes them)."""
+        table = self.query_one("#levels-table", DataTable)
+        if self.mode == mode and table.columns:
+            table.clear()
+            return
+        self.mode = mode
+        table.clear(columns=True)
+        if mode == "rate":
+            for key, head in RATE_COLUMNS:
+                table.add_column(head, key=key)
+            return
+        for key, head, _ in COLUMNS:
+            table.add_column(head, key=key)
+        table.add_column("pred tg", key="predicted")  # sparktop predict's decode for this level
+        table.add_column("J/tok", key="j_per_token")  # the nodes' GPU power over the level's tokens/s
 
     def action_cancel_or_back(self) -> None:
         if self.running:
@@ -231,6 +368,15 @@ class SweepScreen(LiveScreen):
             case LevelStarted(concurrency=c, warmup=warmup):
                 line.update(Text.assemble((f"c{c} ", "bold yellow"), "warm-up" if warmup else "measuring",
                                           f" · {self.model}"))
+            case RateLevelStarted(rate=rate, requests=n):
+                line.update(Text.assemble((f"{rate:g}/s " if rate is not None else "trace ", "bold yellow"),
+                                          f"sending {n} requests · {self.model}"))
+            case RateLevelDone(stats=stats):
+                self._rate_level_done(stats)
+            case MaxRateFound(result=result):
+                self.max_rate = result
+            case RequestDone() as e if e.record.scheduled is not None:
+                self._rate_request_done(e, line)
             case RequestDone() as e:
                 self._request_done(e, line)
             case EngineSample() as e:
@@ -251,6 +397,31 @@ class SweepScreen(LiveScreen):
             f" · total {e.done}/{e.total} · {eta_text(e.eta_s)}",
             (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
 
+    def _rate_request_done(self, e: RequestDone, line: Static) -> None:
+        """A rate level's request: the progress, and its decode rate (tokens over its own decode time)."""
+        r = e.record
+        bar = self.query_one("#overall", ProgressBar)
+        bar.update(total=max(e.total, e.done), progress=e.done)
+        if r.ok and r.first_token is not None and r.end is not None and r.end > r.first_token \
+                and r.completion_tokens > 1:
+            self.tps = (self.tps + [(r.completion_tokens - 1) / (r.end - r.first_token)])[-200:]
+            self.query_one("#live-tps", Sparkline).data = list(self.tps)
+        rate = f"{r.rate:g}/s " if r.rate is not None else "trace "
+        err = " · errors in this level" if not r.ok else ""
+        line.update(Text.assemble((rate, "bold yellow"), f"level {e.level_done}/{e.level_total}"
+                                  f" · total {e.done}/{max(e.total, e.done)}", (err, "red")))
+
+    def _rate_level_done(self, stats: RateLevelStats) -> None:
+        # A search may come back to a rate: its newest level replaces the row.
+        # Rows in order of rate, as a search's levels come in any order.
+        self.rate_levels = sorted([lv for lv in self.rate_levels if lv.rate != stats.rate] + [stats],
+                                  key=lambda lv: lv.rate if lv.rate is not None else math.inf)
+        table = self.query_one("#levels-table", DataTable)
+        table.clear()
+        for lv in self.rate_levels:
+            table.add_row(*rate_cells(lv), key=lv.label)
+        self._draw_charts()
+
     def _engine_sample(self, e: EngineSample) -> None:
         self.query_one("#engine-line", Static).update(Text("engine  " + e.describe(), style="cyan"))
 
@@ -270,16 +441,26 @@ class SweepScreen(LiveScreen):
     def _finished(self, e: SweepFinished, line: Static) -> None:
         self._ended()
         self.finished = e
-        self.levels = e.levels
+        if self.mode != "rate":
+            self.levels = e.levels
         self._draw_charts()
         k = knee(e.levels)
         summary = [Text(f"{e.status}: {e.reason}" if e.reason else "done", style="green" if e.status == "done"
                         else "bold red")]
         if k and len(e.levels) > 1:
             summary.append(Text(k.describe("decode")))
+        for lv in self.rate_levels:
+            if lv.behind:
+                summary.append(Text(f"⚠ {lv.label}: the client fell behind its schedule ({lv.behind})",
+                                    style="yellow"))
+            elif lv.saturated:
+                summary.append(Text(f"⚠ {lv.label}: {lv.saturated}", style="yellow"))
+        if self.max_rate is not None:
+            summary.append(Text(self.max_rate.text, style="bold"))
         summary.append(Text(f"saved in {e.path}", style="dim"))
         self.query_one("#sweep-summary", Static).update(Text("\n").join(summary))
-        levels = f"{len(e.levels)} level{'s' if len(e.levels) != 1 else ''}"
+        n = len(self.rate_levels) if self.mode == "rate" else len(e.levels)
+        levels = f"{n} level{'s' if n != 1 else ''}"
         line.update(Text.assemble(("finished" if e.status == "done" else e.status, "bold green" if e.status == "done"
                                    else "bold red"), f" · {levels} · ctrl+r compares with past runs"))
 
@@ -308,11 +489,13 @@ class SweepScreen(LiveScreen):
             table.update_cell(str(c), "predicted", fmt(p.stats.tg_tps_total))
 
     def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
+        """Up to three earlier runs of the same model and kind (rate runs beside a rate run), newest first."""
         out = []
+        rate = self.mode == "rate"
         for run in reversed(list_runs(self.results_root)):
-            if run.id == run_id or run.meta.get("model") != model:
+            if run.id == run_id or run.meta.get("model") != model or (run.meta.get("mode") == "rate") != rate:
                 continue
-            levels = run.levels()
+            levels = [lv for lv in run.rate_levels() if lv.rate is not None] if rate else run.levels()
             if levels:
                 out.append((run.label if run.label != run.id else run.id[:15], levels))
             if len(out) == 3:
@@ -325,15 +508,24 @@ class SweepScreen(LiveScreen):
     def _draw_charts(self) -> None:
         """Each chart drawn to exactly the size of its box (plotext draws to
         the size it is given; a wider chart would wrap)."""
-        if not self.levels and not self.earlier and self.sweep is None:
+        if not self.levels and not self.rate_levels and not self.earlier and self.sweep is None:
             return
-        runs = [("this run", sorted(self.levels, key=lambda lv: lv.concurrency)), *self.earlier]
-        for key, title in CHARTS:
-            box = self.query_one(f"#chart-{key}", Static)
+        rate = self.mode == "rate"
+        if rate:
+            runs = [("this run", [lv for lv in self.rate_levels if lv.rate is not None]), *self.earlier]
+        else:
+            runs = [("this run", sorted(self.levels, key=lambda lv: lv.concurrency)), *self.earlier]
+        for (box_key, _), (key, title) in zip(CHARTS, RATE_CHARTS if rate else CHARTS, strict=True):
+            box = self.query_one(f"#chart-{box_key}", Static)
             width, height = box.content_size
             if width < 10 or height < 4:
                 continue  # not laid out yet: the resize draws it
-            chart = level_chart(title, key, runs, width, height)
+            if rate:
+                if key == "goodput" and not (self.sweep is not None and self.sweep.s.slo):
+                    title = "requests/s served"
+                chart = level_chart(title, key, runs, width, height, x=lambda lv: lv.rate, value=rate_value)
+            else:
+                chart = level_chart(title, key, runs, width, height)
             chart.rstrip()
             box.update(chart)
 

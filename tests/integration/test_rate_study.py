@@ -1,5 +1,7 @@
 """A study of request rates on the demo's twin nodes: each layout searched
-for its highest rate meeting an SLO, the report ranking them by it."""
+for its highest rate meeting an SLO, the report ranking them by it. The
+shuffle layout runs the real LiteLLM proxy (the lab's install, put on PATH
+as a user's would be) in front of two solo engines."""
 
 from __future__ import annotations
 
@@ -10,14 +12,20 @@ import sys
 
 import pytest
 
+from tests.e2e.lab import ensure_litellm
+
 pytestmark = pytest.mark.slow
 
 
 def test_a_rate_study_finds_the_max_rate_of_each_layout_and_reports_goodput(tmp_path):
     env = dict(os.environ)  # the isolated XDG dirs of this test (conftest), for the subprocess too
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "litellm").symlink_to(ensure_litellm())  # only the proxy, not its Python, on PATH
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     done = subprocess.run(
         [sys.executable, "-m", "sparktop", "study", "llama-3.1-8b", "--demo", "--speed", "10", "--topologies",
-         "solo,cluster-mp", "--rate", "8", "--slo", "ttft_p95=500ms,itl_p95=100ms", "--find-max-rate",
+         "solo,cluster-mp,shuffle", "--rate", "8", "--slo", "ttft_p95=500ms,itl_p95=100ms", "--find-max-rate",
          "--duration", "4", "--pp", "256", "--tg", "32", "--yes"],
         capture_output=True, text=True, timeout=1500, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -28,7 +36,7 @@ def test_a_rate_study_finds_the_max_rate_of_each_layout_and_reports_goodput(tmp_
     assert rep.returncode == 0, rep.stderr
     data = json.loads(rep.stdout)
     rates = data["rates"]
-    assert set(rates["max_rates"]) == {"solo", "cluster-mp"}
+    assert set(rates["max_rates"]) == {"solo", "cluster-mp", "shuffle"}
     for name, m in rates["max_rates"].items():
         # A bracket per layout: the highest rate that met the SLO, the lowest that did not, close together.
         assert m["rate"] and m["failed_at"] and m["rate"] < m["failed_at"] <= 1.25 * m["rate"], (name, m)

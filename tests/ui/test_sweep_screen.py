@@ -119,3 +119,45 @@ async def test_a_server_dying_mid_sweep_is_reported_and_the_app_carries_on(engin
     (run,) = list_runs(tmp_path)
     assert run.meta["status"] == "stopped" and any(r.error for r in run.records if r.level == 16)
     assert len([r for r in run.records if r.level == 1]) == 3
+
+
+async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate(engine, tmp_path):
+    """Issue 28 on screen: the mode select turns the levels into request rates; each level's row shows what
+    was served and whether it met the SLO, the charts draw against the rate offered, and the search's answer
+    closes the summary, as `sparktop sweep --find-max-rate` prints it."""
+    server, poller = engine
+    app = SparktopApp(poller, results_root=tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await open_sweep(app, pilot)
+        assert not screen.query_one("#slo").display and screen.query_one("#runs").display
+        screen.query_one("#sweep-mode").value = "max-rate"
+        await pilot.pause()
+        # The form a rate sweep needs: seconds per level and the SLO in, runs out, the levels a starting rate.
+        assert screen.query_one("#slo").display and screen.query_one("#seconds").display
+        assert not screen.query_one("#runs").display
+        assert screen.query_one("#levels").value == "1"
+        await pilot.press("enter")  # no SLO: the search has nothing to meet, and nothing starts
+        await pilot.pause()
+        assert not screen.running and list_runs(tmp_path) == []
+        fill(screen, levels="2", seconds="2", pp="256", tg="16", slo="ttft_p95=300ms")
+        await pilot.pause(0.3)  # the Start button ignores a second press while it still shows the first
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.query_one("#levels-table").row_count >= 1, timeout=30)
+        table = screen.query_one("#levels-table")
+        assert [str(c.label) for c in table.columns.values()][:4] == ["rate", "sent/s", "req/s", "tok/s"]
+        await until(pilot, lambda: screen.finished is not None, timeout=240)
+        run = list_runs(tmp_path)[0]
+        levels = run.rate_levels()
+        assert len(levels) == table.row_count >= 2  # doubled until a rate missed the SLO
+        rows = {str(table.get_row_at(i)[0]).rstrip(" ⚠"): table.get_row_at(i) for i in range(table.row_count)}
+        for lv in levels:
+            row = rows[lv.label]
+            assert row[3] == f"{lv.output_tps:,.0f}" and row[10] == f"{lv.slo_share:.0%}"
+            assert str(row[11]) == ("yes" if lv.meets_slo and not lv.saturated and not lv.behind else "no")
+        assert any(str(table.get_row_at(i)[11]) == "no" for i in range(table.row_count))
+        summary = str(screen.query_one("#sweep-summary").content)
+        assert "meets the SLO" in summary or "no rate met the SLO" in summary
+        assert run.meta["max_rate"] is not None and str(tmp_path) in summary
+        charts = " ".join(str(chart.content) for chart in screen.query("#sweep-charts .chart").results(Static))
+        assert "goodput req/s" in charts and "TTFT p95" in charts and "requests/s offered" in charts
+        assert len(screen.query_one("#live-tps").data) > 3
