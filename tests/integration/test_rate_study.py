@@ -44,6 +44,10 @@ def test_a_rate_study_finds_the_max_rate_of_each_layout_and_reports_goodput(tmp_
         assert at_max["meets"] and at_max["ttft_p95"] <= 0.5
         # Physics: what was served is what was asked, no more.
         assert at_max["request_throughput"] <= 1.1 * m["rate"]
+    # Not asserted: shuffle above solo. At the twin's speed 10 the engines serve ten times a Spark's rate
+    # while LiteLLM on this machine's CPU does not: here the router saturates near 30 requests/s, and the
+    # report shows it (its queue grew, TTFT p95 near a second) rather than the engines' limit.
+    print({name: (m["rate"], m["failed_at"]) for name, m in rates["max_rates"].items()})
     best = rates["best"]
     assert best["topology"] == max(rates["max_rates"], key=lambda n: rates["max_rates"][n]["rate"])
     md = (study_dir / "report" / "report.md").read_text()
