@@ -323,8 +323,23 @@ def reproduce(study: Study) -> str:
     args = ["sparktop", "study", study.recipe_path or study.recipe, "--topologies", ",".join(layouts)]
     if runtimes:
         args += ["--runtimes", ",".join(runtimes)]
-    args += ["-c", ",".join(str(c) for c in study.levels), "--runs", str(study.runs),
-             "--pp", str(study.pp), "--tg", str(study.tg)]
+    if study.rates or study.find_max_rate:
+        # A rate study: its rates (a search's starting one), SLO, arrivals and level length, not levels.
+        args += ["--rate", ",".join(f"{r:g}" for r in study.rates or [1.0])]
+        if study.slo:
+            args += ["--slo", study.slo]
+        if study.find_max_rate:
+            args.append("--find-max-rate")
+        if study.arrivals != "poisson":
+            args += ["--arrivals", study.arrivals]
+        args += ["--requests", str(study.requests)] if study.requests else ["--duration", f"{study.duration:g}"]
+    else:
+        args += ["-c", ",".join(str(c) for c in study.levels), "--runs", str(study.runs)]
+    if study.depths:
+        args += ["--depth", ",".join(str(d) for d in study.depths)]
+    if study.prefix_cache:
+        args += ["--prefix-cache", "on"]
+    args += ["--pp", str(study.pp), "--tg", str(study.tg)]
     for k, v in (study.overrides or {}).items():
         val = "true" if v is True else "false" if v is False else str(v)
         args += ["--set", f"{k}={val}"]
@@ -505,7 +520,8 @@ def document(data: dict) -> list[Block]:
     st = data["study"]
     cols = data["columns"]
     out: list[Block] = []
-    nodes = ", ".join(st["nodes"]) or "—"
+    # A study over the whole inventory names no nodes of its own: the ones its layouts ran on, then.
+    nodes = ", ".join(st["nodes"] or dict.fromkeys(n for t in data["topologies"] for n in t["nodes"])) or "—"
     out.append(Heading(1, f"{st['recipe']}: {len(data['topologies'])} topologies compared"))
     versions = sorted({t["vllm_version"] for t in data["topologies"] if t["vllm_version"]})
     if st.get("rates") or st.get("find_max_rate"):
@@ -697,9 +713,15 @@ def _what_ran(data: dict) -> list[Block]:
         ("recipe", f"`{st['recipe']}`" + (f" from `{st['recipe_path']}`" if st["recipe_path"] else "")),
         ("model", f"`{st['model']}`" + (f" (model card `{st['card']}`)" if st["card"] else "")),
         ("image", f"`{st['image'] or 'unknown'}`"),
-        ("nodes", ", ".join(f"`{n}`" for n in st["nodes"]) or "—"),
-        ("sweep", f"levels {', '.join(f'c{c}' for c in st['levels'])}; {st['runs']} batches per level "
-                  f"(after a warm-up); pp {st['pp']}, tg {st['tg']} tokens"),
+        ("nodes", ", ".join(f"`{n}`" for n in st["nodes"]
+                            or dict.fromkeys(n for t in data["topologies"] for n in t["nodes"])) or "—"),
+        ("sweep", (f"request rates from {', '.join(f'{r:g}/s' for r in st.get('rates') or [1.0])}"
+                   + (f", the highest meeting {st.get('slo')} searched" if st.get("find_max_rate") else
+                      f", SLO {st.get('slo')}" if st.get("slo") else "")
+                   + f", {st.get('arrivals')} arrivals; pp {st['pp']}, tg {st['tg']} tokens")
+                  if st.get("rates") or st.get("find_max_rate") else
+                  (f"levels {', '.join(f'c{c}' for c in st['levels'])}; {st['runs']} batches per level "
+                   f"(after a warm-up); pp {st['pp']}, tg {st['tg']} tokens")),
         ("engine overrides", ", ".join(f"`{k}={v}`" for k, v in st["overrides"].items()) or "none (the recipe's)"),
         ("extra request body", f"`{json.dumps(st['extra_body'])}`" if st["extra_body"] else "none"),
         ("when", f"{_when(st['created'])} → {_when(end)}" + (f" ({_dur(end - st['created'])})" if end else "")

@@ -433,3 +433,17 @@ def test_an_empty_study_still_reports(tmp_path):
     md = report.markdown(study, tmp_path / "out", d)
     assert "Nothing was measured" in md and "the study ended before it ran" in md
     assert "<svg" not in report.html(study, d)
+
+
+def test_a_rate_study_is_reproduced_as_a_rate_study(study):
+    """The command under "What ran" of a study that searched for the max rate runs that search again, not the
+    lockstep levels it never ran."""
+    from dataclasses import replace
+
+    rated = replace(study, rates=[8.0], slo="ttft_p95=500ms,itl_p95=100ms", find_max_rate=True, duration=4.0,
+                    arrivals="constant")
+    cmd = report.reproduce(rated)
+    assert "--rate 8 --slo ttft_p95=500ms,itl_p95=100ms --find-max-rate --arrivals constant --duration 4" in cmd
+    assert " -c " not in cmd and "--runs" not in cmd and "--pp 1024 --tg 64" in cmd
+    depth = report.reproduce(replace(study, depths=[0, 4096], prefix_cache=True))
+    assert "-c 1,2,4,8,16,32,64 --runs 3 --depth 0,4096 --prefix-cache on --pp 1024" in depth
