@@ -380,6 +380,10 @@ def _add_sweeping(add) -> None:
                        help="seconds to wait for an idle engine before each level (default 60)")
     sweep.add_argument("--no-remeasure", action="store_true",
                        help="report a level with foreign traffic as contaminated without measuring it again")
+    sweep.add_argument("--no-metrics", action="store_true",
+                       help="read nothing from the engine's /metrics while measuring, as AIPerf and vLLM's client do "
+                            "(no KV/queue figures, no guard against foreign traffic): on a server whose API process "
+                            "shares a busy core, each read delays the tokens it is streaming")
     sweep.add_argument("--exact-tg", action="store_true", help="ask for exactly --tg tokens (ignore_eos)")
     sweep.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json: exact prompt lengths, and the "
                        "streamed text counted in tokens when the server sends neither usage nor token ids "

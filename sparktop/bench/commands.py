@@ -152,7 +152,8 @@ def _one_depth(text: str | int) -> int:
 
 
 def _guard_options(args, settings: SweepSettings) -> None:
-    """The guard's options, where the parser has them (--guard-url, --idle-timeout, --no-remeasure)."""
+    """The guard's options, where the parser has them (--guard-url, --idle-timeout, --no-remeasure,
+    --no-metrics)."""
     urls = getattr(args, "guard_url", None)
     if urls:
         settings.guard_urls = [u for item in urls for u in str(item).split(",") if u.strip()]
@@ -161,6 +162,8 @@ def _guard_options(args, settings: SweepSettings) -> None:
         settings.idle_timeout = float(idle)
     if getattr(args, "no_remeasure", False):
         settings.remeasure_contaminated = False
+    if getattr(args, "no_metrics", False):
+        settings.metrics = False
 
 
 GUARD_KEYS = ("contaminated", "foreign_requests", "contamination", "remeasured")

@@ -145,3 +145,53 @@ async def test_rate_runs_compare_rate_by_rate(twin, tmp_path, capsys):
                                          warmup=False), tmp_path / "lockstep").run()
     assert main(["compare", str(a.path), str(lockstep.path)]) != 0  # a rate run beside a lockstep one: refused
     assert "measure different things" in capsys.readouterr().err
+
+
+async def test_no_metrics_reads_nothing_but_the_api_while_it_measures(twin, tmp_path):
+    """`--no-metrics`: the server sees only what AIPerf or vLLM's client would send it (the API), counted by a
+    proxy in front of the twin; without it the guard reads /metrics during the level."""
+    import asyncio
+    from collections import Counter
+
+    import aiohttp
+    from aiohttp import web
+
+    server = await twin("llama-3.1-8b", speed=20)
+    seen: Counter = Counter()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        seen[request.path] += 1
+        async with aiohttp.ClientSession() as s, s.request(request.method, server.url + request.path_qs,
+                                                            data=await request.read(),
+                                                            headers={"Content-Type": request.content_type}) as r:
+            out = web.StreamResponse(status=r.status, headers={"Content-Type": r.content_type})
+            await out.prepare(request)
+            async for chunk in r.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    proxy = f"http://127.0.0.1:{port}"
+    try:
+        for flags in (["--no-metrics"], []):
+            seen.clear()
+            done = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sparktop", "sweep", "--endpoint", proxy, "--rate", "5", "--duration", "3",
+                "--pp", "64", "--tg", "16", "--no-warmup", "--json", "--results", str(tmp_path / "r"), *flags,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(done.communicate(), 120)
+            assert done.returncode == 0, err.decode()[-2000:]
+            assert json.loads(out)["levels"][0]["errors"] == 0
+            if flags:
+                assert seen["/metrics"] == 0 and seen["/v1/chat/completions"] >= 10, seen
+            else:
+                assert seen["/metrics"] >= 3, seen  # the guard's reads, about one a second
+    finally:
+        await runner.cleanup()
