@@ -135,26 +135,37 @@ async def shoot_launcher(cluster: TwinCluster, reuse) -> None:
         await app.launcher.stop([run.plan.launch_id])
 
 
+async def start_sweep(app: SparktopApp, pilot, url: str, mode: str, **form: str):
+    """`s` in the monitor, the endpoint, mode and form filled in, Enter: the sweep screen, sweeping."""
+    from sparktop.ui.sweep import SweepScreen
+
+    await pilot.pause(2.0)
+    await pilot.press("s")
+    await pilot.pause(0.5)
+    screen = app.screen
+    assert isinstance(screen, SweepScreen)
+    screen.query_one("#sweep-engine").value = url
+    screen.query_one("#sweep-mode").value = mode
+    await pilot.pause(0.3)  # the mode shows its own fields
+    for wid, value in form.items():
+        screen.query_one(f"#{wid}").value = value
+    await pilot.press("enter")
+    return screen
+
+
 async def shoot_sweep(reuse, urls: list[str], results: Path) -> None:
     """A sweep of spark-a's engine with an earlier run of spark-b's overlaid:
     mid-run, then finished; then the comparison of the two."""
     from sparktop.bench.sweep import Sweep, SweepSettings
-    from sparktop.ui.sweep import CompareScreen, RunsScreen, SweepScreen
+    from sparktop.ui.sweep import CompareScreen, RunsScreen
 
     settings = dict(levels=[1, 2, 4, 8, 16], runs=2, pp=1024, tg=64)
     await Sweep(SweepSettings(urls[1], topology="solo", label="solo on spark-b", **settings), results).run()
     app = reuse()
     app.results_root = results
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(2.0)
-        await pilot.press("s")
-        await pilot.pause(0.5)
-        screen = app.screen
-        assert isinstance(screen, SweepScreen)
-        screen.query_one("#sweep-engine").value = urls[0]
-        for wid, value in (("levels", "1,2,4,8,16"), ("runs", "2"), ("pp", "1024"), ("tg", "64")):
-            screen.query_one(f"#{wid}").value = value
-        await pilot.press("enter")
+        screen = await start_sweep(app, pilot, urls[0], "concurrency",
+                                   levels="1,2,4,8,16", runs="2", pp="1024", tg="64")
         while len(screen.levels) < 3:
             await pilot.pause(0.2)
         await pilot.pause(1.0)
@@ -175,23 +186,11 @@ async def shoot_sweep(reuse, urls: list[str], results: Path) -> None:
 
 async def shoot_rate_sweep(reuse, url: str, results: Path) -> None:
     """The sweep screen searching for the highest request rate meeting an SLO, finished, at three sizes."""
-    from sparktop.ui.sweep import SweepScreen
-
     app = reuse()
     app.results_root = results
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(2.0)
-        await pilot.press("s")
-        await pilot.pause(0.5)
-        screen = app.screen
-        assert isinstance(screen, SweepScreen)
-        screen.query_one("#sweep-engine").value = url
-        screen.query_one("#sweep-mode").value = "max-rate"
-        await pilot.pause(0.3)
-        for wid, value in (("levels", "1"), ("seconds", "8"), ("pp", "1024"), ("tg", "64"),
-                           ("slo", "ttft_p95=1s,itl_p95=60ms")):
-            screen.query_one(f"#{wid}").value = value
-        await pilot.press("enter")
+        screen = await start_sweep(app, pilot, url, "max-rate", levels="1", seconds="8", pp="1024", tg="64",
+                                   slo="ttft_p95=1s,itl_p95=60ms")
         while screen.finished is None:
             await pilot.pause(0.5)
         await pilot.pause(1.0)

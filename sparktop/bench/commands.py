@@ -332,12 +332,10 @@ def cmd_runs(args) -> int:
 # -- rate sweeps (bench/load.py) --------------------------------------------------------------------------
 
 
-def _ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1000:,.0f}"
-
-
 def rate_table(levels: list, title: str, width: int = 120):
     from rich.table import Table
+
+    from sparktop.bench.load import rate_texts
 
     t = Table(title=title, title_justify="left", header_style="bold underline", box=None, pad_edge=False)
     slo = any(lv.slo for lv in levels)
@@ -352,15 +350,9 @@ def rate_table(levels: list, title: str, width: int = 120):
     for c in cols:
         t.add_column(c, justify="right", no_wrap=True)
     for lv in levels:
-        cells = {"rate": lv.label, "sent/s": f"{lv.send_rate:.3g}" if lv.send_rate else "—",
-                 "req/s": f"{lv.request_throughput:.3g}" if lv.request_throughput else "—",
-                 "tok/s": f"{lv.output_tps or 0:,.0f}", "TTFT50": _ms(lv.ttft_p50), "TTFT95": _ms(lv.ttft_p95),
-                 "ITL50": _ms(lv.itl_p50), "ITL95": _ms(lv.itl_p95), "e2e95": _ms(lv.e2e_p95),
-                 "lag95": ("[red]" if lv.behind else "") + _ms(lv.lag_p95),
-                 "busy": f"{lv.concurrency_mean:.1f}" if lv.concurrency_mean is not None else "—",
-                 "good/s": f"{lv.goodput:.3g}" if lv.goodput is not None else "—",
-                 "met": f"{lv.slo_share:.0%}" if lv.slo_share is not None else "—",
-                 "SLO": "[green]yes" if lv.meets_slo and not lv.saturated else "[red]no"}
+        cells = rate_texts(lv)
+        cells["lag95"] = ("[red]" if lv.behind else "") + cells["lag95"]
+        cells["SLO"] = "[green]yes" if lv.meets_slo and not lv.saturated else "[red]no"
         t.add_row(*(cells[c] for c in cols))
     t.caption = ("times in ms" + (" · busy: requests in flight, mean · lag95: sends behind schedule, p95 (red: "
                                   "behind)" if wide else ""))
@@ -378,7 +370,7 @@ def rate_json(run, levels: list, max_rate) -> dict:
 def cmd_rate_sweep(args) -> int:
     """`sparktop sweep --rate 1,2,4` (or --find-max-rate): requests on a schedule, goodput under --slo."""
     from sparktop.bench.events import MaxRateFound, RateLevelDone, RateLevelStarted
-    from sparktop.bench.load import RateSweep, parse_rates
+    from sparktop.bench.load import RateSweep, ms_text, parse_rates
     from sparktop.settings import results_dir
 
     if not args.endpoint:
@@ -429,7 +421,7 @@ def cmd_rate_sweep(args) -> int:
                     verdict = "[green]meets the SLO[/]" if lv.meets_slo else "[red]misses the SLO[/]"
                     slo = f"  goodput {fmt(lv.goodput, '/s')}/s ({lv.slo_share:.0%} met) {verdict}"
                 console.print(f"{lv.label:>8}  {fmt(lv.request_throughput, '/s')} req/s  {fmt(lv.output_tps)} t/s  "
-                              f"TTFT p95 {_ms(lv.ttft_p95)} ms  ITL p95 {_ms(lv.itl_p95)} ms{slo}"
+                              f"TTFT p95 {ms_text(lv.ttft_p95)} ms  ITL p95 {ms_text(lv.itl_p95)} ms{slo}"
                               + (f"  [red]{lv.errors} errors[/]" if lv.errors else ""))
                 if lv.behind:
                     console.print(f"[yellow]⚠ {lv.label}: the client fell behind its schedule ({lv.behind})[/]")

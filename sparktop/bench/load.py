@@ -212,6 +212,24 @@ class RateLevelStats:
         return f"{_r(self.rate)}/s" if self.rate is not None else "trace"
 
 
+def ms_text(v: float | None) -> str:
+    """Seconds as whole milliseconds for a table ("—" when there is none)."""
+    return "—" if v is None else f"{v * 1000:,.0f}"
+
+
+def rate_texts(lv: RateLevelStats) -> dict[str, str]:
+    """A rate level's figures as a table shows them (times in ms), keyed by column, for the CLI's table and
+    the sweep screen alike; the SLO verdict and its colours are each table's own."""
+    return {"rate": lv.label, "sent/s": f"{lv.send_rate:.3g}" if lv.send_rate else "—",
+            "req/s": f"{lv.request_throughput:.3g}" if lv.request_throughput else "—",
+            "tok/s": f"{lv.output_tps or 0:,.0f}", "TTFT50": ms_text(lv.ttft_p50), "TTFT95": ms_text(lv.ttft_p95),
+            "ITL50": ms_text(lv.itl_p50), "ITL95": ms_text(lv.itl_p95), "e2e95": ms_text(lv.e2e_p95),
+            "lag95": ms_text(lv.lag_p95),
+            "busy": f"{lv.concurrency_mean:.1f}" if lv.concurrency_mean is not None else "—",
+            "good/s": f"{lv.goodput:.3g}" if lv.goodput is not None else "—",
+            "met": f"{lv.slo_share:.0%}" if lv.slo_share is not None else "—"}
+
+
 def _in_flight(records: list[RequestRecord]) -> tuple[float | None, int]:
     """Time-weighted mean and peak of the requests in flight."""
     edges = []

@@ -35,7 +35,7 @@ from sparktop.bench.events import (
     SweepStarted,
 )
 from sparktop.bench.export import COLUMNS, cell
-from sparktop.bench.load import MaxRate, RateLevelStats, RateSweep, parse_rates
+from sparktop.bench.load import MaxRate, RateLevelStats, RateSweep, parse_rates, rate_texts
 from sparktop.bench.results import Run, list_runs, load_run
 from sparktop.bench.stats import LevelStats, knee
 from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body, parse_levels
@@ -54,10 +54,9 @@ RATE_CHARTS = (("output_tps", "output t/s"), ("ttft_p95_ms", "TTFT p95 ms"), ("g
 # The modes of the form's mode select: (label, value).
 MODES = (("concurrency", "concurrency"), ("rate poisson", "poisson"), ("rate constant", "constant"),
          ("max rate", "max-rate"))
-# The rate table: (column key, heading). Times in ms.
-RATE_COLUMNS = (("rate", "rate"), ("sent", "sent/s"), ("req", "req/s"), ("tok", "tok/s"), ("ttft50", "TTFT50"),
-                ("ttft95", "TTFT95"), ("itl50", "ITL50"), ("itl95", "ITL95"), ("busy", "busy"),
-                ("good", "good/s"), ("met", "met"), ("slo", "SLO"))
+# The rate table's columns: load.rate_texts' keys (times in ms), then the SLO verdict.
+RATE_COLUMNS = ("rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50", "ITL95", "busy", "good/s", "met",
+                "SLO")
 
 
 def rate_value(lv: RateLevelStats, key: str) -> float | None:
@@ -71,18 +70,11 @@ def rate_value(lv: RateLevelStats, key: str) -> float | None:
 
 def rate_cells(lv: RateLevelStats) -> list[str | Text]:
     """A rate level as a row of RATE_COLUMNS: red where the client fell behind or the SLO was missed."""
-    def ms(v: float | None) -> str:
-        return "—" if v is None else f"{v * 1000:,.0f}"
-
+    texts = rate_texts(lv)
+    texts["rate"] += " ⚠" if lv.behind or lv.saturated else ""
     met = lv.meets_slo and not lv.saturated and not lv.behind
-    label = lv.label + (" ⚠" if lv.behind or lv.saturated else "")
-    return [label, f"{lv.send_rate:.3g}" if lv.send_rate else "—",
-            f"{lv.request_throughput:.3g}" if lv.request_throughput else "—", f"{lv.output_tps or 0:,.0f}",
-            ms(lv.ttft_p50), ms(lv.ttft_p95), ms(lv.itl_p50), ms(lv.itl_p95),
-            f"{lv.concurrency_mean:.1f}" if lv.concurrency_mean is not None else "—",
-            f"{lv.goodput:.3g}" if lv.goodput is not None else "—",
-            f"{lv.slo_share:.0%}" if lv.slo_share is not None else "—",
-            Text("—") if not lv.slo else Text("yes", style="green") if met else Text("no", style="red")]
+    verdict = Text("—") if not lv.slo else Text("yes", style="green") if met else Text("no", style="red")
+    return [*(texts[c] for c in RATE_COLUMNS[:-1]), verdict]
 
 
 def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int,
@@ -336,8 +328,8 @@ class SweepScreen(LiveScreen):
         self.mode = mode
         table.clear(columns=True)
         if mode == "rate":
-            for key, head in RATE_COLUMNS:
-                table.add_column(head, key=key)
+            for head in RATE_COLUMNS:
+                table.add_column(head, key=head)
             return
         for key, head, _ in COLUMNS:
             table.add_column(head, key=key)
