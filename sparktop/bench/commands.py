@@ -339,12 +339,14 @@ def rate_table(levels: list, title: str, width: int = 120):
 
     t = Table(title=title, title_justify="left", header_style="bold underline", box=None, pad_edge=False)
     slo = any(lv.slo for lv in levels)
-    # Times in ms, short headers; under 110 columns the client's own figures (sent/s, lag, in flight) go, as
-    # long as no level fell behind, so the table reads at 80.
-    wide = width >= 110 or any(lv.behind for lv in levels)
+    # Times in ms, short headers; under 110 columns the client's own figures (sent/s, lag, in flight) go so
+    # the table reads at 80, except the lag where a level fell behind (it takes e2e95's place).
+    wide = width >= 110
+    behind = any(lv.behind for lv in levels)
     cols = ["rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50", "ITL95", "e2e95", "lag95", "busy"]
     if not wide:
-        cols = [c for c in cols if c not in ("sent/s", "lag95", "busy")]
+        gone = ("sent/s", "busy", "e2e95") if behind else ("sent/s", "lag95", "busy")
+        cols = [c for c in cols if c not in gone]
     if slo:
         cols += ["good/s", "met", "SLO"]
     for c in cols:
@@ -354,8 +356,8 @@ def rate_table(levels: list, title: str, width: int = 120):
         cells["lag95"] = ("[red]" if lv.behind else "") + cells["lag95"]
         cells["SLO"] = "[green]yes" if lv.meets_slo and not lv.saturated else "[red]no"
         t.add_row(*(cells[c] for c in cols))
-    t.caption = ("times in ms" + (" · busy: requests in flight, mean · lag95: sends behind schedule, p95 (red: "
-                                  "behind)" if wide else ""))
+    t.caption = ("times in ms" + (" · busy: requests in flight, mean" if wide else "")
+                 + (" · lag95: sends behind schedule, p95 (red: behind)" if wide or behind else ""))
     return t
 
 

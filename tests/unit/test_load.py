@@ -185,3 +185,20 @@ def test_the_max_rate_answer_reads_as_a_bracket_with_its_confidence():
                       "target (95 % lower bound 94%)")
     none = MaxRate(None, 0.5, None, None, 0, [(1.0, False, "ttft_p95=1s was 3000 ms")])
     assert none.text.startswith("no rate met the SLO, down to 0.5 requests/s")
+
+
+def test_the_rate_table_reads_at_80_columns_when_a_level_fell_behind():
+    """The lag stays (it is why the level is marked) and nothing is cut: every header whole at 80 columns."""
+    from rich.console import Console
+
+    from sparktop.bench.commands import rate_table
+
+    on_time = rate_level_stats([rec(i * 0.1, 0.2, 0.02, due=i * 0.1) for i in range(30)], 10.0, "constant",
+                               parse_slo("ttft_p95=1s"))
+    late = rate_level_stats([rec(i * 0.1 + 0.05 * (i % 3 == 0), 0.2, 0.02, due=i * 0.1) for i in range(30)],
+                            20.0, "constant", parse_slo("ttft_p95=1s"))
+    console = Console(width=80, record=True)
+    console.print(rate_table([on_time, late], "t", 80))
+    text = console.export_text()
+    assert "…" not in text and "lag95" in text and "good/s" in text and "SLO" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
