@@ -11,6 +11,7 @@ bucket bounds what it added to the sums (a few ms, a few dozen tokens)."""
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 
@@ -41,8 +42,8 @@ def smallest_bounds(before: dict, after: dict, name: str) -> tuple[float, float]
     raise AssertionError(f"no new observation in {name}")
 
 
-def sweep_level(server, tmp_path, c: int) -> dict:
-    results = tmp_path / f"results-c{c}"
+def sweep_level(server, tmp_path, c: int, tag: str = "") -> dict:
+    results = tmp_path / f"results-c{c}{tag}"
     r = subprocess.run(
         [*pinned(CLIENT_CPUS), sys.executable, "-m", "sparktop", "sweep", "--endpoint", server.url + "/v1",
          "--tokenizer", str(server.model / "tokenizer.json"), "--pp", str(PP), "--tg", str(TG), "-c", str(c),
@@ -101,36 +102,60 @@ def server_view(before: dict, after: dict) -> dict[str, float]:
             / delta(before, after, "vllm:request_decode_time_seconds_sum")}
 
 
+PAIRS = 3  # alternating pairs per level; the medians are compared
+
+
 def test_the_sweep_agrees_with_llama_benchy_on_vllm(vllm_server, tmp_path):
     """Each tool is held to what the server measured during its own run: the
     server's speed on a shared CPU drifts between two runs by more than the
     tools differ. Like with like: the sweep's `*_llama_benchy` figures count
-    tokens as llama-benchy does (it skips chunks that stream no text)."""
+    tokens as llama-benchy does (it skips chunks that stream no text). The
+    tools run in alternating pairs (the first of a pair alternates too) and
+    their medians are compared, as the benchmarks do.
+
+    A mean TTFT is compared at c1 only. Beyond one request it depends on how
+    the batch's arrivals fall between the server's steps (here the API server
+    tokenizes them one at a time on the engine's own core, so a few ms of
+    spread between two clients' sends move the mean by 10-20 %, run to run):
+    at c4 the batch's prefill rate (prompt tokens to the last first token)
+    is compared instead, and the other test holds the sweep's c4 TTFT to
+    vLLM's own histograms."""
     tokenizer = vllm_server.model / "tokenizer.json"
     rows, problems = [], []
-    for c in LEVELS:
-        before = scrape(vllm_server.url)
-        (theirs,) = run_llama_benchy(vllm_server.url, MODEL_NAME, tokenizer, tmp_path / f"lb{c}", pp=PP, tg=TG,
-                                     levels=[c], runs=RUNS, prefix=pinned(CLIENT_CPUS)).values()
-        server_lb = server_view(before, scrape(vllm_server.url))
-        before = scrape(vllm_server.url)
-        ours = sweep_level(vllm_server, tmp_path, c)
-        server_sp = server_view(before, scrape(vllm_server.url))
-        mine, ref = ours["tg_tps_req_llama_benchy"], theirs["tg_req_throughput"]["mean"]
-        mine_rel, ref_rel = mine / server_sp["tg/r"], ref / server_lb["tg/r"]
-        rows.append(f"c{c} tg/r sparktop {mine:8.1f} = {mine_rel:6.1%} of vLLM's   "
-                    f"llama-benchy {ref:8.1f} = {ref_rel:6.1%} of vLLM's   (limit 5%)")
-        if abs(mine_rel - ref_rel) > 0.05:
+
+    def check(name: str, mine: list[float], ref: list[float], limit: float, relative: bool) -> None:
+        m, r = statistics.median(mine), statistics.median(ref)
+        off = m / r - 1 if relative else m - r
+        unit = "" if relative else " points"
+        rows.append(f"{name:34} sparktop {m:8.3f}  llama-benchy {r:8.3f}  {off:+.1%}{unit} (limit {limit:.0%})"
+                    f"  [{', '.join(f'{x:.3f}' for x in mine)} | {', '.join(f'{x:.3f}' for x in ref)}]")
+        if abs(off) > limit:
             problems.append(rows[-1])
-        # Prefill is short and the warm-up and calibration requests weigh on the
-        # server's TTFT mean: these two are compared directly.
-        for name, mine, ref in (("ttft", ours["ttft_ms_mean"], theirs["e2e_ttft"]["mean"]),
-                                ("pp", ours["pp_tps_total"], theirs["pp_throughput"]["mean"])):
-            rows.append(f"c{c} {name:4} sparktop {mine:8.1f}   llama-benchy {ref:8.1f}   {mine / ref - 1:+.1%} "
-                        "(limit 15%)")
-            if abs(mine / ref - 1) > 0.15:
-                problems.append(rows[-1])
-        rows.append(f"c{c} tg/r sparktop's own count {ours['tg_tps_req']:8.1f} = "
-                    f"{ours['tg_tps_req'] / server_sp['tg/r']:6.1%} of vLLM's")
+
+    for c in LEVELS:
+        got: dict[str, list[float]] = {k: [] for k in ("tg", "tg_lb", "ttft", "ttft_lb", "pp", "pp_lb", "own")}
+        for i in range(PAIRS):
+            for tool in ("lb", "sp") if i % 2 == 0 else ("sp", "lb"):
+                before = scrape(vllm_server.url)
+                if tool == "lb":
+                    (theirs,) = run_llama_benchy(vllm_server.url, MODEL_NAME, tokenizer, tmp_path / f"lb{c}-{i}",
+                                                 pp=PP, tg=TG, levels=[c], runs=RUNS,
+                                                 prefix=pinned(CLIENT_CPUS)).values()
+                    server = server_view(before, scrape(vllm_server.url))
+                    got["tg_lb"].append(theirs["tg_req_throughput"]["mean"] / server["tg/r"])
+                    got["ttft_lb"].append(theirs["e2e_ttft"]["mean"])
+                    got["pp_lb"].append(theirs["pp_throughput"]["mean"])
+                else:
+                    ours = sweep_level(vllm_server, tmp_path, c, f"-{i}")
+                    server = server_view(before, scrape(vllm_server.url))
+                    got["tg"].append(ours["tg_tps_req_llama_benchy"] / server["tg/r"])
+                    got["own"].append(ours["tg_tps_req"] / server["tg/r"])
+                    got["ttft"].append(ours["ttft_ms_mean"])
+                    got["pp"].append(ours["pp_tps_total"])
+        check(f"c{c} tg/req as a share of vLLM's", got["tg"], got["tg_lb"], 0.05, relative=False)
+        if c == 1:
+            check(f"c{c} ttft ms", got["ttft"], got["ttft_lb"], 0.15, relative=True)
+        check(f"c{c} pp t/s", got["pp"], got["pp_lb"], 0.15, relative=True)
+        rows.append(f"c{c} tg/req, sparktop's own count: {statistics.median(got['own']):.1%} of vLLM's")
     print("\n".join(rows))
     assert not problems, "\n".join(rows)
