@@ -155,7 +155,7 @@ class SweepScreen(LiveScreen):
         self.earlier: list[tuple[str, list]] = []
         self.tps: list[float] = []
         self.finished: SweepFinished | None = None
-        self.mode = "concurrency"  # of the sweep on screen (MODES' values)
+        self.mode = "concurrency"  # the table's columns: "concurrency" or "rate" (see _set_table_mode)
         self.rate_levels: list[RateLevelStats] = []
         self.max_rate: MaxRate | None = None
 
@@ -190,7 +190,6 @@ class SweepScreen(LiveScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.mode = ""
         self._set_table_mode("concurrency")
         options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
         select = self.query_one("#sweep-engine", Select)
@@ -219,8 +218,7 @@ class SweepScreen(LiveScreen):
         self.query_one("#runs", Input).display = not rate
         levels = self.query_one("#levels", Input)
         kind = "max-rate" if mode == "max-rate" else "rate" if rate else "concurrency"
-        previous = next((k for k, v in self._LEVELS.items() if v == levels.value), None)
-        if previous is not None or not levels.value.strip():
+        if levels.value in self._LEVELS.values() or not levels.value.strip():
             levels.value = self._LEVELS[kind]  # the user's own list is kept
         levels.placeholder = {"concurrency": "concurrency", "rate": "requests/s",
                               "max-rate": "start at req/s"}[kind]
