@@ -101,22 +101,54 @@ class PromptMaker:
         text = words_text(self.words, self._rng)
         if self.tokenizer is None:
             return text
-        # Cut at the token boundary, then trim or pad word by word until the
-        # local count is exact (a cut can re-merge into fewer tokens).
+        # Cut near the target at a token boundary and drop the last word (a cut word can encode to more
+        # tokens than it was a part of), pad with words while far short, then close the gap with words that
+        # are one token each: after a space a word is a token run of its own, so each adds exactly one.
         body = self.target - self.template
         cut = getattr(self.tokenizer, "cut", None)
         if cut is not None:
             text = cut(text + " " + words_text(max(8, self.words // 8), self._rng), body)
+        text, ids = self._trim(text, body)
+        guard = 0
+        while len(ids) < body - 8 and guard < 64:  # a quarter of the gap in words: no word is under a token
+            text += " " + words_text(max(1, (body - len(ids)) // 4), self._rng)
+            ids = self.tokenizer.encode(text)
+            guard += 1
+        text, ids = self._trim(text, body)
+        ones = self._one_token_words()
+        if ones and len(ids) < body:
+            text += "".join(" " + self._rng.choice(ones) for _ in range(body - len(ids)))
+        return text
+
+    def _trim(self, text: str, body: int) -> tuple[str, list[int]]:
+        """Whole words off the end until the text is at most `body` tokens."""
+        assert self.tokenizer is not None
         ids = self.tokenizer.encode(text)
         while len(ids) > body and " " in text:
             text = text.rsplit(" ", 1)[0]
             ids = self.tokenizer.encode(text)
-        guard = 0
-        while len(ids) < body and guard < 4 * body:
-            text += " " + self._rng.choice(WORDS)
-            ids = self.tokenizer.encode(text)
-            guard += 1
-        return text
+        return text, ids
+
+    def _one_token_words(self) -> list[str]:
+        if not hasattr(self, "_ones"):
+            assert self.tokenizer is not None
+            self._ones = [w for w in WORDS if len(self.tokenizer.encode("the " + w)) - len(self.tokenizer.encode(
+                "the")) == 1]
+        return self._ones
+
+    def context(self, tokens: int) -> PromptMaker:
+        """A maker of contexts of `tokens` tokens (a system message before the prompt: `--depth`), counted as
+        llama-benchy counts a depth, the text's own tokens without the template's. Exact with a local
+        tokenizer; without one, from the words per token the server's counts gave."""
+        body = max(1, self.target - self.template)
+        if self.tokenizer is not None:
+            # `words` is only the first guess `make` trims or pads from; the words per token it implies runs
+            # high (contexts 8 % over their depth came out of it), so measure the ratio on the text itself.
+            sample = words_text(512, random.Random(self.seed))
+            per_token = 512 / max(1, len(self.tokenizer.encode(sample)))
+            # No seed: two depths' contexts must not begin alike (a shared prefix the cache would reuse).
+            return PromptMaker(tokens, max(1, round(tokens * per_token)), 0, True, tokenizer=self.tokenizer)
+        return PromptMaker(tokens, max(1, round(tokens * self.words / body)), 0, False)
 
 
 async def calibrate(target: int, probe: Probe, tokenizer: LocalTokenizer | None = None,

@@ -702,8 +702,7 @@ class Sweep:
             return None
         maker = self._contexts.get(depth)
         if maker is None:
-            per_word = to.prompts.words / max(1, self.s.pp - to.prompts.template)
-            maker = self._contexts[depth] = PromptMaker(depth, max(1, round(depth * per_word)), 0, False)
+            maker = self._contexts[depth] = to.prompts.context(depth)
         return maker.make()
 
     async def _load_contexts(self, to: _Target, level: _Level, run: int, contexts: list[str],
@@ -847,8 +846,7 @@ class Sweep:
             raise SweepError(str(e)) from None
         context = None
         if s.depth:
-            per_word = prompts.words / max(1, s.pp - prompts.template)
-            context = PromptMaker(s.depth, max(1, round(s.depth * per_word)), 0, False)
+            context = prompts.context(s.depth)
         attempt = max((r.attempt for r in previous.records), default=0) + 1 if previous is not None else 1
         meta = {
             "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Iterator
 
 from prometheus_client import (
@@ -108,6 +109,7 @@ class VllmMetrics(TwinMetrics):
         for collector in (GCCollector, PlatformCollector, ProcessCollector):
             collector(registry=self.registry)
         self.engine = engine
+        self._recent_prefix: deque[tuple[int, int]] = deque(maxlen=1000)  # (queries, hits) per admitted request
         self._labels = ["model_name", "engine"]
         self._values = (model_name, engine)
         self._model_name = model_name
@@ -264,7 +266,18 @@ class VllmMetrics(TwinMetrics):
         if computed or generation_tokens:
             self.iteration_tokens.observe(computed + generation_tokens)
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """The log line's "Prefix cache hit rate": hits over queries of the last 1,000 requests
+        (`CachingMetrics` in vllm/v1/metrics/stats.py); None before the first, when vLLM leaves it out."""
+        recent = self._recent_prefix
+        if not recent:
+            return None
+        queries = sum(q for q, _ in recent)
+        return sum(h for _, h in recent) / queries if queries else 0.0
+
     def on_prefix(self, *, queries, hits):
+        self._recent_prefix.append((queries, hits))
         self.prefix_queries.inc(queries)
         if hits:
             self.prefix_hits.inc(hits)

@@ -67,3 +67,21 @@ async def test_depth_levels_compare_and_export_as_arena_files(depth_runs, tmp_pa
     back = read_arena(out)
     again = {(lv.depth, lv.concurrency): lv.tg_tps_total for lv in back.levels()}
     assert again == pytest.approx({(lv.depth, lv.concurrency): lv.tg_tps_total for lv in warm.levels()})
+
+
+async def test_a_context_holds_exactly_its_depth_in_tokens(twin, tmp_path):
+    """`--depth 4096` with a tokenizer: 4,096 tokens of context, as llama-benchy counts a depth (the text's own
+    tokens; the system message's template is the engine's). Contexts sized from the prompt's words per token
+    came out 8 % long with a vocabulary that splits the prompt words (measured: 6,484-6,562 prompt tokens
+    for 2,048 + 4,096)."""
+    from sparktop.twin.text import FileTokenizer, chat_prompt_ids
+    from tests.helpers.tokenizer import book_text, train_tokenizer
+
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", book_text())  # splits sparktop's words: the hard case
+    server = await twin("llama-3.1-8b", "--tokenizer", str(tokenizer), speed=8)
+    run = await Sweep(settings(server.url, depths=[0, 4096], levels=[1], runs=3, pp=256, tokenizer=str(tokenizer),
+                               prefix_cache=True), tmp_path / "run").run()
+    records = [r for r in load_run(run.path).records if not r.context_load]
+    system = len(chat_prompt_ids([{"role": "system", "content": ""}], FileTokenizer(str(tokenizer)), 0)) - 1
+    assert {r.prompt_tokens for r in records if r.depth == 0} == {256}
+    assert {r.prompt_tokens for r in records if r.depth == 4096} == {256 + system + 4096}

@@ -222,6 +222,12 @@ async def test_prompt_tokens_split_by_source_as_the_prefix_cache_hits(twin):
     assert value(text, "vllm:request_prefill_kv_computed_tokens_sum") == computed
     # vLLM's iteration tokens: prompt tokens computed plus tokens generated.
     assert value(text, "vllm:iteration_tokens_total_sum") == computed + value(text, "vllm:generation_tokens_total")
+    # The periodic log line's hit rate is the same hits over the same queries, not a constant 0.0 %.
+    server.dialect.stats(server, 0.0, 0.0, 0, 0, 0.0)
+    line = server.log.stream.getvalue().splitlines()[-1]
+    rate = 100 * hits / value(text, "vllm:prefix_cache_queries_total")
+    assert rate > 40
+    assert line.endswith(f"Prefix cache hit rate: {rate:.1f}%"), line
 
 
 async def test_prompt_tokens_details_only_when_asked_for(twin):

@@ -110,11 +110,13 @@ class VllmDialect(Dialect):
 
     def stats(self, server: TwinServer, prompt_tps: float, gen_tps: float, running: int, waiting: int,
               kv: float) -> None:
+        hit_rate = getattr(server.metrics, "prefix_hit_rate", None)
         server.log.info("loggers.py:271", (
             f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
             f"Avg generation throughput: {gen_tps:.1f} tokens/s, "
             f"Running: {running} reqs, Waiting: {waiting} reqs, "
-            f"GPU KV cache usage: {kv * 100:.1f}%, Prefix cache hit rate: 0.0%"))
+            f"GPU KV cache usage: {kv * 100:.1f}%"
+            + (f", Prefix cache hit rate: {hit_rate * 100:.1f}%" if hit_rate is not None else "")))
 
     def start_failed(self, server: TwinServer, message: str) -> None:
         server.log.error("core.py:866", "EngineCore failed to start.")
