@@ -354,7 +354,7 @@ def rate_table(levels: list, title: str, width: int = 120):
     for lv in levels:
         cells = rate_texts(lv)
         cells["lag95"] = ("[red]" if lv.behind else "") + cells["lag95"]
-        cells["SLO"] = "[green]yes" if lv.meets_slo and not lv.saturated else "[red]no"
+        cells["SLO"] = "[green]yes" if lv.passes else "[red]no"
         t.add_row(*(cells[c] for c in cols))
     t.caption = ("times in ms" + (" · busy: requests in flight, mean" if wide else "")
                  + (" · lag95: sends behind schedule, p95 (red: behind)" if wide or behind else ""))
@@ -420,7 +420,9 @@ def cmd_rate_sweep(args) -> int:
             case RateLevelDone(stats=lv):
                 slo = ""
                 if lv.slo:
-                    verdict = "[green]meets the SLO[/]" if lv.meets_slo else "[red]misses the SLO[/]"
+                    verdict = ("[green]meets the SLO[/]" if lv.passes else "[red]misses the SLO[/]" if not lv.meets_slo
+                               else "[red]fails: its percentiles meet the SLO, but "
+                               + ("the client fell behind[/]" if lv.behind else "the queue grew[/]"))
                     slo = f"  goodput {fmt(lv.goodput, '/s')}/s ({lv.slo_share:.0%} met) {verdict}"
                 console.print(f"{lv.label:>8}  {fmt(lv.request_throughput, '/s')} req/s  {fmt(lv.output_tps)} t/s  "
                               f"TTFT p95 {ms_text(lv.ttft_p95)} ms  ITL p95 {ms_text(lv.itl_p95)} ms{slo}"

@@ -205,11 +205,18 @@ class RateLevelStats:
     slo_values: dict[str, float | None] = field(default_factory=dict)  # the percentile each target names
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"passes": self.passes}
 
     @property
     def label(self) -> str:
         return f"{_r(self.rate)}/s" if self.rate is not None else "trace"
+
+    @property
+    def passes(self) -> bool:
+        """The level served its rate within the SLO: every percentile within its limit, the server's queue
+        not growing, and the client on its schedule (a level it fell behind was offered less than its rate).
+        The one verdict the CLI, the screen, the max-rate search and the study report give."""
+        return bool(self.meets_slo) and not self.saturated and not self.behind
 
 
 def ms_text(v: float | None) -> str:

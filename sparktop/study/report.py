@@ -133,16 +133,15 @@ def _rates(columns: list[str], runs: dict[str, Run]) -> dict | None:
         for n, lvs in per.items():
             lv = next((x for x in reversed(lvs) if x.rate == rate), None)
             values[n] = None if lv is None else {
-                "goodput": lv.goodput, "share": lv.slo_share, "meets": bool(lv.meets_slo) and not lv.saturated
-                and not lv.behind, "request_throughput": lv.request_throughput, "output_tps": lv.output_tps,
+                "goodput": lv.goodput, "share": lv.slo_share, "meets": lv.passes,
+                "request_throughput": lv.request_throughput, "output_tps": lv.output_tps,
                 "ttft_p95": lv.ttft_p95, "itl_p95": lv.itl_p95, "saturated": lv.saturated, "behind": lv.behind}
         rows.append({"rate": rate, "values": values})
     max_rates = {n: runs[n].meta.get("max_rate") for n in per}
     # Without a search, a topology's max rate is the highest rate it met the SLO at, of those tried.
     for n, lvs in per.items():
         if max_rates[n] is None and any(lv.slo for lv in lvs):
-            met = [lv.rate for lv in lvs if lv.rate is not None and lv.meets_slo and not lv.saturated
-                   and not lv.behind]
+            met = [lv.rate for lv in lvs if lv.rate is not None and lv.passes]
             failed = [lv.rate for lv in lvs if lv.rate is not None and lv.rate not in met]
             best_lv = next((lv for lv in lvs if met and lv.rate == max(met)), None)
             max_rates[n] = {"rate": max(met) if met else None,

@@ -72,7 +72,7 @@ def rate_cells(lv: RateLevelStats) -> list[str | Text]:
     """A rate level as a row of RATE_COLUMNS: red where the client fell behind or the SLO was missed."""
     texts = rate_texts(lv)
     texts["rate"] += " ⚠" if lv.behind or lv.saturated else ""
-    met = lv.meets_slo and not lv.saturated and not lv.behind
+    met = lv.passes
     verdict = Text("—") if not lv.slo else Text("yes", style="green") if met else Text("no", style="red")
     return [*(texts[c] for c in RATE_COLUMNS[:-1]), verdict]
 

@@ -202,3 +202,23 @@ def test_the_rate_table_reads_at_80_columns_when_a_level_fell_behind():
     text = console.export_text()
     assert "…" not in text and "lag95" in text and "good/s" in text and "SLO" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_level_the_client_fell_behind_fails_the_slo_in_the_table_as_on_the_screen():
+    """Its percentiles met the SLO, but it was offered half its rate: the CLI's table, its JSON, the sweep
+    screen's row and the max-rate search all call it failing (the table once said "yes")."""
+    from rich.console import Console
+
+    from sparktop.bench.commands import rate_table
+    from sparktop.ui.sweep import rate_cells
+
+    slo = parse_slo("ttft_p95=1s")
+    on_time = rate_level_stats([rec(i * 0.1, 0.2, 0.02, due=i * 0.1) for i in range(30)], 10.0, "constant", slo)
+    late = rate_level_stats([rec(i * 0.1, 0.2, 0.02, due=i * 0.05) for i in range(30)], 20.0, "constant", slo)
+    assert late.meets_slo and late.behind and on_time.passes and not late.passes
+    assert late.as_dict()["passes"] is False
+    console = Console(width=160, record=True)
+    console.print(rate_table([on_time, late], "t", 160))
+    rows = [line.split() for line in console.export_text().splitlines() if line.strip().startswith(("10/s", "20/s"))]
+    assert [r[-1] for r in rows] == ["yes", "no"]
+    assert [str(rate_cells(lv)[-1]) for lv in (on_time, late)] == ["yes", "no"]
