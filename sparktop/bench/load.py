@@ -205,7 +205,8 @@ class RateLevelStats:
     slo_values: dict[str, float | None] = field(default_factory=dict)  # the percentile each target names
 
     def as_dict(self) -> dict:
-        return asdict(self) | {"passes": self.passes}
+        # null without an SLO, as meets_slo: nothing was asked of the level, so it neither passed nor failed
+        return asdict(self) | {"passes": self.passes if self.slo else None}
 
     @property
     def label(self) -> str:
@@ -570,7 +571,9 @@ class RateSweep(Sweep):
         s = self.s
         slots = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency else None
         # Prompts are made before the first send: making one is not the client's lag.
-        made = [(p, None) for p in payloads] if payloads is not None else [self._rate_payload(to) for _ in offsets]
+        # Off the event loop: at a depth each context is a few full encodes with a tokenizer.
+        made = [(p, None) for p in payloads] if payloads is not None else await asyncio.to_thread(
+            lambda: [self._rate_payload(to) for _ in offsets])
         bodies = [body for body, _ in made]
         timeout = self._timeout()
         level_done = 0
@@ -622,7 +625,7 @@ class RateSweep(Sweep):
             self._total = self._done + level_requests(rate, s.requests, s.duration)
             reason = await self._rate_level(to, rate, index)
             stats = self.rate_levels[-1]
-            why = None
+            why = None  # what failed the level, in words: stats.passes says whether
             if stats.behind:
                 why = f"the client fell behind ({stats.behind})"
             elif stats.saturated:
@@ -632,7 +635,7 @@ class RateSweep(Sweep):
                                 for k, v in stats.slo_values.items()
                                 if v is None or v > next(t.limit_s for t in self.slo if t.text == k)) \
                       or f"{stats.errors} errors"
-            ok = why is None and reason is None
+            ok = stats.passes and reason is None
             tried.append((rate, ok, why or reason))
             if ok:
                 best = stats

@@ -101,10 +101,11 @@ class PromptMaker:
         text = words_text(self.words, self._rng)
         if self.tokenizer is None:
             return text
-        # Cut near the target at a token boundary and drop the last word (a cut word can encode to more
-        # tokens than it was a part of), pad with words while far short, then close the gap with words that
-        # are one token each: after a space a word is a token run of its own, so each adds exactly one.
-        body = self.target - self.template
+        # Cut near the target at a token boundary, take whole words off while over (a cut word can encode
+        # to more tokens than it was a part of), pad with words while far short, then close the gap with
+        # words that are one token each: after a space a word is a token run of its own, so each adds one.
+        # A last count checks it; a tokenizer where that does not hold gets the slow way, word by word.
+        body = max(1, self.target - self.template)
         cut = getattr(self.tokenizer, "cut", None)
         if cut is not None:
             text = cut(text + " " + words_text(max(8, self.words // 8), self._rng), body)
@@ -114,10 +115,27 @@ class PromptMaker:
             text += " " + words_text(max(1, (body - len(ids)) // 4), self._rng)
             ids = self.tokenizer.encode(text)
             guard += 1
-        text, ids = self._trim(text, body)
+        if guard:
+            text, ids = self._trim(text, body)
         ones = self._one_token_words()
         if ones and len(ids) < body:
             text += "".join(" " + self._rng.choice(ones) for _ in range(body - len(ids)))
+            ids = self.tokenizer.encode(text)
+        for _ in range(8):
+            if len(ids) == body:
+                break
+            if len(ids) > body:
+                text, ids = self._trim(text, body)
+                continue
+            # Short by a few: whatever grows the count by exactly one (a tokenizer with no one-token word,
+            # or one that merges across spaces); a character on its own is a token in every vocabulary.
+            for tail in ([" " + self._rng.choice(ones)] if ones else []) + [" a", ".", " .", "a", ",", "!"]:
+                grown = self.tokenizer.encode(text + tail)
+                if len(grown) == len(ids) + 1:
+                    text, ids = text + tail, grown
+                    break
+            else:
+                break
         return text
 
     def _trim(self, text: str, body: int) -> tuple[str, list[int]]:

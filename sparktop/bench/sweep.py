@@ -253,7 +253,6 @@ class _Target:
     url: str
     model: str
     prompts: PromptMaker
-    context: PromptMaker | None
     attempt: int  # 1, or one more than the run being resumed
     tokenizer: LocalTokenizer | None = None  # counts a stream's tokens when the server sends no token ids
 
@@ -736,7 +735,10 @@ class Sweep:
         # Every prompt is made before the first request leaves, so the batch
         # reaches the server together (as llama-benchy's does).
         depth = c.depth
-        contexts = [self._context(to, depth) for _ in range(c)]
+        # Off the event loop: a 100k-token context is a few full encodes with a tokenizer (0.3-0.5 s each),
+        # which would freeze the screen and the metrics watcher that share this loop.
+        contexts = await asyncio.to_thread(lambda: [self._context(to, depth) for _ in range(c)]) if depth else [
+            None] * c
         payloads = [self._payload(to.model, to.prompts, None) for _ in range(c)]
         for payload, context in zip(payloads, contexts, strict=True):
             if context is not None:
@@ -844,9 +846,6 @@ class Sweep:
             prompts = await calibrate(s.pp, lambda text: self._probe(session, model, text), tokenizer)
         except ValueError as e:
             raise SweepError(str(e)) from None
-        context = None
-        if s.depth:
-            context = prompts.context(s.depth)
         attempt = max((r.attempt for r in previous.records), default=0) + 1 if previous is not None else 1
         meta = {
             "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
@@ -858,7 +857,7 @@ class Sweep:
             "guard": self.guard, "status": "running",
         }
         self._attempt = attempt
-        return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, context, attempt,
+        return _Target(session, s.endpoint + "/v1/chat/completions", model, prompts, attempt,
                        tokenizer), meta
 
     def _open_run(self, to: _Target, meta: dict, previous: Run | None) -> dict[int, int]:
