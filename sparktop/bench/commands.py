@@ -420,9 +420,13 @@ def cmd_rate_sweep(args) -> int:
             case RateLevelDone(stats=lv):
                 slo = ""
                 if lv.slo:
-                    verdict = ("[green]meets the SLO[/]" if lv.passes else "[red]misses the SLO[/]" if not lv.meets_slo
-                               else "[red]fails: its percentiles meet the SLO, but "
-                               + ("the client fell behind[/]" if lv.behind else "the queue grew[/]"))
+                    if lv.passes:
+                        verdict = "[green]meets the SLO[/]"
+                    elif not lv.meets_slo:
+                        verdict = "[red]misses the SLO[/]"
+                    else:
+                        but = "the client fell behind" if lv.behind else "the queue grew"
+                        verdict = f"[red]fails: its percentiles meet the SLO, but {but}[/]"
                     slo = f"  goodput {fmt(lv.goodput, '/s')}/s ({lv.slo_share:.0%} met) {verdict}"
                 console.print(f"{lv.label:>8}  {fmt(lv.request_throughput, '/s')} req/s  {fmt(lv.output_tps)} t/s  "
                               f"TTFT p95 {ms_text(lv.ttft_p95)} ms  ITL p95 {ms_text(lv.itl_p95)} ms{slo}"

@@ -14,6 +14,7 @@ matters is the one the server counts, chat template included:
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import random
 from collections.abc import Awaitable, Callable
@@ -117,7 +118,7 @@ class PromptMaker:
             guard += 1
         if guard:
             text, ids = self._trim(text, body)
-        ones = self._one_token_words()
+        ones = self._ones
         if ones and len(ids) < body:
             text += "".join(" " + self._rng.choice(ones) for _ in range(body - len(ids)))
             ids = self.tokenizer.encode(text)
@@ -147,18 +148,17 @@ class PromptMaker:
             ids = self.tokenizer.encode(text)
         return text, ids
 
-    def _one_token_words(self) -> list[str]:
-        if not hasattr(self, "_ones"):
-            assert self.tokenizer is not None
-            self._ones = [w for w in WORDS if len(self.tokenizer.encode("the " + w)) - len(self.tokenizer.encode(
-                "the")) == 1]
-        return self._ones
+    @functools.cached_property
+    def _ones(self) -> list[str]:
+        """The words that are one token each after a space."""
+        assert self.tokenizer is not None
+        base = len(self.tokenizer.encode("the"))
+        return [w for w in WORDS if len(self.tokenizer.encode("the " + w)) - base == 1]
 
     def context(self, tokens: int) -> PromptMaker:
         """A maker of contexts of `tokens` tokens (a system message before the prompt: `--depth`), counted as
         llama-benchy counts a depth, the text's own tokens without the template's. Exact with a local
         tokenizer; without one, from the words per token the server's counts gave."""
-        body = max(1, self.target - self.template)
         if self.tokenizer is not None:
             # `words` is only the first guess `make` trims or pads from; the words per token it implies runs
             # high (contexts 8 % over their depth came out of it), so measure the ratio on the text itself.
@@ -166,7 +166,8 @@ class PromptMaker:
             per_token = 512 / max(1, len(self.tokenizer.encode(sample)))
             # No seed: two depths' contexts must not begin alike (a shared prefix the cache would reuse).
             return PromptMaker(tokens, max(1, round(tokens * per_token)), 0, True, tokenizer=self.tokenizer)
-        return PromptMaker(tokens, max(1, round(tokens * self.words / body)), 0, False)
+        per_token = self.words / max(1, self.target - self.template)
+        return PromptMaker(tokens, max(1, round(tokens * per_token)), 0, False)
 
 
 async def calibrate(target: int, probe: Probe, tokenizer: LocalTokenizer | None = None,

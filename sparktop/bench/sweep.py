@@ -737,8 +737,9 @@ class Sweep:
         depth = c.depth
         # Off the event loop: a 100k-token context is a few full encodes with a tokenizer (0.3-0.5 s each),
         # which would freeze the screen and the metrics watcher that share this loop.
-        contexts = await asyncio.to_thread(lambda: [self._context(to, depth) for _ in range(c)]) if depth else [
-            None] * c
+        contexts: list[str | None] = [None] * c
+        if depth:
+            contexts = await asyncio.to_thread(lambda: [self._context(to, depth) for _ in range(c)])
         payloads = [self._payload(to.model, to.prompts, None) for _ in range(c)]
         for payload, context in zip(payloads, contexts, strict=True):
             if context is not None:
