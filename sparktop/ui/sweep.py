@@ -57,6 +57,12 @@ MODES = (("concurrency", "concurrency"), ("rate poisson", "poisson"), ("rate con
 # The rate table's columns: load.rate_texts' keys (times in ms), then the SLO verdict.
 RATE_COLUMNS = ("rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50", "ITL95", "busy", "good/s", "met",
                 "SLO")
+# Under this many columns the client's own figures go (as in the CLI's table), so the verdict stays in view.
+RATE_WIDE = 110
+
+
+def rate_columns(width: int) -> tuple[str, ...]:
+    return RATE_COLUMNS if width >= RATE_WIDE else tuple(c for c in RATE_COLUMNS if c not in ("sent/s", "busy"))
 
 
 def rate_value(lv: RateLevelStats, key: str) -> float | None:
@@ -68,13 +74,12 @@ def rate_value(lv: RateLevelStats, key: str) -> float | None:
     return getattr(lv, key)
 
 
-def rate_cells(lv: RateLevelStats) -> list[str | Text]:
-    """A rate level as a row of RATE_COLUMNS: red where the client fell behind or the SLO was missed."""
-    texts = rate_texts(lv)
-    texts["rate"] += " ⚠" if lv.behind or lv.saturated else ""
-    met = lv.passes
-    verdict = Text("—") if not lv.slo else Text("yes", style="green") if met else Text("no", style="red")
-    return [*(texts[c] for c in RATE_COLUMNS[:-1]), verdict]
+def rate_cells(lv: RateLevelStats, columns: tuple[str, ...] = RATE_COLUMNS) -> list[str | Text]:
+    """A rate level as a row of `columns`: red where the client fell behind or the SLO was missed."""
+    texts: dict[str, str | Text] = dict(rate_texts(lv))
+    texts["rate"] = f"{texts['rate']} ⚠" if lv.behind or lv.saturated else texts["rate"]
+    texts["SLO"] = Text("—") if not lv.slo else Text("yes", style="green") if lv.passes else Text("no", style="red")
+    return [texts[c] for c in columns]
 
 
 def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, height: int,
@@ -326,8 +331,7 @@ class SweepScreen(LiveScreen):
         self.mode = mode
         table.clear(columns=True)
         if mode == "rate":
-            for head in RATE_COLUMNS:
-                table.add_column(head, key=head)
+            self._rate_header(table)
             return
         for key, head, _ in COLUMNS:
             table.add_column(head, key=key)
@@ -406,11 +410,21 @@ class SweepScreen(LiveScreen):
         # Rows in order of rate, as a search's levels come in any order.
         self.rate_levels = sorted([lv for lv in self.rate_levels if lv.rate != stats.rate] + [stats],
                                   key=lambda lv: lv.rate if lv.rate is not None else math.inf)
+        self._fill_rate_table()
+        self._draw_charts()
+
+    def _rate_header(self, table: DataTable) -> None:
+        """The rate table's columns for the screen's width (none of its rows)."""
+        table.clear(columns=True)
+        for head in rate_columns(self.size.width):
+            table.add_column(head, key=head)
+
+    def _fill_rate_table(self) -> None:
         table = self.query_one("#levels-table", DataTable)
         table.clear()
+        columns = tuple(str(c.key.value) for c in table.columns.values())
         for lv in self.rate_levels:
-            table.add_row(*rate_cells(lv), key=lv.label)
-        self._draw_charts()
+            table.add_row(*rate_cells(lv, columns), key=lv.label)
 
     def _engine_sample(self, e: EngineSample) -> None:
         self.query_one("#engine-line", Static).update(Text("engine  " + e.describe(), style="cyan"))
@@ -493,6 +507,11 @@ class SweepScreen(LiveScreen):
         return out
 
     def on_resize(self) -> None:
+        table = self.query_one("#levels-table", DataTable)
+        have = tuple(str(c.key.value) for c in table.columns.values())
+        if self.mode == "rate" and have != rate_columns(self.size.width):
+            self._rate_header(table)
+            self._fill_rate_table()
         self.call_after_refresh(self._draw_charts)  # the charts' boxes have their new size then
 
     def _draw_charts(self) -> None:

@@ -161,3 +161,13 @@ async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate
         charts = " ".join(str(chart.content) for chart in screen.query("#sweep-charts .chart").results(Static))
         assert "goodput req/s" in charts and "TTFT p95" in charts and "requests/s offered" in charts
         assert len(screen.query_one("#live-tps").data) > 3
+        # At 80 columns the client's own figures go and the verdict stays in view, on every row, uncut.
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        heads = [str(c.label) for c in table.columns.values()]
+        assert "sent/s" not in heads and "busy" not in heads and heads[-2:] == ["met", "SLO"]
+        assert table.row_count == len(levels)
+        verdicts = {str(table.get_row_at(i)[0]).rstrip(" ⚠"): str(table.get_row_at(i)[-1])
+                    for i in range(table.row_count)}
+        assert verdicts == {lv.label: "yes" if lv.passes else "no" for lv in levels}
+        assert sum(c.get_render_width(table) for c in table.columns.values()) <= table.scrollable_content_region.width
