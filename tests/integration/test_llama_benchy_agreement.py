@@ -15,6 +15,7 @@ pre-seeded in its cache under a temporary HOME."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -72,33 +73,56 @@ def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
     assert all(abs(d) <= tol for *_, d, tol in rows), report
 
 
+PAIRS = 2  # the tools alternate, first one then the other: a machine that slows for a minute slows both
+
+
 @pytest.fixture(scope="module")
 def at_depth(tmp_path_factory):
     """Both tools at depth 0 and 4096, each context loaded into the prefix cache before the measured request
-    (llama-benchy's --enable-prefix-caching, sparktop's --prefix-cache on): {(depth, c): (ours, theirs)}."""
+    (llama-benchy's --enable-prefix-caching, sparktop's --prefix-cache on), in PAIRS alternating pairs against
+    one twin: {(depth, c): ([ours per pair], [theirs per pair])}. One run of each disagreed by 6-8 % on TTFT
+    on a quiet machine and 11 % on a busy one while their means over pairs stay within 5 %: llama-benchy's
+    own c1 TTFT moved 180-191 ms between runs minutes apart."""
     tmp_path = tmp_path_factory.mktemp("depth")
     tokenizer = train_shared_tokenizer(tmp_path / "tokenizer.json")
     twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), speed=2,
                                    log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
-    try:
-        entries = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path, pp=int(PP), tg=int(TG),
+
+    def theirs_once(n: int) -> dict:
+        entries = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path / f"benchy{n}", pp=int(PP), tg=int(TG),
                                    levels=[1, 2], runs=int(RUNS), raw=True,
                                    extra=["--depth", "0", "4096", "--enable-prefix-caching"])
+        return {(e["context_size"], e["concurrency"]): e for e in entries if not e.get("is_context_prefill_phase")}
+
+    def ours_once(n: int) -> dict:
+        results = tmp_path / f"results{n}"
         sp = subprocess.run(
             [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
              "--pp", PP, "--tg", TG, "-c", "1,2", "--runs", RUNS, *EXACT, "--depth", "0,4096", "--prefix-cache",
-             "on", "--json", "--results", str(tmp_path / "results")],
+             "on", "--json", "--results", str(results)],
             capture_output=True, text=True, timeout=900)
         assert sp.returncode == 0, sp.stderr[-2000:]
+        (run_dir,) = results.iterdir()
+        return {(lv.depth, lv.concurrency): lv for lv in load_run(run_dir).levels()}
+
+    ours: list[dict] = []
+    theirs: list[dict] = []
+    try:
+        for n in range(PAIRS):
+            (tmp_path / f"benchy{n}").mkdir()
+            if n % 2 == 0:
+                theirs.append(theirs_once(n))
+                ours.append(ours_once(n))
+            else:
+                ours.append(ours_once(n))
+                theirs.append(theirs_once(n))
     finally:
         twin.terminate()
         twin.wait(10)
-    theirs = {(e["context_size"], e["concurrency"]): e for e in entries if not e.get("is_context_prefill_phase")}
-    (run_dir,) = (tmp_path / "results").iterdir()
-    ours = {(lv.depth, lv.concurrency): lv for lv in load_run(run_dir).levels()}
-    assert set(ours) == set(theirs) == {(0, 1), (0, 2), (4096, 1), (4096, 2)}
-    assert all(lv.errors == 0 for lv in ours.values())
-    return {key: (ours[key], theirs[key]) for key in sorted(ours)}
+    keys = {(0, 1), (0, 2), (4096, 1), (4096, 2)}
+    assert all(set(o) == keys for o in ours) and all(set(t) == keys for t in theirs)
+    assert all(lv.errors == 0 for o in ours for lv in o.values())
+    return {key: ([o[key] for o in ours], [t[key] for t in theirs]) for key in sorted(keys)}
 
 
 def _report(rows) -> str:
@@ -110,11 +134,13 @@ def test_at_depth_both_measure_the_same_decode_and_the_same_ttft_without_a_conte
     """Issue 28: within 5 % at depth 0 and 4096."""
     rows = []
     for key, (o, t) in at_depth.items():
-        rows.append((key, "tg", o.tg_tps_total_llama_benchy, t["tg_throughput"]["mean"],
-                     o.tg_tps_total_llama_benchy / t["tg_throughput"]["mean"] - 1))
+        mine = statistics.fmean(lv.tg_tps_total_llama_benchy for lv in o)
+        ref = statistics.fmean(e["tg_throughput"]["mean"] for e in t)
+        rows.append((key, "tg", mine, ref, mine / ref - 1))
         if key[0] == 0:
-            ttft = t["e2e_ttft"]["mean"]
-            rows.append((key, "ttft", o.ttft_ms_mean, ttft, o.ttft_ms_mean / ttft - 1))
+            mine = statistics.fmean(lv.ttft_ms_mean for lv in o)
+            ref = statistics.fmean(e["e2e_ttft"]["mean"] for e in t)
+            rows.append((key, "ttft", mine, ref, mine / ref - 1))
     print(_report(rows))
     assert all(abs(x) <= 0.05 for *_, x in rows), _report(rows)
 
@@ -125,8 +151,12 @@ def test_at_depth_4096_the_ttft_after_a_cached_context_agrees(at_depth):
     vocabulary trained on the book alone its prompt words were three tokens each, half the characters of
     llama-benchy's for the same count, which the server tokenizes in half the time (5 ms of server CPU per
     6k-token prompt at c1, twice that at c2, more on a busy machine). Both tools now send the same number of
-    tokens, tokenized at the same cost: within 1.2 % in three runs here, one with a core kept busy."""
-    rows = [(key, "ttft", o.ttft_ms_mean, t["e2e_ttft"]["mean"], o.ttft_ms_mean / t["e2e_ttft"]["mean"] - 1)
-            for key, (o, t) in at_depth.items() if key[0] == 4096]
+    tokens. What is left, seen through a timing proxy at c1 (sparktop 257 ms, llama-benchy 267 ms): the
+    server answers llama-benchy 4.5 ms later (its book text is 5 % more characters for the same tokens), and
+    llama-benchy's clock starts 4 ms before its request leaves, so sparktop reads 3-4 % lower, and one
+    run of each 4-8 % lower as either tool's run drifts: their means over alternating pairs are compared."""
+    means = {key: (statistics.fmean(lv.ttft_ms_mean for lv in o), statistics.fmean(e["e2e_ttft"]["mean"] for e in t))
+             for key, (o, t) in at_depth.items() if key[0] == 4096}
+    rows = [(key, "ttft", mine, ref, mine / ref - 1) for key, (mine, ref) in means.items()]
     print(_report(rows))
     assert all(abs(x) <= 0.05 for *_, x in rows), _report(rows)
