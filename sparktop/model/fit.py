@@ -246,11 +246,11 @@ def published_cells(more: bool = True) -> list[Cell]:
 
 
 def without_refuted(cells: list[Cell]) -> tuple[list[Cell], list[str]]:
-    """The cells with each TTFT its own prefill figure refutes left out of the fit (weight 0: the
-    printed prefill rate is the direct measurement, and the physics cannot meet both), and why each."""
+    """The cells their own source refutes (`inconsistent`) left out of the fit (weight 0: the physics
+    cannot meet both figures), and why, once per level."""
     refuted = inconsistent(cells)
     bad = {id(c) for c, _ in refuted}
-    return [replace(c, weight=0.0) if id(c) in bad else c for c in cells], [why for _, why in refuted]
+    return [replace(c, weight=0.0) if id(c) in bad else c for c in cells], list(dict.fromkeys(w for _, w in refuted))
 
 
 # How far a llama-benchy TTFT may sit from what its own prefill figure implies
@@ -262,9 +262,11 @@ INCONSISTENT_SLACK_MS = 500.0
 
 
 def inconsistent(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
-    """TTFT cells whose mean TTFT implies a prefill rate their source's own
-    prefill figure (same model, layout, concurrency and workload) refutes,
-    with why."""
+    """Figures their own source's other figures refute, with why: TTFTs
+    whose mean implies a prefill rate the source's own prefill figure
+    (same model, layout, concurrency and workload) refutes; and every figure
+    of a lockstep level that cannot have had its concurrency in flight
+    (`_flat_levels`)."""
     prefill = {(c.source, c.model, c.quant, c.topology, c.concurrency, c.workload): c for c in cells
                if c.metric == "prefill_tps" and c.published}
     out = []
@@ -282,7 +284,52 @@ def inconsistent(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
             out.append((c, f"{c.model} {c.topology} c{c.concurrency} [{c.source}]: TTFT {c.published:,.0f} ms, "
                            f"but {c.concurrency} x {c.workload[1]} tokens at the printed {p.published:,.0f} t/s "
                            f"take {full:,.0f} ms (expected {full * 0.5:,.0f}-{full:,.0f} ms)"))
-    return out
+    return out + _flat_levels(cells)
+
+
+# A level's aggregate decode within this much of the level below it has not grown ...
+FLAT = 1.02
+# ... where the model, every request in flight, has it grow by at least this much (a level whose queued
+# prefills dilute its decode window, or whose decode is compute-bound, may be flat for real).
+SHOULD_GROW = 1.10
+
+
+def _flat_levels(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
+    """Every figure of a llama-benchy level whose aggregate decode is no
+    higher than the level below it on one engine (not a router) while the
+    model, with every request in flight, has it grow: a step of c sequences
+    reads the weights once for all of them, so such a level ran fewer at a
+    time than its concurrency, by a cap its source does not state, and no
+    replay of what the source says can reproduce it."""
+    from sparktop.layouts import parse_layout
+
+    decode: dict[tuple, dict[int, Cell]] = {}
+    for c in cells:
+        if (c.metric == "decode_tps" and c.published and c.workload[0] == "llama-benchy" and c.fitted
+                and not parse_layout(c.topology).router):
+            decode.setdefault((c.source, c.model, c.quant, c.topology, c.workload), {})[c.concurrency] = c
+    flat: dict[tuple, str] = {}
+    k = None
+    for key, levels in decode.items():
+        for conc, cell in levels.items():
+            below = [n for n in levels if n < conc]
+            if not below:
+                continue
+            prev = levels[max(below)]
+            if (cell.published or 0.0) > (prev.published or 0.0) * FLAT:
+                continue
+            k = k or load_constants()
+            now, before = predicted(cell, k)[0], predicted(prev, k)[0]
+            if not now or not before or now < before * SHOULD_GROW:
+                continue
+            flat[(*key, conc)] = (
+                f"{cell.model} {cell.topology} c{conc} [{cell.source}]: decode {cell.published:,.1f} t/s, no more than "
+                f"c{prev.concurrency}'s {prev.published:,.1f} on one engine, where all {conc} in flight give "
+                f"{now / before - 1:+.0%}: it ran at most {prev.concurrency} at a time, by a cap the source does not "
+                f"give (the level's every figure left out)")
+    return [(c, flat[(c.source, c.model, c.quant, c.topology, c.workload, c.concurrency)]) for c in cells
+            if (c.source, c.model, c.quant, c.topology, c.workload, c.concurrency) in flat
+            and c.metric in HEADLINE and c.published]
 
 
 # -- constants -----------------------------------------------------------------------
@@ -667,6 +714,11 @@ class Report:
         out.update({"same_winner": f"{same}/{total}", "cells": len(self.rows),
                     "fitted_cells": len(self.fitted_rows())})
         return out
+
+
+def articles_summary(k: Constants) -> dict:
+    """The report's summary over the three articles' cells alone (the issue's check, kept in the saved fit)."""
+    return Report(evaluate(k, published_cells(more=False), min(4, os.cpu_count() or 1))).summary()
 
 
 def report(k: Constants | None = None) -> Report:

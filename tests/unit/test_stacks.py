@@ -119,6 +119,30 @@ def test_a_ttft_its_own_prefill_figure_refutes_is_listed_and_left_out():
     assert left_out, "the published files hold refuted TTFTs (djangodevreng's 03-long-output at c5)"
 
 
+def test_a_level_that_cannot_have_had_its_concurrency_in_flight_is_listed_and_left_out():
+    """Aggregate decode no higher at c64 than at c32 on one engine, where the model with all 64 in flight has it
+    grow: every figure of that level is out of the fit, named once; a router's level, and a flat level the model
+    says is flat too, are not."""
+    base = fit.Cell("gemma4-26b-a4b", "solo", "decode_tps", 32, 280.0, source="s")
+    flat = replace(base, concurrency=64, published=279.0)
+    grows = replace(flat, published=350.0)
+    same_level = [replace(flat, metric="prefill_tps", published=7000.0), replace(flat, metric="ttft_ms",
+                                                                                  published=6000.0)]
+    found = fit.inconsistent([base, flat, *same_level])
+    assert [c for c, _ in found] == [flat, *same_level]
+    assert "c64" in found[0][1] and "at most 32 at a time" in found[0][1]
+    assert fit.inconsistent([base, grows]) == []
+    router = [replace(base, topology="shuffle"), replace(flat, topology="shuffle")]
+    assert fit.inconsistent(router) == []
+    # Where the model itself has c64 no faster (a batch capped at 32 by the server's own flag), flat is physics.
+    capped = [replace(c, serving=replace(c.serving, max_num_seqs=32)) for c in (base, flat)]
+    assert fit.inconsistent(capped) == []
+    cells, why = fit.without_refuted([base, flat, *same_level])
+    assert [c.weight for c in cells] == [1.0, 0.0, 0.0, 0.0] and len(why) == 1
+    published = {(c.model, c.topology, c.concurrency) for c, _ in fit.inconsistent(fit.published_cells(more=False))}
+    assert published == {("gpt-oss-120b", "solo", 64), ("gpt-oss-120b", "cluster-ray", 64)}
+
+
 @pytest.mark.parametrize("card", ["gpt-oss-120b", "gemma4-26b-a4b", "llama-3.1-8b", "qwen3-235b-a22b"])
 def test_no_stack_decodes_above_the_bandwidth_roofline(card):
     from sparktop.model.cards import find_card
@@ -152,7 +176,12 @@ def test_the_articles_prefill_and_ttft_are_within_their_targets(articles):
     assert articles.mape("ttft_ms") <= fit.TARGET["ttft_ms"]
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet: decode 9.7 % against 8 %, the winner of 50 of 56 cells (89 %)")
-def test_the_articles_decode_and_winners_are_within_their_targets(articles):
-    same, total, _ = articles.winners()
-    assert articles.mape("decode_tps") <= fit.TARGET["decode_tps"] and same >= 0.9 * total
+def test_the_articles_winners_are_the_model_s_in_nine_cells_of_ten(articles):
+    same, total, misses = articles.winners()
+    assert same >= 0.9 * total, misses
+
+
+@pytest.mark.xfail(strict=True, reason="not met: decode 9.5 % against 8 %; gpt-oss-120b's decode steps imply "
+                                       "routing no shared law gives (README, Predictions)")
+def test_the_articles_decode_is_within_its_target(articles):
+    assert articles.mape("decode_tps") <= fit.TARGET["decode_tps"]
