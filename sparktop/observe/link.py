@@ -93,14 +93,15 @@ def _suspect(v: LinkView, spread: list[EngineSnapshot]) -> str | None:
     rdma = (v.rdma_rx_gbps or 0.0) + (v.rdma_tx_gbps or 0.0)
     kernel = (v.kernel_rx_gbps or 0.0) + (v.kernel_tx_gbps or 0.0)
     if rdma < STILL_GBPS and kernel > CLIMBING_GBPS:
-        return (f"NCCL is on TCP sockets, not RoCE: RDMA stands still while the kernel moves {kernel:.2f} Gb/s "
-                "(NCCL_IB_DISABLE set? NCCL_IB_HCA naming no port that is up?)")
+        # Short enough for two lines of a half-width card at 120 columns: the hint is what the user acts on.
+        return (f"NCCL on TCP sockets, not RoCE: RDMA still, kernel {kernel:.1f} Gb/s (NCCL_IB_DISABLE set? "
+                "NCCL_IB_HCA wrong?)")
     if len(v.ports) >= 2 and rdma > BUSY_GBPS:
         shares = {p.rdma_device: ((p.rdma_rx_gbps or 0.0) + (p.rdma_tx_gbps or 0.0)) / rdma for p in v.ports}
         device, share = max(shares.items(), key=lambda kv: kv[1])
         if share > ONE_HALF_SHARE:
-            return (f"only {device} carries NCCL's traffic: half the cable ({share:.0%} on one half; "
-                    "name both HCAs in NCCL_IB_HCA, or set NCCL_IB_MERGE_NICS)")
+            return (f"only {device} carries NCCL, half the cable ({share:.0%}): name both HCAs in NCCL_IB_HCA "
+                    "or set NCCL_IB_MERGE_NICS")
     return None
 
 
