@@ -29,9 +29,7 @@ def cmd_fit(args) -> int:
         cv = fit.cross_validate(start=k, iterations=max(20, (args.iterations or 120) // 2),
                                 progress=lambda line: console.print(line), exact=getattr(args, "exact", False))
     if k is not None:  # refitted
-        summary = {**rep.summary(), "articles": {key: v for key, v in fit.articles_summary(k).items()
-                                                 if key.startswith("mape_") or key == "same_winner"}}
-        fit.save_constants(k, summary, cross=cv, stacks=stacks)
+        fit.save_constants(k, {**rep.summary(), "articles": fit.articles_summary(rep)}, cross=cv, stacks=stacks)
         console.print(f"saved {fit.FITTED}")
     if args.json:
         print(json.dumps({"cells": [{"model": c.model, "topology": c.topology, "metric": c.metric,

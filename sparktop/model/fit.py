@@ -261,19 +261,23 @@ INCONSISTENT = 2.0
 INCONSISTENT_SLACK_MS = 500.0
 
 
+def _level(c: Cell) -> tuple:
+    """The lockstep level a figure belongs to: its source, model, format, layout, concurrency and workload."""
+    return c.source, c.model, c.quant, c.topology, c.concurrency, c.workload
+
+
 def inconsistent(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
     """Figures their own source's other figures refute, with why: TTFTs
     whose mean implies a prefill rate the source's own prefill figure
     (same model, layout, concurrency and workload) refutes; and every figure
     of a lockstep level that cannot have had its concurrency in flight
     (`_flat_levels`)."""
-    prefill = {(c.source, c.model, c.quant, c.topology, c.concurrency, c.workload): c for c in cells
-               if c.metric == "prefill_tps" and c.published}
+    prefill = {_level(c): c for c in cells if c.metric == "prefill_tps" and c.published}
     out = []
     for c in cells:
         if c.metric != "ttft_ms" or not c.published or c.workload[0] != "llama-benchy":
             continue
-        p = prefill.get((c.source, c.model, c.quant, c.topology, c.concurrency, c.workload))
+        p = prefill.get(_level(c))
         if p is None:
             continue
         full = c.concurrency * c.workload[1] / p.published * 1000  # ms to prefill every prompt at that rate
@@ -310,7 +314,7 @@ def _flat_levels(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
             decode.setdefault((c.source, c.model, c.quant, c.topology, c.workload), {})[c.concurrency] = c
     flat: dict[tuple, str] = {}
     k = None
-    for key, levels in decode.items():
+    for levels in decode.values():
         for conc, cell in levels.items():
             below = [n for n in levels if n < conc]
             if not below:
@@ -322,14 +326,12 @@ def _flat_levels(cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
             now, before = predicted(cell, k)[0], predicted(prev, k)[0]
             if not now or not before or now < before * SHOULD_GROW:
                 continue
-            flat[(*key, conc)] = (
+            flat[_level(cell)] = (
                 f"{cell.model} {cell.topology} c{conc} [{cell.source}]: decode {cell.published:,.1f} t/s, no more than "
                 f"c{prev.concurrency}'s {prev.published:,.1f} on one engine, where all {conc} in flight give "
                 f"{now / before - 1:+.0%}: it ran at most {prev.concurrency} at a time, by a cap the source does not "
                 f"give (the level's every figure left out)")
-    return [(c, flat[(c.source, c.model, c.quant, c.topology, c.workload, c.concurrency)]) for c in cells
-            if (c.source, c.model, c.quant, c.topology, c.workload, c.concurrency) in flat
-            and c.metric in HEADLINE and c.published]
+    return [(c, flat[_level(c)]) for c in cells if _level(c) in flat and c.metric in HEADLINE and c.published]
 
 
 # -- constants -----------------------------------------------------------------------
@@ -716,9 +718,12 @@ class Report:
         return out
 
 
-def articles_summary(k: Constants) -> dict:
-    """The report's summary over the three articles' cells alone (the issue's check, kept in the saved fit)."""
-    return Report(evaluate(k, published_cells(more=False), min(4, os.cpu_count() or 1))).summary()
+def articles_summary(rep: Report) -> dict:
+    """Error and winners over the three articles' cells of a report alone (the issue's check, kept in the
+    saved fit), from the rows it already predicted."""
+    sources = {c.source for c in _article_cells(PUBLISHED)}
+    summary = Report([r for r in rep.rows if r[0].source in sources]).summary()
+    return {key: v for key, v in summary.items() if key.startswith("mape_") or key == "same_winner"}
 
 
 def report(k: Constants | None = None) -> Report:

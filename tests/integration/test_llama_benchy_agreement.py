@@ -89,6 +89,7 @@ def at_depth(tmp_path_factory):
                                    log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
 
     def theirs_once(n: int) -> dict:
+        (tmp_path / f"benchy{n}").mkdir()
         entries = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path / f"benchy{n}", pp=int(PP), tg=int(TG),
                                    levels=[1, 2], runs=int(RUNS), raw=True,
                                    extra=["--depth", "0", "4096", "--enable-prefix-caching"])
@@ -109,7 +110,6 @@ def at_depth(tmp_path_factory):
     theirs: list[dict] = []
     try:
         for n in range(PAIRS):
-            (tmp_path / f"benchy{n}").mkdir()
             if n % 2 == 0:
                 theirs.append(theirs_once(n))
                 ours.append(ours_once(n))
