@@ -314,7 +314,7 @@ async def shoot_engines(model: str, warmup: float, record_dir: Path | None) -> N
 async def shoot_link(model: str, warmup: float) -> None:
     """A tp=2 layout launched as `sparktop demo --layout tp=2` does, under load: the node cards' link
     line (RDMA each way, the kernel's, what NCCL should send) and the node's detail screen, at the three
-    sizes; then the same pair with NCCL put on sockets (NCCL_IB_DISABLE=1): the warning."""
+    sizes; then the same pair with NCCL put on sockets (NCCL_IB_DISABLE=1): the warning, at the three sizes too."""
     import shlex
 
     from sparktop.demo import launch_layout, start_demo_cluster, stop_everything
@@ -357,8 +357,7 @@ async def shoot_link(model: str, warmup: float) -> None:
                 async with warm.run_test(size=(160, 48)) as pilot:
                     await pilot.pause(warmup)
                 state = warm.state
-                sizes = ((120, 40),) if sockets else ((80, 24), (120, 40), (160, 48))
-                for size in sizes:
+                for size in ((80, 24), (120, 40), (160, 48)):
                     stem = "link-sockets" if sockets else "link"
                     app = SparktopApp(poller, recorder=None, label=label)
                     app.state = state

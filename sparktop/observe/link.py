@@ -93,15 +93,14 @@ def _suspect(v: LinkView, spread: list[EngineSnapshot]) -> str | None:
     rdma = (v.rdma_rx_gbps or 0.0) + (v.rdma_tx_gbps or 0.0)
     kernel = (v.kernel_rx_gbps or 0.0) + (v.kernel_tx_gbps or 0.0)
     if rdma < STILL_GBPS and kernel > CLIMBING_GBPS:
-        # Short enough for two lines of a half-width card at 120 columns: the hint is what the user acts on.
-        return (f"NCCL on TCP sockets, not RoCE: RDMA still, kernel {kernel:.1f} Gb/s (NCCL_IB_DISABLE set? "
-                "NCCL_IB_HCA wrong?)")
+        # Two lines of a half-width card at 120 columns, three at 80: the names to check are what the user acts on.
+        return f"NCCL on TCP sockets: RDMA still, kernel {kernel:.1f} Gb/s; check NCCL_IB_DISABLE, NCCL_IB_HCA"
     if len(v.ports) >= 2 and rdma > BUSY_GBPS:
         shares = {p.rdma_device: ((p.rdma_rx_gbps or 0.0) + (p.rdma_tx_gbps or 0.0)) / rdma for p in v.ports}
         device, share = max(shares.items(), key=lambda kv: kv[1])
         if share > ONE_HALF_SHARE:
-            return (f"only {device} carries NCCL, half the cable ({share:.0%}): name both HCAs in NCCL_IB_HCA "
-                    "or set NCCL_IB_MERGE_NICS")
+            return (f"only {device} carries NCCL, half the cable ({share:.0%}): name both HCAs in NCCL_IB_HCA, "
+                    "or NCCL_IB_MERGE_NICS")
     return None
 
 

@@ -319,7 +319,8 @@ def link_lines(view: LinkView, expected: float | None, width: int) -> list[Text]
             line.append_text(part)
     out = [line]
     if view.warning:
-        out += r.wrap_words(Text(view.warning, style="bold yellow"), width, 2)
+        # A narrow card (80 columns) gives the warning a third line rather than cut what to check.
+        out += r.wrap_words(Text(view.warning, style="bold yellow"), width, 2 if width >= 50 else 3)
     return out
 
 
