@@ -38,6 +38,7 @@ from sparktop.errors import SparktopError
 ENV_TOKEN = "SPARKTOP_WEB_TOKEN"
 MIN_TOKEN = 16  # characters a token must have to guard a non-loopback address
 DEFAULT_PORT = 8765
+GRACE_S = 3.0  # seconds a session has to end by itself, then after SIGTERM, when the server stops
 
 
 def is_loopback(host: str) -> bool:
@@ -83,7 +84,8 @@ def session_command(inventory: str | None, engines: list[str], interval: float, 
         argv.append(f"--rate-window={rate_window:g}")
     if read_only:
         argv.append("--read-only")
-    return shlex.join(argv)
+    # exec: the shell becomes the app, so a session is one process the server can end.
+    return "exec " + shlex.join(argv)
 
 
 def _same(given: str | None, token: str) -> bool:
@@ -190,6 +192,7 @@ class WebServer(Server):
         self.token = token
         self.cookie = f"sparktop_web_{port}"  # one per port: two servers on a host keep their own
         self.sessions: set[web.WebSocketResponse] = set()
+        self.services: set[AppService] = set()
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[token_gate(self.token, self.cookie)])
@@ -220,6 +223,7 @@ class WebServer(Server):
         service = AppService(self.command, write_bytes=ws.send_bytes, write_str=ws.send_str, close=close,
                              download_manager=self.download_manager)
         who = request.remote
+        self.services.add(service)
         try:
             await service.start(_size(request.query.get("width"), 80), _size(request.query.get("height"), 24))
             say(f"session from {who} started ({len(self.sessions)} open)")
@@ -233,12 +237,30 @@ class WebServer(Server):
             say(f"session from {who} failed: {type(exc).__name__}: {exc}")
         finally:
             self.sessions.discard(ws)
+            self.services.discard(service)
             say(f"session from {who} ended ({len(self.sessions)} open)")
         return ws
 
     async def _end_sessions(self, app: web.Application) -> None:
         for ws in list(self.sessions):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"sparktop web stopped")
+        # A session still starting (importing, on a busy machine) cannot hear textual-serve's "quit"
+        # yet, and would outlive the server: what has not ended by itself in a few seconds is ended.
+        processes = [p for p in (getattr(s, "_process", None) for s in self.services) if p is not None]
+        await end_processes(processes, grace=GRACE_S)
+
+
+async def end_processes(processes: list[asyncio.subprocess.Process], grace: float) -> None:
+    """Wait `grace` seconds for each to exit, then SIGTERM, then SIGKILL."""
+    for signal_, wait in ((None, grace), (signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        alive = [p for p in processes if p.returncode is None]
+        if not alive:
+            return
+        for p in alive:
+            if signal_ is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal_)
+        await asyncio.wait([asyncio.ensure_future(p.wait()) for p in alive], timeout=wait)
 
 
 def _url_host(host: str) -> str:

@@ -162,7 +162,9 @@ class EngineProbe:
         derived = await engine.read(self.get, mono, with_histograms)
         if with_histograms:
             self._histograms_at = mono
-        now = time.time()
+        # The snapshot's time is when its figures were true (the body's arrival, on the wall clock), as the
+        # rates' own clock is: parsing, or asking for the model after, must not move it.
+        now = time.time() - (time.monotonic() - derived.read_at if derived.read_at else 0.0)
         if engine.model is None or now - self._model_at > MODEL_REFRESH_S:
             self._model_at = now
             # The figures are read; should the model and version not be, they come next time.

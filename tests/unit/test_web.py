@@ -62,10 +62,26 @@ def test_a_port_in_use_is_one_line(capsys, monkeypatch):
 def test_each_session_runs_this_monitor_with_the_watch_options_quoted(tmp_path):
     odd = tmp_path / "my cluster; rm -rf ~ $(x).yaml"
     command = web.session_command(str(odd), ["http://a:8000", "-i 9"], 0.5, read_only=True)
-    assert shlex.split(command) == [sys.executable, "-m", "sparktop", "monitor", f"--inventory={odd}",
+    # exec: the shell becomes the monitor, one process per session that the server can end
+    assert shlex.split(command) == ["exec", sys.executable, "-m", "sparktop", "monitor", f"--inventory={odd}",
                                     "--engine=http://a:8000", "--engine=-i 9", "--interval=0.5", "--read-only"]
     control = shlex.split(web.session_command(None, [], 1.0, read_only=False))
     assert "--read-only" not in control and not any(a.startswith("--inventory") for a in control)
+
+
+async def test_a_session_that_does_not_quit_is_ended_when_the_server_stops():
+    """One still starting (it cannot hear textual-serve's quit) and one that ignores SIGTERM: both end."""
+    import asyncio
+    import time
+
+    slow = await asyncio.create_subprocess_exec("sleep", "60")
+    stubborn = await asyncio.create_subprocess_exec("sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60")
+    finished = await asyncio.create_subprocess_exec("true")
+    await finished.wait()
+    started = time.monotonic()
+    await web.end_processes([slow, stubborn, finished], grace=0.5)
+    assert slow.returncode == -15 and stubborn.returncode == -9 and finished.returncode == 0
+    assert time.monotonic() - started < 3
 
 
 def test_the_monitor_takes_the_hidden_read_only_flag(capsys):

@@ -243,6 +243,7 @@ class Engine:
         except MetricsError as exc:
             raise EngineUnreachable(str(exc), bound=True) from None
         derived = self.metrics.add(scrape)
+        derived.read_at = scrape.t
         derived.missing = [f for f in derived.missing if f not in self.extra_figures]
         return derived
 
