@@ -19,6 +19,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
 
@@ -132,6 +133,17 @@ def monitored_power(state: ClusterState, engine) -> Callable[[], Awaitable[float
     return power
 
 
+class ChartBox(Static):
+    """A chart's box: says when its size changes (a scrollbar appearing in the body narrows it without
+    the screen resizing), so the chart is drawn again to fit."""
+
+    class Resized(Message):
+        pass
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
+
+
 class SweepScreen(LiveScreen):
     """Settings, then the live sweep: progress, tokens/s, the table, the charts.
 
@@ -191,7 +203,7 @@ class SweepScreen(LiveScreen):
                 yield Static("", id="sweep-summary")
             with Container(id="sweep-charts"):
                 for key, _ in CHARTS:
-                    yield Static("", id=f"chart-{key}", classes="chart")
+                    yield ChartBox("", id=f"chart-{key}", classes="chart")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -513,6 +525,10 @@ class SweepScreen(LiveScreen):
             self._rate_header(table)
             self._fill_rate_table()
         self.call_after_refresh(self._draw_charts)  # the charts' boxes have their new size then
+
+    def on_chart_box_resized(self, message: ChartBox.Resized) -> None:
+        message.stop()
+        self.call_after_refresh(self._draw_charts)
 
     def _draw_charts(self) -> None:
         """Each chart drawn to exactly the size of its box (plotext draws to
