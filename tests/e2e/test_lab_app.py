@@ -56,7 +56,8 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: len(app.state.nodes) == 2 and
-                        all(n.state == "ok" for n in app.state.nodes.values()))
+                        all(n.state == "ok" for n in app.state.nodes.values()),
+                        what=lambda: f"both nodes ok: {[(k, n.state) for k, n in app.state.nodes.items()]}")
             screen = await open_launcher(pilot, RECIPE)
             table = screen.query_one("#recipes", DataTable)
 
@@ -73,14 +74,17 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
             await pilot.press("enter")
             await until(pilot, lambda: select.value == topology and screen.plan is not None
                         and screen.plan.topology == topology
-                        and screen.preflight_for == screen.plan.render(), timeout=30)
+                        and screen.preflight_for == screen.plan.render(), timeout=30,
+                        what=lambda: f"{topology} chosen and preflighted (select {select.value}, plan "
+                                     f"{screen.plan.topology if screen.plan else None})")
             assert screen.preflight.ok, screen.preflight.render()
 
             assert app.focused is table  # a choice made, the list has the focus: Enter launches
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ProgressScreen))
+            await until(pilot, lambda: isinstance(app.screen, ProgressScreen), what="Enter launches")
             run = app.screen.run
-            await until(pilot, lambda: run.status != "running", timeout=120)
+            await until(pilot, lambda: run.status != "running", timeout=120,
+                        what=lambda: f"the launch finished ({[(s.title, s.status) for s in run.steps]})")
             assert run.status == "ready", (run.reason, run.lines)
             assert all(step.status == "done" for step in run.steps)
 
@@ -102,12 +106,13 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
             assert {app.state.engines[u].topology for u in urls} == {topology}
 
             await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, StopScreen))
+            await until(pilot, lambda: isinstance(app.screen, StopScreen), what="x opens the stop screen")
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmStop))
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStop), what="Enter asks to confirm")
             await pilot.press("y")
-            await until(pilot, lambda: app.launcher.active() == [], timeout=60)
-            await until(pilot, lambda: not (urls & set(app.state.engines)), timeout=30)
+            await until(pilot, lambda: app.launcher.active() == [], timeout=60, what="the launch stopped")
+            await until(pilot, lambda: not (urls & set(app.state.engines)), timeout=30,
+                        what=f"the monitor dropped {sorted(urls)}")
         passed = True
     finally:
         await poller.close()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 
-async def until(pilot, predicate, timeout: float = 15.0, step: float = 0.2) -> None:
+async def until(pilot, predicate, timeout: float = 15.0, step: float = 0.2, what=None) -> None:
+    """Pause until `predicate()`; `what` (a text, or a callable giving one when it fails: the state
+    that was wrong) says what was waited for."""
     waited = 0.0
     while not predicate():
         if waited >= timeout:
-            raise AssertionError("condition not met in time")
+            said = what() if callable(what) else what
+            raise AssertionError(f"{said or 'condition'} not met in {timeout:g} s")
         await pilot.pause(step)
         waited += step
 
