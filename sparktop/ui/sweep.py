@@ -175,6 +175,7 @@ class SweepScreen(LiveScreen):
         self.mode = "concurrency"  # the table's columns: "concurrency" or "rate" (see _set_table_mode)
         self.rate_levels: list[RateLevelStats] = []
         self.max_rate: MaxRate | None = None
+        self._charts_due = False  # a redraw is scheduled (three boxes resize at once: one redraw)
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
@@ -524,15 +525,19 @@ class SweepScreen(LiveScreen):
         if self.mode == "rate" and have != rate_columns(self.size.width):
             self._rate_header(table)
             self._fill_rate_table()
-        self.call_after_refresh(self._draw_charts)  # the charts' boxes have their new size then
 
     def on_chart_box_resized(self, message: ChartBox.Resized) -> None:
+        """The charts drawn again when their boxes change size (the screen's or a scrollbar's doing), once
+        for the three, after the layout has given them their new size."""
         message.stop()
-        self.call_after_refresh(self._draw_charts)
+        if not self._charts_due:
+            self._charts_due = True
+            self.call_after_refresh(self._draw_charts)
 
     def _draw_charts(self) -> None:
         """Each chart drawn to exactly the size of its box (plotext draws to
         the size it is given; a wider chart would wrap)."""
+        self._charts_due = False
         if not self.levels and not self.rate_levels and not self.earlier and self.sweep is None:
             return
         rate = self.mode == "rate"
