@@ -76,7 +76,7 @@ ARTICLE_QUANT = {"gpt-oss-120b": "mxfp4-spark"}
 GLOBAL = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "activation_passes",
           "step_overhead_s",
           "layer_overhead_s", "seq_overhead_s", "allreduce_latency_s", "link_efficiency", "ray_step_overhead_s",
-          "request_overhead_s", "router_overhead_s", "expert_batch_exponent")
+          "request_overhead_s", "router_overhead_s", "expert_batch_exponent", "expert_read_s")
 CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency",
           "expert_batch_exponent")
 # Physical ranges the fit may not leave. A two-node NCCL all-reduce of a few

@@ -9,8 +9,10 @@ of its memory time and its compute time (a roofline per part, summed):
   at the precision their kernel computes in (`quant`);
 - experts: the experts the step's tokens activate — E·(1 − (1 − k/E)^B)
   per MoE layer for B tokens, with B shrunk to B^γ because tokens of one
-  batch route alike — read once; their GEMMs padded to a tensor-core tile
-  per expert;
+  batch route alike — read once, each with a fixed memory-side cost on top
+  of its bytes (a grouped GEMM streams every touched expert as its own
+  small matrix: the ramp and tail of each transfer, its scales); their
+  GEMMs padded to a tensor-core tile per expert;
 - the unembedding: read once, multiplied only for the sampled positions
   (one per sequence in the step);
 - attention: every sequence reads its KV cache (sliding-window layers at
@@ -74,6 +76,11 @@ class Constants:
     request_overhead_s: float = 0.010  # the API server per request: parsing, chat template, tokenizing
     router_overhead_s: float = 0.030  # LiteLLM per request (added at the router)
     expert_batch_exponent: float = 0.8  # γ: routing correlation within a batch (1 = independent)
+    # Fixed memory-side time per touched expert per MoE layer, beyond its bytes at the bandwidth: what
+    # makes many small experts (Nemotron 3 Super's 3 MB, Qwen3.6's) slower to stream than their bytes say
+    # and few large ones (gpt-oss's 13 MB) not. TP halves an expert's bytes on a node, not this. Hidden
+    # when the experts' GEMMs are compute-bound (prefill).
+    expert_read_s: float = 2e-6
     # Non-KV memory vLLM keeps (CUDA graphs, activation peak, allocator
     # slack); 3 GiB is the least that makes the one published out-of-memory
     # case (Nemotron 3 Super solo at c64, util 0.70) not fit.
@@ -304,8 +311,8 @@ class PerfModel:
             # Each touched expert multiplies its share of the tokens, padded to a tile.
             per_expert = tokens * active / touched if touched else 0.0
             padded = touched * max(per_expert, TILE_M)
-            t += self._roof(touched * self._expert_bytes, self._expert_flops * self._moe_layers * padded,
-                            self._exp_peak)
+            t += max(touched * (self._expert_bytes / self._bw + self._moe_layers * k.expert_read_s),
+                     self._expert_flops * self._moe_layers * padded / self._exp_peak)
         t += self._attention(decode_sums, prefill)
         if self._rec_state:
             state = 2 * self._rec_state * seqs
