@@ -219,7 +219,11 @@ async def test_energy_per_token_is_power_over_the_token_rate_by_hand(twin, tmp_p
 
     async def vary() -> None:
         for watts in (30.0, 55.0, 42.0, 61.0, 48.0, 35.0):
-            power.write_text(f"{watts}")
+            # Whole or not at all, as the driver's reading is: a write the fake nvidia-smi reads half-way
+            # (truncated, not yet written) gave a reading without a power figure.
+            staged = power.with_suffix(".new")
+            staged.write_text(f"{watts}")
+            staged.replace(power)
             await asyncio.sleep(1.3)
 
     try:

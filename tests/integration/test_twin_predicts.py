@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
 # higher, times that much shorter. What does not speed up is each request's
 # few milliseconds of connecting, HTTP and tokenising (16 of them add ~25 ms
 # before the engine has seen the last), so the speed-up stays modest.
-SPEEDS = {2: [1, 2, 4, 8, 16, 32, 64]}
+# At Spark's own speed: in a clean-clone CI run those milliseconds were +6.8 % of c1's 421 ms TTFT at twice it.
+SPEEDS = {1: [1, 2, 4, 8, 16, 32, 64]}
 LEVELS = [c for levels in SPEEDS.values() for c in levels]
+REAL_MS = 30.0
 
 
 def sweep_twin(tmp_path, speed: int, levels: list[int]) -> dict[int, dict]:
@@ -53,4 +55,7 @@ def test_a_swept_twin_reproduces_its_own_prediction(tmp_path):
             rows.append((c, name, mine, theirs, mine / theirs - 1))
     report = "\n".join(f"c{c:<3} {n:8} measured {m:10.1f} predicted {p:10.1f} {d:+.1%}" for c, n, m, p, d in rows)
     print(report)
-    assert all(abs(d) <= 0.05 for *_, d in rows), report
+    ttft = {c: p for c, n, _, p, _ in rows if n == "ttft"}
+    # A first token also waits for the twin's real per-request work (HTTP, tokenizing the prompt), which its
+    # virtual clock does not count: 6 ms one morning, 22 ms that afternoon on the same shared 2-core machine.
+    assert all(abs(d) <= (max(0.05, REAL_MS / ttft[c]) if n != "decode" else 0.05) for c, n, _, _, d in rows), report
