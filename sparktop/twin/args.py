@@ -3,8 +3,10 @@
 The twin accepts the flags sparktop's recipes pass to vLLM. Flags it has no
 use for (attention backends, parsers, compilation settings) are accepted and
 listed in the log's "non-default args", as vLLM would, so a real launch
-command runs unchanged against the twin. Three flags are the twin's own:
-`--speed`, `--startup-speed` and `--twin-home`.
+command runs unchanged against the twin. Four flags are the twin's own:
+`--speed`, `--startup-speed`, `--twin-home` and `--request-log` (one JSON
+line per finished request with the server's own timestamps, which vLLM
+keeps to its histograms: what a test holds a client's clock to).
 
 Some of vLLM's flags change what the twin answers, as they change what vLLM
 answers: `--enable-sleep-mode` (with `VLLM_SERVER_DEV_MODE=1`, the /sleep,
@@ -59,6 +61,7 @@ class ServeArgs:
     speed: float = 1.0
     startup_speed: float | None = None
     twin_home: str | None = None
+    request_log: str | None = None
     extra: list[str] = field(default_factory=list)
     given: dict[str, object] = field(default_factory=dict)
 
@@ -116,6 +119,8 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
     p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
     p.add_argument("--twin-home", help="(twin) the simulated host's state directory")
+    p.add_argument("--request-log", help="(twin) append a JSON line per finished request: its tokens and the "
+                   "server's monotonic timestamps (received, arrival, first_token, first_sent, last_sent)")
     return p
 
 
@@ -166,6 +171,7 @@ def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
         speed=speed,
         startup_speed=ns.startup_speed,
         twin_home=ns.twin_home,
+        request_log=ns.request_log,
         extra=extra,
         given=given,
     )

@@ -93,6 +93,9 @@ class _Request:
     continuous: bool
     token_ids: bool
     prompt_ids: list[int]
+    received: float = 0.0  # when the handler began (monotonic), for --request-log
+    first_sent: float | None = None  # when the first token's chunk was written
+    last_sent: float | None = None  # when the last chunk was written, before the stream closes
 
 
 class OpenAIRoutes:
@@ -316,6 +319,7 @@ class OpenAIRoutes:
         assert engine is not None and plan is not None, "the API server starts after the engine"
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized"}, status=401)
+        received = time.monotonic()
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
@@ -358,7 +362,7 @@ class OpenAIRoutes:
         req = _Request(chat=chat, stream=bool(body.get("stream", False)),
                        include_usage=bool(opts.get("include_usage")),
                        continuous=bool(opts.get("continuous_usage_stats")),
-                       token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids)
+                       token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids, received=received)
         seq.stream = req.stream
         engine.submit(seq)
         try:
@@ -375,6 +379,19 @@ class OpenAIRoutes:
         finally:
             if not seq.finished:
                 engine.abort(seq)
+            if self.args.request_log:
+                self._log_request(self.args.request_log, seq, req)
+
+    def _log_request(self, path: str, seq: Sequence, req: _Request) -> None:
+        """`--request-log`: what the server saw of one request, on its own monotonic clock. `first_sent` less
+        `received` is the first token's time as the server delivered it (body read, tokenized, scheduled,
+        prefilled, written); a client's TTFT adds only its own work and the connection's."""
+        line = {"id": seq.request_id, "stream": req.stream, "prompt_tokens": seq.prompt_len,
+                "cached_tokens": seq.cached_tokens, "max_tokens": seq.max_tokens, "output_tokens": seq.output_count,
+                "received": req.received, "arrival": seq.arrival, "first_token": seq.first_token_t,
+                "first_sent": req.first_sent, "last_sent": req.last_sent}
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
 
     # -- bodies ------------------------------------------------------------------------
 
@@ -479,8 +496,13 @@ class OpenAIRoutes:
                     parts.append(self._token_chunk(seq, req, choice, index))
                 finished = finished or event.finish is not None
                 await resp.write(b"".join(parts))
+                if req.first_sent is None and event.count:
+                    req.first_sent = time.monotonic()
             elif isinstance(event, FinishEvent):
                 await resp.write(self._stream_end(seq, req, event, finished))
+                # Taken before the task yields again: the client's next request, sent once it read this, is
+                # handled after it (one event loop), so `received` of a later batch is always later.
+                req.last_sent = time.monotonic()
                 break
         await resp.write_eof()
         return resp

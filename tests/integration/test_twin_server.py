@@ -238,6 +238,29 @@ async def test_prefix_cache_hits_on_a_repeated_prompt(twin):
     assert sample(fams, "vllm:prefix_cache_hits", "_total") > 700
 
 
+async def test_the_request_log_holds_each_streamed_request_as_the_server_served_it(twin, tmp_path):
+    """`--request-log`: what a timing test holds a client's first token to. A line per request, with the
+    usage's prompt tokens, the prefix cache's hits, and the server's moments in the order they happen."""
+    log = tmp_path / "requests.jsonl"
+    server = await twin("llama-3.1-8b", "--request-log", str(log), speed=50)
+    oa = client(server)
+    messages = [{"role": "user", "content": "shared context " * 400}]
+    usages = []
+    for _ in range(2):
+        stream = await oa.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=8,
+                                                  stream=True, stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True})
+        usages += [chunk.usage async for chunk in stream if chunk.usage]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["prompt_tokens"], x["output_tokens"], x["stream"]) for x in lines] == \
+        [(u.prompt_tokens, u.completion_tokens, True) for u in usages]
+    assert lines[0]["cached_tokens"] == 0 and lines[1]["cached_tokens"] > 700
+    for x in lines:
+        assert x["received"] <= x["arrival"] <= x["first_token"] <= x["first_sent"] <= x["last_sent"]
+    # The second request was sent after the first was read to its end.
+    assert lines[1]["received"] > lines[0]["last_sent"]
+
+
 async def test_bad_requests_get_vllm_style_errors(twin):
     server = await twin("llama-3.1-8b", "--max-model-len", "2048", "--api-key", "sekret", speed=50)
     async with httpx.AsyncClient() as http:
