@@ -305,9 +305,8 @@ class PerfModel:
         t = sum(self._roof(nbytes, flops * _padded(tokens, tile), rate) for nbytes, flops, rate, tile in self._dense)
         t += self._roof(self._head_bytes, self._head_flops * _padded(seqs, self._head_tile), self._head_peak)
         if self._moe_layers:
-            e, active = self._experts
-            # E(1 - (1 - k/E)^B) experts per layer for B tokens routing alike (B = tokens^γ).
-            touched = e * (1.0 - (1.0 - active / e) ** (tokens ** k.expert_batch_exponent))
+            active = self._experts[1]
+            touched = self.touched_experts(tokens)
             # Each touched expert multiplies its share of the tokens, padded to a tile.
             per_expert = tokens * active / touched if touched else 0.0
             padded = touched * max(per_expert, TILE_M)
@@ -362,6 +361,12 @@ class PerfModel:
         hops = 2 * (self.tp - 1)
         return self.k.allreduce_latency_s + (hops - 2) * self.k.allreduce_hop_s + self._allreduce_wire(msg)
 
+    def touched_experts(self, tokens: float) -> float:
+        """Experts per MoE layer a step over `tokens` reads: the card's E(1 - (1 - k/E)^B) with B = tokens^γ,
+        the tokens that route independently of one another (γ < 1: a batch's tokens route alike). The one
+        place the law is written; the step's time, its bytes and the twin's traffic account all read it."""
+        return self.card.touched_experts(tokens ** self.k.expert_batch_exponent)
+
     def decode_tps(self, batch: int = 1, ctx: int = 1024) -> float:
         """Aggregate generation tokens/s of `batch` sequences all decoding."""
         return batch / self.step_time([ctx] * batch)
@@ -371,8 +376,7 @@ class PerfModel:
         (with pipeline stages: what the stages read one after the other,
         per node of a stage; the time a step can take is bound by it all
         the same, micro-batches or not)."""
-        card = self.card
-        experts = card.touched_experts(batch ** self.k.expert_batch_exponent) * self._expert_bytes
+        experts = self.touched_experts(batch) * self._expert_bytes
         kv = sum(layers * per * (min(ctx, window) if window else ctx) for layers, per, window, _ in self._attn)
         dense = sum(nbytes for nbytes, *_ in self._dense)
         return dense + self._head_bytes + experts + batch * (kv + 2 * self._rec_state)

@@ -73,9 +73,8 @@ def step_traffic(perf: PerfModel, decode: list[int], prefill: list[tuple[int, in
     read = sum(nbytes for nbytes, _, _, _ in perf._dense) + perf._head_bytes
     flops = sum(per_row for _, per_row, _, _ in perf._dense) * tokens + perf._head_flops * seqs
     if perf._moe_layers:
-        experts, active = perf._experts
-        touched = experts * (1.0 - (1.0 - active / experts) ** (tokens ** perf.k.expert_batch_exponent))
-        read += touched * perf._expert_bytes
+        active = perf._experts[1]
+        read += perf.touched_experts(tokens) * perf._expert_bytes
         flops += perf._expert_flops * perf._moe_layers * tokens * active
     decode_sums = [sum(min(c, window) for c in decode) if window else sum(decode)
                    for _, _, window, _ in perf._attn]
