@@ -5,8 +5,9 @@ use for (attention backends, parsers, compilation settings) are accepted and
 listed in the log's "non-default args", as vLLM would, so a real launch
 command runs unchanged against the twin. Four flags are the twin's own:
 `--speed`, `--startup-speed`, `--twin-home` and `--request-log` (one JSON
-line per finished request with the server's own timestamps, which vLLM
-keeps to its histograms: what a test holds a client's clock to).
+line per request served or aborted, with the server's own timestamps,
+which vLLM only sums into its histograms: what a test holds a client's
+first-token clock to, request by request).
 
 Some of vLLM's flags change what the twin answers, as they change what vLLM
 answers: `--enable-sleep-mode` (with `VLLM_SERVER_DEV_MODE=1`, the /sleep,
@@ -119,7 +120,7 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
     p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
     p.add_argument("--twin-home", help="(twin) the simulated host's state directory")
-    p.add_argument("--request-log", help="(twin) append a JSON line per finished request: its tokens and the "
+    p.add_argument("--request-log", help="(twin) append a JSON line per request served or aborted: its tokens and the "
                    "server's monotonic timestamps (received, arrival, first_token, first_sent, last_sent)")
     return p
 

@@ -383,9 +383,11 @@ class OpenAIRoutes:
                 self._log_request(self.args.request_log, seq, req)
 
     def _log_request(self, path: str, seq: Sequence, req: _Request) -> None:
-        """`--request-log`: what the server saw of one request, on its own monotonic clock. `first_sent` less
-        `received` is the first token's time as the server delivered it (body read, tokenized, scheduled,
-        prefilled, written); a client's TTFT adds only its own work and the connection's."""
+        """`--request-log`: what the server saw of one request, on the machine's monotonic clock. `received`
+        is when its handler began (headers read); `first_sent` less `received` is the first token as the
+        server delivered it (body read and tokenized, scheduled, prefilled, written), so a client's TTFT adds
+        only its own work and the connection's. `arrival` to `first_token` is the engine's part alone. A
+        request aborted mid-stream has no `last_sent`."""
         line = {"id": seq.request_id, "stream": req.stream, "prompt_tokens": seq.prompt_len,
                 "cached_tokens": seq.cached_tokens, "max_tokens": seq.max_tokens, "output_tokens": seq.output_count,
                 "received": req.received, "arrival": seq.arrival, "first_token": seq.first_token_t,
@@ -499,10 +501,10 @@ class OpenAIRoutes:
                 if req.first_sent is None and event.count:
                     req.first_sent = time.monotonic()
             elif isinstance(event, FinishEvent):
-                await resp.write(self._stream_end(seq, req, event, finished))
-                # Taken before the task yields again: the client's next request, sent once it read this, is
-                # handled after it (one event loop), so `received` of a later batch is always later.
+                # Taken before the last chunk goes out: a request the client sends once it has read it is
+                # received later, whatever the write waits for.
                 req.last_sent = time.monotonic()
+                await resp.write(self._stream_end(seq, req, event, finished))
                 break
         await resp.write_eof()
         return resp

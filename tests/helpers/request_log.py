@@ -4,9 +4,10 @@ held to, since two clients on one busy 2-core machine differ by their own
 work per request (tens of ms) more than by how they define a TTFT.
 
 A client sends a level's batch, waits for all of it, then sends the next:
-a request received after every request of the current batch has had its
-last chunk written starts the next batch (one event loop: see
-`openai_api._stream`). A level is the run of batches of its size whose
+a request received after every request of the current batch had its last
+chunk sent starts the next batch (`last_sent` is taken before that chunk
+goes out). A sweep that measures a level again (sparktop's re-measuring of
+a disturbed level) would add batches: the tests turn it off. A level is the run of batches of its size whose
 prompts are its depth plus the prompt length; a context-load batch
 (depth plus a short question) is not one of them, and a warm-up batch,
 shaped as the level's, is its first when there is one more than the runs."""
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +34,15 @@ class Served:
 
     @property
     def ttft_ms(self) -> float:
-        """Body read to first token written: the first token as the server delivered it."""
+        """Handler begun to first token written (the body read and tokenized in between): the first token as
+        the server delivered it."""
         return (self.first_sent - self.received) * 1000
 
     @property
     def engine_ms(self) -> float:
-        """Arrival at the engine (tokenized) to the step that made the first token: the work the request
-        asked for, on the twin's modeled clock, without the server's own CPU time around it."""
+        """Arrival at the engine (tokenized) to the end of the step that made the first token: the engine's
+        part, without the API server's CPU time around it (wall clock: the twin sleeps its modeled steps in
+        real time, and a busy CPU makes them late)."""
         return (self.first_token - self.arrival) * 1000
 
 
@@ -50,7 +54,12 @@ class RequestLog:
         self._offset = 0
 
     def new(self) -> list[Served]:
-        """The requests finished since the last call (one client's run)."""
+        """The requests served since the last call (one client's run), read once the log stops growing: the
+        twin writes a request's line after its last chunk, which the client may have read first."""
+        size = -1
+        while self.path.exists() and (now := self.path.stat().st_size) != size:
+            size = now
+            time.sleep(0.2)
         if not self.path.exists():
             return []
         with self.path.open(encoding="utf-8") as f:
@@ -60,7 +69,7 @@ class RequestLog:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         return [Served(r["prompt_tokens"], r["cached_tokens"], r["output_tokens"], r["received"], r["arrival"],
                        r["first_token"], r["first_sent"], r["last_sent"])
-                for r in rows if r["stream"] and r["first_sent"] is not None]
+                for r in rows if r["stream"] and r["first_sent"] is not None and r["last_sent"] is not None]
 
 
 def batches(served: list[Served]) -> list[list[Served]]:
@@ -94,3 +103,9 @@ def mean_ttft_ms(served: list[Served]) -> float:
 
 def mean_engine_ms(served: list[Served]) -> float:
     return statistics.fmean(r.engine_ms for r in served)
+
+
+def mean_step_ms(served: list[Served]) -> float:
+    """The mean time between a request's tokens as the server sent them: one decode step."""
+    return statistics.fmean((r.last_sent - r.first_sent) * 1000 / (r.output_tokens - 1)
+                            for r in served if r.output_tokens > 1)

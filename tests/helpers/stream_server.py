@@ -8,7 +8,9 @@ sweep's figures with.
 
 One server serves every script: the script is the first path segment, so
 `Script(...).url(base)` is an endpoint of its own
-(`/<script>/v1/chat/completions`, `/<script>/v1/models`, `/<script>/version`).
+(`/<script>/v1/chat/completions`, `/<script>/v1/models`, `/<script>/version`),
+and `/<script>/sent` lists when each of its streamed requests arrived and
+when its first and last chunks went out.
 
 The timeline of one streamed request, against the monotonic clock from its
 arrival (t0), never as a sum of sleeps (a late wake-up delays one chunk, not
@@ -137,6 +139,10 @@ class StreamServer:
 
             self.tokenizer = Tokenizer.from_file(tokenizer_path)
             self.vocab_words = single_token_words(self.tokenizer)
+        # Per script, each streamed request's timeline as it happened, on the loop's monotonic clock: [arrival,
+        # max_tokens, first chunk sent, last chunk sent]. A loaded machine wakes the server late: its true
+        # rates are those of the chunks it sent when it sent them, not of the script's plan.
+        self.sent: dict[str, list[list]] = {}
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -144,7 +150,11 @@ class StreamServer:
         app.router.add_get("/{script}/v1/models", self.models)
         app.router.add_get("/{script}/version", self.version)
         app.router.add_post("/{script}/v1/chat/completions", self.chat)
+        app.router.add_get("/{script}/sent", self.sent_route)
         return app
+
+    async def sent_route(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sent.get(request.match_info["script"], []))
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -184,6 +194,8 @@ class StreamServer:
                 **base, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
                 "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}})
+        timeline = [t0, n, None, None]
+        self.sent.setdefault(request.match_info["script"], []).append(timeline)
         ids = script.token_ids and bool(body.get("return_token_ids"))
         usage = script.usage and bool((body.get("stream_options") or {}).get("include_usage"))
         key = "reasoning_content" if script.reasoning else "content"
@@ -211,6 +223,7 @@ class StreamServer:
                 parts.append(_sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                         "logprobs": None, "finish_reason": None}]}))
             parts.append(_sse({**base, "choices": [choice]}))
+            timeline[2 if j == 0 else 3] = asyncio.get_running_loop().time()
             await resp.write(b"".join(parts))
         if usage:
             await resp.write(_sse({**base, "choices": [], "usage": {
