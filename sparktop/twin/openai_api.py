@@ -31,7 +31,7 @@ import secrets
 import time
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TextIO, cast
 
 from aiohttp import web
 
@@ -116,6 +116,7 @@ class OpenAIRoutes:
     _ids: itertools.count[int]
     _created: int
     _sleep_level: int = 0  # the level of the last /sleep, until a full wake-up
+    _request_log: TextIO | None = None  # --request-log, opened at the first request
 
     @property
     def _twin(self) -> TwinServer:
@@ -392,8 +393,9 @@ class OpenAIRoutes:
                 "cached_tokens": seq.cached_tokens, "max_tokens": seq.max_tokens, "output_tokens": seq.output_count,
                 "received": req.received, "arrival": seq.arrival, "first_token": seq.first_token_t,
                 "first_sent": req.first_sent, "last_sent": req.last_sent}
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
+        if self._request_log is None:  # opened once, line-buffered: each line whole on disk as it is written
+            self._request_log = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - the server's life
+        self._request_log.write(json.dumps(line) + "\n")
 
     # -- bodies ------------------------------------------------------------------------
 

@@ -238,6 +238,9 @@ class TwinServer(MultiNode, OpenAIRoutes):
         if self._runner:
             await self._runner.cleanup()
             self._runner = None
+        if self._request_log is not None:  # after the handlers, which write it as they end
+            self._request_log.close()
+            self._request_log = None
         if self.sock:
             with contextlib.suppress(OSError):
                 self.sock.close()

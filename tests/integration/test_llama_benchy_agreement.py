@@ -102,75 +102,24 @@ def _rows_text(rows) -> str:
                      for key, name, value, limit, ok in rows)
 
 
-def by_concurrency(levels: list[dict]) -> dict[int, dict]:
-    return {lv["concurrency"]: lv for lv in levels}
-
-
-def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
+def run_both(tmp_path, concurrency: list[int], depths: list[int], sweep_extra: list[str],
+             benchy_extra: list[str]) -> tuple[dict, dict]:
+    """llama-benchy, then `sparktop sweep`, against one twin at Spark's speed that logs what it served: (the
+    sweep's printed JSON, {(depth, c): (ours, theirs, the server's view of ours, of theirs)})."""
     tokenizer = train_shared_tokenizer(tmp_path / "tokenizer.json")
     log = RequestLog(tmp_path / "requests.jsonl")
-    keys = [(0, c) for c in map(int, LEVELS)]
-    twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), "--request-log", str(log.path),
-                                   speed=1, log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
-    try:
-        theirs = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path, pp=int(PP), tg=int(TG),
-                                  levels=list(map(int, LEVELS)), runs=int(RUNS))
-        served_theirs = levels(log.new(), keys, int(PP), int(RUNS))
-        sp = subprocess.run(
-            [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
-             "--pp", PP, "--tg", TG, "-c", ",".join(LEVELS), "--runs", RUNS, *EXACT, "--json",
-             "--results", str(tmp_path / "results")],
-            capture_output=True, text=True, timeout=600)
-        assert sp.returncode == 0, sp.stderr[-2000:]
-        served_ours = levels(log.new(), keys, int(PP), int(RUNS))
-    finally:
-        twin.terminate()
-        twin.wait(10)
-
-    assert by_concurrency(json.loads(sp.stdout)["levels"]).keys() == set(map(int, LEVELS))
-    (run_dir,) = (tmp_path / "results").iterdir()
-    ours = by_concurrency([lv.as_dict() for lv in load_run(run_dir).levels()])
-    rows = []
-    for c in map(int, LEVELS):
-        o, t = ours[c], theirs[c]
-        assert o["errors"] == 0
-        for name, mine, ref in (("tg t/s, sparktop vs llama-benchy", o["tg_tps_total_llama_benchy"],
-                                 t["tg_throughput"]["mean"]),
-                                ("tg t/s per request, sparktop vs llama-benchy", o["tg_tps_req_llama_benchy"],
-                                 t["tg_req_throughput"]["mean"])):
-            rows.append((f"c{c}", name, mine / ref - 1, 0.02, abs(mine / ref - 1) <= 0.02))
-        ttft, their_ttft = o["ttft_ms_mean"], t["e2e_ttft"]["mean"]
-        span = (o["pp_tps_total"] * ttft) / (t["pp_throughput"]["mean"] * their_ttft) - 1
-        rows.append((f"c{c}", f"pp x ttft (pp {o['pp_tps_total']:.0f} vs {t['pp_throughput']['mean']:.0f})", span,
-                     PP_SPAN, abs(span) <= PP_SPAN))
-        rows += [(f"c{c}", *row) for row in first_tokens(c, ttft, their_ttft, served_ours[(0, c)],
-                                                          served_theirs[(0, c)])]
-    print(_rows_text(rows))
-    assert all(ok for *_, ok in rows), _rows_text(rows)
-
-
-@pytest.fixture(scope="module")
-def at_depth(tmp_path_factory):
-    """Both tools at depth 0 and 4096, each context loaded into the prefix cache before the measured request
-    (llama-benchy's --enable-prefix-caching, sparktop's --prefix-cache on), against one twin at Spark's speed:
-    {(depth, c): (ours, theirs, the server's view of ours, of theirs)}."""
-    tmp_path = tmp_path_factory.mktemp("depth")
-    tokenizer = train_shared_tokenizer(tmp_path / "tokenizer.json")
-    log = RequestLog(tmp_path / "requests.jsonl")
-    keys = [(0, 1), (0, 2), (4096, 1), (4096, 2)]
+    keys = [(d, c) for d in depths for c in concurrency]
+    results = tmp_path / "results"
     twin, url = start_twin_process("llama-3.1-8b", "--tokenizer", str(tokenizer), "--request-log", str(log.path),
                                    speed=1, log=open(tmp_path / "twin.log", "w"))  # noqa: SIM115 - the twin writes it
     try:
         entries = run_llama_benchy(url, "llama-3.1-8b", tokenizer, tmp_path / "benchy", pp=int(PP), tg=int(TG),
-                                   levels=[1, 2], runs=int(RUNS), raw=True,
-                                   extra=["--depth", "0", "4096", "--enable-prefix-caching"])
-        theirs = {(e["context_size"], e["concurrency"]): e for e in entries if not e.get("is_context_prefill_phase")}
+                                   levels=concurrency, runs=int(RUNS), raw=True, extra=benchy_extra)
         served_theirs = levels(log.new(), keys, int(PP), int(RUNS))
-        results = tmp_path / "results"
         sp = subprocess.run(
             [sys.executable, "-m", "sparktop", "sweep", "--endpoint", url + "/v1", "--tokenizer", str(tokenizer),
-             "--pp", PP, "--tg", TG, "-c", "1,2", "--runs", RUNS, *EXACT, "--depth", "0,4096", "--prefix-cache",
-             "on", "--json", "--results", str(results)],
+             "--pp", PP, "--tg", TG, "-c", ",".join(map(str, concurrency)), "--runs", RUNS, *EXACT, *sweep_extra,
+             "--json", "--results", str(results)],
             capture_output=True, text=True, timeout=900)
         assert sp.returncode == 0, sp.stderr[-2000:]
         served_ours = levels(log.new(), keys, int(PP), int(RUNS))
@@ -179,9 +128,39 @@ def at_depth(tmp_path_factory):
         twin.wait(10)
     (run_dir,) = results.iterdir()
     ours = {(lv.depth, lv.concurrency): lv for lv in load_run(run_dir).levels()}
+    theirs = {(e["context_size"], e["concurrency"]): e for e in entries if not e.get("is_context_prefill_phase")}
     assert set(ours) == set(keys) and set(theirs) == set(keys)
     assert all(lv.errors == 0 for lv in ours.values())
-    return {key: (ours[key], theirs[key], served_ours[key], served_theirs[key]) for key in keys}
+    return json.loads(sp.stdout), {key: (ours[key], theirs[key], served_ours[key], served_theirs[key])
+                                   for key in keys}
+
+
+def test_sparktop_and_llama_benchy_agree_on_the_same_server(tmp_path):
+    printed, both = run_both(tmp_path, list(map(int, LEVELS)), [0], [], [])
+    assert {lv["concurrency"] for lv in printed["levels"]} == set(map(int, LEVELS))
+    rows = []
+    for (_, c), (o, t, served_ours, served_theirs) in both.items():
+        for name, mine, ref in (("tg t/s, sparktop vs llama-benchy", o.tg_tps_total_llama_benchy,
+                                 t["tg_throughput"]["mean"]),
+                                ("tg t/s per request, sparktop vs llama-benchy", o.tg_tps_req_llama_benchy,
+                                 t["tg_req_throughput"]["mean"])):
+            rows.append((f"c{c}", name, mine / ref - 1, 0.02, abs(mine / ref - 1) <= 0.02))
+        ttft, their_ttft = o.ttft_ms_mean, t["e2e_ttft"]["mean"]
+        span = (o.pp_tps_total * ttft) / (t["pp_throughput"]["mean"] * their_ttft) - 1
+        rows.append((f"c{c}", f"pp x ttft (pp {o.pp_tps_total:.0f} vs {t['pp_throughput']['mean']:.0f})", span,
+                     PP_SPAN, abs(span) <= PP_SPAN))
+        rows += [(f"c{c}", *row) for row in first_tokens(c, ttft, their_ttft, served_ours, served_theirs)]
+    print(_rows_text(rows))
+    assert all(ok for *_, ok in rows), _rows_text(rows)
+
+
+@pytest.fixture(scope="module")
+def at_depth(tmp_path_factory):
+    """Both tools at depth 0 and 4096, each context loaded into the prefix cache before the measured request
+    (llama-benchy's --enable-prefix-caching, sparktop's --prefix-cache on)."""
+    _, both = run_both(tmp_path_factory.mktemp("depth"), [1, 2], [0, 4096], ["--depth", "0,4096", "--prefix-cache",
+                       "on"], ["--depth", "0", "4096", "--enable-prefix-caching"])
+    return both
 
 
 def test_at_depth_both_measure_the_same_decode_and_the_same_ttft_without_a_context(at_depth):

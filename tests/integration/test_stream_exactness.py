@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -157,11 +158,7 @@ def true_rates(case: Case, c: int, batches: list[list[tuple[float, float, float]
     s = case.script
     plan = (TG - s.chunk_sizes(TG)[0]) / s.decode_tps  # a request's first chunk to its last, as planned
     requests = [r for b in batches for r in b]
-
-    def mean(xs) -> float:
-        xs = list(xs)
-        return sum(xs) / len(xs)
-
+    mean = statistics.fmean
     return {
         "ttft_ms": mean(1000 * (first - t0) for t0, first, _ in requests),
         "pp_req": mean(PP / (first - t0) for t0, first, _ in requests),
