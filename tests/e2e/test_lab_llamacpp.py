@@ -126,8 +126,7 @@ def test_a_study_of_one_model_on_vllm_and_llama_cpp_names_a_winner(tmp_path_fact
         (recipes / "tiny-llama.yaml").write_text(
             f"name: tiny-llama\ndescription: the same tiny Llama on vLLM's CPU build\nmodel: {model}\n"
             f"served_model_name: tiny-llama\nimage: {REAL_IMAGE}\nmemory: {{weights_gib: 0.1}}\n"
-            f"vllm:\n  load_format: dummy\n  dtype: float32\n  max_model_len: {real_vllm.MAX_MODEL_LEN}\n"
-            "  gpu_memory_utilization: 0.3\n  num_gpu_blocks_override: 64\n  max_num_seqs: 8\n")
+            "vllm:\n" + "".join(f"  {k}: {v}\n" for k, v in real_vllm.RECIPE_FLAGS.items()))
         recipe(recipes, gguf, name="tiny-llama-llama-cpp")
         inventory = lab.inventory()
         began = time.monotonic()

@@ -3,10 +3,11 @@ real `vllm serve` (vLLM 0.32's CPU build, a tiny Llama with dummy weights)
 for an image whose ENV says so, and sparktop launches, uses, watches, sweeps,
 studies and stops it over real OpenSSH, as it does on a Spark.
 
-Each engine takes about a minute to start on two cores and ~3 GB to run;
-these tests start eight in all, one or two at a time: a solo engine, a pair
-behind LiteLLM's least-busy router, one that fails, a study of solo and a
-pair behind the shuffle router, and one from the app."""
+Each engine takes about half a minute to start on two cores (eager: no
+torch.compile) and ~3 GB to run; these tests start eight in all, one or two
+at a time: a solo engine, a pair behind LiteLLM's least-busy router, one that
+fails, a study of solo and a pair behind the shuffle router, and one from the
+app."""
 
 from __future__ import annotations
 
@@ -46,8 +47,7 @@ def model(tmp_path_factory) -> Path:
 
 
 def recipe(tmp_path: Path, model: Path, name: str = "tiny-llama", **vllm) -> Path:
-    flags = {"load_format": "dummy", "dtype": "float32", "max_model_len": real_vllm.MAX_MODEL_LEN,
-             "gpu_memory_utilization": 0.3, "num_gpu_blocks_override": 64, "max_num_seqs": 8, **vllm}
+    flags = {**real_vllm.RECIPE_FLAGS, **vllm}
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         f"name: {name}\ndescription: a 2-layer Llama with dummy weights on vLLM's CPU build\n"

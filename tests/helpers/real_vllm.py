@@ -44,8 +44,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 SPECIAL = ["<s>", "</s>"]
 # A small KV cache (64 blocks of 128 tokens = 8,192 tokens) and 8 sequences at
 # most, so a dozen concurrent requests fill the cache and queue, as on a busy
-# Spark; the MFU counters (estimated FLOPs and bytes) are off unless asked for.
-SERVER_FLAGS = ("--num-gpu-blocks-override", "64", "--max-num-seqs", "8", "--enable-mfu-metrics")
+# Spark; the MFU counters (estimated FLOPs and bytes) are off unless asked for. Eager: torch.compile on
+# the CPU is no part of what sparktop reads, and costs each start 16-30 s of its 39-54 (23 s eager).
+SERVER_FLAGS = ("--num-gpu-blocks-override", "64", "--max-num-seqs", "8", "--enable-mfu-metrics", "--enforce-eager")
+# The same, as a recipe's `vllm:` keys, for the engines the lab launches.
+RECIPE_FLAGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": MAX_MODEL_LEN,
+                "gpu_memory_utilization": 0.3, "num_gpu_blocks_override": 64, "max_num_seqs": 8,
+                "enforce_eager": "true"}
 
 
 def vllm_python() -> Path:
