@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.lab import REAL_IMAGE, REAL_LLAMA_IMAGE, Lab, sshd_available
+from tests.e2e.lab import REAL_LLAMA_IMAGE, Lab, sshd_available
 from tests.e2e.test_lab_launch import sparktop
+from tests.e2e.test_lab_real_vllm import recipe as vllm_recipe
 from tests.helpers import llama_cpp, real_vllm
 
 pytestmark = [pytest.mark.lab, pytest.mark.realllama, pytest.mark.slow]
@@ -123,10 +124,7 @@ def test_a_study_of_one_model_on_vllm_and_llama_cpp_names_a_winner(tmp_path_fact
         model = real_vllm.write_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
         recipes = Path(lab.env()["XDG_CONFIG_HOME"]) / "sparktop" / "recipes"
         recipes.mkdir(parents=True, exist_ok=True)
-        (recipes / "tiny-llama.yaml").write_text(
-            f"name: tiny-llama\ndescription: the same tiny Llama on vLLM's CPU build\nmodel: {model}\n"
-            f"served_model_name: tiny-llama\nimage: {REAL_IMAGE}\nmemory: {{weights_gib: 0.1}}\n"
-            "vllm:\n" + "".join(f"  {k}: {v}\n" for k, v in real_vllm.RECIPE_FLAGS.items()))
+        vllm_recipe(recipes, model)
         recipe(recipes, gguf, name="tiny-llama-llama-cpp")
         inventory = lab.inventory()
         began = time.monotonic()

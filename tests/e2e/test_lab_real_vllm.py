@@ -47,7 +47,7 @@ def model(tmp_path_factory) -> Path:
 
 
 def recipe(tmp_path: Path, model: Path, name: str = "tiny-llama", **vllm) -> Path:
-    flags = {**real_vllm.RECIPE_FLAGS, **vllm}
+    flags = {**real_vllm.FLAGS, **vllm}
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         f"name: {name}\ndescription: a 2-layer Llama with dummy weights on vLLM's CPU build\n"

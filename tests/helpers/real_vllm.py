@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparktop.launch.recipe import flag_args
 from tests.helpers.tokenizer import book_text, train_tokenizer
 from tests.helpers.venvs import ensure_tool
 
@@ -42,15 +43,13 @@ SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobin
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SPECIAL = ["<s>", "</s>"]
-# A small KV cache (64 blocks of 128 tokens = 8,192 tokens) and 8 sequences at
-# most, so a dozen concurrent requests fill the cache and queue, as on a busy
-# Spark; the MFU counters (estimated FLOPs and bytes) are off unless asked for. Eager: torch.compile on
-# the CPU is no part of what sparktop reads, and costs each start 16-30 s of its 39-54 (23 s eager).
-SERVER_FLAGS = ("--num-gpu-blocks-override", "64", "--max-num-seqs", "8", "--enable-mfu-metrics", "--enforce-eager")
-# The same, as a recipe's `vllm:` keys, for the engines the lab launches.
-RECIPE_FLAGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": MAX_MODEL_LEN,
-                "gpu_memory_utilization": 0.3, "num_gpu_blocks_override": 64, "max_num_seqs": 8,
-                "enforce_eager": "true"}
+# What every test engine runs with, as a recipe's `vllm:` keys (the lab's recipes) and, through sparktop's own
+# `flag_args`, as the argv of the servers the tests start themselves. A small KV cache (64 blocks of 128
+# tokens = 8,192 tokens) and 8 sequences at most, so a dozen concurrent requests fill the cache and queue, as
+# on a busy Spark. Eager: torch.compile on the CPU is no part of what sparktop reads, and costs each start
+# 16-30 s of its 39-54 (23 s eager).
+FLAGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": MAX_MODEL_LEN,
+         "gpu_memory_utilization": 0.3, "num_gpu_blocks_override": 64, "max_num_seqs": 8, "enforce_eager": True}
 
 
 def vllm_python() -> Path:
@@ -106,9 +105,9 @@ SERVER_CPUS, CLIENT_CPUS = "0", f"1-{max(1, (os.cpu_count() or 2) - 1)}"
 
 def server_argv(python: Path, model: Path, host: str, port: int, *extra: str) -> list[str]:
     return [*pinned(SERVER_CPUS), str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", MODEL_NAME, "--load-format", "dummy", "--dtype", "float32",
-            "--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", "0.3",
-            "--host", host, "--port", str(port), *SERVER_FLAGS, *extra]
+            "--served-model-name", MODEL_NAME, "--host", host, "--port", str(port),
+            # the MFU counters (estimated FLOPs and bytes) are off unless asked for
+            *flag_args({**FLAGS, "enable_mfu_metrics": True}), *extra]
 
 
 @dataclass
