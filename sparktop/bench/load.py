@@ -30,7 +30,6 @@ import asyncio
 import math
 import random
 import re
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -43,7 +42,7 @@ from sparktop.bench.events import (
     SweepFinished,
     SweepStarted,
 )
-from sparktop.bench.request import RequestRecord, now, stream_chat
+from sparktop.bench.request import RequestRecord, stream_chat
 from sparktop.bench.stats import EngineWatch, percentile
 from sparktop.bench.sweep import FAILED_LINGER, Sweep, SweepError, _Target, request_timeout
 
@@ -481,7 +480,8 @@ class RateSweep(Sweep):
         compilation and cache allocation, which is no level's figure."""
         for i in range(2):
             rec = RequestRecord(level=0, run=0, index=i, attempt=self._attempt)
-            await stream_chat(to.url, self._rate_payload(to)[0], rec, self._timeout(), self._headers, to.tokenizer)
+            await stream_chat(to.url, self._rate_payload(to)[0], rec, self._timeout(), self._headers, to.tokenizer,
+                              self.clock)
 
     def _timeout(self) -> float:
         s = self.s
@@ -577,18 +577,19 @@ class RateSweep(Sweep):
         bodies = [body for body, _ in made]
         timeout = self._timeout()
         level_done = 0
+        stamp = self.clock.stamp
 
         async def one(i: int, due: float) -> RequestRecord:
             nonlocal level_done
             rec = RequestRecord(level=0, run=index, index=i, attempt=self._attempt, rate=rate, scheduled=due,
                                 depth=s.depth, cached_tokens=made[i][1])
             if slots is not None:
-                waited = now()
+                waited = stamp()
                 await slots.acquire()
-                rec.held_s = max(0.0, now() - max(waited, due))
+                rec.held_s = max(0.0, stamp() - max(waited, due))
             self._flight.add()
             try:
-                await stream_chat(to.url, bodies[i], rec, timeout, self._headers, to.tokenizer)
+                await stream_chat(to.url, bodies[i], rec, timeout, self._headers, to.tokenizer, self.clock)
             finally:
                 self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
                 if slots is not None:
@@ -600,14 +601,15 @@ class RateSweep(Sweep):
                                    None, None))
             return rec
 
-        start_perf = time.perf_counter() + 0.05
-        start_wall = now() + 0.05
+        # One clock for the schedule and the records: a request's `scheduled` and its `start` differ by the
+        # client's own lag alone.
+        start = stamp() + 0.05
         tasks = []
         for i, offset in enumerate(offsets):
-            wait = start_perf + offset - time.perf_counter()
+            wait = start + offset - stamp()
             if wait > 0:
                 await asyncio.sleep(wait)
-            tasks.append(asyncio.ensure_future(one(i, start_wall + offset)))
+            tasks.append(asyncio.ensure_future(one(i, start + offset)))
         return list(await asyncio.gather(*tasks))
 
     async def _find_max_rate(self, to: _Target) -> str | None:

@@ -36,16 +36,11 @@ import asyncio
 import bisect
 import json
 import re
-import time
 from dataclasses import asdict, dataclass, field
 
 from sparktop.bench.prompts import LocalTokenizer, tokens_per_piece
 from sparktop.bench.sse import HTTPError, post_sse
-
-# perf_counter is monotonic and fine-grained; records carry wall-clock
-# seconds so that runs written by different processes line up.
-_WALL_OFFSET = time.time() - time.perf_counter()
-
+from sparktop.clock import SYSTEM, Clock
 
 _loads = json.JSONDecoder().decode  # str in: skips json.loads' encoding sniffing per chunk
 
@@ -76,7 +71,8 @@ TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
 
 
 def now() -> float:
-    return time.perf_counter() + _WALL_OFFSET
+    """The machine's time as records carry it (`Clock.stamp`: wall seconds, steady and fine-grained)."""
+    return SYSTEM.stamp()
 
 
 @dataclass
@@ -255,9 +251,11 @@ def count_tokens(counts: list[int], all_ids: bool, usage: int | None, bodies: li
 
 
 async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: float,
-                      headers: dict | None = None, tokenizer: LocalTokenizer | None = None) -> RequestRecord:
-    """POST a streaming chat completion and fill `record` as it arrives.
-    With a local `tokenizer`, a stream without token ids is counted from its text.
+                      headers: dict | None = None, tokenizer: LocalTokenizer | None = None,
+                      clock: Clock = SYSTEM) -> RequestRecord:
+    """POST a streaming chat completion and fill `record` as it arrives,
+    timed on `clock`. With a local `tokenizer`, a stream without token ids is
+    counted from its text.
 
     Never raises for what a server or network does: errors and timeouts
     end up in `record.error` with a reason a person can act on."""
@@ -289,7 +287,6 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
         body = line[5:].strip()
         if body == b"[DONE]" or not body:
             return
-        t += _WALL_OFFSET
         fast = scan(body)
         if fast is not None:
             _, has_text, ids = fast
@@ -323,11 +320,12 @@ async def stream_chat(url: str, payload: dict, record: RequestRecord, timeout: f
             ids = choices[0].get("token_ids")
             chunk(t, _has_text(choices[0].get("delta") or {}), len(ids) if isinstance(ids, list) else None, body)
 
-    record.start = now()
+    stamp = clock.stamp
+    record.start = stamp()
     try:
         async with asyncio.timeout(timeout):
-            record.status = await post_sse(url, payload, on_line, headers)
-        record.end = now()
+            record.status = await post_sse(url, payload, on_line, headers, now=stamp)
+        record.end = stamp()
     except HTTPError as e:
         record.status = e.status
         record.error = str(e)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-Line = Callable[[bytes, float], None]  # an SSE line and the perf_counter time its bytes arrived
+from sparktop.clock import SYSTEM
+
+Line = Callable[[bytes, float], None]  # an SSE line and the time its bytes arrived (the caller's clock)
 
 
 class HTTPError(Exception):
@@ -28,8 +29,9 @@ class HTTPError(Exception):
 
 
 class _Stream(asyncio.Protocol):
-    def __init__(self, on_line: Line):
+    def __init__(self, on_line: Line, now: Callable[[], float]):
         self.on_line = on_line
+        self.now = now
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.head = b""
         self.status: int | None = None
@@ -44,7 +46,7 @@ class _Stream(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        t = time.perf_counter()
+        t = self.now()
         if self.status is None:
             self.head += data
             end = self.head.find(b"\r\n\r\n")
@@ -121,7 +123,7 @@ class _Stream(asyncio.Protocol):
 
     def _finish(self) -> None:
         if self.lines and self.status == 200:
-            self.on_line(self.lines, time.perf_counter())
+            self.on_line(self.lines, self.now())
             self.lines = b""
         if not self.done.done():
             self.done.set_result(None)
@@ -144,9 +146,10 @@ class _Stream(asyncio.Protocol):
 
 
 async def post_sse(url: str, payload: dict, on_line: Line, headers: dict | None = None,
-                   ssl_context: ssl.SSLContext | None = None) -> int:
-    """POST `payload` as JSON and feed every body line to `on_line`. Returns
-    the status; a non-200 status raises HTTPError with the body's start."""
+                   ssl_context: ssl.SSLContext | None = None, now: Callable[[], float] = SYSTEM.stamp) -> int:
+    """POST `payload` as JSON and feed every body line to `on_line`, stamped
+    with `now()` as its bytes arrived. Returns the status; a non-200 status
+    raises HTTPError with the body's start."""
     u = urlsplit(url)
     secure = u.scheme == "https"
     port = u.port or (443 if secure else 80)
@@ -159,7 +162,7 @@ async def post_sse(url: str, payload: dict, on_line: Line, headers: dict | None 
     request = (f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n").encode()
     loop = asyncio.get_running_loop()
     ctx = (ssl_context or ssl.create_default_context()) if secure else None
-    transport, proto = await loop.create_connection(lambda: _Stream(on_line), host, port, ssl=ctx)
+    transport, proto = await loop.create_connection(lambda: _Stream(on_line, now), host, port, ssl=ctx)
     try:
         transport.write(request + body)
         await proto.done

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -54,9 +53,10 @@ from sparktop.bench.events import (
     WaitingForIdle,
 )
 from sparktop.bench.prompts import LocalTokenizer, PromptMaker, calibrate, load_local_tokenizer
-from sparktop.bench.request import RequestRecord, now, stream_chat
+from sparktop.bench.request import RequestRecord, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
 from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats
+from sparktop.clock import SYSTEM, Clock
 from sparktop.errors import SparktopError
 from sparktop.events import emitting
 
@@ -274,14 +274,15 @@ class _InFlight:
     within a stretch of time (a /metrics answer is from some instant between
     its GET and its answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.n = 0
         self.sent = 0  # requests sent, ever
-        self._log: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+        self._now = clock.now
+        self._log: deque[tuple[float, int]] = deque([(clock.now(), 0)])
 
     def _set(self, n: int) -> None:
         self.n = n
-        t = time.monotonic()
+        t = self._now()
         self._log.append((t, n))
         while len(self._log) > 1 and self._log[1][0] < t - 10.0:
             self._log.popleft()
@@ -391,10 +392,12 @@ class Sweep:
 
     def __init__(self, settings: SweepSettings, results_root: Path,
                  resume: str | Path | None = None, api_key: str | None = None,
-                 power: Callable[[], Awaitable[float | None]] | None = None):
+                 power: Callable[[], Awaitable[float | None]] | None = None, clock: Clock = SYSTEM):
         """`power()`: the watts of the nodes serving the endpoint now (e.g.
         `observe.power.NodesPower`), sampled during each level's measured
-        batches for its energy per token; None: no energy figures."""
+        batches for its energy per token; None: no energy figures. `clock`:
+        what every request, window and wait is timed on (a test gives a
+        virtual-time loop's, `sparktop.clock.loop_clock`)."""
         settings.endpoint = normalize_endpoint(settings.endpoint)
         if settings.guard_urls is not None:
             try:
@@ -404,6 +407,7 @@ class Sweep:
             settings.guard_urls = list(dict.fromkeys(urls)) or None
         settings.validate()
         self.s = settings
+        self.clock = clock
         self.root = Path(results_root)
         self._emit: Callable[[SweepEvent], None] = lambda event: None
         self.resume = resume
@@ -420,7 +424,7 @@ class Sweep:
         self.writer: RunWriter | None = None
         # The guard: the engines watched (none: no guard), why not, and the
         # current attempt's window.
-        self._flight = _InFlight()
+        self._flight = _InFlight(clock)
         self._watched: list[str] = []
         self._engines: dict[str, Engine] = {}  # the watched engines, by URL, as recognised
         self.engine_names: dict[str, str] = {}  # "vLLM 0.32.0", "llama.cpp b11434", by URL
@@ -484,9 +488,9 @@ class Sweep:
             return 0.0
         times = []
         for _ in range(3):
-            t = time.perf_counter()
+            t = self.clock.now()
             if await self._get_json(session, "/v1/models") is not None:
-                times.append(time.perf_counter() - t)
+                times.append(self.clock.now() - t)
         return sum(times) / len(times) if times else 0.0
 
     async def _probe(self, session: aiohttp.ClientSession, model: str, content: str) -> int:
@@ -519,7 +523,7 @@ class Sweep:
         try:
             async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read(),
-                              time.monotonic())
+                              self.clock.now())
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from None
 
@@ -531,7 +535,7 @@ class Sweep:
         if engine is None:
             return None
         try:
-            return await engine.read(lambda path: self._answer(session, url, path), time.monotonic(), False)
+            return await engine.read(lambda path: self._answer(session, url, path), self.clock.now(), False)
         except EngineUnreachable:
             return None
 
@@ -558,7 +562,7 @@ class Sweep:
                 why[url] = f"a {engine.name} router: its engines count its requests"
                 continue
             try:
-                figures = await engine.read(get, time.monotonic(), False)
+                figures = await engine.read(get, self.clock.now(), False)
             except EngineUnreachable as exc:
                 why[url] = f"{engine.name}, {exc.reason}"
                 continue
@@ -578,9 +582,9 @@ class Sweep:
 
     async def _read(self, session: aiohttp.ClientSession) -> _Reading | None:
         """The watched engines now, summed; None when one of them did not answer."""
-        sent = time.monotonic()
+        sent = self.clock.now()
         read = await asyncio.gather(*(self._figures(session, u) for u in self._watched))
-        got = time.monotonic()
+        got = self.clock.now()
         if not read or any(d is None for d in read):
             return None
         done = [d for d in read if d is not None]
@@ -617,9 +621,9 @@ class Sweep:
         """The nodes' power once a second while a level is measured: each
         reading is a command on every node, too costly at the metrics' pace."""
         while True:
-            started = time.monotonic()
+            started = self.clock.now()
             await self._read_power()
-            await asyncio.sleep(max(0.0, POWER_INTERVAL - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, POWER_INTERVAL - (self.clock.now() - started)))
 
     async def _read_power(self) -> None:
         assert self._power is not None
@@ -645,12 +649,12 @@ class Sweep:
     async def _wait_idle(self, session: aiohttp.ClientSession, c: int) -> _Window:
         """Before a level: wait until the engines have nothing running or
         waiting (one read when they are idle), up to `idle_timeout`."""
-        start = time.monotonic()
+        start = self.clock.now()
         failures = 0
         busy_before = None
         while True:
             r = await self._read(session)
-            waited = time.monotonic() - start
+            waited = self.clock.now() - start
             if r is None:
                 failures += 1
                 if failures >= 3 or waited >= self.s.idle_timeout:
@@ -664,7 +668,7 @@ class Sweep:
                                    f"({r.running or 0:.0f} running, {r.waiting or 0:.0f} waiting)")
                     break
             await asyncio.sleep(IDLE_POLL)
-        return _Window(time.monotonic(), self._flight.sent, r, busy_before, time.monotonic() - start,
+        return _Window(self.clock.now(), self._flight.sent, r, busy_before, self.clock.now() - start,
                        r.preemptions if r is not None else None)
 
     # -- batches ----------------------------------------------------------------
@@ -719,7 +723,7 @@ class Sweep:
             payload["messages"] = [{"role": "system", "content": contexts[i]}, {"role": "user", "content": "."}]
             self._flight.add()
             try:
-                await stream_chat(to.url, payload, rec, level.timeout, self._headers, to.tokenizer)
+                await stream_chat(to.url, payload, rec, level.timeout, self._headers, to.tokenizer, self.clock)
             finally:
                 self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
             if record:
@@ -747,7 +751,7 @@ class Sweep:
         cached = depth if depth and self.s.prefix_cache else None
         if cached:
             await self._load_contexts(to, level, run, [x for x in contexts if x is not None], record)
-        batch_start = time.perf_counter()
+        batch_start = self.clock.now()
 
         async def one(i: int) -> RequestRecord:
             nonlocal decoded, first
@@ -755,7 +759,8 @@ class Sweep:
                                 cached_tokens=cached)
             self._flight.add()
             try:
-                await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers, to.tokenizer)
+                await stream_chat(to.url, payloads[i], rec, level.timeout, self._headers, to.tokenizer,
+                                  self.clock)
             finally:
                 self._flight.remove(0.0 if rec.ok else FAILED_LINGER)
             if not record:
@@ -766,13 +771,14 @@ class Sweep:
             if rec.ok and rec.first_token is not None:
                 first = rec.first_token if first is None else min(first, rec.first_token)
                 decoded += rec.decode_tokens
-            live = decoded / (now() - first) if first is not None and now() > first else None
+            stamp = self.clock.stamp()
+            live = decoded / (stamp - first) if first is not None and stamp > first else None
             self._emit(RequestDone(rec, self._done, self._total, level.done, int(c) * self.s.runs, live,
                                    self._eta(level.index, c, self.s.runs - run)))
             return rec
 
         done = await asyncio.gather(*(one(i) for i in range(c)))
-        self._batch_secs[c] = time.perf_counter() - batch_start
+        self._batch_secs[c] = self.clock.now() - batch_start
         return list(done)
 
     # -- the whole sweep --------------------------------------------------------
@@ -852,7 +858,7 @@ class Sweep:
             "endpoint": s.endpoint, "model": model, "vllm_version": version, "sparktop_version": __version__,
             "recipe": s.recipe, "topology": s.topology, "nodes": s.nodes, "label": s.label,
             "runtime": s.runtime, "engine": engine,
-            "settings": s.public(), "started": time.time(), "latency_s": self.latency,
+            "settings": s.public(), "started": self.clock.wall(), "latency_s": self.latency,
             "prompt_calibration": {"words": prompts.words, "template_tokens": prompts.template,
                                    "exact": prompts.exact, "tokenizer": bool(tokenizer)},
             "guard": self.guard, "status": "running",

@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import secrets
-import time
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO, cast
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, TextIO, cast
 from aiohttp import web
 
 from sparktop import __version__
+from sparktop.clock import Clock
 from sparktop.model.cards import GIB
 from sparktop.twin.dialects.base import TWIN
 from sparktop.twin.engine import BLOCK, PAUSE_MODES, FinishEvent, Sequence, TokenEvent
@@ -115,6 +115,7 @@ class OpenAIRoutes:
     failure: str | None
     _ids: itertools.count[int]
     _created: int
+    clock: Clock
     _sleep_level: int = 0  # the level of the last /sleep, until a full wake-up
     _request_log: TextIO | None = None  # --request-log, opened at the first request
 
@@ -199,12 +200,12 @@ class OpenAIRoutes:
         if mode not in PAUSE_MODES:
             return _unparsable("query.mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode,
                                {"expected": "'abort', 'wait' or 'keep'"})
-        started = time.monotonic()
+        started = self.clock.now()
         with metrics.sleep_operation("sleep"):
             await engine.sleep(level, mode)
             if level >= 1:
                 await asyncio.sleep(self._offload_seconds(level) / self.speed)
-                self._log_sleep(time.monotonic() - started)
+                self._log_sleep(self.clock.now() - started)
         metrics.record_sleep_state(True, level)
         self._sleep_level = level
         self._access(request, 200)
@@ -320,7 +321,7 @@ class OpenAIRoutes:
         assert engine is not None and plan is not None, "the API server starts after the engine"
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized"}, status=401)
-        received = time.monotonic()
+        received = self.clock.now()
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
@@ -365,6 +366,12 @@ class OpenAIRoutes:
                        continuous=bool(opts.get("continuous_usage_stats")),
                        token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids, received=received)
         seq.stream = req.stream
+        # vLLM's API server spends `request_overhead_s` on a request (parsing, the chat template, tokenizing)
+        # before its engine sees it. The model charges it per request and so does the twin, counting its own
+        # handling so far toward it: on a virtual clock that handling took no time, here a few milliseconds.
+        api = plan.perf.k.request_overhead_s / self.speed - (self.clock.now() - received)
+        if api > 0:
+            await asyncio.sleep(api)
         engine.submit(seq)
         try:
             if req.stream:
@@ -384,10 +391,11 @@ class OpenAIRoutes:
                 self._log_request(self.args.request_log, seq, req)
 
     def _log_request(self, path: str, seq: Sequence, req: _Request) -> None:
-        """`--request-log`: what the server saw of one request, on the machine's monotonic clock. `received`
-        is when its handler began (headers read); `first_sent` less `received` is the first token as the
-        server delivered it (body read and tokenized, scheduled, prefilled, written), so a client's TTFT adds
-        only its own work and the connection's. `arrival` to `first_token` is the engine's part alone. A
+        """`--request-log`: what the server saw of one request, on the server's clock (`TwinServer.clock`:
+        the machine's monotonic one unless a test gives another). `received` is when its handler began
+        (headers read); `first_sent` less `received` is the first token as the server delivered it (body read
+        and tokenized, scheduled, prefilled, written), so a client's TTFT adds only its own work and the
+        connection's. `arrival` to `first_token` is the engine's part alone. A
         request aborted mid-stream has no `last_sent`."""
         line = {"id": seq.request_id, "stream": req.stream, "prompt_tokens": seq.prompt_len,
                 "cached_tokens": seq.cached_tokens, "max_tokens": seq.max_tokens, "output_tokens": seq.output_count,
@@ -403,7 +411,7 @@ class OpenAIRoutes:
         data: dict[str, object] = {
             "id": seq.request_id,
             "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()),
+            "created": int(self.clock.wall()),
             "model": self.args.name,
             "choices": choices,
             **extra,
@@ -501,11 +509,11 @@ class OpenAIRoutes:
                 finished = finished or event.finish is not None
                 await resp.write(b"".join(parts))
                 if req.first_sent is None and event.count:
-                    req.first_sent = time.monotonic()
+                    req.first_sent = self.clock.now()
             elif isinstance(event, FinishEvent):
                 # Taken before the last chunk goes out: a request the client sends once it has read it is
                 # received later, whatever the write waits for.
-                req.last_sent = time.monotonic()
+                req.last_sent = self.clock.now()
                 await resp.write(self._stream_end(seq, req, event, finished))
                 break
         await resp.write_eof()
@@ -554,7 +562,7 @@ class OpenAIRoutes:
             tail = {}
         return web.json_response({
             "id": seq.request_id, "object": "chat.completion" if req.chat else "text_completion",
-            "created": int(time.time()), "model": self.args.name, "choices": [choice], "service_tier": None,
+            "created": int(self.clock.wall()), "model": self.args.name, "choices": [choice], "service_tier": None,
             "system_fingerprint": self.system_fingerprint, "usage": usage, **tail,
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         })

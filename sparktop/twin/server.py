@@ -18,11 +18,11 @@ import os
 import signal
 import socket
 import sys
-import time
 from typing import TextIO
 
 from aiohttp import web
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import GIB, UnknownModel, find_card
 from sparktop.model.quant import Quantization
 from sparktop.twin.args import ServeArgs, parse_serve_args
@@ -47,8 +47,11 @@ class TwinServer(MultiNode, OpenAIRoutes):
     `await stop()` shuts down. `run()` does both and waits for a signal."""
 
     def __init__(self, args: ServeArgs, log: TextIO | None = None, host: TwinHost | None = None,
-                 dialect: Dialect | None = None):
+                 dialect: Dialect | None = None, clock: Clock = SYSTEM):
         self.args = args
+        # Every time the twin keeps (its steps, the request log, the stats line) is on this clock: a test
+        # gives it a virtual-time loop's (sparktop.clock.loop_clock) to serve on simulated time.
+        self.clock = clock
         self.dialect = dialect or dialect_for("vllm")  # whose words it speaks
         self.card = find_card(args.model)
         if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
@@ -75,7 +78,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self._rdv: HeadRendezvous | None = None
         self._ray = None
         self._ids = itertools.count(1)
-        self._created = int(time.time())
+        self._created = int(clock.wall())
         self._registered = False
 
     # -- helpers ---------------------------------------------------------------
@@ -154,7 +157,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
             max_model_len=plan.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=args.enable_prefix_caching, speed=self.speed,
             kv_tokens=say.kv_tokens(self, plan),
-        ), metrics, traffic=traffic)
+        ), metrics, clock=self.clock.now, traffic=traffic)
         metrics.log_cache_config(self._cache_config(plan, self.engine))
         say.kv_sized(self, self.engine.kv_capacity_tokens, plan.max_model_len,
                      self.engine.max_concurrency(plan.max_model_len))
@@ -212,10 +215,10 @@ class TwinServer(MultiNode, OpenAIRoutes):
         """The engine's periodic throughput line (vLLM's 'Engine 000: Avg prompt throughput ...')."""
         engine = self.engine
         assert engine is not None, "the stats log starts once the engine has"
-        last = (time.monotonic(), engine.total_prompt_tokens, engine.total_generation_tokens)
+        last = (self.clock.now(), engine.total_prompt_tokens, engine.total_generation_tokens)
         while True:
             await asyncio.sleep(10)
-            now = (time.monotonic(), engine.total_prompt_tokens, engine.total_generation_tokens)
+            now = (self.clock.now(), engine.total_prompt_tokens, engine.total_generation_tokens)
             dt = max(1e-6, now[0] - last[0])
             if now[1] == last[1] and now[2] == last[2] and not engine.running and not engine.waiting:
                 last = now
