@@ -1,15 +1,124 @@
-"""Shared fixtures: in-process twin servers, free ports, a clean XDG home."""
+"""Shared fixtures (in-process twin servers, free ports, a clean XDG home) and
+how a parallel run is laid out (pytest-xdist, `-n`):
+
+- each worker runs in a network namespace of its own (tests/helpers/netns.py),
+  so the fixed addresses and ports of the lab, the demo and what they launch
+  never meet another worker's;
+- the controller makes the tools the selected tests install on first use in
+  the background (tests/helpers/prepare.py), since the workers have no route
+  to PyPI;
+- tests that share an expensive fixture (a module's lab, the session's real
+  vLLM) run on one worker, as one group (`--dist loadgroup`), and the groups
+  that take longest are handed out first.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import os
+import shlex
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from sparktop.twin.args import parse_serve_args
 from sparktop.twin.server import TwinServer
+from tests.helpers import venvs
+from tests.helpers.netns import enter_own_network, isolated_python
+from tests.helpers.prepare import LOG, TOOLS
+
+_preparing: list[subprocess.Popen] = []
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if not os.environ.get("SPARKTOP_TEST_ISOLATED"):  # started without worker_init: the network, at least
+            why = enter_own_network()
+            if why is not None:
+                raise pytest.UsageError(f"a parallel run gives each worker its own network namespace, and this "
+                                        f"machine refused one ({why}): run the tests without -n")
+        os.environ[venvs.OFFLINE] = "1"
+        return
+    if not (config.pluginmanager.has_plugin("xdist") and config.getoption("numprocesses", None)):
+        return
+    wrapper = isolated_python()
+    if wrapper is not None:  # every worker a machine of its own: network and process table
+        config.option.tx = [f"popen//python={shlex.join(wrapper)}" if tx == "popen" else tx
+                            for tx in config.option.tx]
+    if os.environ.get("SPARKTOP_TEST_PREPARE", "1") != "0":
+        needed = [name for name, (_, marks) in TOOLS.items() if _may_run(config, marks)]
+        if needed:
+            venvs.LAB.mkdir(exist_ok=True)
+            # Locked here and handed over, so a worker never finds the lock free before `prepare` has begun.
+            lock = os.open(venvs.PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(LOG, "a") as log:
+                _preparing.append(subprocess.Popen([sys.executable, "-m", "tests.helpers.prepare", *needed],
+                                                   stdout=log, stderr=subprocess.STDOUT, pass_fds=[lock],
+                                                   cwd=str(venvs.LAB.parent)))
+            os.close(lock)
+
+
+def _may_run(config, marks: tuple[str, ...]) -> bool:
+    """Whether `-m` lets any test carrying one of `marks` run."""
+    expr = config.getoption("markexpr", "")
+    if not expr:
+        return True
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile(expr)
+    return any(compiled.evaluate(lambda name, m=m, **kw: name == m) for m in marks)
+
+
+def pytest_unconfigure(config):
+    for proc in _preparing:
+        if proc.poll() is None:  # a run cut short: what was half made is made again next time
+            proc.terminate()
+
+
+# How long each kind of group takes decides when it is handed out: the longest first, so that no worker is
+# left with a long group at the end; the real engines' groups once their tools are likely made.
+_FIRST = ("tests/e2e/",)
+
+
+def _shared_group(item) -> str | None:
+    """The group of a test that uses a fixture wider than itself, defined by
+    this project: a session fixture's name, else its module."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module = None
+    for name in item.fixturenames:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if not fixturedef.baseid and "tests" not in str(getattr(fixturedef.func, "__module__", "")):
+                continue  # a plugin's (tmp_path_factory, the event loop policy)
+            if fixturedef.scope == "session":
+                return f"session-{name}"
+            if fixturedef.scope in ("package", "module", "class"):
+                module = item.nodeid.split("::")[0]
+    return module
+
+
+def _rank(item) -> int:
+    if item.get_closest_marker("realvllm") or item.get_closest_marker("realllama"):
+        return 1
+    if item.nodeid.startswith(_FIRST):
+        return 0
+    return 2 if item.get_closest_marker("slow") else 3
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            group = _shared_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_rank)  # stable: the collection's order within a rank
 
 
 @pytest.fixture(autouse=True)

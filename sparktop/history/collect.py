@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.history.store import HistoryStore, writer_pid
 from sparktop.history.writer import HistoryWriter
 from sparktop.settings import Inventory, load_preferences
@@ -79,31 +80,34 @@ def install(argv: list[str], say: Callable[[str], None] = print) -> int:
 async def collect(inventory: Inventory, engines: list[str], *, interval: float = 1.0,
                   rate_window: float | None = None, path: str | None = None,
                   metrics: tuple[str, int, str | None, bool] | None = None,
-                  say: Callable[[str], None] = print, stop: asyncio.Event | None = None) -> int:
+                  say: Callable[[str], None] = print, stop: asyncio.Event | None = None,
+                  clock: Clock = SYSTEM) -> int:
     """Poll and write until SIGTERM/SIGINT (or `stop`). `metrics`: (host, port, token, whether the token
-    was generated here, so it must be shown) to serve /metrics on."""
+    was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's."""
     from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import Poller
     from sparktop.observe.state import ClusterState
     from sparktop.observe.targets import engine_targets, node_targets
 
+    # First: from its first line on, a SIGTERM (systemd's stop) ends it in order, the minute in progress written.
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
     prefs = load_preferences()
     store = HistoryStore.open(path)
-    writer = HistoryWriter(store, prefs.history_retention_days)
+    writer = HistoryWriter(store, prefs.history_retention_days, clock=clock)
     if store.writer:
         say(f"writing history to {store.path} (kept {prefs.history_retention_days:g} days)")
     else:
         pid = writer_pid(store.path)
         say(f"{store.path} is written by {'pid ' + str(pid) if pid else 'another sparktop'}: collecting waits "
             "and takes over when it stops")
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=interval,
                     default_port=inventory.defaults.port, router_key=api_key_for,
-                    rate_window=rate_window or prefs.rate_window_s, latency_window=prefs.latency_window_s)
+                    rate_window=rate_window or prefs.rate_window_s, latency_window=prefs.latency_window_s,
+                    clock=clock)
     state = ClusterState(history=COLLECT_HISTORY)
     server = None
     try:

@@ -19,17 +19,21 @@ engine is the same process (its start time) or came back within the gap.
 When the disk is full (or the file cannot be written), the writer keeps the
 rows in memory (the newest `PENDING_MAX`), says `history paused: ...` in
 `status`, and tries again a minute later; the monitor is not disturbed.
+
+Its own time is the `Clock` it is given (`sparktop.clock`, the system's by
+default): its `now()` paces asking for the writer's lock again and tells a
+jump of the data's clock from time passing; its `wall()` stamps what it says
+itself. Minutes, sessions and pruning follow the events' own times.
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.history.store import ENGINE_FIGURES, NODE_FIGURES, HistoryStore, writer_pid
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterState
@@ -134,11 +138,10 @@ class HistoryWriter:
     """Folds observe events into the history file. One per process; only the
     store's writer writes (a second sparktop on the same file reads)."""
 
-    def __init__(self, store: HistoryStore, retention_days: float = RETENTION_DAYS,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, store: HistoryStore, retention_days: float = RETENTION_DAYS, clock: Clock = SYSTEM):
         self.store = store
         self.retention_s = retention_days * 86400.0
-        self._monotonic = monotonic
+        self.clock = clock
         self._nodes: dict[str, _Minute] = {}
         self._engines: dict[str, _Minute] = {}
         self._node_t: dict[str, float] = {}
@@ -151,7 +154,7 @@ class HistoryWriter:
         self._first_t: float | None = None  # the data time of the first event this writer saw
         self._events: list[tuple[float, str, str, str, str, str]] = []
         self._minute: int | None = None
-        self._clock: tuple[float, float] | None = None  # (data time, monotonic) at the last event
+        self._seen: tuple[float, float] | None = None  # (data time, the clock's now()) at the last event
         self._pruned_at: float | None = None  # data time of the last prune
         self._cutoff: float | None = None
         self._retake_at = 0.0
@@ -181,7 +184,7 @@ class HistoryWriter:
 
     def observe(self, event, state: ClusterState) -> None:
         if not self.store.writer:
-            now = self._monotonic()
+            now = self.clock.now()
             if now >= self._retake_at:
                 self._retake_at = now + RETAKE_EVERY_S
                 if self.store.try_take_writer():
@@ -229,9 +232,9 @@ class HistoryWriter:
         self.flush(t)
 
     def _watch_clock(self, t: float) -> None:
-        now = self._monotonic()
-        if self._clock is not None:
-            then_t, then_mono = self._clock
+        now = self.clock.now()
+        if self._seen is not None:
+            then_t, then_mono = self._seen
             drift = (t - then_t) - (now - then_mono)
             if abs(drift) > CLOCK_JUMP_S:
                 way = "forward" if drift > 0 else "back"
@@ -241,7 +244,7 @@ class HistoryWriter:
                     # Pruning follows the data's clock, but not a jump of it: a clock set a year ahead
                     # must not empty the file. The cutoff moves on from where it was.
                     self._pruned_at = t
-        self._clock = (t, now)
+        self._seen = (t, now)
 
     def _minute_of(self, kind: str, key: str, t: float) -> _Minute:
         """The subject's minute of `t`; the one before it, when `t` starts another, goes to be written."""
@@ -428,13 +431,13 @@ class HistoryWriter:
         self._rows, self._ended, self._events = [], [], []
         if self.paused:
             self.paused = None
-            self._events.append((now if now is not None else time.time(), "sparktop", "history", "history",
+            self._events.append((now if now is not None else self.clock.wall(), "sparktop", "history", "history",
                                  "info", "history resumed"))
 
     def _pause(self, exc: sqlite3.Error, now: float | None) -> None:
         text = str(exc)
         self.paused = "history paused: disk full" if "full" in text else f"history paused: {text}"
-        self._retry_at = (now if now is not None else time.time()) + 60.0
+        self._retry_at = (now if now is not None else self.clock.wall()) + 60.0
         if len(self._rows) > PENDING_MAX:
             del self._rows[: len(self._rows) - PENDING_MAX]  # the oldest go first
         if len(self._events) > PENDING_MAX:

@@ -12,18 +12,22 @@ monitor that polls every engine every second.
 An engine whose port cannot be reached from here is read through an SSH
 local forward from its node (the transport's `forward`), so a vLLM bound to
 127.0.0.1 on a remote Spark is still watched without opening its port.
+
+Time is the probe's `clock` (`sparktop.clock`, the system's unless the
+poller gives another): each answer's arrival, which the rates are taken
+over, on its `now()`; the snapshot's time on its `wall()`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.observe.engines import Answer, Engine, EngineUnreachable, NotAnEngine, recognise
 from sparktop.observe.engines.base import MODEL_REFRESH_S
 from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
@@ -85,11 +89,12 @@ class EngineProbe:
     latency_window: float = LATENCY_WINDOW_S  # percentiles over this many
     histogram_every: float = HISTOGRAM_EVERY_S
     poll_interval: float = 1.0
+    clock: Clock = SYSTEM  # the bodies' arrival (rates) on its now(), the snapshot's time on its wall()
     engine: Engine | None = None  # what answers, once recognised
     _base: str | None = None
-    _model_at: float = 0.0
+    _model_at: float | None = None  # wall time the model and version were last asked for
     _forwarded: bool = False
-    _histograms_at: float = 0.0
+    _histograms_at: float | None = None  # when the histograms were last read (None: on the next poll)
     _not_engine: tuple[float, str] | None = None  # when it last answered as no engine, and why
 
     @property
@@ -109,7 +114,7 @@ class EngineProbe:
         timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout / 2)
         async with self.client.get(self.base + path, timeout=timeout, headers=headers) as r:
             body = await r.read()
-            return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, body, time.monotonic())
+            return Answer(path, r.status, {k.lower(): v for k, v in r.headers.items()}, body, self.clock.now())
 
     async def get(self, path: str) -> Answer:
         """GET `path` of the engine: directly, else through a forward from its
@@ -155,24 +160,25 @@ class EngineProbe:
         return None
 
     async def poll(self) -> EngineSnapshot:
-        started = time.monotonic()
+        clock = self.clock
+        started = clock.now()
         engine = self.engine or await self._recognise(started)
-        mono = time.monotonic()
-        with_histograms = mono - self._histograms_at >= self.histogram_every
+        mono = clock.now()
+        with_histograms = self._histograms_at is None or mono - self._histograms_at >= self.histogram_every
         derived = await engine.read(self.get, mono, with_histograms)
         if with_histograms:
             self._histograms_at = mono
         # The snapshot's time is when its figures were true (the body's arrival, on the wall clock), as the
         # rates' own clock is: parsing, or asking for the model after, must not move it.
-        now = time.time() - (time.monotonic() - derived.read_at if derived.read_at else 0.0)
-        if engine.model is None or now - self._model_at > MODEL_REFRESH_S:
+        now = clock.wall() - (clock.now() - derived.read_at if derived.read_at else 0.0)
+        if engine.model is None or self._model_at is None or now - self._model_at > MODEL_REFRESH_S:
             self._model_at = now
             # The figures are read; should the model and version not be, they come next time.
             with contextlib.suppress(EngineUnreachable, ValueError, AttributeError, KeyError, TypeError):
                 await engine.details(self.get)
         snap = EngineSnapshot(key=self.url, url=self.url, t=now, state="ready")
         engine.fill(snap, derived)
-        snap.poll_ms = (time.monotonic() - started) * 1000
+        snap.poll_ms = (clock.now() - started) * 1000
         return snap
 
     async def _recognise(self, now: float) -> Engine:
@@ -188,8 +194,8 @@ class EngineProbe:
         if self.argv:
             self.engine.configure(self.argv)
         self.engine.set_windows(self.rate_window, self.latency_window, self.poll_interval)
-        self._model_at = time.time()
-        self._histograms_at = 0.0
+        self._model_at = self.clock.wall()
+        self._histograms_at = None
         return self.engine
 
     def forget(self) -> None:
@@ -197,4 +203,4 @@ class EngineProbe:
         have taken the port) and start rates afresh."""
         self.engine = None
         self._not_engine = None
-        self._histograms_at = 0.0
+        self._histograms_at = None

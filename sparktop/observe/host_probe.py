@@ -7,6 +7,10 @@ outside Docker). A missing tool prints `@@missing` for its section, which the
 monitor shows as a state rather than an error. The meminfo path can be
 redirected with `$SPARKTOP_PROC_ROOT` (the twin's simulated hosts use it);
 on a real node it is /proc.
+
+Time is the probe's `clock` (`sparktop.clock`, the system's unless the
+poller gives another): when the slow tier is due and the link's rate
+window on its `now()`, the snapshot's time on its `wall()`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.layouts import from_label
 from sparktop.observe import engines, hostparse
 from sparktop.observe.argv import flag_value
@@ -177,6 +182,7 @@ class HostProbe:
     timeout: float = 5.0
     docker_every: float = DOCKER_EVERY_S
     link_window: float = LINK_WINDOW_S  # link rates over this many seconds (the engines' token-rate window)
+    clock: Clock = SYSTEM  # the tiers' timing and the link's window on its now(), the snapshot on its wall()
     _prev_cpu: tuple[int, int] | None = field(default=None, repr=False)
     _docker_at: float | None = field(default=None, repr=False)
     _docker_failures: int = field(default=0, repr=False)  # reads in a row that docker failed
@@ -204,7 +210,7 @@ class HostProbe:
         self._servers_at = None
 
     async def poll(self) -> NodeSnapshot:
-        started = time.monotonic()
+        started = self.clock.now()
         # One failure may be a hiccup (a container removed mid-list): asked again at the usual pace.
         # Failing again, the daemon is down: asked less and less often.
         every = self.docker_every if self._docker is None or self._docker[0] == "ok" or self._docker_failures <= 1 \
@@ -222,7 +228,7 @@ class HostProbe:
             text, ok, why = result.stdout, "@@end" in result.stdout, \
                 f"exit {result.exit_status}: {result.first_error_line()}"
         sections = split_sections(text)  # once: the snapshot, the servers and the link all read it
-        snap = parse_probe(self.name, text, self._prev_cpu, self._gpu_query, sections)
+        snap = parse_probe(self.name, text, self._prev_cpu, self._gpu_query, sections, t=self.clock.wall())
         if self._gpu_query == GPU_QUERY_REASONS and "clocks_event_reasons.active" in snap.gpu_status:
             self._gpu_query = GPU_QUERY  # a driver before 535: asked without the reasons from now on
             snap.gpu_status = "ok" if snap.gpu is not None else "unknown"
@@ -249,7 +255,7 @@ class HostProbe:
             snap.servers_rss_mib = self._servers_rss
         self._read_link_and_machine(sections, ok, snap)
         self.read_slow_tier = docker_due or (servers_due and ok)
-        snap.poll_ms = (time.monotonic() - started) * 1000
+        snap.poll_ms = (self.clock.now() - started) * 1000
         if not ok:
             raise RuntimeError(f"probe did not finish ({why})")
         return snap
@@ -266,7 +272,7 @@ class HostProbe:
                                parse_ip_br_addr(sections["addr"][0]).items()}
         if "link" not in sections or not ok:
             return
-        now = time.monotonic()
+        now = self.clock.now()
         counters = parse_link_section(sections["link"][0])
         snap.addresses = {c.netdev: self._addresses[c.netdev] for c in counters
                           if c.netdev and c.netdev in self._addresses}
@@ -499,10 +505,12 @@ def process_engine(server: ServerProcess, node_address: str, other_nodes: Collec
 
 
 def parse_probe(name: str, text: str, prev_cpu: tuple[int, int] | None,
-                gpu_query: str = GPU_QUERY_REASONS, sections: dict | None = None) -> NodeSnapshot:
-    """`sections`: `split_sections(text)` when the caller has it already."""
+                gpu_query: str = GPU_QUERY_REASONS, sections: dict | None = None,
+                t: float | None = None) -> NodeSnapshot:
+    """`sections`: `split_sections(text)` when the caller has it already; `t`: the snapshot's (epoch)
+    time, now by default."""
     sections = split_sections(text) if sections is None else sections
-    snap = NodeSnapshot(name=name, t=time.time(), state="ok")
+    snap = NodeSnapshot(name=name, t=time.time() if t is None else t, state="ok")
     body, _, _ = sections.get("meminfo", ("", None, False))
     try:
         snap.memory = hostparse.parse_meminfo(body)

@@ -13,6 +13,13 @@ is definite (connection refused twice). Retries back off from one interval
 to at most 3 s, so a returning node is seen within a few seconds; recovery
 needs nothing from the user.
 
+All of it is on one clock, the `Clock` the poller is given (`sparktop.clock`,
+the system's by default): its schedule, the health timings above and its
+probes' (the slow tier, the link's window, the engines' rate windows) on its
+`now()`, each snapshot's time on its `wall()`. Waiting is `asyncio.sleep`,
+on the running loop, which is that same clock unless a test runs the loop on
+virtual time and gives the poller the loop's clock (`loop_clock`).
+
 Engines are found four ways: given (`--engine URL`), discovered from the
 containers a node runs (any engine's server command, LiteLLM, or sparktop's
 labels), discovered from its process list (engines started outside Docker,
@@ -28,12 +35,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.engines import Vllm, by_id
@@ -84,16 +91,21 @@ class EngineTarget:
 
 @dataclass
 class Health:
-    """Success/failure bookkeeping that decides ok / stale / down."""
+    """Success/failure bookkeeping that decides ok / stale / down, on the
+    poller's clock (`now`: its monotonic seconds)."""
 
+    now: Callable[[], float] = SYSTEM.now
     last_ok: float | None = None
     failures: int = 0
     definite: int = 0  # consecutive failures that leave no doubt (refused)
     reason: str | None = None
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(init=False)  # when watching began
+
+    def __post_init__(self) -> None:
+        self.started = self.now()
 
     def ok(self) -> None:
-        self.last_ok = time.monotonic()
+        self.last_ok = self.now()
         self.failures = self.definite = 0
         self.reason = None
 
@@ -103,7 +115,7 @@ class Health:
         self.reason = reason
 
     def state(self, interval: float, down_after: float, now: float | None = None) -> str:
-        now = time.monotonic() if now is None else now
+        now = self.now() if now is None else now
         if self.failures == 0 and self.last_ok is not None and now - self.last_ok <= 2 * interval + 0.1:
             return "ok"
         since = now - (self.last_ok if self.last_ok is not None else self.started)
@@ -122,7 +134,7 @@ class Health:
 class _NodeWorker:
     target: NodeTarget
     probe: HostProbe
-    health: Health = field(default_factory=Health)
+    health: Health
     last: NodeSnapshot | None = None
     shown_state: str = "connecting"
     task: asyncio.Task | None = None
@@ -132,15 +144,15 @@ class _NodeWorker:
 class _EngineWorker:
     target: EngineTarget
     probe: EngineProbe
-    health: Health = field(default_factory=Health)
+    health: Health
     last: EngineSnapshot | None = None
     shown_state: str = "connecting"
     ever_ready: bool = False
-    log_at: float = 0.0
+    log_at: float | None = None  # when its log was last read for its start-up stage
     stage: str | None = None
     exited: str | None = None  # the container's status once it has exited
     error: str | None = None  # why it died at run time, from its container's log
-    error_at: float = 0.0
+    error_at: float | None = None  # when its log was last read for a failure
     task: asyncio.Task | None = None
 
 
@@ -150,9 +162,12 @@ class Poller:
                  default_port: int | None = 8000, api_key: str | None = None,
                  router_key: Callable[[str], str | None] | None = None,
                  rate_window: float = RATE_WINDOW_S, latency_window: float = LATENCY_WINDOW_S,
-                 histogram_every: float = HISTOGRAM_EVERY_S):
+                 histogram_every: float = HISTOGRAM_EVERY_S, clock: Clock = SYSTEM):
         """`router_key(url)` finds the key of a router this poller did not
-        launch (sparktop's launch state keeps them; observe never reads it)."""
+        launch (sparktop's launch state keeps them; observe never reads it).
+        `clock`: what its schedule, its health and its probes read, and what
+        stamps its snapshots."""
+        self.clock = clock
         self._interval = interval
         self.down_after = down_after
         self.discover = discover
@@ -226,6 +241,7 @@ class Poller:
             tasks.append(self._watchdog)
         for task in tasks:
             task.cancel()
+        self._wake.set()  # a worker that missed its cancel (see `_node_loop`) stops sleeping, and ends
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._client:
             await self._client.close()
@@ -242,7 +258,8 @@ class Poller:
     def _add_node(self, target: NodeTarget) -> None:
         worker = _NodeWorker(target, HostProbe(target.name, target.transport,
                                                timeout=max(2.0, min(10.0, self._interval * 2)),
-                                               link_window=self.rate_window))
+                                               link_window=self.rate_window, clock=self.clock),
+                             Health(self.clock.now))
         self._nodes[target.name] = worker
         worker.task = asyncio.create_task(self._node_loop(worker), name=f"node-{target.name}")
 
@@ -268,8 +285,8 @@ class Poller:
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
                             argv=target.argv, rate_window=self.rate_window, latency_window=self.latency_window,
-                            histogram_every=self.histogram_every, poll_interval=self._interval)
-        worker = _EngineWorker(target, probe)
+                            histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
+        worker = _EngineWorker(target, probe, Health(self.clock.now))
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")
 
@@ -288,9 +305,9 @@ class Poller:
         return w.target.origin != "candidate" or w.ever_ready
 
     async def _sleep_until(self, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
+        """Until `deadline` on the poller's clock, or sooner when the interval is made shorter."""
         while True:
-            remaining = deadline - loop.time()
+            remaining = deadline - self.clock.now()
             if remaining <= 0:
                 return
             self._wake.clear()
@@ -301,14 +318,17 @@ class Poller:
                     await self._wake.wait()
             except TimeoutError:
                 return
+            if self._closed:
+                return
             # Interval changed: keep the original deadline unless it got shorter.
-            deadline = min(deadline, loop.time() + self._interval)
+            deadline = min(deadline, self.clock.now() + self._interval)
 
     async def _node_loop(self, w: _NodeWorker) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+        # Until closed, not only until cancelled: on Python 3.11 a cancel that comes as a command ends (its
+        # `asyncio.wait_for` returning) can be lost, and `close()` would wait for this loop for ever.
+        while not self._closed:
             await self._running.wait()
-            started = loop.time()
+            started = self.clock.now()
             try:
                 async with asyncio.timeout(w.probe.timeout + 1):  # in this task: no task a poll to run it
                     snap = await w.probe.poll()
@@ -341,7 +361,7 @@ class Poller:
         state = w.health.state(self._interval, self.down_after)
         w.shown_state = state
         if w.last is None:
-            snap = NodeSnapshot(name=w.target.name, t=time.time(), state=state, reason=w.health.reason)
+            snap = NodeSnapshot(name=w.target.name, t=self.clock.wall(), state=state, reason=w.health.reason)
         else:
             snap = copy.copy(w.last)
             snap.state = state
@@ -401,10 +421,9 @@ class Poller:
                 target.process = found.found
 
     async def _engine_loop(self, w: _EngineWorker) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:  # as `_node_loop`
             await self._running.wait()
-            started = loop.time()
+            started = self.clock.now()
             try:
                 snap = await w.probe.poll()
             except asyncio.CancelledError:
@@ -450,9 +469,9 @@ class Poller:
     def _not_an_engine(self, w: _EngineWorker, reason: str) -> None:
         if not self._visible(w):
             return  # a candidate port where something else listens: not shown
-        snap = EngineSnapshot(key=w.probe.url, url=w.probe.url, t=time.time(), state="unrecognised", reason=reason,
-                              node=w.target.node, container=w.target.container, topology=w.target.topology,
-                              kind=w.target.kind or "openai", model=w.target.model)
+        snap = EngineSnapshot(key=w.probe.url, url=w.probe.url, t=self.clock.wall(), state="unrecognised",
+                              reason=reason, node=w.target.node, container=w.target.container,
+                              topology=w.target.topology, kind=w.target.kind or "openai", model=w.target.model)
         snap.found = w.target.found
         w.last = snap
         w.shown_state = "unrecognised"
@@ -484,7 +503,7 @@ class Poller:
                 state = {"ok": "ready", "connecting": "connecting", "stale": "stale", "down": "unreachable"}[health]
         engine = w.probe.engine  # recognised, though this poll's read failed: say what it is
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
-            key=w.probe.url, url=w.probe.url, t=time.time(), node=w.target.node, container=w.target.container,
+            key=w.probe.url, url=w.probe.url, t=self.clock.wall(), node=w.target.node, container=w.target.container,
             topology=w.target.topology, kind=("router" if engine.router else engine.id) if engine is not None
             else w.target.kind or "vllm", model=w.target.model or (engine.model if engine is not None else None),
             engine=engine.name if engine is not None else None,
@@ -515,8 +534,8 @@ class Poller:
         node = self._nodes.get(w.target.node or "")
         if node is None or not w.target.container:
             return False
-        now = time.monotonic()
-        if now - w.log_at < 2.0 and w.stage is not None:
+        now = self.clock.now()
+        if w.log_at is not None and now - w.log_at < 2.0 and w.stage is not None:
             return w.stage not in ("failed",)
         w.log_at = now
         try:
@@ -540,8 +559,8 @@ class Poller:
         """A ready engine that stopped answering: did it die? Its log says
         (`EngineCore encountered a fatal error`); read every 2 s at most."""
         node = self._nodes.get(w.target.node or "")
-        now = time.monotonic()
-        if node is None or not w.target.container or now - w.error_at < 2.0:
+        now = self.clock.now()
+        if node is None or not w.target.container or (w.error_at is not None and now - w.error_at < 2.0):
             return
         w.error_at = now
         try:

@@ -464,7 +464,7 @@ class Derived:
     started_at: float | None = None  # unix time the engine's counters were created (its start)
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" over the window, "p95_1m"}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
-    # When the figures were read (time.monotonic() at the body's arrival), 0 when unknown: the
+    # When the figures were read (the probe's clock at the body's arrival), 0 when unknown: the
     # snapshot is stamped with it, not with the end of a parse that may take a busy core 0.3 s.
     read_at: float = 0.0
     queue_slow: float | None = None  # requests in the window that waited over QUEUE_WAIT_S in the queue

@@ -5,19 +5,24 @@ produced it (`{"t": ..., "node": {...}}`, `{"t": ..., "engine": {...}}`,
 `{"t": ..., "gone": key}`, `{"t": ..., "notice": {...}}`). Each line is flushed as it is written, so a
 session that ends badly loses nothing. Playback feeds the same events to a
 ClusterState at the recorded pace (or faster), with pause and seek.
+
+The recorder stamps what has no time of its own (its start, an engine gone)
+with its `Clock`'s wall time (`sparktop.clock`, the system's by default).
+Playback only waits, with asyncio timeouts: it runs on the running loop's
+clock, so on a virtual-time loop a test plays a recording in simulated time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from sparktop import __version__
+from sparktop.clock import SYSTEM, Clock
 from sparktop.errors import SparktopError
 from sparktop.observe.snapshot import (
     EngineGone,
@@ -31,13 +36,14 @@ from sparktop.observe.snapshot import (
 from sparktop.observe.state import Reset
 
 
-def encode(event) -> dict:
+def encode(event, now: float | None = None) -> dict:
+    """A recording's line for `event`; `now` (epoch seconds) stamps an event that has no time of its own."""
     if isinstance(event, NodeSnapshot):
         return {"t": event.t, "node": to_dict(event)}
     if isinstance(event, EngineSnapshot):
         return {"t": event.t, "engine": to_dict(event)}
     if isinstance(event, EngineGone):
-        return {"t": time.time(), "gone": event.key}
+        return {"t": SYSTEM.wall() if now is None else now, "gone": event.key}
     if isinstance(event, Notice):
         return {"t": event.t, "notice": event.to_dict()}
     raise TypeError(type(event))
@@ -56,18 +62,19 @@ def decode(row: dict):
 
 
 class Recorder:
-    def __init__(self, path: str | Path, interval: float):
+    def __init__(self, path: str | Path, interval: float, clock: Clock = SYSTEM):
         self.path = Path(path)
+        self.clock = clock
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open while recording
-        self._write({"sparktop": __version__, "recording": 1, "started": time.time(), "interval": interval})
+        self._write({"sparktop": __version__, "recording": 1, "started": clock.wall(), "interval": interval})
 
     def _write(self, row: dict) -> None:
         self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
         self._file.flush()
 
     def write(self, event) -> None:
-        self._write(encode(event))
+        self._write(encode(event, self.clock.wall()))
 
     def close(self) -> None:
         self._file.close()
@@ -167,7 +174,9 @@ class ReplaySource:
         if self._jump is not None:
             return True
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            # Not `wait_for`: on Python 3.11 it drops a cancel that comes as the wait ends.
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
             return True
         except TimeoutError:
             return False

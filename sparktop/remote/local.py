@@ -42,8 +42,10 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(self.name, f"cannot run {line!r}: {exc.strerror}") from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input.encode() if input is not None else None),
-                                              timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose a cancel that arrives as the
+            # command ends, and a poller being closed would then poll on for ever.
+            async with asyncio.timeout(timeout):
+                out, err = await proc.communicate(input.encode() if input is not None else None)
         except TimeoutError:
             _kill_group(proc)
             await proc.wait()

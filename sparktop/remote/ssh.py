@@ -191,7 +191,8 @@ class SSHTransport:
             proc.stdin.write(input)
             proc.stdin.write_eof()
         try:
-            completed = await asyncio.wait_for(proc.wait(check=False), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see LocalTransport.run
+                completed = await proc.wait(check=False)
         except TimeoutError:
             self._abandon(proc)
             raise CommandTimeout(self.name, line, timeout or 0) from None

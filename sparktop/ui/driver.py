@@ -136,13 +136,17 @@ class QuietLinuxDriver(LinuxDriver):
             fds.append(self._output.fileno())
         return [fd for fd in dict.fromkeys(fds) if _is_terminal(fd)]
 
+    def _selector(self) -> selectors.BaseSelector:
+        """What the input thread waits in (tests give it one that counts its waits and wake-ups)."""
+        return selectors.PollSelector()  # epoll refuses /dev/null, a file, as stdin
+
     def run_input_thread(self) -> None:
         parser = XTermParser(self._debug)
         decode = getincrementaldecoder("utf-8")().decode
         last_input = time.monotonic()
         started = self._stop.sets
         terminals = self._terminals()
-        with selectors.PollSelector() as selector:  # epoll refuses /dev/null, a file, as stdin
+        with self._selector() as selector:
             selector.register(self.fileno, selectors.EVENT_READ, "input")
             selector.register(self._wake_r, selectors.EVENT_READ, "wake")
             while self._stop.sets == started and not self._stop.is_set():

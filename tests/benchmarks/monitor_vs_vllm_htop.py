@@ -82,6 +82,8 @@ if str(ROOT) not in sys.path:
 from tests.benchmarks import monitor_cost as mc  # noqa: E402
 from tests.helpers.venvs import ensure_tool  # noqa: E402
 
+TITLE = "the monitor's CPU vs vllm-htop's, one engine"
+NEEDS = ("twin",)
 VLLM_HTOP = "vllm-htop==0.5.0"
 COLS, ROWS = mc.COLS, mc.ROWS
 INTERVAL = 1
@@ -365,7 +367,7 @@ def other_vllms(own: set[int]) -> list[str]:
     return found
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server", choices=("twin", "real"), default="twin")
     ap.add_argument("--engines", type=int, choices=(1, 2), default=1, help="engines sparktop watches (2: twins)")
@@ -383,6 +385,11 @@ def main() -> None:
     ap.add_argument("--load-for", help=argparse.SUPPRESS)  # the real server's load, as its own process
     ap.add_argument("--load-parent", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--load-max-s", type=float, default=3600, help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.load_for:
         return steady_load_main(args.load_for, LOAD_REQUESTS, args.load_max_s, args.load_parent)
@@ -390,14 +397,59 @@ def main() -> None:
         ap.error("--engines 2 runs two twin engines: two real vLLMs do not fit two cores")
     if args.engines == 1:
         args.htop = "first"
+    t_start = time.monotonic()
+    monitors, htop, interrupted = measure(args, signals=True)
+    if interrupted and not any(mon.results for mon in monitors):
+        raise SystemExit(130)
+    print(f"medians, % of one core ({args.seconds:g} s each, {time.monotonic() - t_start:.0f} s in all):")
+    medians = {mon.name: statistics.median(mon.results) for mon in monitors if mon.results}
+    for mon in monitors:
+        if mon.results:
+            print(f"  {mon.name:>10}: {medians[mon.name]:5.2f}  (runs: {', '.join(f'{v:.2f}' for v in mon.results)})")
+        else:
+            print(f"  {mon.name:>10}: no run measured")
+    goal = 2.0 if args.engines == 2 else 1.0
+    base = medians.get("vllm-htop")
+    for mon in monitors:
+        if mon.kind != "sparktop" or mon.name not in medians:
+            continue
+        m = medians[mon.name]
+        line = f"  {mon.name:>10}: {m:.2f} % {'<=' if m <= goal else '>'} {goal:g} %"
+        if base and htop is not None:
+            ratio = m / base
+            line += f";  {ratio:.2f}x vllm-htop ({base:.2f} %) {'<=' if ratio <= 2 else '>'} 2x"
+            if len(htop.urls) != len(mon.urls):
+                line += f"  (vllm-htop watched {len(htop.urls)} engine(s), sparktop {len(mon.urls)})"
+        print(line)
+    if interrupted:
+        raise SystemExit(130)
 
+
+def run(bench) -> list:
+    """For run_all: the medians on one twin engine under load, sparktop's beside vllm-htop's."""
+    from tests.benchmarks.common import Row
+
+    args = parser().parse_args(["--runs", "1", "--seconds", "15"] if bench.quick else [])
+    monitors, _, interrupted = measure(args)
+    if interrupted:
+        raise KeyboardInterrupt
+    got = {mon.name: statistics.median(mon.results) if mon.results else None for mon in monitors}
+    return [Row("monitor_vs_vllm_htop", f"CPU watching one engine, {COLS}x{ROWS}, {INTERVAL} s interval "
+                f"({args.seconds:g} s a run)", got.get("sparktop"), got.get("vllm-htop"), "vllm-htop",
+                "% of a core", args.runs)]
+
+
+def measure(args, signals: bool = False) -> tuple[list[Monitor], Monitor | None, bool]:
+    """The monitors, each with its runs' CPU (% of one core), vllm-htop's, and whether it was interrupted.
+    `signals`: TERM and HUP interrupt it like Ctrl-C (the script's own process, not run_all's)."""
     # Ctrl-C (even where a shell started us with SIGINT ignored), TERM and HUP all raise KeyboardInterrupt:
     # the finally below stops the monitors, the load and the engine, and the figures so far are printed.
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+    if signals:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, interrupt)
     interrupted = False
 
     variants = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src or []] or [
@@ -480,30 +532,7 @@ def main() -> None:
                     p.kill()
             for real in servers:
                 real.stop()
-    if interrupted and not any(mon.results for mon in monitors):
-        raise SystemExit(130)
-    print(f"medians, % of one core ({args.seconds:g} s each, {time.monotonic() - t_start:.0f} s in all):")
-    medians = {mon.name: statistics.median(mon.results) for mon in monitors if mon.results}
-    for mon in monitors:
-        if mon.results:
-            print(f"  {mon.name:>10}: {medians[mon.name]:5.2f}  (runs: {', '.join(f'{v:.2f}' for v in mon.results)})")
-        else:
-            print(f"  {mon.name:>10}: no run measured")
-    goal = 2.0 if args.engines == 2 else 1.0
-    base = medians.get("vllm-htop")
-    for mon in monitors:
-        if mon.kind != "sparktop" or mon.name not in medians:
-            continue
-        m = medians[mon.name]
-        line = f"  {mon.name:>10}: {m:.2f} % {'<=' if m <= goal else '>'} {goal:g} %"
-        if base and htop is not None:
-            ratio = m / base
-            line += f";  {ratio:.2f}x vllm-htop ({base:.2f} %) {'<=' if ratio <= 2 else '>'} 2x"
-            if len(htop.urls) != len(mon.urls):
-                line += f"  (vllm-htop watched {len(htop.urls)} engine(s), sparktop {len(mon.urls)})"
-        print(line)
-    if interrupted:
-        raise SystemExit(130)
+    return monitors, htop, interrupted
 
 
 if __name__ == "__main__":

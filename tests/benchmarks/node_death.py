@@ -27,8 +27,12 @@ from sparktop.remote import SSHTransport  # noqa: E402
 from tests.helpers import gb10  # noqa: E402
 from tests.helpers.sshd import SSHServerFixture  # noqa: E402
 
+TITLE = "how fast the monitor notices a node dying and coming back"
+NEEDS: tuple[str, ...] = ()
 
-async def main(args) -> None:
+
+async def measure(args) -> tuple[list[float], list[float], list[float]]:
+    """Seconds from each kill to the node shown stale, to shown down, and from each restart to ok."""
     with tempfile.TemporaryDirectory() as tmp:
         polls = [0]
 
@@ -66,6 +70,11 @@ async def main(args) -> None:
         task.cancel()
         await poller.close()
         await server.stop()
+    return stale, down, back
+
+
+async def main(args) -> None:
+    stale, down, back = await measure(args)
     fmt = lambda xs: f"median {statistics.median(xs):.2f} s, max {max(xs):.2f} s"  # noqa: E731
     print(f"interval {args.interval:g} s, down after {args.down_after:g} s, {args.rounds} rounds")
     print(f"dead -> shown stale   {fmt(stale)}   (target: within 2 intervals = {2 * args.interval:g} s)")
@@ -73,9 +82,28 @@ async def main(args) -> None:
     print(f"back -> shown ok      {fmt(back)}   (target: within 5 s)")
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--down-after", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=5)
-    asyncio.run(main(ap.parse_args()))
+    return ap
+
+
+def run(bench) -> list:
+    """For run_all: the medians beside the targets the monitor was built to (stale within 2 intervals, ok again
+    within 5 s)."""
+    from tests.benchmarks.common import Row
+
+    args = parser().parse_args(["--rounds", "2"] if bench.quick else [])
+    stale, down, back = asyncio.run(measure(args))
+    n = args.rounds
+    return [Row("node_death", "a node killed: shown stale after", statistics.median(stale), 2 * args.interval,
+                "target", "s", n),
+            Row("node_death", "a node killed: shown down after", statistics.median(down), None, "", "s", n,
+                note=f"--down-after {args.down_after:g}"),
+            Row("node_death", "a node back: shown ok after", statistics.median(back), 5.0, "target", "s", n)]
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parser().parse_args()))

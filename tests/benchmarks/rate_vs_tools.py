@@ -95,6 +95,9 @@ if str(ROOT) not in sys.path:
 from tests.helpers import rate_tools as rt  # noqa: E402
 from tests.helpers import real_vllm  # noqa: E402
 
+TITLE = "a rate sweep: sparktop vs AIPerf and vllm bench serve on the real vLLM"
+NEEDS = ("vllm",)
+
 TOOLS = ("aiperf", "vllm-bench", "sparktop")
 OFF_BY = 0.05  # the issue's tolerance: a ratio to AIPerf's further from 1 than this is marked
 
@@ -247,7 +250,7 @@ def spread(results: list[rt.RateResult], tools: list[str]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", "--rate", default="1,2", help="requests per second (default 1,2)")
     ap.add_argument("--requests", type=int, default=40, help="requests per run (default 40)")
@@ -266,35 +269,36 @@ def main() -> int:
     ap.add_argument("--no-pin", action="store_true", help="do not pin the clients to the non-server cores")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the tools' exports)")
     ap.add_argument("--json", type=Path, help="write every run's figures here")
-    args = ap.parse_args()
+    return ap
 
+
+def measure(args, work: Path, server: real_vllm.RealVllm | None = None
+            ) -> tuple[list[rt.RateResult], list[str], list[str], list[str]]:
+    """Every round of every tool at every rate against `server` (default: one started here, and stopped):
+    (results, the tools run, notes, failures)."""
     rates = parse_list(args.rates)
     arrivals = parse_list(args.arrivals, str)
     if bad := [a for a in arrivals if a not in rt.ARRIVALS]:
-        ap.error(f"--arrivals: {bad} (poisson, constant)")
+        raise ValueError(f"--arrivals: {bad} (poisson, constant)")
     tools = parse_list(args.tools, str)
     if bad := [t for t in tools if t not in TOOLS]:
-        ap.error(f"--tools: {bad} ({', '.join(TOOLS)})")
+        raise ValueError(f"--tools: {bad} ({', '.join(TOOLS)})")
     notes: list[str] = []
     if "sparktop" in tools and not rt.sparktop_has_rate():
         tools.remove("sparktop")
         notes.append("sparktop: skipped, this tree's `sparktop sweep` has no --rate yet")
-
-    # TERM and HUP end the run like Ctrl-C: the finally below stops the server.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.default_int_handler)
-    work = Path(tempfile.mkdtemp(prefix="rate-vs-tools-"))
-    server: real_vllm.RealVllm | None = None
     results: list[rt.RateResult] = []
     failures: list[str] = []
+    owned = server is None
     try:
         if "aiperf" in tools:
             print("AIPerf:", rt.aiperf(), flush=True)
         print("vLLM (server and its client):", real_vllm.vllm_python(), flush=True)
-        if args.server:
+        if server is None and args.server:
             url, sdir = args.server.split(",", 1)
             server = real_vllm.attach(url, Path(sdir))
-        else:
+            owned = False
+        elif server is None:
             print("starting the real vLLM server (about a minute or two on two cores) …", flush=True)
             server = real_vllm.start(work / "server")
             print(f"  {server.url} ready in {server.started_s:.0f} s, log {server.log}", flush=True)
@@ -314,7 +318,7 @@ def main() -> int:
         overhead = rt.chat_template_overhead(url, real_vllm.MODEL_NAME)
         isl = args.pp - overhead
         if isl < 1:
-            ap.error(f"--pp {args.pp}: the chat template alone is {overhead} tokens")
+            raise ValueError(f"--pp {args.pp}: the chat template alone is {overhead} tokens")
         extra = {"allowed_token_ids": rt.clean_token_ids(model / "tokenizer.json")} if args.tokens == "clean" else None
         warm_up(url, real_vllm.MODEL_NAME)
         print(f"{pin_note}; chat template {overhead} tokens: AIPerf/vLLM content {isl} tokens for pp {args.pp}; "
@@ -352,9 +356,59 @@ def main() -> int:
     except KeyboardInterrupt:
         notes.append("interrupted: the figures so far")
     finally:
-        if server is not None:
+        if owned and server is not None:
             server.stop()
+    return results, tools, notes, failures
 
+
+def run(bench) -> list:
+    """For run_all: against the run's shared real vLLM, sparktop's medians beside AIPerf's and vLLM's client's, per
+    rate."""
+    from tests.benchmarks.common import Row
+
+    # Quick: constant arrivals, so that one round is not each tool's own draw of Poisson gaps.
+    args = parser().parse_args(["--rates", "2", "--requests", "20", "--pairs", "1", "--arrivals", "constant"]
+                               if bench.quick else [])
+    results, tools, notes, failures = measure(args, bench.dir("rate-vs-tools"), bench.vllm())
+    for line in notes + failures:
+        print("NOTE:" if line in notes else "FAILED:", line[:1500])
+    units = {"request_throughput": "req/s", "span_throughput": "req/s", "output_tps": "t/s", "send_rate": "req/s",
+             "prompt_tokens": "tok"}
+    names = {"aiperf": "AIPerf", "vllm-bench": "vllm bench serve"}
+    rows = []
+    for arr in parse_list(args.arrivals, str):
+        for rate in parse_list(args.rates):
+            level = [r for r in results if r.rate == rate and r.arrivals == arr]
+            for label, key, scale, _ in ROWS:
+                if key not in COMPARED | set(units):
+                    continue
+                mine = median([getattr(r, key) for r in level if r.tool == "sparktop"])
+                for other in ("aiperf", "vllm-bench"):
+                    if other not in tools or "sparktop" not in tools:
+                        continue
+                    theirs = median([getattr(r, key) for r in level if r.tool == other])
+                    rows.append(Row("rate_vs_tools", f"{arr} {rate:g}/s {label}",
+                                    None if mine is None else mine * scale,
+                                    None if theirs is None else theirs * scale, names[other], units.get(key, "ms"),
+                                    args.pairs))
+    if failures:
+        raise RuntimeError(f"{len(failures)} run(s) failed: " + "; ".join(f[:300] for f in failures))
+    return rows
+
+
+def main() -> int:
+    ap = parser()
+    args = ap.parse_args()
+    # TERM and HUP end the run like Ctrl-C: the server is stopped.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+    work = Path(tempfile.mkdtemp(prefix="rate-vs-tools-"))
+    try:
+        results, tools, notes, failures = measure(args, work)
+    except ValueError as exc:
+        ap.error(str(exc))
+    rates = parse_list(args.rates)
+    arrivals = parse_list(args.arrivals, str)
     print()
     print(f"sparktop {ROOT} · AIPerf {rt.AIPERF_VERSION} · vLLM {real_vllm.VLLM_VERSION} (CPU build, server and "
           f"client) · {platform.node()} {os.cpu_count()} cores · load {os.getloadavg()[0]:.2f} at the end")

@@ -32,11 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers.real_vllm import free_port  # noqa: E402
 from tests.helpers.tokenizer import book_text, train_tokenizer  # noqa: E402
 from tests.helpers.twin_process import start_twin_process  # noqa: E402
 from tests.helpers.venvs import llama_benchy  # noqa: E402
 
 BOOK_URL = "http://book.invalid/book.txt"
+TITLE = "client CPU per streamed token, sparktop vs llama-benchy"
+NEEDS = ("twin",)
 
 
 def child_cpu(cmd: list[str], env=None, cwd=None) -> tuple[float, float, subprocess.CompletedProcess]:
@@ -84,7 +87,7 @@ def ours(url: str, tok: Path, results: Path, c: int, runs: int, tg: int, pin: st
     return cpu, wall, tokens, report
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--c", type=int, default=64)
@@ -92,10 +95,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--speed", type=float, default=1000.0, help="twin speed-up (high: as fast as it can)")
     ap.add_argument("--real", action="store_true", help="a real vLLM (CPU build) instead of the twin")
-    args = ap.parse_args()
-    if args.real:
-        return main_real(args)
+    return ap
+
+
+def measure(args, c256: bool = True) -> dict:
+    """Client CPU per streamed token of each tool by round, and (`c256`) sparktop's c=256 level from one core."""
     exe = llama_benchy()
+    out: dict = {"per_token": {"sparktop": [], "llama-benchy": []}, "c256": None}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         book = book_text()
@@ -103,14 +109,14 @@ def main() -> None:
         cache = tmp / "home" / ".cache" / "llama-benchy"
         cache.mkdir(parents=True)
         (cache / (hashlib.md5(BOOK_URL.encode()).hexdigest() + ".txt")).write_text(book)
-        port = 18900
-        url = f"http://127.0.0.1:{port}"
-        per_token = {"sparktop": [], "llama-benchy": []}
+        per_token = out["per_token"]
         # Each measurement gets a fresh twin pinned to core 1 and the client
         # pinned to core 0: the server's pace sets how many SSE events share
         # a read, so both tools must meet the same, unloaded server.
         for r in range(args.rounds):
             for tool in (("sparktop", "llama-benchy") if r % 2 == 0 else ("llama-benchy", "sparktop")):
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
                 twin = start_twin(tok, port, args.speed, cpu="1")
                 try:
                     if tool == "sparktop":
@@ -126,20 +132,43 @@ def main() -> None:
                 per_token[tool].append(cost)
                 print(f"round {r + 1} {tool:13} {big[2]:7d} tokens  cpu {big[0]:6.2f}s (start-up "
                       f"{small[0]:.2f}s)  wall {big[1]:6.2f}s  {cost * 1e6:6.1f} µs/token", flush=True)
-        a, b = statistics.median(per_token["sparktop"]), statistics.median(per_token["llama-benchy"])
-        print(f"\nmedian client CPU per streamed token: sparktop {a * 1e6:.1f} µs, llama-benchy {b * 1e6:.1f} µs"
-              f" -> sparktop uses {a / b:.2f}x llama-benchy's")
-        # c=256 from a client pinned to one core, the twin on the other.
-        twin = start_twin(tok, port + 1, 50.0, cpu="1")
-        try:
-            cpu, wall, tokens, report = ours(f"http://127.0.0.1:{port + 1}", tok, tmp / "c256", 256, 2, 64)
-            (lv,) = report["levels"]
-            print(f"\nc=256 on one core: {lv['requests']} requests, {lv['errors']} errors, decode "
-                  f"{lv['tg_tps_total']:,.0f} t/s total, client CPU {cpu:.1f}s over {wall:.1f}s wall "
-                  f"({cpu / wall:.0%} of one core, start-up included)")
-        finally:
-            twin.terminate()
-            twin.wait()
+        if c256:
+            # c=256 from a client pinned to one core, the twin on the other.
+            port = free_port()
+            twin = start_twin(tok, port, 50.0, cpu="1")
+            try:
+                cpu, wall, tokens, report = ours(f"http://127.0.0.1:{port}", tok, tmp / "c256", 256, 2, 64)
+                (lv,) = report["levels"]
+                out["c256"] = {"cpu": cpu, "wall": wall, **lv}
+            finally:
+                twin.terminate()
+                twin.wait()
+    return out
+
+
+def run(bench) -> list:
+    """For run_all: the medians per token, sparktop beside llama-benchy (the twin, pinned as above)."""
+    from tests.benchmarks.common import Row
+
+    args = parser().parse_args(["--rounds", "1"] if bench.quick else [])
+    got = measure(args, c256=False)
+    a, b = (statistics.median(got["per_token"][t]) for t in ("sparktop", "llama-benchy"))
+    return [Row("sweep_client_cost", f"client CPU per streamed token (c={args.c}, tg {args.tg})", a * 1e6, b * 1e6,
+                "llama-benchy", "µs/tok", args.rounds)]
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.real:
+        return main_real(args)
+    got = measure(args)
+    a, b = (statistics.median(got["per_token"][t]) for t in ("sparktop", "llama-benchy"))
+    print(f"\nmedian client CPU per streamed token: sparktop {a * 1e6:.1f} µs, llama-benchy {b * 1e6:.1f} µs"
+          f" -> sparktop uses {a / b:.2f}x llama-benchy's")
+    lv = got["c256"]
+    print(f"\nc=256 on one core: {lv['requests']} requests, {lv['errors']} errors, decode "
+          f"{lv['tg_tps_total']:,.0f} t/s total, client CPU {lv['cpu']:.1f}s over {lv['wall']:.1f}s wall "
+          f"({lv['cpu'] / lv['wall']:.0%} of one core, start-up included)")
 
 
 def main_real(args) -> None:

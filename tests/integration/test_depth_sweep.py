@@ -1,18 +1,32 @@
 """Depth sweeps against a twin over real HTTP: each concurrency at each
 context depth, the prefix cache reused or not, prefill figures that stay
-physical, and the run exported as Spark Arena's files and read back."""
+physical, and the run exported as Spark Arena's files and read back.
+
+The twin and the sweeps run on simulated time (tests/helpers/simulated.py):
+a first token comes exactly when the twin's model says, so what a deep or a
+reused context costs is asserted as the model's figure for the tokens the
+server itself says it prefilled (its request log's prompt and cached
+tokens), not as a ratio measured on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from sparktop.bench.arena import read_arena, write_arena
 from sparktop.bench.compare import table
-from sparktop.bench.results import load_run
+from sparktop.bench.results import Run, load_run
 from sparktop.bench.sweep import Sweep, SweepSettings
+from sparktop.twin.server import TwinServer
+from tests.helpers.simulated import sim_clock, sim_twin, simulated
+from tests.helpers.sweep_sim import modeled_ttft
 
 
 def settings(url: str, **kw) -> SweepSettings:
@@ -21,43 +35,86 @@ def settings(url: str, **kw) -> SweepSettings:
     return SweepSettings(**base)
 
 
-@pytest.fixture
-async def depth_runs(twin, tmp_path):
-    server = await twin("llama-3.1-8b", speed=4)
-    cold = await Sweep(settings(server.url, depths=[0, 4096], prefix_cache=False), tmp_path / "cold").run()
-    warm = await Sweep(settings(server.url, depths=[0, 4096], prefix_cache=True), tmp_path / "warm").run()
-    return load_run(cold.path), load_run(warm.path)
+@dataclass
+class DepthRuns:
+    server: TwinServer
+    cold: Run  # contexts sent once, cold
+    warm: Run  # each context loaded into the prefix cache first
+    served_cold: list[dict]  # the twin's request log during each run
+    served_warm: list[dict]
 
 
-async def test_each_concurrency_runs_at_each_depth(depth_runs):
-    cold, _ = depth_runs
-    assert [(lv.depth, lv.concurrency) for lv in cold.levels()] == [(0, 1), (0, 2), (4096, 1), (4096, 2)]
-    by = {(lv.depth, lv.concurrency): lv for lv in cold.levels()}
-    # A cold context is prefilled with the prompt: the first token comes later the deeper it is.
-    assert by[(4096, 1)].ttft_ms_mean > 3 * by[(0, 1)].ttft_ms_mean
-    # The server counted the context: every request's prompt holds it.
-    deep = [r for r in cold.records if r.depth == 4096]
-    assert deep and all(r.prompt_tokens >= 4096 + 128 - 16 for r in deep)
+@contextlib.asynccontextmanager
+async def depth_runs(tmp_path: Path) -> AsyncIterator[DepthRuns]:
+    """c1 and c2 at depths 0 and 4,096, cold then warm, on one twin on simulated time (call it in the test
+    body: simulated time runs only there)."""
+    clock = sim_clock()
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "served.jsonl"
+    async with sim_twin("llama-3.1-8b", "--request-log", str(log), speed=4, clock=clock) as server:
+        cold = await Sweep(settings(server.url, depths=[0, 4096], prefix_cache=False), tmp_path / "cold",
+                           clock=clock).run()
+        served = len(log.read_text().splitlines())
+        warm = await Sweep(settings(server.url, depths=[0, 4096], prefix_cache=True), tmp_path / "warm",
+                           clock=clock).run()
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        yield DepthRuns(server, load_run(cold.path), load_run(warm.path), lines[:served], lines[served:])
 
 
-async def test_a_reused_context_is_not_counted_as_prefill(depth_runs):
-    cold, warm = depth_runs
-    c_by = {(lv.depth, lv.concurrency): lv for lv in cold.levels()}
-    w_by = {(lv.depth, lv.concurrency): lv for lv in warm.levels()}
-    # Loaded first, the context comes from the cache: the measured request's first token is much sooner ...
-    assert w_by[(4096, 1)].ttft_ms_mean < 0.5 * c_by[(4096, 1)].ttft_ms_mean
-    # ... and its prefill rate is its prompt's, not 4,096 extra tokens over that short time: no faster than
-    # the engine prefills a cold context (the "770,000 t/s" a tool that counts cached tokens prints).
-    assert w_by[(4096, 1)].pp_tps_req <= 1.3 * c_by[(4096, 1)].pp_tps_req
-    assert w_by[(4096, 1)].cached_prompt_tokens == 4096
-    # The loads are kept, apart from the level's figures.
-    loads = [r for r in warm.records if r.context_load]
-    assert len(loads) == 2 * (1 + 2)  # a context per request of each measured batch at depth 4096
-    assert w_by[(4096, 2)].context_load is not None and w_by[(4096, 2)].requests == 2 * 2
+def deep_prompt(run: Run) -> int:
+    """The prompt tokens of every measured request at depth 4,096 (one length: the context and the prompt)."""
+    (tokens,) = {r.prompt_tokens for r in run.records if r.depth == 4096 and not r.context_load}
+    return tokens
 
 
-async def test_depth_levels_compare_and_export_as_arena_files(depth_runs, tmp_path):
-    cold, warm = depth_runs
+@simulated
+async def test_each_concurrency_runs_at_each_depth(tmp_path):
+    async with depth_runs(tmp_path) as runs:
+        cold, server = runs.cold, runs.server
+        assert [(lv.depth, lv.concurrency) for lv in cold.levels()] == [(0, 1), (0, 2), (4096, 1), (4096, 2)]
+        by = {(lv.depth, lv.concurrency): lv for lv in cold.levels()}
+        # The server counted the context: every request's prompt holds it, and none of it came from the cache.
+        deep = deep_prompt(cold)
+        assert deep >= 4096 + 128 - 16
+        assert {x["cached_tokens"] for x in runs.served_cold if x["prompt_tokens"] == deep} == {0}
+        # A cold context is prefilled with the prompt: a lone request's first token comes one prefill step of
+        # its whole prompt after it arrives, later the deeper it is.
+        (shallow,) = {r.prompt_tokens for r in cold.records if r.depth == 0}
+        assert by[(0, 1)].ttft_ms_mean == pytest.approx(1000 * modeled_ttft(server, shallow), rel=1e-4)
+        assert by[(4096, 1)].ttft_ms_mean == pytest.approx(1000 * modeled_ttft(server, deep), rel=1e-5)
+        assert by[(4096, 1)].ttft_ms_mean > 3 * by[(0, 1)].ttft_ms_mean
+
+
+@simulated
+async def test_a_reused_context_is_not_counted_as_prefill(tmp_path):
+    async with depth_runs(tmp_path) as runs:
+        cold, warm, server = runs.cold, runs.warm, runs.server
+        c_by = {(lv.depth, lv.concurrency): lv for lv in cold.levels()}
+        w_by = {(lv.depth, lv.concurrency): lv for lv in warm.levels()}
+        deep = deep_prompt(warm)
+        # Loaded first, the context comes from the cache: the server reused all 4,096 tokens of it for every
+        # request that followed its load ...
+        assert {x["cached_tokens"] for x in runs.served_warm if x["prompt_tokens"] == deep} == {4096}
+        # ... so the measured request's first token is one prefill step of the rest of its prompt away, much
+        # sooner than the cold context's ...
+        warm_ttft = modeled_ttft(server, deep, cached_tokens=4096)
+        assert w_by[(4096, 1)].ttft_ms_mean == pytest.approx(1000 * warm_ttft, rel=1e-4)
+        assert w_by[(4096, 1)].ttft_ms_mean < 0.5 * c_by[(4096, 1)].ttft_ms_mean
+        # ... and its prefill rate is its prompt's, not 4,096 extra tokens over that short time: no faster than
+        # the engine prefills a cold context (the "770,000 t/s" a tool that counts cached tokens prints).
+        assert w_by[(4096, 1)].pp_tps_req == pytest.approx((deep - 4096) / warm_ttft, rel=1e-4)
+        assert w_by[(4096, 1)].pp_tps_req <= 1.3 * c_by[(4096, 1)].pp_tps_req
+        assert w_by[(4096, 1)].cached_prompt_tokens == 4096
+        # The loads are kept, apart from the level's figures.
+        loads = [r for r in warm.records if r.context_load]
+        assert len(loads) == 2 * (1 + 2)  # a context per request of each measured batch at depth 4096
+        assert w_by[(4096, 2)].context_load is not None and w_by[(4096, 2)].requests == 2 * 2
+
+
+@simulated
+async def test_depth_levels_compare_and_export_as_arena_files(tmp_path):
+    async with depth_runs(tmp_path / "runs") as runs:
+        cold, warm = runs.cold, runs.warm
     names, levels, by_run = table([cold, warm])
     assert [f"c{k}" for k in levels] == ["c1", "c2", "c1 @4096", "c2 @4096"]
     out = write_arena(warm, tmp_path / "arena")

@@ -1,15 +1,20 @@
 """History written for real: `sparktop collect` polling a twin engine in its
 own process over HTTP, the app writing while it is open, and a writer
-killed mid-write."""
+killed mid-write. A collector is followed by what it says (its output, the
+figures it serves) and stopped once it has read what the test needs, not
+after a fixed time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import httpx
@@ -29,6 +34,82 @@ def _env() -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+class Collector:
+    """`sparktop collect ARGS` in its own process, its output read on a thread (so a test can wait for a
+    line with a limit), stopped with SIGTERM as systemd stops it."""
+
+    def __init__(self, tmp_path, *args: str):
+        self._err = open(tmp_path / "collect.err", "w+")  # noqa: SIM115 - read after the process ends
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparktop", "collect", *args], stdout=subprocess.PIPE,
+                                     stderr=self._err, text=True, env=_env())
+        self.lines: list[str] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._new.put(line)
+        self._new.put(None)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> str:
+        """The first line (from now on or already said) holding `text`; fails after `timeout` s or at exit."""
+        for line in list(self.lines):
+            if text in line:
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._new.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"collect never said {text!r} in {timeout:g} s: {self.lines}") from None
+            if line is None:
+                raise AssertionError(f"collect ended without saying {text!r}: {self.lines} {self.stderr()}")
+            if text in line:
+                return line
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGTERM; its exit status, all it printed, its stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(10)
+        return code, "".join(self.lines), self.stderr()
+
+    def stderr(self) -> str:
+        self._err.seek(0)
+        return self._err.read()
+
+
+def served(port: int, name: str, url: str) -> float | None:
+    """A figure the collector serves to Prometheus for engine `url` (None: not yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("engine") == url:
+                return sample.value
+    return None
+
+
+def wait_served(port: int, name: str, url: str, value: float, timeout: float = 60.0) -> None:
+    """Until the collector has read `value` for `url`'s `name` (its state, as it serves it)."""
+    deadline = time.monotonic() + timeout
+    while (now := served(port, name, url)) != value:
+        assert time.monotonic() < deadline, f"the collector served {name} = {now} for {timeout:g} s, not {value}"
+        time.sleep(0.2)
+
+
 def _ask(url: str, n: int) -> int:
     """`n` short completions; the tokens the server says it generated."""
     tokens = 0
@@ -41,25 +122,30 @@ def _ask(url: str, n: int) -> int:
 
 
 def test_collect_writes_a_session_with_what_the_engine_served(tmp_path):
+    """The collector's state is followed through the figures it serves to Prometheus (what it applied to
+    its state, it has written to the history's minute), so it is stopped once it has read the engine
+    before the test's four requests and after them."""
+    from tests.conftest import free_port
+
     twin, url = start_twin_process("llama-3.1-8b", speed=8)
     path = tmp_path / "history.sqlite"
+    port = free_port()
     collect = None
     try:
         before = _ask(url, 3)  # before the collector: the engine's counters hold them, the session counts them
-        collect = subprocess.Popen([sys.executable, "-m", "sparktop", "collect", "--engine", url, "-i", "0.5",
-                                    "--file", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=_env())
-        time.sleep(3)
+        collect = Collector(tmp_path, "--engine", url, "-i", "0.5", "--file", str(path),
+                            "--serve-metrics", f"127.0.0.1:{port}")
+        collect.wait_for("writing history to")
+        wait_served(port, "sparktop_engine_requests_finished_total", url, 3)  # it has read the three
         after = _ask(url, 4)
-        time.sleep(3)  # the counters after the last request read at least once
-        collect.send_signal(signal.SIGTERM)
-        out, err = collect.communicate(timeout=30)
+        wait_served(port, "sparktop_engine_requests_finished_total", url, 7)  # ... and the four after
+        code, out, err = collect.stop()
     finally:
-        if collect is not None and collect.poll() is None:
-            collect.kill()
+        if collect is not None:
+            collect.stop()
         twin.terminate()
         twin.wait(10)
-    assert collect.returncode == 0, err
+    assert code == 0, err
     assert "writing history to" in out and "history written to" in out
     shown = subprocess.run([sys.executable, "-m", "sparktop", "history", "--file", str(path), "--json",
                             "--since", "1h"], capture_output=True, text=True, timeout=60, env=_env())
@@ -115,15 +201,53 @@ def test_a_second_collector_reads_and_says_who_writes(tmp_path):
     path = tmp_path / "history.sqlite"
     first = HistoryWriter(HistoryStore.open(path))
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "sparktop", "collect", "--file", str(path), "-i", "0.5"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-        time.sleep(3)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        collect = Collector(tmp_path, "--file", str(path), "-i", "0.5")
+        said = collect.wait_for("is written by")
+        code, out, err = collect.stop()
     finally:
         first.close()
-    assert proc.returncode == 0, err
-    assert f"is written by pid {os.getpid()}" in out
+    assert code == 0, err
+    assert f"is written by pid {os.getpid()}" in said
+
+
+async def test_collect_keeps_its_history_on_the_clock_it_is_given(tmp_path, twin):
+    """What `sparktop collect` builds (its poller and its writer) reads the one clock it is given: here a
+    clock moved by hand, set in November 2023. The minutes written are that clock's, and three minutes it
+    moves between two polls are time passing, not a jump of the machine's clock."""
+    from sparktop.history.collect import collect
+    from sparktop.settings import Inventory
+    from tests.helpers.monitor_sim import EPOCH, HandClock
+    from tests.helpers.recording_proxy import RecordingProxy
+    from tests.helpers.wait import eventually
+
+    server = await twin("llama-3.1-8b", speed=20)
+    proxy = await RecordingProxy(server.url).start()  # counts the collector's scrapes
+    hand = HandClock()
+    path = tmp_path / "history.sqlite"
+    stop = asyncio.Event()
+    said: list[str] = []
+    run = asyncio.create_task(collect(Inventory(nodes=[]), [proxy.url], interval=0.2, path=str(path),
+                                      say=said.append, stop=stop, clock=hand.clock))
+    try:
+        await eventually(lambda: len(proxy.scrapes) >= 2 or run.done(), timeout=30, what="the engine read twice")
+        hand.advance(180.0)
+        read = len(proxy.scrapes)
+        await eventually(lambda: len(proxy.scrapes) >= read + 2 or run.done(), timeout=30,
+                         what="the engine read twice more")
+        stop.set()
+        assert await asyncio.wait_for(run, 30) == 0
+    finally:
+        stop.set()
+        await proxy.stop()
+    with HistoryStore.open(path, write=False) as s:
+        minutes = {m for (m,) in s.db.execute("SELECT minute FROM engine_minutes")}
+        jumps = s.db.execute("SELECT text FROM events WHERE kind = 'clock'").fetchall()
+        started = s.db.execute("SELECT started FROM sessions").fetchall()
+    first, later = int((EPOCH + 1000.0) // 60), int((EPOCH + 1180.0) // 60)
+    assert minutes == {first, later}, (minutes, first, later)
+    assert jumps == []
+    assert [EPOCH + 1000.0 <= t <= EPOCH + 1180.0 for (t,) in started] == [True]
+    assert said[-1] == f"history written to {path}"
 
 
 KILLED = textwrap.dedent("""
@@ -185,7 +309,6 @@ async def test_the_app_writes_history_while_it_is_open(tmp_path):
                 return all((e.gen_tokens_total or 0) > 0 for e in app.state.engines.values()) and \
                     len(app.state.engines) == 2
             await until(pilot, serving, timeout=30)
-            await pilot.pause(2)
     finally:
         await poller.close()
         await cluster.stop_all()
@@ -194,8 +317,10 @@ async def test_the_app_writes_history_while_it_is_open(tmp_path):
         reader = HistoryReader(s)
         sessions = reader.sessions(time.time() - 3600)
         nodes = reader.keys("node")
-    assert {x.url for x in sessions} == set(urls)
-    assert all(x.gen_tokens > 0 and x.open for x in sessions)
+    # The cluster's engines (another test's twin on these addresses would be watched, and written, too).
+    ours = [x for x in sessions if x.url in urls]
+    assert {x.url for x in ours} == set(urls)
+    assert all(x.gen_tokens > 0 and x.open for x in ours)
     assert set(nodes) == {"spark-a", "spark-b"}
 
 

@@ -1,14 +1,20 @@
 """The monitor's depth on a twin: requests finished by reason and latency
-percentiles held to the server's own counters and histograms, the event
-log on a restart and on a preemption burst, and energy per token checked
-by hand against the same scrapes."""
+percentiles held to the server's own counters and histograms, token rates
+over the window the user chose, the event log on a restart and on a
+preemption burst, and energy per token checked by hand against the same
+polls.
+
+Where the poller watches an in-process twin alone (no node, no other
+process), both run on one virtual-time loop and the poller is given the
+loop's clock (tests/helpers/simulated.py): every scrape is taken when the
+schedule says, and a rate is the counters' change over simulated seconds,
+so the tests hold the figures to the bodies the poller read exactly."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
-import time
+import itertools
 
 import openai
 import pytest
@@ -21,17 +27,17 @@ from sparktop.observe.state import ENERGY_WINDOW_S, ClusterState
 from sparktop.remote.local import LocalTransport
 from tests.conftest import free_port
 from tests.helpers import depth
-from tests.helpers.fake_gpu import fake_gpu
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.simulated import sim_clock, sim_twin, simulated
 from tests.helpers.twin_process import start_twin_process
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
 async def watch(poller: Poller, state: ClusterState, seconds: float, stop=None) -> list:
-    """Every event the poller yields for `seconds` (or until `stop(events)`), applied to `state`."""
+    """Every event the poller yields for `seconds` of the loop's time (or until `stop(events)`), applied to
+    `state`."""
     events: list = []
-    deadline = time.monotonic() + seconds
 
     async def consume():
         async for event in poller.events():
@@ -41,21 +47,27 @@ async def watch(poller: Poller, state: ClusterState, seconds: float, stop=None) 
                 return
 
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(consume(), max(0.1, deadline - time.monotonic()))
+        await asyncio.wait_for(consume(), seconds)
     return events
 
 
-def answered(proxy: RecordingProxy, snaps: list[EngineSnapshot]) -> list:
-    """The scrapes the watch saw as snapshots: a poll still in flight when the watch's time ran out is
-    recorded by the proxy (its body went back) but never becomes a snapshot."""
-    return [r for r in proxy.scrapes if snaps and r.t <= snaps[-1].t]
+def paired(proxy: RecordingProxy, snaps: list[EngineSnapshot]) -> list:
+    """The scrapes the watch saw as snapshots, one each, in order (on simulated time: the poller went on
+    scraping until the load's last requests ended, after the watch). They are paired by the counter the
+    snapshot read, so a scrape that made no snapshot (or anyone else's) cannot slip in."""
+    scrapes = proxy.scrapes[:len(snaps)]
+    assert [s.gen_tokens_total for s in snaps] == [
+        r.values.get("vllm:generation_tokens_total") for r in scrapes], "one snapshot per scrape, in order"
+    return scrapes
 
 
 async def load(url: str, seconds: float) -> None:
     """Requests that end every way a client makes them end: at max_tokens
-    (length), naturally (stop), and dropped mid-stream (abort)."""
+    (length), naturally (stop), and dropped mid-stream (abort), for
+    `seconds` of the loop's time."""
     oa = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
-    deadline = time.monotonic() + seconds
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
 
     async def one(i: int) -> None:
         if i % 3 == 2:  # a client that hangs up after a few tokens
@@ -75,32 +87,35 @@ async def load(url: str, seconds: float) -> None:
 
     i = 0
     try:
-        while time.monotonic() < deadline:
+        while loop.time() < deadline:
             await asyncio.gather(*(one(i + k) for k in range(6)))
             i += 6
     finally:
         await oa.close()
 
 
-async def test_request_figures_agree_with_the_twins_counters_and_histograms(twin):
-    server = await twin("llama-3.1-8b", "--max-num-seqs", "4", speed=40)
-    proxy = await RecordingProxy(server.url).start()
-    poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None)
-    state = ClusterState()
-    await poller.start()
-    try:
-        events, _ = await asyncio.gather(watch(poller, state, 16), load(server.url, 15))
-    finally:
-        await poller.close()
-        await proxy.stop()
+@simulated
+async def test_request_figures_agree_with_the_twins_counters_and_histograms():
+    clock = sim_clock()
+    async with sim_twin("llama-3.1-8b", "--max-num-seqs", "4", speed=4, clock=clock) as server:
+        proxy = await RecordingProxy(server.url).start()
+        poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None, clock=clock)
+        state = ClusterState()
+        await poller.start()
+        try:
+            events, _ = await asyncio.gather(watch(poller, state, 16), load(server.url, 15))
+        finally:
+            await poller.close()
+            await proxy.stop()
     snaps = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
-    scrapes = answered(proxy, snaps)
-    assert len(snaps) == len(scrapes) >= len(proxy.scrapes) - 1, "one snapshot per scrape, nothing else scraping"
+    scrapes = paired(proxy, snaps)
+    assert len(snaps) >= 15
     texts, times = [r.text for r in scrapes], [s.t for s in snaps]
     window = EngineMetrics(VLLM).rate_window
     found = []
     for i, snap in enumerate(snaps):
-        found += depth.problems(snap, texts, times, i, window)
+        # The snapshots' times on simulated time are the poller's own stamps to a microsecond: rates to 1e-6.
+        found += depth.problems(snap, texts, times, i, window, rel=1e-6)
     assert not found, "\n".join(found)
     last = snaps[-1]
     assert (last.finished_by_reason or {}).get("length", 0) > 0 and (last.finished_by_reason or {}).get("abort", 0) > 0
@@ -114,48 +129,48 @@ async def test_request_figures_agree_with_the_twins_counters_and_histograms(twin
     assert peaks["gen_tps"] == max(s.gen_tps for s in snaps if s.gen_tps is not None)
 
 
+INTERVAL = 0.7  # no whole number of polls spans either window: the oldest scrape inside it is never in doubt
+
+
+@simulated
 @pytest.mark.parametrize("rate_window", [3.0, 8.0])
-async def test_tokens_per_second_are_over_the_window_the_user_chose(twin, rate_window):
+async def test_tokens_per_second_are_over_the_window_the_user_chose(rate_window):
     """`--rate-window S` (or rate_window_s in settings.yaml): each snapshot's
     gen t/s is the server's own generation counter over the last S seconds,
-    not over the default 10 nor between two polls."""
-    server = await twin("llama-3.1-8b", "--max-num-seqs", "4", speed=40)
-    proxy = await RecordingProxy(server.url).start()
-    poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None, rate_window=rate_window)
-    await poller.start()
-    try:
-        events, _ = await asyncio.gather(watch(poller, ClusterState(), rate_window + 6),
-                                         load(server.url, rate_window + 5))
-    finally:
-        await poller.close()
-        await proxy.stop()
+    not over the default 10 nor between two polls: from the oldest scrape
+    inside the window (or the oldest there is, while it fills). On simulated
+    time the polls come exactly every INTERVAL, so the span is known."""
+    clock = sim_clock()
+    async with sim_twin("llama-3.1-8b", "--max-num-seqs", "4", speed=4, clock=clock) as server:
+        proxy = await RecordingProxy(server.url).start()
+        poller = Poller([], [EngineTarget(proxy.url)], interval=INTERVAL, default_port=None, rate_window=rate_window,
+                        clock=clock)
+        await poller.start()
+        try:
+            events, _ = await asyncio.gather(watch(poller, ClusterState(), rate_window + 6),
+                                             load(server.url, rate_window + 6))
+        finally:
+            await poller.close()
+            await proxy.stop()
     snaps = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
-    scrapes = answered(proxy, snaps)
-    assert len(snaps) == len(scrapes) >= len(proxy.scrapes) - 1, "one snapshot per scrape, nothing else scraping"
-    gen = [depth.counter(r.text, "vllm:generation_tokens_total") for r in scrapes]
-    # When each body went back to the poller (the clock its rates are taken on: the answer's arrival),
-    # not when its snapshot was made, which a busy event loop may delay.
-    times = [r.t for r in scrapes]
-    spans = []
-    for i, snap in enumerate(snaps):
-        if times[i] - times[0] < rate_window + 0.5 or not snap.gen_tps:
-            continue  # the window is not full yet
-        matches = [k for k in range(i)
-                   if depth.close(snap.gen_tps, (gen[i] - gen[k]) / (times[i] - times[k]), rel=0.02)]
-        assert matches, f"t={snap.t:.1f}: {snap.gen_tps:.1f} t/s matches no span of the server's counter"
-        # A steady counter can match several spans: the longest inside the window, if any is.
-        inside = [k for k in matches if times[i] - times[k] <= rate_window + 0.1]
-        k = min(inside) if inside else max(matches)
-        dt = times[i] - times[k]
-        # The oldest scrape inside the window: a span of S seconds less at most one poll; longer only
-        # when a stalled poll (a busy machine) left no scrape inside it, and then the one before.
-        assert rate_window - 1.1 <= dt <= rate_window + 0.1 or (dt > rate_window and k == i - 1), \
-            (snap.t, dt, [round(times[i] - times[j], 2) for j in range(i)])
-        spans.append(dt)
-    assert len(spans) >= 3, "too few full windows to judge"
-    assert statistics.median(spans) > rate_window - 0.6, spans
+    gen = [depth.counter(r.text, "vllm:generation_tokens_total") for r in paired(proxy, snaps)]
+    times = [s.t for s in snaps]  # when each body arrived, on the poller's clock
+    assert all(b - a == pytest.approx(INTERVAL, abs=1e-5) for a, b in itertools.pairwise(times)), times
+    span = INTERVAL * int(rate_window / INTERVAL)  # the oldest scrape inside the window: 2.8 s of 3, 7.7 of 8
+    full = 0
+    for i, snap in enumerate(snaps[1:], 1):
+        k = next(k for k in range(i) if times[i] - times[k] <= rate_window + 1e-5)
+        if times[i] - times[0] > rate_window:
+            assert times[i] - times[k] == pytest.approx(span, abs=1e-5)
+            full += 1
+        else:
+            assert k == 0  # still filling: from the first scrape
+        expected = (gen[i] - gen[k]) / (times[i] - times[k])
+        assert snap.gen_tps == pytest.approx(expected, rel=1e-6), (i, k, snap.gen_tps, expected)
+    assert full >= 5 and gen[-1] > gen[0]
 
 
+@slow
 async def test_an_engine_killed_and_restarted_gives_down_back_restarted_in_order():
     port = free_port()
     proc, url = start_twin_process("llama-3.1-8b", speed=20, port=port)
@@ -181,6 +196,7 @@ async def test_an_engine_killed_and_restarted_gives_down_back_restarted_in_order
     assert down.t < back.t <= restarted.t
 
 
+@slow
 async def test_a_preemption_burst_on_a_full_cache_gives_its_events(twin):
     # ~8k tokens of KV for 32 requests of 1.2k: the scheduler preempts.
     server = await twin("llama-3.1-8b", "--gpu-memory-utilization", "0.112", "--max-model-len", "4096", speed=50)
@@ -208,47 +224,78 @@ async def test_a_preemption_burst_on_a_full_cache_gives_its_events(twin):
     assert server.engine.total_preemptions > 0
 
 
+def varying_gpu(tmp_path, watts: tuple[float, ...]) -> dict[str, str]:
+    """A PATH whose `nvidia-smi` answers the probe's GPU query as a GB10 does, with the next of `watts` at
+    each query (in turn, round and round): the power read changes from one poll to the next, whenever the
+    polls come."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "gpu-queries"
+    table = " ".join(str(w) for w in watts)
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"""#!/bin/sh
+case "$*" in
+  *query-gpu=*)
+    echo q >> {calls}
+    n=$(wc -l < {calls})
+    set -- {table}
+    shift $(( (n - 1) % $# ))
+    echo "NVIDIA GB10, 90, 61, $1, 2405, P0, 0x0000000000000000" ;;
+  *query-compute-apps*) echo "4242, VLLM::EngineCore, 90000" ;;
+esac
+""")
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+@slow
 async def test_energy_per_token_is_power_over_the_token_rate_by_hand(twin, tmp_path):
+    """The node is this machine's (a local probe running a stand-in nvidia-smi), so this runs on real time:
+    it waits for enough polls, and checks the figures against the polls it saw, whenever they came."""
     server = await twin("llama-3.1-8b", speed=40)
-    proxy = await RecordingProxy(server.url).start()
-    env, power = fake_gpu(tmp_path)
-    node = NodeTarget("spark-a", LocalTransport(env=env))
-    poller = Poller([node], [EngineTarget(proxy.url, node="spark-a")], interval=0.5, default_port=None)
+    watts_in_turn = (30.0, 55.0, 42.0, 61.0, 48.0, 35.0)
+    node = NodeTarget("spark-a", LocalTransport(env=varying_gpu(tmp_path, watts_in_turn)))
+    # Not discovering: the node is this machine, where other tests' engines may run.
+    poller = Poller([node], [EngineTarget(server.url, node="spark-a")], interval=0.5, default_port=None,
+                    discover=False)
     state = ClusterState()
+
+    def busy(events) -> list[EngineSnapshot]:
+        return [e for e in events if isinstance(e, EngineSnapshot) and e.key == server.url and e.state == "ready"
+                and e.gen_tps]
+
     await poller.start()
-
-    async def vary() -> None:
-        for watts in (30.0, 55.0, 42.0, 61.0, 48.0, 35.0):
-            # Whole or not at all, as the driver's reading is: a write the fake nvidia-smi reads half-way
-            # (truncated, not yet written) gave a reading without a power figure.
-            staged = power.with_suffix(".new")
-            staged.write_text(f"{watts}")
-            staged.replace(power)
-            await asyncio.sleep(1.3)
-
+    working = asyncio.create_task(load(server.url, 600))
     try:
-        events, _, _ = await asyncio.gather(watch(poller, state, 9), load(server.url, 8.5), vary())
+        # Enough polls under load that the energy window (5 s) is full of the node's readings.
+        events = await watch(poller, state, 120, stop=lambda ev: len(busy(ev)) >= ENERGY_WINDOW_S / 0.5 + 2)
     finally:
+        working.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await working
         await poller.close()
-        await proxy.stop()
+    assert len(busy(events)) >= 12, "the watch ran out before enough polls"
     nodes = [e for e in events if isinstance(e, NodeSnapshot) and e.state == "ok"]
-    engine = next(e for e in reversed(events) if isinstance(e, EngineSnapshot) and e.gen_tps)
+    engine = busy(events)[-1]
     energy = state.engine_energy(engine)
     assert energy is not None and energy.nodes == ["spark-a"]
-    # By hand: the node's readings over the rate window before the snapshot ...
+    # By hand: the node's readings over the energy window before the snapshot (ClusterState.mean_power's
+    # half a second either side: the node's polls and the engine's are not at the same instant) ...
     readings = [n.gpu.power for n in nodes if engine.t - ENERGY_WINDOW_S - 0.5 <= n.t <= engine.t + 0.5]
+    assert len(set(readings)) > 1, "the power never changed inside the window: the average was not tested"
+    assert set(readings) <= set(watts_in_turn)  # each reading is one the stand-in gave
     watts = sum(readings) / len(readings)
-    # ... over the generation counter's growth across the scrapes the rate spans.
-    snaps = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
-    i = next(k for k, s in enumerate(snaps) if s is engine)
-    counter = [r.values["vllm:generation_tokens_total"] for r in proxy.scrapes]
-    candidates = [(counter[i] - counter[k]) / (snaps[i].t - snaps[k].t)
-                  for k in range(i) if snaps[i].t - snaps[k].t <= EngineMetrics(VLLM).rate_window + 1.0]
-    assert any(abs(engine.gen_tps - tps) <= 0.01 * tps for tps in candidates), (engine.gen_tps, candidates)
+    # ... over the token rate, which is the generation counter's growth over a span of the polls it read
+    # (each snapshot says the counter it read, and when).
+    polls = list({s.t: s for s in events if isinstance(s, EngineSnapshot) and s.key == server.url
+                  and s.state == "ready"}.values())
+    i = polls.index(engine)
+    candidates = [(engine.gen_tokens_total - polls[k].gen_tokens_total) / (engine.t - polls[k].t)
+                  for k in range(i) if engine.t - polls[k].t <= EngineMetrics(VLLM).rate_window + 0.1]
+    assert any(abs(engine.gen_tps - tps) <= 1e-3 * tps for tps in candidates), (engine.gen_tps, candidates)
     assert energy.watts == pytest.approx(watts, rel=1e-9)
     assert energy.j_per_token == pytest.approx(watts / engine.gen_tps, rel=1e-9)
     assert energy.wh_per_million == pytest.approx(watts / engine.gen_tps * 1e6 / 3600, rel=1e-9)
     assert energy.cost_per_million(0.30) == pytest.approx(watts / engine.gen_tps * 1e6 / 3600 / 1000 * 0.30)
-    assert len(set(readings)) > 1, "the power never changed inside the window: the average was not tested"
     node_energy = state.node_energy("spark-a")
     assert node_energy is not None and node_energy.tokens_per_s == engine.gen_tps

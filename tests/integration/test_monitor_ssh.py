@@ -1,11 +1,12 @@
 """The monitor's poller against a real SSH server (asyncssh, in the test)
 that answers like a GB10 node, with outputs built from real captures: what
-it reads, and how it notices a node dying and coming back."""
+it reads, and how it notices a node dying and coming back. Every test waits
+for what it needs to see (so many polls, a state), never a fixed time."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 
 import pytest
 
@@ -18,20 +19,17 @@ from tests.helpers.wait import eventually
 
 
 class Spark:
-    """Plays a GB10 node: answers the probe, counts polls, can be slow."""
+    """Plays a GB10 node: answers the probe and counts polls."""
 
     def __init__(self, smi=True, docker=gb10.DOCKER_JSON):
         self.polls = 0
         self.smi = smi
         self.docker = docker
-        self.delay = 0.0
 
     def __call__(self, command: str):
         if "@@meminfo" not in command:
             return 127, "", f"sh: not expected here: {command}\n"
         self.polls += 1
-        if self.delay:
-            time.sleep(self.delay)
         return 0, gb10.probe_answer(self.polls * 100, docker=self.docker, smi=self.smi), ""
 
 
@@ -45,21 +43,31 @@ async def spark(tmp_path):
     await server.stop()
 
 
-async def collect(poller: Poller, seconds: float) -> list:
-    events = []
+@contextlib.asynccontextmanager
+async def gathering(poller: Poller):
+    """The poller started, and every event it yields gathered into the list this gives."""
+    events: list = []
 
     async def run():
         async for event in poller.events():
-            events.append((time.monotonic(), event))
+            events.append(event)
 
+    await poller.start()
     task = asyncio.create_task(run())
-    await asyncio.sleep(seconds)
-    task.cancel()
-    return events
+    try:
+        yield events
+    finally:
+        task.cancel()
+        await poller.close()
 
 
-def node_events(events, name="spark-a") -> list[tuple[float, NodeSnapshot]]:
-    return [(t, e) for t, e in events if isinstance(e, NodeSnapshot) and e.name == name]
+def node_events(events, name="spark-a") -> list[NodeSnapshot]:
+    return [e for e in events if isinstance(e, NodeSnapshot) and e.name == name]
+
+
+def answered(events, name="spark-a") -> list[NodeSnapshot]:
+    """One per poll that answered (between polls the watchdog may say a node is stale: that is no poll)."""
+    return [e for e in node_events(events, name) if e.state == "ok"]
 
 
 def transport(server) -> SSHTransport:
@@ -68,13 +76,10 @@ def transport(server) -> SSHTransport:
 
 async def test_reads_a_gb10_node_over_ssh(spark):
     poller = Poller([NodeTarget("spark-a", transport(spark))], interval=0.3, default_port=None)
-    await poller.start()
-    try:
-        events = node_events(await collect(poller, 1.5))
-    finally:
-        await poller.close()
-    snap = events[-1][1]
-    assert snap.state == "ok"
+    async with gathering(poller) as events:
+        # Four polls answered: the CPU figure needs two /proc/stat readings, and the connection is reused.
+        await eventually(lambda: len(answered(events)) >= 4, timeout=30, what="four polls answered")
+    snap = answered(events)[-1]
     assert snap.memory.total == gb10.TOTAL_B and snap.memory.available == gb10.AVAILABLE_B
     assert round(snap.memory.used / 1024**3, 1) == 6.0
     assert (snap.gpu.name, snap.gpu.util, snap.gpu.temp, snap.gpu.power, snap.gpu.sm_clock) == (
@@ -84,35 +89,54 @@ async def test_reads_a_gb10_node_over_ssh(spark):
     # Per poll the canned /proc/stat adds 100 user + 100 system and 300 idle jiffies.
     assert snap.cpu_pct == pytest.approx(40.0)
     assert spark.connections == 1  # one connection, reused for every poll
-    assert spark.player.polls >= 4
+    assert spark.player.polls >= len(answered(events))  # each was a poll of the node
 
 
 async def test_missing_tools_are_a_state_not_an_error(tmp_path):
     player = Spark(smi=False, docker=None)
     server = await SSHServerFixture(tmp_path / "ssh", handler=player).start()
     poller = Poller([NodeTarget("bare", transport(server))], interval=0.3, default_port=None)
-    await poller.start()
     try:
-        events = node_events(await collect(poller, 1.0), "bare")
+        async with gathering(poller) as events:
+            await eventually(lambda: answered(events, "bare"), timeout=30, what="a poll answered")
     finally:
-        await poller.close()
         await server.stop()
-    snap = events[-1][1]
-    assert snap.state == "ok" and snap.gpu is None
+    snap = answered(events, "bare")[0]
+    assert snap.gpu is None
     assert snap.gpu_status == "missing" and snap.docker_status == "missing"
     assert snap.memory is not None
 
 
+class SlowLink(SSHTransport):
+    """An SSH transport whose every command takes `delay` s more (as a busy node's would), counting the
+    commands under way at once."""
+
+    delay = 0.5
+    in_flight = 0
+    most = 0
+    started = 0
+
+    async def run(self, *args, **kw):
+        self.started += 1
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)  # on the loop: the poller is free to start another meanwhile
+            return await super().run(*args, **kw)
+        finally:
+            self.in_flight -= 1
+
+
 async def test_polls_never_pile_up_on_a_slow_node(spark):
-    spark.player.delay = 0.5  # each poll takes longer than the interval
-    poller = Poller([NodeTarget("spark-a", transport(spark))], interval=0.1, default_port=None)
-    await poller.start()
-    try:
-        await collect(poller, 2.0)
-    finally:
-        await poller.close()
-    # One at a time: never more polls than fit back to back.
-    assert 2 <= spark.player.polls <= 5
+    link = SlowLink(spark.alias, config=[spark.config], connect_timeout=2)
+    # Each poll takes five intervals: a poller that kept time instead of waiting would have five under way.
+    poller = Poller([NodeTarget("spark-a", link)], interval=0.1, default_port=None)
+
+    async with gathering(poller) as events:
+        await eventually(lambda: len(answered(events)) >= 4, timeout=30, what="four slow polls answered")
+        assert link.most == 1, f"{link.most} polls of one node under way at once"
+        # And as the node saw it: every poll started but one (the one under way) has reached it.
+        assert link.started - spark.player.polls in (0, 1), (link.started, spark.player.polls)
 
 
 async def test_a_dead_node_goes_stale_then_down_and_comes_back_by_itself(spark):
@@ -164,12 +188,14 @@ async def test_an_engine_not_reachable_from_here_is_read_through_an_ssh_forward(
     url = f"http://203.0.113.7:{server.port}"
     poller = Poller([NodeTarget("spark-a", transport(shell), "203.0.113.7")], [EngineTarget(url, node="spark-a")],
                     interval=0.5, default_port=None, discover=False)
-    await poller.start()
+
+    def ready(events) -> list:
+        return [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
+
     try:
-        events = await collect(poller, 6.0)
+        async with gathering(poller) as events:
+            await eventually(lambda: ready(events), timeout=30, what="the engine read ready")
     finally:
-        await poller.close()
         await shell.stop()
-    engines = [e for _, e in events if isinstance(e, EngineSnapshot)]
-    assert engines and engines[-1].state == "ready" and engines[-1].model == "llama-3.1-8b"
+    assert ready(events)[0].model == "llama-3.1-8b" and ready(events)[0].url == url
     assert shell.forwards >= 1

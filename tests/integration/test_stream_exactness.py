@@ -2,8 +2,8 @@
 
 A scripted server (`tests/helpers/stream_server.py`) prefills and decodes
 on a fixed timeline, so the true TTFT, prefill and decode rates are known;
-`sparktop sweep` measures it as it would an engine, for each stream shape
-that once fooled it:
+the sweep measures it as it would an engine, for each stream shape that
+once fooled it:
 
 - several tokens per chunk (speculative decoding, vLLM's --stream-interval,
   proxies that batch chunks), with token ids or with usage only — usage used
@@ -15,39 +15,43 @@ that once fooled it:
 - no usage and no token ids: the streamed text counted with --tokenizer, or
   one token per chunk marked approximate.
 
-All scripts are measured at once (one sweep each, at c1 and c2, each in its
-own process) against one server process, so the module takes about as long
-as one sweep.
+The server and the sweep run in one process on simulated time
+(tests/helpers/simulated.py): the server sends each chunk at the moment its
+script says on the loop's clock, the sweep stamps each chunk on the same
+clock, and nothing this machine does (HTTP, JSON, tokenizing, another test
+on the other core) takes any of that time. So each figure must equal what
+the script planned, to float rounding. The same check with the server and
+nine sweeps as separate processes on real time is a measurement of how
+close a loaded machine gets: `tests/benchmarks/stream_exactness_live.py`.
+
+The CLI test runs the server in its own process (the CLI runs its own
+event loop) and assert only what the CLI does, not its timings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import statistics
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from sparktop.bench.request import RequestRecord, apportion, count_tokens, scan, stream_chat
 from sparktop.bench.results import load_run
 from sparktop.bench.stats import LevelStats
+from sparktop.bench.sweep import Sweep, SweepSettings
 from sparktop.cli import main
-from tests.helpers.stream_server import Script, stream_server
+from tests.helpers.simulated import sim_clock, simulated
+from tests.helpers.stream_server import Script, serving, stream_server
 from tests.helpers.tokenizer import book_text, train_tokenizer
 
 # TG=128 at 50 t/s: usage spread from the first chunk to the last is 1.6 % high at 3 per chunk.
-# A prefill of about a second: a loaded machine's added latency stays well within TIME_TOL.
 PP, TG, PREFILL, DECODE = 1024, 128, 1000.0, 50.0
 LEVELS, RUNS = [1, 2], 2
-DECODE_TOL = 0.01  # what the fix is about: a decode rate right within 1 %
-TIME_TOL = 0.03  # prefill and TTFT: a loaded machine adds its latency there
-STAGGER = 0.4  # s between the cases' starts, so their requests (and their processes' start-up) do not coincide
+# Float rounding, not a tolerance for lateness: the sweep stamps in epoch seconds (about 1.7e9, which a
+# double holds to 2.4e-7 s), and every span a figure is over is a second or more.
+EXACT = 1e-6
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,15 @@ class Case:
         if self.counted_by in ("usage", "usage+tokenizer", "tokenizer"):
             return self.script.decode_tps * (TG - 1) / (TG - self.script.chunk_sizes(TG)[0])
         return self.decode
+
+    def planned(self, c: int) -> dict[str, float]:
+        """The sweep's figures at level c as the script fixes them: a request's first chunk leaves a prefill
+        of PP tokens after it arrives, its last (TG - first chunk) / decode_tps after that; a batch's requests
+        are sent together and share nothing, so its totals are c times a request's."""
+        return {"TTFT ms": 1000 * PP / self.script.prefill_tps,
+                "pp/req": self.script.prefill_tps, "pp total": c * self.script.prefill_tps,
+                "tg/req": self.decode, "tg total": c * self.decode,
+                "tg/req llama-benchy": self.llama_benchy, "tg total llama-benchy": c * self.llama_benchy}
 
 
 def script(**kw) -> Script:
@@ -100,111 +113,53 @@ def tokenizer(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
+    """The server in its own process, for the CLI (which runs an event loop of its own)."""
     with stream_server(tokenizer) as base:
         yield base
 
 
-@pytest.fixture(scope="module")
-def measured(server, tokenizer, tmp_path_factory) -> dict:
-    """Every case's sweep, all at once, each in its own process as a user runs one: {name: what it finished
-    with}. In one event loop the nine sweeps' work between chunks (a finished request counted with the
-    tokenizer: up to 37 ms) delayed one another's chunk reads by 10-115 ms, and a c2 decode rate read 1.5 %
-    low against what the server sent."""
-    root = tmp_path_factory.mktemp("runs")
-    procs = {}
-    for name, case in CASES.items():
-        out = root / name.replace(" ", "-").replace(",", "")
-        cmd = [sys.executable, "-m", "sparktop", "sweep", "--endpoint", case.script.url(server), "--pp", str(PP),
-               "--tg", str(TG), "-c", ",".join(map(str, LEVELS)), "--runs", str(RUNS), "--no-warmup",
-               "--results", str(out), *(["--tokenizer", str(tokenizer)] if case.tokenizer else [])]
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), out)
-        time.sleep(STAGGER)
-    finished = {}
-    for name, (proc, out) in procs.items():
-        _, err = proc.communicate(timeout=300)
-        runs = list(out.iterdir()) if out.exists() else []
-        if len(runs) != 1:
-            finished[name] = AssertionError(f"{name}: exit {proc.returncode}, no run written: {err[-1500:]}")
-            continue
-        run = load_run(runs[0])
-        finished[name] = SimpleNamespace(status=run.meta.get("status"), reason=run.meta.get("reason"),
-                                         levels=run.levels(), path=runs[0])
-    return finished
+async def sweep_on_simulated_time(case: Case, tokenizer: Path, root: Path):
+    """The sweep of `case` (c1 and c2, two runs each, as `sparktop sweep -c 1,2 --runs 2 --no-warmup` would)
+    against the server on this test's loop: (what the sweep finished with, the server's log of that script's
+    streamed requests: [arrival, max_tokens, first chunk sent, last chunk sent])."""
+    clock = sim_clock()
+    async with serving(tokenizer) as (base, server):
+        settings = SweepSettings(endpoint=case.script.url(base), levels=LEVELS, runs=RUNS, pp=PP, tg=TG,
+                                 warmup=False, tokenizer=str(tokenizer) if case.tokenizer else None)
+        finished = await Sweep(settings, root, clock=clock).run()
+    return finished, server.sent.get(case.script.path(), [])
 
 
-@pytest.fixture(scope="module")
-def sent(server, measured) -> dict[str, dict[int, list[list[tuple[float, float, float]]]]]:
-    """{name: {c: its batches, each request's (arrival, first chunk sent, last chunk sent)}} as the server
-    logged them. The script fixes each request's timeline from its arrival, but a server process streaming
-    nine sweeps' requests at once wakes late under load (one CI run: first chunks 50 ms late at c2, last ones
-    30-46 ms), and a batch's requests arrive a few ms apart: the true rates are those of what was sent."""
-    import httpx
-
-    out = {}
-    for name, case in CASES.items():
-        url = case.script.url(server).removesuffix("/v1") + "/sent"
-        timelines = sorted((t0, first, last) for t0, n, first, last in httpx.get(url).json() if n == TG)
-        assert len(timelines) == sum(c * RUNS for c in LEVELS), f"{name}: {len(timelines)} measured requests"
-        out[name] = {}
-        for c in LEVELS:
-            level, timelines = timelines[:c * RUNS], timelines[c * RUNS:]
-            out[name][c] = [level[i:i + c] for i in range(0, len(level), c)]
-    return out
-
-
-def true_rates(case: Case, c: int, batches: list[list[tuple[float, float, float]]]) -> dict[str, float]:
-    """What the server sent at level c, in the sweep's definitions: the script's rates over the spans the
-    chunks actually took (a decode span the server stretched by a late wake-up holds the same tokens)."""
-    s = case.script
-    plan = (TG - s.chunk_sizes(TG)[0]) / s.decode_tps  # a request's first chunk to its last, as planned
-    requests = [r for b in batches for r in b]
-    mean = statistics.fmean
-    return {
-        "ttft_ms": mean(1000 * (first - t0) for t0, first, _ in requests),
-        "pp_req": mean(PP / (first - t0) for t0, first, _ in requests),
-        "pp_total": mean(c * PP / (max(r[1] for r in b) - min(r[0] for r in b)) for b in batches),
-        "tg_req": mean(case.decode * plan / (last - first) for _, first, last in requests),
-        "tg_total": mean(c * case.decode * plan / (max(r[2] for r in b) - min(r[1] for r in b)) for b in batches),
-        "tg_req_lb": mean(case.llama_benchy * plan / (last - first) for _, first, last in requests),
-        "tg_total_lb": mean(c * case.llama_benchy * plan / (max(r[2] for r in b) - min(r[1] for r in b))
-                            for b in batches),
-    }
-
-
-def near(measured: float | None, true: float, tol: float) -> bool:
-    return measured is not None and abs(measured / true - 1) <= tol
-
-
+@simulated
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_sweep_reports_the_true_rates(name, measured, sent):
-    case, finished = CASES[name], measured[name]
-    if isinstance(finished, BaseException):
-        raise finished
-    assert finished.status == "done", finished.reason
+async def test_the_sweep_reports_the_rates_the_server_sent(name, tokenizer, tmp_path):
+    case = CASES[name]
     s = case.script
+    finished, sent = await sweep_on_simulated_time(case, tokenizer, tmp_path)
+    assert finished.status == "done", finished.reason
+    # The server kept its script (it is on the loop's clock): every request of PP tokens by its count, and
+    # each one's first and last chunks sent when planned. These are what the figures below are true to.
+    measured = [t for t in sent if t[1] == TG]
+    assert len(measured) == sum(c * RUNS for c in LEVELS), sent
+    decode_span = (TG - s.chunk_sizes(TG)[0]) / s.decode_tps
+    for t0, _, first, last in measured:
+        assert first - t0 == pytest.approx(PP / s.prefill_tps, abs=1e-9)
+        assert last - first == pytest.approx(decode_span, abs=1e-9)
     levels: dict[int, LevelStats] = {lv.concurrency: lv for lv in finished.levels}
+    assert sorted(levels) == LEVELS
     rows, bad = [], []
     for c in LEVELS:
         lv = levels[c]
         assert lv.errors == 0 and lv.requests == c * RUNS
-        true = true_rates(case, c, sent[name][c])
-        checks = [  # figure, measured, true, tolerance
-            ("tg/req", lv.tg_tps_req, true["tg_req"], DECODE_TOL),
-            ("tg total", lv.tg_tps_total, true["tg_total"], DECODE_TOL),
-            ("pp/req", lv.pp_tps_req, true["pp_req"], TIME_TOL),
-            ("pp total", lv.pp_tps_total, true["pp_total"], TIME_TOL),
-            ("TTFT ms", lv.ttft_ms_mean, true["ttft_ms"], TIME_TOL),
-            ("tg/req llama-benchy", lv.tg_tps_req_llama_benchy, true["tg_req_lb"], DECODE_TOL),
-            ("tg total llama-benchy", lv.tg_tps_total_llama_benchy, true["tg_total_lb"], DECODE_TOL),
-        ]
-        planned = {"tg/req": case.decode, "tg total": c * case.decode, "TTFT ms": 1000 * PP / s.prefill_tps}
-        for what, got, true_value, tol in checks:
-            rows.append(f"{name} c{c} {what:22} measured {got or 0:9.2f}  true {true_value:9.2f}  "
-                        f"{(got or 0) / true_value - 1:+.2%} (limit {tol:.0%})"
-                        + (f"  (planned {planned[what]:.2f})" if what in planned else ""))
-            if not near(got, true_value, tol):
-                bad.append(rows[-1])
         assert lv.tg_approximate == (case.counted_by == "chunks")
+        got = {"TTFT ms": lv.ttft_ms_mean, "pp/req": lv.pp_tps_req, "pp total": lv.pp_tps_total,
+               "tg/req": lv.tg_tps_req, "tg total": lv.tg_tps_total,
+               "tg/req llama-benchy": lv.tg_tps_req_llama_benchy,
+               "tg total llama-benchy": lv.tg_tps_total_llama_benchy}
+        for what, true in case.planned(c).items():
+            rows.append(f"{name} c{c} {what:22} measured {got[what] or 0:12.6f}  true {true:12.6f}")
+            if got[what] is None or got[what] != pytest.approx(true, rel=EXACT):
+                bad.append(rows[-1])
     print("\n".join(rows))
     assert not bad, "\n".join(bad)
     run = load_run(finished.path)
@@ -213,21 +168,33 @@ def test_the_sweep_reports_the_true_rates(name, measured, sent):
     assert {r.completion_tokens for r in run.records} == {counted}
 
 
-def test_the_old_figures_were_wrong_on_these_streams(measured):
-    """The cases do exercise what was wrong: llama-benchy's count is high by
-    more than the tolerance, and prefill to the role chunk is absurd."""
-    lv = measured["3 per chunk, usage only"].levels[0]
-    assert lv.tg_tps_req_llama_benchy / lv.tg_tps_req - 1 > 1.5 * DECODE_TOL  # 127 tokens over 125's span
-    finished = measured["empty role chunk before prefill"]
-    run = load_run(finished.path)
-    latency = run.meta["latency_s"]
-    to_role = [r.prompt_tokens / (r.first_response - r.start - latency) for r in run.records
-               if r.first_response - r.start > latency]
-    assert to_role and min(to_role) > 10 * CASES["empty role chunk before prefill"].script.prefill_tps
-    assert all(r.first_token - r.first_response > 0.4 for r in run.records)  # the role chunk came before prefill
+@simulated
+async def test_the_old_figures_were_wrong_on_these_streams(tokenizer, tmp_path):
+    """The cases do exercise what was wrong: llama-benchy's count is high
+    (127 tokens over 125's span), and prefill to the role chunk is no
+    prefill at all."""
+    usage_only = CASES["3 per chunk, usage only"]
+    finished, _ = await sweep_on_simulated_time(usage_only, tokenizer, tmp_path / "usage")
+    lv = finished.levels[0]
+    assert lv.tg_tps_req_llama_benchy / lv.tg_tps_req == pytest.approx(127 / 125, rel=EXACT)
+
+    role_first = CASES["empty role chunk before prefill"]
+    finished, _ = await sweep_on_simulated_time(role_first, tokenizer, tmp_path / "role")
+    records = load_run(finished.path).records
+    assert records
+    for r in records:
+        assert r.first_response is not None and r.first_token is not None
+        # The role chunk came the moment the request was sent: a "TTFT" to it would be no time at all, ...
+        assert r.first_response - r.start == pytest.approx(0, abs=EXACT)
+        # ... and the whole prefill lies between it and the first token.
+        assert r.first_token - r.first_response == pytest.approx(PP / role_first.script.prefill_tps, rel=EXACT)
 
 
-def test_the_cli_says_once_that_decode_is_approximate(server, tokenizer, tmp_path, capsys):
+def test_the_cli_counts_by_the_tokenizer_it_is_given_and_says_once_when_it_has_none(server, tokenizer, tmp_path,
+                                                                                   capsys):
+    """`sparktop sweep` as a user types it, against the server in its own process: a stream with neither usage
+    nor token ids is counted one token per chunk and the CLI says so once; with --tokenizer every token is
+    counted from the text. Only what it counted and said is asserted, not how fast the stream was."""
     fast = dict(prefill_tps=100000.0, decode_tps=400.0, per_chunk=2, usage=False, token_ids=False)
     argv = ["sweep", "-c", "1,2", "--runs", "1", "--pp", "64", "--tg", "16", "--no-warmup"]
     assert main([*argv, "-e", Script(**fast).url(server), "--results", str(tmp_path / "a")]) == 0
@@ -237,6 +204,13 @@ def test_the_cli_says_once_that_decode_is_approximate(server, tokenizer, tmp_pat
                  "--results", str(tmp_path / "b")]) == 0
     out = capsys.readouterr()
     assert "approximate" not in out.out + out.err
+    for results, counted_by, tokens in (("a", "chunks", 8), ("b", "tokenizer", 16)):
+        (path,) = (tmp_path / results).iterdir()
+        run = load_run(path)
+        assert run.meta.get("status") == "done"
+        assert {lv.concurrency: lv.requests for lv in run.levels()} == {1: 1, 2: 2}
+        assert {r.counted_by for r in run.records} == {counted_by}
+        assert {r.completion_tokens for r in run.records} == {tokens}  # 8 chunks of 2, or the 16 tokens
 
 
 # -- how a chunk's tokens are counted ------------------------------------------

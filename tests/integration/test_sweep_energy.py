@@ -1,7 +1,13 @@
 """Energy per token in a sweep: the nodes' power read during each level's
 measured batches, over the tokens those batches generated per second of
 wall time; in the results (JSON, Markdown, CSV) with the cost per million
-tokens when a price is set."""
+tokens when a price is set.
+
+The twin, the sweep and the fake GPU's power run on simulated time
+(tests/helpers/simulated.py): which readings fall inside a level is fixed by
+the model's step times, so each level's power is the mean of exactly those
+readings. Energy per level on real time is a measurement:
+tests/benchmarks/sweep_energy_twin.py."""
 
 from __future__ import annotations
 
@@ -11,13 +17,13 @@ import json
 import pytest
 
 from sparktop.bench import export
+from sparktop.bench.events import LevelDone, LevelStarted
 from sparktop.bench.results import load_run
-from sparktop.bench.sweep import Sweep, SweepSettings
+from sparktop.bench.sweep import POWER_INTERVAL, Sweep, SweepSettings
 from sparktop.observe.power import NodesPower, parse_power
 from sparktop.remote.local import LocalTransport
 from sparktop.settings import Preferences
-
-pytestmark = pytest.mark.slow
+from tests.helpers.simulated import sim_clock, sim_twin, simulated
 
 
 def test_power_readings_parse_as_nvidia_smi_prints_them():
@@ -26,26 +32,41 @@ def test_power_readings_parse_as_nvidia_smi_prints_them():
     assert parse_power("[N/A]\n") is None and parse_power("") is None
 
 
-async def test_each_level_gets_its_power_and_energy_per_token(twin, tmp_path):
-    server = await twin("llama-3.1-8b", speed=4)
-    returned: list[float] = []
+@simulated
+async def test_each_level_gets_its_power_and_energy_per_token(tmp_path):
+    clock = sim_clock()
+    readings: list[tuple[float, float]] = []  # (when the reading was returned, watts)
+    # Per level: when its warm-up began, when its measured batches began, when it was done.
+    levels: dict[int, tuple[float, float, float]] = {}
+    async with sim_twin("llama-3.1-8b", speed=4, clock=clock) as server:
 
-    async def power() -> float:
-        # A GPU that draws more with more requests running, as a GB10 does.
-        await asyncio.sleep(0.01)
-        watts = 12.0 + 9.0 * len(server.engine.running)
-        returned.append(watts)
-        return watts
+        async def power() -> float:
+            # A GPU that draws more with more requests running, as a GB10 does.
+            await asyncio.sleep(0.01)
+            watts = 12.0 + 9.0 * len(server.engine.running)
+            readings.append((clock.now(), watts))
+            return watts
 
-    # Levels of a few seconds each: a power reading a second, as on a Spark.
-    sweep = Sweep(SweepSettings(server.url + "/v1", levels=[1, 4], runs=2, pp=256, tg=256, warmup=False,
-                                exact_tg=True), tmp_path / "runs", power=power)
-    await sweep.run()
+        # Levels of a few seconds each: a power reading a second, as on a Spark. Each warms up first: what the
+        # GPU draws then is read, and is no part of the level's figure.
+        sweep = Sweep(SweepSettings(server.url + "/v1", levels=[1, 4], runs=2, pp=256, tg=256, exact_tg=True),
+                      tmp_path / "runs", power=power, clock=clock)
+        began: dict[tuple[int, bool], float] = {}
+        async for event in sweep.events():
+            if isinstance(event, LevelStarted):
+                began[event.concurrency, event.warmup] = clock.now()
+            elif isinstance(event, LevelDone):
+                c = event.stats.concurrency
+                levels[c] = (began[c, True], began[c, False], clock.now())
     run = load_run(sweep.writer.dir)
     c1, c4 = run.levels()
     for lv in (c1, c4):
-        assert lv.power_w is not None and min(returned) <= lv.power_w <= max(returned)
-        assert sweep_samples(run, lv.concurrency) >= 2, "a level of seconds has a reading each second"
+        warm, start, end = levels[lv.concurrency]
+        assert any(warm < t < start for t, _ in readings)  # the warm-up's draw was read too
+        inside = [watts for t, watts in readings if start < t < end]
+        # The level's power is the mean of the readings taken while its measured batches ran, one a second.
+        assert sweep_samples(run, lv.concurrency) == len(inside) >= int((end - start) / POWER_INTERVAL) >= 2
+        assert lv.power_w == pytest.approx(sum(inside) / len(inside), rel=1e-12)
         assert lv.j_per_token == pytest.approx(lv.power_w / lv.e2e_tps_total)
         assert lv.wh_per_mtok == pytest.approx(lv.j_per_token * 1e6 / 3600)
     assert c4.power_w > c1.power_w, "four requests running draw more than one"

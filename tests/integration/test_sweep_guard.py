@@ -4,7 +4,12 @@ only when the engine had nothing else to do. Foreign traffic during a level
 it is measured once more, and reported as contaminated if that happens again.
 
 Foreign traffic here is real: streaming requests sent to the same twin by
-the test, or the demo's background load generator in its own process."""
+the test, or the demo's background load generator in its own process.
+
+The in-process tests run the twin, the foreign clients and the sweep on
+simulated time (tests/helpers/simulated.py): the guard's reads land where the
+model's steps put them, so a level is contaminated, or not, the same way on
+any machine, and the waits it reports are exact multiples of its poll."""
 
 from __future__ import annotations
 
@@ -30,9 +35,9 @@ from sparktop.bench.events import (
     WaitingForIdle,
 )
 from sparktop.bench.results import load_run
-from sparktop.bench.sweep import Sweep, SweepSettings
+from sparktop.bench.sweep import IDLE_POLL, Sweep, SweepSettings
 from sparktop.cli import build_parser
-from tests.conftest import free_port
+from tests.helpers.simulated import sim_clock, sim_twin, simulated
 from tests.helpers.twin_process import start_twin_process
 
 MODEL = "llama-3.1-8b"
@@ -65,10 +70,11 @@ async def foreign(url: str, n: int = 2, max_tokens: int = 4000) -> AsyncIterator
 
 
 async def engine_busy(url: str, timeout: float = 60.0) -> None:
-    """Until the engine reports something running."""
-    deadline = time.monotonic() + timeout
+    """Until the engine reports something running (`timeout` on the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
+        while loop.time() < deadline:
             async with session.get(url + "/metrics") as r:
                 text = await r.text()
             if any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
@@ -91,12 +97,13 @@ def attempts(run, level: int) -> set[int]:
     return {r.attempt for r in run.records if r.level == level}
 
 
-async def test_foreign_requests_during_a_level_contaminate_it_and_it_is_measured_again(twin, tmp_path):
-    server = await twin(MODEL, speed=2)
-    settings = SweepSettings(server.url, levels=[1, 2], runs=2, pp=128, tg=64, idle_timeout=1.0)
+@simulated
+async def test_foreign_requests_during_a_level_contaminate_it_and_it_is_measured_again(tmp_path):
+    clock = sim_clock()
     events: list = []
-    async with contextlib.AsyncExitStack() as stack:
-        async for event in Sweep(settings, tmp_path).events():
+    async with sim_twin(MODEL, speed=2, clock=clock) as server, contextlib.AsyncExitStack() as stack:
+        settings = SweepSettings(server.url, levels=[1, 2], runs=2, pp=128, tg=64, idle_timeout=1.0)
+        async for event in Sweep(settings, tmp_path, clock=clock).events():
             events.append(event)
             if measuring(event, 2) and not any(measuring(e, 2) for e in events[:-1]):
                 # Someone else starts using the engine while c2 is measured, and goes on.
@@ -125,10 +132,12 @@ async def test_foreign_requests_during_a_level_contaminate_it_and_it_is_measured
     assert levels[2].as_dict()["contaminated"] is True
 
 
-async def test_an_idle_engine_is_never_flagged(twin, tmp_path):
-    server = await twin(MODEL, speed=20)
-    settings = SweepSettings(server.url, levels=[1, 2, 4, 8], runs=2, pp=128, tg=32)
-    events = [event async for event in Sweep(settings, tmp_path).events()]
+@simulated
+async def test_an_idle_engine_is_never_flagged(tmp_path):
+    clock = sim_clock()
+    async with sim_twin(MODEL, speed=20, clock=clock) as server:
+        settings = SweepSettings(server.url, levels=[1, 2, 4, 8], runs=2, pp=128, tg=32)
+        events = [event async for event in Sweep(settings, tmp_path, clock=clock).events()]
     finished = events[-1]
     assert isinstance(finished, SweepFinished) and finished.status == "done"
     assert not [e for e in events if isinstance(e, LevelContaminated | WaitingForIdle)]
@@ -142,14 +151,15 @@ async def test_an_idle_engine_is_never_flagged(twin, tmp_path):
     assert all(x["idle_wait_s"] is not None for x in engine_lines(finished.path))
 
 
-async def test_an_engine_busy_before_the_level_is_waited_for_and_flagged(twin, tmp_path):
-    server = await twin(MODEL, speed=2)
-    settings = SweepSettings(server.url, levels=[1], runs=1, pp=128, tg=32, idle_timeout=2.0)
+@simulated
+async def test_an_engine_busy_before_the_level_is_waited_for_and_flagged(tmp_path):
+    clock = sim_clock()
     events: list = []
-    async with contextlib.AsyncExitStack() as stack:
+    async with sim_twin(MODEL, speed=2, clock=clock) as server, contextlib.AsyncExitStack() as stack:
+        settings = SweepSettings(server.url, levels=[1], runs=1, pp=128, tg=32, idle_timeout=2.0)
         await stack.enter_async_context(foreign(server.url))
         await engine_busy(server.url)
-        async for event in Sweep(settings, tmp_path).events():
+        async for event in Sweep(settings, tmp_path, clock=clock).events():
             events.append(event)
             if isinstance(event, LevelContaminated) and event.remeasuring:
                 await stack.aclose()  # the other user stops; the re-measurement finds the engine idle
@@ -157,24 +167,27 @@ async def test_an_engine_busy_before_the_level_is_waited_for_and_flagged(twin, t
     assert isinstance(finished, SweepFinished) and finished.status == "done"
     waits = [e for e in events if isinstance(e, WaitingForIdle)]
     assert waits and all(e.concurrency == 1 and e.timeout_s == 2.0 and e.running >= 1 for e in waits)
-    assert max(e.waited_s for e in waits) >= 2.0
+    # A read every IDLE_POLL seconds (each takes no time on simulated time) until the idle timeout.
+    polls = round(2.0 / IDLE_POLL) + 1
+    assert [e.waited_s for e in waits[:polls]] == pytest.approx([i * IDLE_POLL for i in range(polls)], abs=1e-6)
     first, second = engine_lines(finished.path)
     assert first["attempt"] == 1 and first["contaminated"]
     assert first["contamination"].startswith("engine still busy after ")
     assert "s of waiting before the level (2 running" in first["contamination"]
-    assert first["idle_wait_s"] >= 2.0
+    assert first["idle_wait_s"] == 2.0
     assert second["attempt"] == 2 and not second["contaminated"] and second["remeasured"]
     (c1,) = load_run(finished.path).levels()
     assert not c1.contaminated and c1.remeasured and c1.foreign_requests == 0
 
 
-async def test_an_engine_never_idle_is_reported_contaminated_without_a_second_try(twin, tmp_path):
-    server = await twin(MODEL, speed=2)
-    settings = SweepSettings(server.url, levels=[1], runs=1, pp=128, tg=32, idle_timeout=0.5,
-                             remeasure_contaminated=False)
-    async with foreign(server.url):
+@simulated
+async def test_an_engine_never_idle_is_reported_contaminated_without_a_second_try(tmp_path):
+    clock = sim_clock()
+    async with sim_twin(MODEL, speed=2, clock=clock) as server, foreign(server.url):
+        settings = SweepSettings(server.url, levels=[1], runs=1, pp=128, tg=32, idle_timeout=0.5,
+                                 remeasure_contaminated=False)
         await engine_busy(server.url)
-        finished = await Sweep(settings, tmp_path).run()
+        finished = await Sweep(settings, tmp_path, clock=clock).run()
     (c1,) = finished.levels
     assert c1.contaminated and not c1.remeasured and c1.foreign_requests >= 2
     assert c1.contamination.startswith("engine still busy after")
@@ -182,8 +195,9 @@ async def test_an_engine_never_idle_is_reported_contaminated_without_a_second_tr
     assert attempts(load_run(finished.path), 1) == {1}
 
 
-async def proxy(upstream: str) -> tuple[web.AppRunner, str]:
-    """A router in front of the engine that forwards the API and has no /metrics (like LiteLLM's)."""
+@contextlib.asynccontextmanager
+async def proxy(upstream: str) -> AsyncIterator[str]:
+    """A router in front of the engine that forwards the API and has no /metrics (like LiteLLM's): its URL."""
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -207,17 +221,20 @@ async def proxy(upstream: str) -> tuple[web.AppRunner, str]:
     app.on_cleanup.append(close)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
-
-
-async def test_guard_urls_watch_the_engine_behind_a_router_without_metrics(twin, tmp_path):
-    server = await twin(MODEL, speed=2)
-    runner, router = await proxy(server.url)
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@simulated
+async def test_guard_urls_watch_the_engine_behind_a_router_without_metrics(tmp_path):
+    clock = sim_clock()
+    async with sim_twin(MODEL, speed=2, clock=clock) as server, proxy(server.url) as router:
         # The router alone: no vLLM metrics, so no guard, said once in the run's meta.
-        alone = await Sweep(SweepSettings(router + "/v1", levels=[1], runs=1, pp=64, tg=16), tmp_path / "a").run()
+        alone = await Sweep(SweepSettings(router + "/v1", levels=[1], runs=1, pp=64, tg=16), tmp_path / "a",
+                            clock=clock).run()
         assert alone.status == "done"
         assert load_run(alone.path).meta["guard"] == f"off: {router}: vLLM, /metrics answered HTTP 404"
         assert alone.levels[0].foreign_requests is None and not alone.levels[0].contaminated
@@ -228,20 +245,19 @@ async def test_guard_urls_watch_the_engine_behind_a_router_without_metrics(twin,
                                  guard_urls=[server.url + "/v1"], remeasure_contaminated=False)
         events: list = []
         async with contextlib.AsyncExitStack() as stack:
-            async for event in Sweep(settings, tmp_path / "b").events():
+            async for event in Sweep(settings, tmp_path / "b", clock=clock).events():
                 events.append(event)
                 if measuring(event, 2):
                     await stack.enter_async_context(foreign(server.url))
-        finished = events[-1]
-        assert isinstance(finished, SweepFinished) and finished.status == "done"
-        run = load_run(finished.path)
-        assert run.meta["guard"] == f"on: {server.url}" and run.meta["settings"]["guard_urls"] == [server.url]
-        levels = {lv.concurrency: lv for lv in run.levels()}
-        assert not levels[1].contaminated and levels[1].foreign_requests == 0
-        assert levels[1].running_max == 1  # the engine's figures come from the engine, not the router
-        assert levels[2].contaminated and levels[2].foreign_requests > 0 and not levels[2].remeasured
-    finally:
-        await runner.cleanup()
+    finished = events[-1]
+    assert isinstance(finished, SweepFinished) and finished.status == "done"
+    run = load_run(finished.path)
+    assert run.meta["guard"] == f"on: {server.url}" and run.meta["settings"]["guard_urls"] == [server.url]
+    levels = {lv.concurrency: lv for lv in run.levels()}
+    assert not levels[1].contaminated and levels[1].foreign_requests == 0
+    # The engine's figures come from the engine, not the router: its reads during c1 saw the one request.
+    assert levels[1].running_max == 1
+    assert levels[2].contaminated and levels[2].foreign_requests > 0 and not levels[2].remeasured
 
 
 @pytest.mark.slow
@@ -293,10 +309,15 @@ def test_settings_with_the_guard_round_trip_through_meta(tmp_path):
     json.dumps(public)
 
 
-async def test_an_idle_engine_costs_one_read_before_a_level(twin, tmp_path):
-    """One /metrics read before a level on an idle engine: no waiting at all."""
-    server = await twin(MODEL, speed=20)
-    events = [e async for e in Sweep(SweepSettings(server.url, levels=[1], runs=1, pp=64, tg=16), tmp_path).events()]
+@simulated
+async def test_an_idle_engine_costs_one_read_before_a_level(tmp_path):
+    """One /metrics read before a level on an idle engine: no waiting at all. On simulated time a read takes
+    no time, so the wait before the level is exactly zero; a second read would have come IDLE_POLL later."""
+    clock = sim_clock()
+    async with sim_twin(MODEL, speed=20, clock=clock) as server:
+        settings = SweepSettings(server.url, levels=[1], runs=1, pp=64, tg=16)
+        events = [e async for e in Sweep(settings, tmp_path, clock=clock).events()]
     assert isinstance(events[0], SweepStarted)
+    assert not [e for e in events if isinstance(e, WaitingForIdle)]
     (line,) = engine_lines(events[-1].path)
-    assert line["idle_wait_s"] < 1.0 and not line["contaminated"]
+    assert line["idle_wait_s"] == 0.0 and not line["contaminated"]

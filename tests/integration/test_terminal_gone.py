@@ -7,7 +7,11 @@ Run in a tmux server of its own (`tmux -L sparktop-test-...`, no config
 read), never the user's. Killing the session hangs the terminal up: the
 kernel sends the pane's process SIGHUP and SIGCONT, its reads end and its
 writes fail (EIO). It used to stay alive in 2 tries of 5, so each case is
-tried more than once."""
+tried more than once.
+
+The bug was "never", not "slow": it exits in well under a second once its
+terminal is gone, and `GONE_WITHIN_S` is only the point past which it is
+taken to be stuck, set far beyond that so a loaded machine cannot fail it."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None,
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIES = 3
-GONE_WITHIN_S = 5.0
+GONE_WITHIN_S = 30.0  # a hang detector (see above)
 XDG = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 
 # The pane's process where sparktop's exit status is looked at: it runs sparktop and
@@ -153,7 +157,7 @@ def _start_with_status(terminal: Terminal, url: str, record: Path, status: Path)
 
 def _status(status: Path) -> str:
     """sparktop's exit status as its parent wrote it: 0, or -N for a signal."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + GONE_WITHIN_S  # the parent writes it once sparktop has ended
     while not status.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return status.read_text()

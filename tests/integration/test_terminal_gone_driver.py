@@ -2,7 +2,13 @@
 real pty: its end asks the app to exit, a write that fails does too without
 ever blocking the app, a SIGCONT that follows no suspension starts nothing
 (a hung-up terminal's session gets one with SIGHUP), and an input thread
-ends on a stop even if the stop was cleared before it looked."""
+ends on a stop even if the stop was cleared before it looked.
+
+Waited on by state, as in tests/ui/test_driver.py: the input threads' waits
+are counted (`CountedWaits`) and the driver's clock stands still until a
+test moves it past the typing window, so "asleep" is something to wait for,
+not a sleep of a second and a bit; the limits are hang detectors
+(`LIMIT_S`), far past what each step takes."""
 
 from __future__ import annotations
 
@@ -12,12 +18,13 @@ import errno
 import os
 import signal
 import threading
-import time
 
 import pytest
 from textual.drivers._writer_thread import WriterThread
 
-from sparktop.ui.driver import IDLE_WAIT_S, QuietLinuxDriver, _TerminalOutput
+from sparktop.ui import driver as driver_module
+from sparktop.ui.driver import _TerminalOutput
+from tests.ui.test_driver import LIMIT_S, CountedWaits, DriverClock, still_clock, wait_for
 
 
 class _App:
@@ -38,18 +45,18 @@ def loop():
     thread.start()
     yield loop
     loop.call_soon_threadsafe(loop.stop)
-    thread.join(2)
+    thread.join(LIMIT_S)
     loop.close()
 
 
 @pytest.fixture
 def make_driver(loop):
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTSTP, signal.SIGCONT)}
-    made: list[QuietLinuxDriver] = []
+    made: list[CountedWaits] = []
 
-    def make(app) -> QuietLinuxDriver:
-        async def build() -> QuietLinuxDriver:  # made inside a loop, and on the main thread (signals)
-            return QuietLinuxDriver(app)
+    def make(app) -> CountedWaits:
+        async def build() -> CountedWaits:  # made inside a loop, and on the main thread (signals)
+            return CountedWaits(app)
 
         here = asyncio.new_event_loop()
         driver = here.run_until_complete(build())
@@ -66,27 +73,35 @@ def make_driver(loop):
         signal.signal(sig, handler)
 
 
+@pytest.fixture
+def clock(monkeypatch) -> DriverClock:
+    """The drivers' clock, still until the test moves it, and a ten-minute idle wait."""
+    return still_clock(monkeypatch)
+
+
 def _input_thread(driver) -> threading.Thread:
     thread = threading.Thread(target=driver.run_input_thread, daemon=True)
     thread.start()
     return thread
 
 
-def test_the_end_of_its_terminal_ends_the_app(make_driver):
+def test_the_end_of_its_terminal_ends_the_app(make_driver, clock):
     app = _App()
     driver = make_driver(app)
     master, slave = os.openpty()
     try:
         driver.fileno = slave
         thread = _input_thread(driver)
-        time.sleep(1.2)  # past the typing window: asleep until something comes
+        clock.past_the_typing_window()
+        assert wait_for(lambda: driver.asleep(thread))  # asleep until something comes (ten minutes, here)
         assert not app.exited.is_set()
         os.close(master)  # the terminal hangs up, as when tmux or sshd lets it go
         master = -1
-        assert app.exited.wait(2), "the app was not asked to exit"
+        assert app.exited.wait(LIMIT_S), "the app was not asked to exit"
+        assert ("woke", {"input"}) in driver.log(thread)  # told by reading its end, not at the idle check
         assert thread.is_alive()  # stopped by the app's shutdown, which follows
         driver.exit_event.set()
-        thread.join(1)
+        thread.join(LIMIT_S)
         assert not thread.is_alive() and app.exits == 1
     finally:
         for fd in (master, slave):
@@ -117,7 +132,7 @@ def test_a_write_that_fails_ends_the_app_and_never_blocks_it():
         done.set()
 
     threading.Thread(target=app_writes, daemon=True).start()
-    assert done.wait(5), "the app blocked writing to a terminal that is gone"
+    assert done.wait(LIMIT_S), "the app blocked writing to a terminal that is gone"
     assert app.exits == 1
 
 
@@ -132,13 +147,17 @@ def test_a_sigcont_that_follows_no_suspension_starts_nothing(make_driver, monkey
     assert started == [1]
 
 
-def test_an_input_thread_ends_on_a_stop_cleared_before_it_looked(make_driver):
+def test_an_input_thread_ends_on_a_stop_cleared_before_it_looked(make_driver, clock, monkeypatch):
+    # A thread whose wake-up byte another read first sleeps on until its idle wait ends: a short one here,
+    # so "it ends at its next wake-up" is quick; the bug was that it never ended.
+    monkeypatch.setattr(driver_module, "IDLE_WAIT_S", 0.2)
     driver = make_driver(_App())
     read, write = os.pipe()
     try:
         driver.fileno = read
         threads = [_input_thread(driver), _input_thread(driver)]  # as a second start of application mode made
-        time.sleep(1.2)
+        clock.past_the_typing_window()
+        assert wait_for(lambda: all(driver.asleep(t) for t in threads))  # each running, the stop not yet set
         # Textual's disable_input sets the stop, joins the thread it knows of and clears it; the
         # other thread, woken by the same byte on the wake-up pipe, finds it read already and sleeps on.
         driver.exit_event.set()
@@ -146,7 +165,7 @@ def test_an_input_thread_ends_on_a_stop_cleared_before_it_looked(make_driver):
             os.read(driver._wake_r, 64)
         driver.exit_event.clear()
         for thread in threads:
-            thread.join(IDLE_WAIT_S + 1)
+            thread.join(LIMIT_S)
             assert not thread.is_alive()
     finally:
         for fd in (read, write):

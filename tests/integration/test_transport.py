@@ -5,6 +5,7 @@ subprocesses."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 
 import httpx
@@ -103,8 +104,9 @@ async def test_a_command_that_hangs_times_out_and_the_connection_survives(sshd):
     try:
         started = time.monotonic()
         with pytest.raises(CommandTimeout) as info:
-            await t.run("sleep 20", timeout=0.5)
-        assert time.monotonic() - started < 5
+            await t.run("sleep 60", timeout=0.5)
+        # A hang detector, not a latency: cut at its timeout, not when the command ends (60x the timeout apart).
+        assert time.monotonic() - started < 30
         assert "timed out after 0.5s" in str(info.value)
         assert (await t.run("echo still-here")).stdout == "still-here\n"
     finally:
@@ -177,12 +179,23 @@ async def test_local_run_stream_and_env():
 
 async def test_local_timeout_kills_the_whole_command():
     t = LocalTransport()
+    # A length no other command on this machine sleeps for (another worker may run this test too).
+    length = f"61.{secrets.randbelow(10**6):06d}"
     started = time.monotonic()
     with pytest.raises(CommandTimeout):
-        await t.run("sleep 31 & sleep 31; wait", timeout=0.3)
-    assert time.monotonic() - started < 3
-    check = await t.run("pgrep -f '[s]leep 31' || true")
-    assert check.stdout.strip() == ""
+        await t.run(f"sleep {length} & sleep {length}; wait", timeout=0.3)
+    assert time.monotonic() - started < 30  # a hang detector: cut at the timeout, not after the sleeps
+    # Both sleeps were killed (SIGKILL to the group), the one in the background too: gone long before they
+    # would have ended on their own.
+    pattern = f"[s]leep {length}"
+
+    async def left() -> str:
+        return (await t.run(f"pgrep -f '{pattern}' || true")).stdout.strip()
+
+    deadline = time.monotonic() + 30
+    while (pids := await left()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert pids == "", f"still running: {pids}"
 
 
 async def test_input_goes_to_stdin_not_the_command_line(sshd):

@@ -1,18 +1,24 @@
 """The twin's node stand-ins (docker, nvidia-smi, vllm, ray) on two simulated
 hosts on this machine, driven the way sparktop drives a real node: shell
-commands through a LocalTransport with the host's environment."""
+commands through a LocalTransport with the host's environment.
+
+A container is read after it has reached the state the test is about (it
+exited, or it waits on a file the test creates), never after a sleep."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import shlex
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
 from tests.conftest import free_port
+from tests.helpers.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +34,23 @@ async def cluster(tmp_path):
 
 async def sh(node, *argv, timeout=30):
     return await node.transport().run(shlex.join(argv), timeout=timeout)
+
+
+async def exited(node, name: str, timeout: float = 30) -> list[str]:
+    """Waits until the container has exited; its status and exit code."""
+    state: list[str] = []
+
+    async def check() -> bool:
+        nonlocal state
+        state = (await sh(node, "docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                          name)).stdout.split()
+        return bool(state) and state[0] == "exited"
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"{name} still {state} after {timeout:g} s"
+        await asyncio.sleep(0.1)
+    return state
 
 
 def serve_argv(node, name, port, *extra, model="llama-3.1-8b"):
@@ -98,13 +121,7 @@ async def test_a_failed_start_leaves_an_exited_container_with_the_reason_in_its_
     port = free_port(a.address)
     r = await sh(a, *serve_argv(a, "too-big", port, model="qwen3-235b-a22b"))
     assert r.ok  # docker run -d succeeds; the container then dies
-    for _ in range(100):
-        state = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
-                          "too-big")).stdout.split()
-        if state and state[0] == "exited":
-            break
-        await asyncio.sleep(0.1)
-    assert state == ["exited", "1"]
+    assert await exited(a, "too-big") == ["exited", "1"]
     logs = (await sh(a, "docker", "logs", "too-big")).stdout
     assert "CUDA out of memory" in logs
 
@@ -116,7 +133,7 @@ async def test_hostile_values_reach_the_container_as_literal_arguments(cluster, 
     r = await sh(a, "docker", "run", "-d", "--name", "echoer", "-e", f"NOTE={value}", "--entrypoint", "printf",
                  DEFAULT_IMAGE, "%s|", value)
     assert r.ok
-    await asyncio.sleep(0.5)
+    assert await exited(a, "echoer") == ["exited", "0"]
     assert (await sh(a, "docker", "logs", "echoer")).stdout == value + "|"
     assert not marker.exists()
 
@@ -143,12 +160,7 @@ async def test_tp2_without_ray_across_two_hosts_and_worker_death_takes_the_head_
     assert "world_size=2" in (await sh(a, "docker", "logs", "head")).stdout
 
     await sh(b, "docker", "rm", "-f", "worker")
-    for _ in range(100):
-        status = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}}", "head")).stdout.strip()
-        if status == "exited":
-            break
-        await asyncio.sleep(0.1)
-    assert status == "exited"
+    await exited(a, "head")
     assert "NCCL" in (await sh(a, "docker", "logs", "head")).stdout
 
 
@@ -159,10 +171,7 @@ async def test_tp2_head_without_its_worker_times_out(cluster):
                  "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", a.address, "--master-port",
                  str(master), "--host", a.address, "--port", str(port), "--startup-speed", "300")
     assert r.ok
-    for _ in range(100):
-        if "exited" in (await sh(a, "docker", "ps", "-a", "--format", "{{.State}}")).stdout:
-            break
-        await asyncio.sleep(0.1)
+    await exited(a, "lonely")
     logs = (await sh(a, "docker", "logs", "lonely")).stdout
     assert "Timed out after 600 seconds waiting for clients. 1/2 clients joined." in logs
 
@@ -187,12 +196,7 @@ async def test_ray_cluster_forms_and_serves_tp2_and_losing_a_node_fails_the_engi
     assert smi_b.stdout.strip() == "ray::RayWorkerWrapper"
 
     assert (await sh(b, "ray", "stop")).ok
-    for _ in range(100):
-        status = (await sh(a, "docker", "inspect", "--format", "{{.State.Status}}", "vllm-ray")).stdout.strip()
-        if status == "exited":
-            break
-        await asyncio.sleep(0.1)
-    assert status == "exited"
+    await exited(a, "vllm-ray")
     assert "ActorDiedError" in (await sh(a, "docker", "logs", "vllm-ray")).stdout
 
 
@@ -201,10 +205,7 @@ async def test_ray_tp2_without_a_cluster_fails_at_startup(cluster):
     port = free_port(a.address)
     await sh(a, "docker", "run", "-d", "--name", "no-ray", "--network", "host", DEFAULT_IMAGE, "gpt-oss-120b",
              "-tp", "2", "--distributed-executor-backend", "ray", "--port", str(port), "--startup-speed", "500")
-    for _ in range(100):
-        if "exited" in (await sh(a, "docker", "ps", "-a", "--format", "{{.State}}")).stdout:
-            break
-        await asyncio.sleep(0.1)
+    await exited(a, "no-ray")
     assert "required GPUs exceeds" in (await sh(a, "docker", "logs", "no-ray")).stdout
 
 
@@ -224,14 +225,31 @@ async def test_nvidia_smi_speaks_gb10(cluster):
     assert all(len(line) == 91 for line in table.stdout.splitlines()[1:] if line.startswith(("|", "+")))
 
 
-async def test_exec_sees_the_container_env_and_logs_follow_until_exit(cluster):
+def _following(name: str) -> bool:
+    """A `docker logs -f NAME` of this test's is running."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            argv = proc.cmdline()
+        except psutil.Error:
+            continue
+        if argv[-3:] == ["logs", "-f", name]:
+            return True
+    return False
+
+
+async def test_exec_sees_the_container_env_and_logs_follow_until_exit(cluster, tmp_path: Path):
     a = cluster.nodes[0]
+    go = tmp_path / "go"  # the container runs until the test creates it: exec and follow it while it runs
     r = await sh(a, "docker", "run", "-d", "--name", "box", "-e", "GREETING=hello there", "--entrypoint", "sh",
-                 DEFAULT_IMAGE, "-c", "echo start; sleep 1; echo done")
+                 DEFAULT_IMAGE, "-c", f'echo start; while [ ! -e "{go}" ]; do sleep 0.05; done; echo done')
     assert r.ok
     out = await sh(a, "docker", "exec", "box", "sh", "-c", 'printf %s "$GREETING"')
     assert out.stdout == "hello there"
-    followed = await sh(a, "docker", "logs", "-f", "box", timeout=20)
+    follow = asyncio.create_task(sh(a, "docker", "logs", "-f", "box", timeout=60))
+    await eventually(lambda: _following("box"), timeout=30, what="docker logs -f following the container")
+    assert not follow.done()  # nor can it end while the container runs
+    go.touch()
+    followed = await asyncio.wait_for(follow, 60)
     assert followed.stdout == "start\ndone\n"
     state = await sh(a, "docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", "box")
     assert state.stdout.strip() == "false 0"

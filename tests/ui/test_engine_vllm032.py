@@ -6,7 +6,11 @@ detail view and in `status --json`.
 The engines are tiny aiohttp servers answering what a real vLLM 0.32.0
 served (tests/fixtures/vllm-0.32.0), changed as a sleeping engine or a busy
 GPU server would change it (tests/unit/test_vllm032_metrics.py), with
-counters that grow in real time so the poller's rates are real rates."""
+counters that grow in real time so the poller's rates are real rates. Each
+fake keeps every /metrics body it served and when: a rate sparktop shows is
+held to the counters in the very bodies it read, over seconds that must lie
+between when those bodies were served (a reader stamps a body after it was
+served and before it asks for the next), which no machine's speed moves."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,14 +33,36 @@ from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard
 from sparktop.ui.screens import DetailScreen
-from tests.conftest import free_port
 from tests.helpers.pilot import until
+from tests.helpers.scraper import parse
 from tests.unit.test_vllm032_metrics import V032, busy, real, sleeping
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 RATES = {"rejected_reqs": 2.0, "read": 150e9, "write": 30e9}  # 2 rejections/s, 180 GB/s
+REJECTIONS, READ, WRITE = ("vllm:admission_rejections_total", "vllm:estimated_read_bytes_per_gpu_total",
+                           "vllm:estimated_write_bytes_per_gpu_total")
+
+
+@dataclass
+class Served:
+    t: float  # time.monotonic() as the body was made: its reader stamps it later, and asks again later still
+    values: dict[str, float]  # the body's samples, summed over label sets (prometheus-client's parse)
+
+
+@dataclass
+class Span:
+    """Two scrapes a figure was taken over, found by their counters, and the
+    seconds a reader can have counted between them."""
+
+    first: Served
+    last: Served
+    shortest: float  # from the first's successor being served to the last being served
+    longest: float  # from the first being served to the last's successor being served (or to now)
+
+    def delta(self, name: str) -> float:
+        return self.last.values[name] - self.first.values[name]
 
 
 class FakeVllm:
@@ -43,14 +70,28 @@ class FakeVllm:
 
     def __init__(self, metrics: Callable[[float], str]):
         self.metrics = metrics
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""
         self.t0 = time.monotonic()
+        self.served: list[Served] = []
         self._runner: web.AppRunner | None = None
+
+    def span(self, total: float, recent: float, now: float) -> Span:
+        """The scrape whose rejections counter read `total` and the one `recent` before it (a figure's
+        window); fails if no body it served says so."""
+        totals = [s.values[REJECTIONS] for s in self.served]
+        assert total in totals, f"{total} rejections: no body served said so ({totals})"
+        k = totals.index(total)
+        j = next((i for i in range(k) if total - totals[i] == recent), None)
+        assert j is not None, f"{recent} rejections before {total}: no body served said so ({totals})"
+        after = self.served[k + 1].t if k + 1 < len(self.served) else now
+        return Span(self.served[j], self.served[k], self.served[k].t - self.served[j + 1].t, after - self.served[j].t)
 
     async def start(self) -> FakeVllm:
         async def metrics(_request):
-            return web.Response(text=self.metrics(time.monotonic() - self.t0))
+            t = time.monotonic()
+            text = self.metrics(t - self.t0)
+            self.served.append(Served(t, parse(text)))
+            return web.Response(text=text)
 
         def fixed(body: str):
             async def handler(_request):
@@ -63,7 +104,10 @@ class FakeVllm:
             app.router.add_get(path, fixed((V032 / name).read_text()))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
         return self
 
     async def stop(self) -> None:
@@ -160,11 +204,48 @@ def test_a_sleeping_engine_card_says_so_in_its_state_and_first_line(level, word)
 SIZES = [(80, 24), (120, 40), (160, 48)]
 
 
+def rates_problems(snap: EngineSnapshot, fake: FakeVllm, now: float) -> list[str]:
+    """What in `snap`'s rates disagrees with the bodies `fake` served: the
+    rejections and bytes counted between the window's two scrapes, over the
+    seconds the reader counted between them (`rejections_span`), which lie
+    between when the fake served those scrapes and their successors."""
+    assert snap.rejections is not None and snap.rejections_recent is not None and snap.rejections_span is not None
+    span = fake.span(snap.rejections, snap.rejections_recent, now)
+    seconds = snap.rejections_span
+    out = []
+    if not span.shortest < seconds < span.longest:
+        out.append(f"{seconds} s between scrapes served {span.shortest:.3f} to {span.longest:.3f} s apart")
+    # Rates over the window the counts are kept for: the count over its seconds.
+    for name, mine, counted in (("rejections/s", snap.rejection_rate, span.delta(REJECTIONS)),
+                                ("read B/s", snap.mem_read_bps, span.delta(READ)),
+                                ("write B/s", snap.mem_write_bps, span.delta(WRITE))):
+        if mine != pytest.approx(counted / seconds, rel=1e-12):
+            out.append(f"{name} {mine} is not {counted} over {seconds} s")
+    return out
+
+
+def window_of(card: EngineCard, fake: FakeVllm) -> int:
+    """How many of the fake's scrapes apart the two the card's rates were taken over are (0: none yet)."""
+    snap = card._last[0] if card._last else None
+    if snap is None or not snap.rejections_recent or snap.rejections is None:
+        return 0
+    totals = [s.values[REJECTIONS] for s in fake.served]
+    if snap.rejections not in totals:
+        return 0
+    k = totals.index(snap.rejections)
+    return next((k - i for i in range(k) if snap.rejections - totals[i] == snap.rejections_recent), 0)
+
+
+# Rates over the same window as the counts kept in view (the latency window's minute), so that a rate is
+# exactly its window's count over the window's seconds.
+WINDOW = 60.0
+
+
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 async def test_cards_show_sleep_queue_rejections_and_bandwidth_within_their_size(engines, size, tmp_path):
     asleep, working = engines
     poller = Poller([], [EngineTarget(asleep.url), EngineTarget(working.url)], interval=0.3, down_after=3.0,
-                    default_port=None)
+                    default_port=None, rate_window=WINDOW, latency_window=WINDOW)
     await poller.start()
     app = SparktopApp(poller)
     try:
@@ -180,8 +261,13 @@ async def test_cards_show_sleep_queue_rejections_and_bandwidth_within_their_size
                 await until(pilot, ready, timeout=20)
             except AssertionError:
                 raise AssertionError([c.text for c in app.screen.query(EngineCard)]) from None
-            await pilot.pause(1.0)  # a few more polls: rates over more than one interval
+            # Rates over several intervals: until the card shows one taken over six scrapes or more (the
+            # seconds between two scrapes are known to within one interval: to within 1/6 over six).
+            await until(pilot, lambda: window_of(card(working.url), working) >= 6, timeout=20,
+                        what=lambda: f"rates over {window_of(card(working.url), working)} scrapes")
             a, w = card(asleep.url), card(working.url)
+            shown = w._last[0]  # the snapshot the busy card is drawn from
+            now = time.monotonic()
             screenshot = app.export_screenshot()
             for c in (a, w):
                 # Drawn to fit: no line wider than the card, the card inside the screen.
@@ -200,10 +286,11 @@ async def test_cards_show_sleep_queue_rejections_and_bandwidth_within_their_size
     asleep_text, busy_text = texts["asleep"], texts["busy"]
     assert "● ready" not in asleep_text and "sleeping L1: weights offloaded\n" in asleep_text
     assert "wait 3 (2 deferred)" in busy_text and "● ready" in busy_text
-    rejected = float(re.search(r"rejected (\d+\.\d)/s", busy_text).group(1))
-    assert 1.5 <= rejected <= 2.5  # the server's 2/s
-    bw = float(re.search(r"bw (\d+)/273 GB/s", busy_text).group(1))
-    assert 165 <= bw <= 195  # 150 + 30 GB/s
+    # The card shows its snapshot's rates, and they are the server's counters over the seconds between.
+    assert shown.rejection_rate and shown.mem_bw
+    assert f"rejected {shown.rejection_rate:.1f}/s" in busy_text
+    assert f"bw {shown.mem_bw / 1e9:.0f}/273 GB/s" in busy_text
+    assert rates_problems(shown, working, now) == []
     assert "bw" not in asleep_text  # counters that do not move show nothing
 
 
@@ -216,7 +303,13 @@ async def test_the_real_032_scrape_shows_ready_and_nothing_new():
         async with app.run_test(size=(120, 40)) as pilot:
             card = lambda: next(iter(app.screen.query(EngineCard)), None)  # noqa: E731
             await until(pilot, lambda: card() is not None and "● ready" in card().text and "tiny-llama" in card().text)
-            await pilot.pause(1.0)
+            # Rates need two scrapes: until the card has drawn three snapshots, the last with rates to show.
+            drawn: set[float] = set()
+
+            def three_drawn() -> bool:
+                drawn.add(card()._last[0].t)
+                return len(drawn) >= 3
+            await until(pilot, three_drawn, what=lambda: f"{len(drawn)} snapshots drawn")
             text = card().text
     finally:
         await poller.close()
@@ -237,15 +330,19 @@ async def test_the_detail_view_says_everything(engines):
                 return next((c for c in app.screen.query(EngineCard) if c.key == url), None)
             await until(pilot, lambda: card(working.url) is not None and "bw " in card(working.url).text
                         and card(asleep.url) is not None and "sleeping" in card(asleep.url).text, timeout=20)
+            def detail(*words: str) -> Callable[[], bool]:
+                return lambda: isinstance(app.screen, DetailScreen) and all(
+                    w in str(app.screen.query_one("#charts").content) for w in words)
+
             card(working.url).focus()
             await pilot.press("enter")
             assert isinstance(app.screen, DetailScreen)
-            await pilot.pause(0.6)
+            await until(pilot, detail("waiting 3", "admission rejections", "memory bandwidth"))
             busy_detail = str(app.screen.query_one("#charts").content)
             await pilot.press("escape")
             card(asleep.url).focus()
             await pilot.press("enter")
-            await pilot.pause(0.6)
+            await until(pilot, detail("sleeping"))
             asleep_detail = str(app.screen.query_one("#charts").content)
     finally:
         await poller.close()
@@ -265,13 +362,26 @@ async def test_status_json_says_sleeping_and_the_new_figures(engines, tmp_path):
         sys.executable, "-m", "sparktop", "status", "--json", "--engine", asleep.url + "/v1", "--engine", working.url,
         "--seconds", "2.5", cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
+    now = time.monotonic()
     assert proc.returncode == 0, err.decode()
     engines_json = {e["url"]: e for e in json.loads(out)["engines"]}
     a, w = engines_json[asleep.url], engines_json[working.url]
     assert a["state"] == "sleeping" and a["sleep_level"] == 1 and a["mem_bw_gbs"] is None
     assert w["state"] == "ready" and w["sleep_level"] is None
     assert w["waiting"] == 3 and w["waiting_by_reason"] == {"capacity": 1.0, "deferred": 2.0}
-    assert 1.5 <= w["admission_rejection_rate"] <= 2.5 and w["admission_rejections_recent"] > 0
-    assert 0 < w["admission_rejections_recent_s"] <= 30
     assert set(w["admission_rejections_by_reason"]) == {"max_num_queued_reqs", "max_num_queued_tokens"}
-    assert 165 <= w["mem_bw_gbs"] <= 195 and 140 <= w["mem_read_gbs"] <= 160
+    # The figures are the server's counters in two bodies it served (both exact in the JSON), over seconds
+    # between when it served them and their successors; the JSON rounds the rest (to 0.001/s, 0.1 s, 0.01 GB/s).
+    recent, rate, seconds = w["admission_rejections_recent"], w["admission_rejection_rate"], \
+        w["admission_rejections_recent_s"]
+    assert recent > 0 and rate > 0
+    span = working.span(w["admission_rejections"], recent, now)
+    assert span.shortest - 0.05 <= seconds <= span.longest + 0.05, (seconds, span.shortest, span.longest)
+    assert recent / span.longest - 0.0005 <= rate <= recent / max(span.shortest, 1e-9) + 0.0005, \
+        (rate, span.shortest, span.longest)
+    assert abs(rate * seconds - recent) <= 0.0005 * seconds + 0.05 * rate + 1e-4  # the count over its span
+    for key, name in (("mem_read_gbs", READ), ("mem_write_gbs", WRITE)):
+        # Bytes counted over the same seconds as the rejections: GB per rejection times rejections/s.
+        per_rejection = span.delta(name) / span.delta(REJECTIONS) / 1e9
+        assert abs(w[key] - rate * per_rejection) <= 0.005 + 0.0005 * per_rejection, (key, w[key], rate)
+    assert w["mem_bw_gbs"] == pytest.approx(w["mem_read_gbs"] + w["mem_write_gbs"], abs=0.011)

@@ -15,6 +15,7 @@ from sparktop.ui.cards import EngineCard, NodeCard
 from sparktop.ui.screens import DetailScreen, HelpScreen, MonitorScreen
 from tests.conftest import free_port
 from tests.helpers.cluster import load, poller_for, start_cluster
+from tests.helpers.monitor_sim import PollCounter
 from tests.helpers.pilot import until
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,8 @@ async def test_shows_both_nodes_memory_and_both_engines_kv_and_tokens(cluster):
         assert "KV " in text and "%" in text
 
 
-async def test_pause_and_interval_keys(cluster):
+async def test_pause_and_interval_keys(cluster, monkeypatch):
+    polls = PollCounter(monkeypatch)  # every node and engine poll started, and those under way
     poller = poller_for(cluster, interval=1.0)
     await poller.start()
     app = SparktopApp(poller)
@@ -66,13 +68,17 @@ async def test_pause_and_interval_keys(cluster):
             await until(pilot, lambda: len(app.state.nodes) == 2)
             await pilot.press("p")
             assert poller.paused and "PAUSED" in app.status_text().plain
-            await pilot.pause(0.6)  # let an in-flight poll land
+            # The polls under way when it was paused land; then none starts. Two intervals is when every
+            # target's next poll was due: a poller that had not paused would have started them.
+            await until(pilot, lambda: polls.in_flight == 0, what="the polls under way at the pause landing")
+            started = polls.started
+            await pilot.pause(2 * poller.interval)
+            assert polls.started == started, f"{polls.started - started} polls started while paused"
             frozen = app.state.version
-            await pilot.pause(2.0)
-            assert app.state.version == frozen  # nothing polled while paused
             await pilot.press("p")
             assert not poller.paused
-            await until(pilot, lambda: app.state.version > frozen)
+            await until(pilot, lambda: polls.started > started and app.state.version > frozen,
+                        what="polls again once resumed")
             await pilot.press("plus")
             assert poller.interval == 0.5 and "every 0.5s" in app.status_text().plain
             await pilot.press("minus")
@@ -101,11 +107,11 @@ async def test_a_killed_engine_shows_unreachable_and_returns_when_restarted():
             card = lambda: next(iter(cards(app, EngineCard)), None)  # noqa: E731
             await until(pilot, lambda: card() is not None and "● ready" in card().text)
             await server.stop()
-            await until(pilot, lambda: "● unreachable" in card().text, timeout=8)
+            await until(pilot, lambda: "● unreachable" in card().text, timeout=30)
             assert "connection refused" in card().text
             assert app.is_running  # the app carries on
             server = await twin_on(port)
-            await until(pilot, lambda: "● ready" in card().text, timeout=8)
+            await until(pilot, lambda: "● ready" in card().text, timeout=30)
     finally:
         await poller.close()
         await server.stop()
@@ -122,18 +128,21 @@ async def test_enter_opens_the_detail_charts_and_escape_returns(cluster):
             engine.focus()
             await pilot.press("enter")
             assert isinstance(app.screen, DetailScreen) and app.screen.key == engine.key
-            await pilot.pause(0.6)
-            charts = str(app.screen.query_one("#charts").content)
-            assert "tokens/s" in charts and "KV cache" in charts and "latency" in charts
+
+            def charts() -> str:
+                return str(app.screen.query_one("#charts").content)
+
+            await until(pilot, lambda: all(t in charts() for t in ("tokens/s", "KV cache", "latency")),
+                        what=lambda: f"the detail charts drawn: {charts()!r}")
             await pilot.press("escape")
             assert isinstance(app.screen, MonitorScreen)
             await pilot.press("question_mark")
             assert isinstance(app.screen, HelpScreen)
             await pilot.press("escape")
             await pilot.press("l")  # an app with no nodes to launch on says so and stays
-            await pilot.pause(0.2)
+            await until(pilot, lambda: any("Launching needs live nodes" in n.message for n in app._notifications),
+                        what="the notice that launching needs live nodes")
             assert isinstance(app.screen, MonitorScreen)
-            assert any("Launching needs live nodes" in n.message for n in app._notifications)
     finally:
         await poller.close()
 

@@ -117,6 +117,14 @@ def cell(screen: StudyScreen, topology: str, column: str) -> str:
     return str(screen.query_one("#study-matrix", DataTable).get_cell(topology, column))
 
 
+def head_of(screen: StudyScreen) -> str:
+    return str(screen.query_one("#study-head", Static).content)
+
+
+def status_line(app: SparktopApp) -> str:
+    return str(app.screen.query_one("#status", Static).content)
+
+
 @pytest.fixture
 def utc(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
@@ -167,8 +175,8 @@ async def test_attached_to_a_running_study_esc_only_leaves(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: isinstance(app.screen, StudyScreen) and app.screen.run.current == "cluster-mp")
         screen = app.screen
-        await pilot.pause(0.3)
-        head = str(screen.query_one("#study-head", Static).content)
+        await until(pilot, lambda: "2/2 cluster-mp: sweeping c2" in head_of(screen), what=lambda: head_of(screen))
+        head = head_of(screen)
         assert f"attached: running in pid {os.getpid()}" in head and "2/2 cluster-mp: sweeping c2" in head
         assert cell(screen, "cluster-mp", "c2") == "▶" and cell(screen, "cluster-mp", "c1") == "·"
         assert cell(screen, "solo", "c1") != "·"
@@ -241,26 +249,26 @@ async def test_a_study_from_the_launcher_goes_on_unwatched_and_cancels_clean(clu
 
         # The matrix fills in.
         await eventually(lambda: run.rows["solo"].status == "done", timeout=60, what="solo measured")
-        await pilot.pause(0.3)
-        assert cell(first, "solo", "topology") == "✓ solo"
+        await until(pilot, lambda: cell(first, "solo", "topology") == "✓ solo", what="solo drawn as measured")
         assert all(any(ch.isdigit() for ch in cell(first, "solo", f"c{c}")) for c in (1, 2))
         solo = [cell(first, "solo", f"c{c}") for c in (1, 2)]
 
-        # Leaving the screen does not stop it: the next topology starts meanwhile.
+        # Leaving the screen does not stop it: the next topology starts meanwhile (three more are to come
+        # after it, each a launch and a sweep: the study cannot end while the test looks).
         await pilot.press("m")
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen))
         await eventually(lambda: run.rows["cluster-ray"].status != "pending", timeout=30, what="the next topology")
-        await pilot.pause(1.2)  # a repaint
-        assert "study 2/5 cluster-ray" in str(app.screen.query_one("#status", Static).content)
+        await until(pilot, lambda: "study 2/5 cluster-ray" in status_line(app), what=lambda: status_line(app))
 
-        # `y` shows it again, with everything so far.
+        # `y` shows it again, with everything so far: solo's figures, and cluster-ray as far as it has got
+        # (under way; measured, should it be quicker than the test).
         await pilot.press("y")
         await until(pilot, lambda: isinstance(app.screen, StudyScreen))
         back = app.screen
         assert back is not first
-        await pilot.pause(0.3)
-        assert [cell(back, "solo", f"c{c}") for c in (1, 2)] == solo
-        assert cell(back, "cluster-ray", "topology") == "▶ cluster-ray"
+        await until(pilot, lambda: [cell(back, "solo", f"c{c}") for c in (1, 2)] == solo,
+                    what=lambda: f"solo's figures again, {solo}: {[cell(back, 'solo', f'c{c}') for c in (1, 2)]}")
+        assert cell(back, "cluster-ray", "topology") in ("▶ cluster-ray", "✓ cluster-ray")
         assert run.running, "the study ended before the test could cancel it"
 
         # Esc asks; y cancels: what runs is removed on every node, the study says `cancelled`.
@@ -268,10 +276,9 @@ async def test_a_study_from_the_launcher_goes_on_unwatched_and_cancels_clean(clu
         await until(pilot, lambda: isinstance(app.screen, ConfirmCancelStudy))
         await pilot.press("y")
         await eventually(lambda: not run.running, timeout=60, what="the study cancelled")
-        await pilot.pause(0.3)
         assert run.status == "cancelled"
+        await until(pilot, lambda: "cancelled after" in head_of(back), what=lambda: head_of(back))
         assert isinstance(app.screen, StudyScreen)
-        assert "cancelled after" in str(back.query_one("#study-head", Static).content)
         assert cell(back, "solo", "c2") != "·"  # what was measured stays
         assert containers(cluster, 0) == [] and containers(cluster, 1) == []
     await poller.close()

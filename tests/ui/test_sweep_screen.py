@@ -1,40 +1,53 @@
 """The sweep screen as a user drives it: `s`, the settings, Enter, the live
-table and charts, Esc to cancel, past runs and compare."""
+table and charts, Esc to cancel, past runs and compare.
+
+The twin, the poller, the app and the sweeps it starts share one loop on
+simulated time (tests/helpers/simulated.py): a level lasts what the twin's
+model says, so what is on screen when the test looks (a level done and the
+next still running, the rates a max-rate search tried) is the same on any
+machine."""
 
 from __future__ import annotations
 
-import io
+import contextlib
+import functools
+from collections.abc import AsyncIterator
 
 import pytest
 from textual.widgets import Static
 
+import sparktop.ui.sweep as sweep_screen
+from sparktop.bench.load import RateSweep
 from sparktop.bench.results import list_runs
+from sparktop.bench.sweep import Sweep
 from sparktop.observe.poller import EngineTarget, Poller
-from sparktop.twin.args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard
 from sparktop.ui.screens import MonitorScreen
 from sparktop.ui.sweep import CompareScreen, RunsScreen, SweepScreen
-from tests.conftest import free_port
 from tests.helpers.pilot import until
+from tests.helpers.simulated import sim_clock, sim_twin, simulated
 from tests.ui.test_monitor_app import cards
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-async def engine():
-    port = free_port()
-    server = TwinServer(parse_serve_args(["llama-3.1-8b", "--host", "127.0.0.1", "--port", str(port),
-                                          "--startup-speed", "1e6", "--speed", "3"]),  # slow enough to watch
-                        log=io.StringIO())
-    await server.start()
-    poller = Poller([], [EngineTarget(server.url)], interval=0.3, down_after=3.0, default_port=None)
-    await poller.start()
-    yield server, poller
-    await poller.close()
-    await server.stop()
+@contextlib.asynccontextmanager
+async def engine(monkeypatch, speed: float = 3) -> AsyncIterator[tuple[TwinServer, Poller]]:
+    """A twin (`speed` times Spark's: slow enough to watch) and a poller of it, on simulated time, and the
+    sweeps the screen starts on the same clock (call it in the test body: simulated time runs only there)."""
+    clock = sim_clock()
+    monkeypatch.setattr(sweep_screen, "Sweep", functools.partial(Sweep, clock=clock))
+    monkeypatch.setattr(sweep_screen, "RateSweep", functools.partial(RateSweep, clock=clock))
+    async with sim_twin("llama-3.1-8b", speed=speed, clock=clock) as server:
+        poller = Poller([], [EngineTarget(server.url)], interval=0.3, down_after=3.0, default_port=None,
+                        clock=clock)
+        await poller.start()
+        try:
+            yield server, poller
+        finally:
+            await poller.close()
 
 
 async def open_sweep(app, pilot) -> SweepScreen:
@@ -50,10 +63,11 @@ def fill(screen, **values):
         screen.query_one(f"#{wid}").value = value
 
 
-async def test_sweep_runs_live_and_fills_the_table_and_charts(engine, tmp_path):
-    server, poller = engine
-    app = SparktopApp(poller, results_root=tmp_path)
-    async with app.run_test(size=(160, 48)) as pilot:
+@simulated
+async def test_sweep_runs_live_and_fills_the_table_and_charts(tmp_path, monkeypatch):
+    async with engine(monkeypatch) as (server, poller), \
+            SparktopApp(poller, results_root=tmp_path).run_test(size=(160, 48)) as pilot:
+        app = pilot.app
         screen = await open_sweep(app, pilot)
         assert screen.query_one("#sweep-engine").value == server.url  # pre-filled with the running engine
         fill(screen, levels="1,2,4", runs="2", pp="256", tg="32")
@@ -81,10 +95,11 @@ async def test_sweep_runs_live_and_fills_the_table_and_charts(engine, tmp_path):
     assert run.meta["status"] == "done" and len(run.records) == 2 * (1 + 2 + 4)
 
 
-async def test_escape_cancels_and_keeps_what_finished(engine, tmp_path):
-    server, poller = engine
-    app = SparktopApp(poller, results_root=tmp_path)
-    async with app.run_test(size=(160, 48)) as pilot:
+@simulated
+async def test_escape_cancels_and_keeps_what_finished(tmp_path, monkeypatch):
+    async with engine(monkeypatch) as (server, poller), \
+            SparktopApp(poller, results_root=tmp_path).run_test(size=(160, 48)) as pilot:
+        app = pilot.app
         screen = await open_sweep(app, pilot)
         fill(screen, levels="1,64", runs="3", pp="256", tg="64")
         await pilot.press("enter")
@@ -100,15 +115,17 @@ async def test_escape_cancels_and_keeps_what_finished(engine, tmp_path):
     assert [lv.concurrency for lv in run.levels()] == [1] and len(run.records) >= 3
 
 
-async def test_a_server_dying_mid_sweep_is_reported_and_the_app_carries_on(engine, tmp_path):
-    server, poller = engine
-    app = SparktopApp(poller, results_root=tmp_path)
-    async with app.run_test(size=(160, 48)) as pilot:
+@simulated
+async def test_a_server_dying_mid_sweep_is_reported_and_the_app_carries_on(tmp_path, monkeypatch):
+    async with engine(monkeypatch) as (server, poller), \
+            SparktopApp(poller, results_root=tmp_path).run_test(size=(160, 48)) as pilot:
+        app = pilot.app
         screen = await open_sweep(app, pilot)
         fill(screen, levels="1,16", runs="3", pp="256", tg="128")
         await pilot.press("enter")
         await until(pilot, lambda: screen.query_one("#levels-table").row_count == 1, timeout=30)
-        await pilot.pause(0.5)
+        # The server goes while c16's requests are in it.
+        await until(pilot, lambda: len(server.engine.running) + len(server.engine.waiting) == 16, step=0.01)
         await server.stop()
         await until(pilot, lambda: screen.finished is not None, timeout=60)
         summary = str(screen.query_one("#sweep-summary").content)
@@ -121,13 +138,16 @@ async def test_a_server_dying_mid_sweep_is_reported_and_the_app_carries_on(engin
     assert len([r for r in run.records if r.level == 1]) == 3
 
 
-async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate(engine, tmp_path):
+@simulated
+async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate(tmp_path, monkeypatch):
     """Issue 28 on screen: the mode select turns the levels into request rates; each level's row shows what
     was served and whether it met the SLO, the charts draw against the rate offered, and the search's answer
-    closes the summary, as `sparktop sweep --find-max-rate` prints it."""
-    server, poller = engine
-    app = SparktopApp(poller, results_root=tmp_path)
-    async with app.run_test(size=(160, 48)) as pilot:
+    closes the summary, as `sparktop sweep --find-max-rate` prints it. At Spark's speed on simulated time the
+    twin meets a 300 ms TTFT p95 at 2 requests/s and misses it well below 64/s, so the search doubles, then
+    narrows the bracket, the same way on any machine."""
+    async with engine(monkeypatch, speed=1) as (server, poller), \
+            SparktopApp(poller, results_root=tmp_path).run_test(size=(160, 48)) as pilot:
+        app = pilot.app
         screen = await open_sweep(app, pilot)
         assert not screen.query_one("#slo").display and screen.query_one("#runs").display
         screen.query_one("#sweep-mode").value = "max-rate"
@@ -139,7 +159,7 @@ async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate
         await pilot.press("enter")  # no SLO: the search has nothing to meet, and nothing starts
         await pilot.pause()
         assert not screen.running and list_runs(tmp_path) == []
-        fill(screen, levels="2", seconds="2", pp="256", tg="16", slo="ttft_p95=300ms")
+        fill(screen, levels="2", seconds="1", pp="256", tg="16", slo="ttft_p95=300ms")
         await pilot.pause(0.3)  # the Start button ignores a second press while it still shows the first
         await pilot.press("enter")
         await until(pilot, lambda: screen.query_one("#levels-table").row_count >= 1, timeout=30)
@@ -148,7 +168,20 @@ async def test_a_rate_sweep_from_the_screen_fills_goodput_and_finds_the_max_rate
         await until(pilot, lambda: screen.finished is not None, timeout=240)
         run = list_runs(tmp_path)[0]
         levels = run.rate_levels()
-        assert len(levels) == table.row_count >= 2  # doubled until a rate missed the SLO
+        assert len(levels) == table.row_count
+        # The search: doubled from 2/s while the rates met the SLO, then tried between the best rate that met
+        # it and the lowest that did not, and answered the best that met it.
+        tried = [(rate, ok) for rate, ok, _ in run.meta["max_rate"]["tried"]]
+        assert [lv.rate for lv in levels] == [rate for rate, _ in tried]
+        first_miss = next(i for i, (_, ok) in enumerate(tried) if not ok)
+        doubling = [2.0 * 2**i for i in range(first_miss + 1)]
+        assert first_miss >= 2 and [rate for rate, _ in tried[:first_miss + 1]] == doubling
+        for i in range(first_miss + 1, len(tried)):
+            met = max(rate for rate, ok in tried[:i] if ok)
+            missed = min(rate for rate, ok in tried[:i] if not ok)
+            assert met < tried[i][0] < missed
+        assert run.meta["max_rate"]["rate"] == max(rate for rate, ok in tried if ok)
+        assert run.meta["max_rate"]["failed_at"] == min(rate for rate, ok in tried if not ok)
         rows = {str(table.get_row_at(i)[0]).rstrip(" ⚠"): table.get_row_at(i) for i in range(table.row_count)}
         for lv in levels:
             row = rows[lv.label]

@@ -55,17 +55,25 @@ async def test_natural_stop_without_ignore_eos():
 
 async def test_max_num_seqs_keeps_the_rest_waiting():
     engine = make_engine(max_num_seqs=4)
+    steps = []  # (running, waiting) as each step was scheduled: every step, not a sample of them
+    original = engine.schedule
+
+    def spy():
+        plan = original()
+        steps.append((len(engine.running), len(engine.waiting)))
+        return plan
+
+    engine.schedule = spy
     engine.start()
     try:
         seqs = [engine.submit(request(i, max_tokens=200)) for i in range(10)]
-        seen_running = seen_waiting = 0
-        while not all(s.finished for s in seqs):
-            seen_running = max(seen_running, len(engine.running))
-            seen_waiting = max(seen_waiting, len(engine.waiting))
-            await asyncio.sleep(0.001)
+        await asyncio.gather(*(drain(s) for s in seqs))
     finally:
         await engine.stop()
-    assert seen_running == 4 and seen_waiting >= 5
+    assert max(running for running, _ in steps) == 4
+    # The first time four run, the other six wait; and every one of the ten ran.
+    assert next(waiting for running, waiting in steps if running == 4) == 6
+    assert all(s.finished for s in seqs)
 
 
 async def test_chunked_prefill_respects_the_token_budget():

@@ -10,10 +10,12 @@ import io
 import json
 import sqlite3
 import time
+from dataclasses import replace
 
 import pytest
 
 from sparktop.cli import main
+from sparktop.clock import SYSTEM
 from sparktop.history import store as store_mod
 from sparktop.history.query import HistoryReader, parse_since
 from sparktop.history.store import HistoryError, HistoryStore, default_path
@@ -189,7 +191,7 @@ def test_a_second_sparktop_reads_and_takes_over_when_the_first_stops(tmp_path):
     path = tmp_path / "h.sqlite"
     first = HistoryWriter(HistoryStore.open(path))
     clock = [0.0]
-    second = HistoryWriter(HistoryStore.open(path), monotonic=lambda: clock[0])
+    second = HistoryWriter(HistoryStore.open(path), clock=replace(SYSTEM, now=lambda: clock[0]))
     assert first.store.writer and not second.store.writer
     assert "pid" in (second.status or "")
     start = time.time() - 3600
@@ -242,7 +244,7 @@ def test_the_app_says_history_is_paused(tmp_path):
 def test_a_clock_that_jumps_ahead_does_not_empty_the_file(tmp_path):
     path = tmp_path / "h.sqlite"
     mono = [0.0]
-    writer = HistoryWriter(HistoryStore.open(path), retention_days=1.0, monotonic=lambda: mono[0])
+    writer = HistoryWriter(HistoryStore.open(path), retention_days=1.0, clock=replace(SYSTEM, now=lambda: mono[0]))
     start = time.time() - 0.5 * DAY
 
     def sink(event, state):

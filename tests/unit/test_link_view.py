@@ -15,6 +15,7 @@ from sparktop.observe.linkparse import LinkRate
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.remote.local import LocalTransport
+from tests.helpers.monitor_sim import HandClock
 
 # A Spark cabled on its outer port: both halves of it up, the inner port's halves down.
 DEVICES = {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1", "rocep1s0f0": "enp1s0f0np0"}
@@ -48,38 +49,37 @@ async def test_the_probe_rates_the_link_from_its_counters_over_the_measured_inte
     fake_sys(tmp_path, {}, {})
     env = {"SPARKTOP_SYS_ROOT": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no ethtool: the port counters
     transport = LocalTransport("n", env=env)
-    probe = HostProbe("n", transport)
+    hand = HandClock()  # the probe's clock: the interval between its reads is what the test says it is
+    probe = HostProbe("n", transport, clock=hand.clock)
     if through == "node script":
         from tests.integration.test_process_discovery import ShellTransport
 
         shell = ShellTransport("n")
         shell._local = transport
-        probe = HostProbe("n", shell)
+        probe = HostProbe("n", shell, clock=hand.clock)
     first = await probe.poll()
     assert first.links == [] and first.machine is not None and first.machine.variant == "ASUS Ascent GX10"
-    t0 = time.monotonic()
-    # 1.25 GB out and 1 GB in on one half, half that on the other, a little kernel traffic.
+    # 1.25 GB out and 1 GB in on one half, half that on the other, a little kernel traffic, over 2.5 s.
     fake_sys(tmp_path, {"rocep1s0f1": (1_250_000_000 // 4, 1_000_000_000 // 4),
                         "roceP2p1s0f1": (625_000_000 // 4, 500_000_000 // 4)},
              {"enp1s0f1np1": (1_000_000, 2_000_000)})
-    time.sleep(0.3)
+    hand.advance(2.5)
     second = await probe.poll()
-    elapsed = time.monotonic() - t0
     by_dev = {p.rdma_device: p for p in second.links}
     assert set(by_dev) == set(DEVICES) and not by_dev["rocep1s0f0"].up
     half = by_dev["rocep1s0f1"]
     assert half.source == "port counters"
     # Bytes over the interval the probe measured between its two reads (not the 1 s it was asked for).
-    assert half.rdma_tx_gbps == pytest.approx(1.25 * 8 / half.seconds)
-    assert half.seconds <= elapsed + 0.05
-    assert half.rdma_rx_gbps == pytest.approx(1.0 * 8 / half.seconds)
-    assert half.kernel_tx_gbps == pytest.approx(2_000_000 * 8 / half.seconds / 1e9)
+    assert half.seconds == 2.5
+    assert half.rdma_tx_gbps == pytest.approx(1.25 * 8 / 2.5)
+    assert half.rdma_rx_gbps == pytest.approx(1.0 * 8 / 2.5)
+    assert half.kernel_tx_gbps == pytest.approx(2_000_000 * 8 / 2.5 / 1e9)
     assert second.machine is not None and second.machine.variant == "ASUS Ascent GX10"  # read once, kept
     state = ClusterState()
     state.apply(second)
     link = state.links["n"]
     assert {p.rdma_device for p in link.ports} == {"rocep1s0f1", "roceP2p1s0f1"}  # the ports that are up
-    assert link.rdma_tx_gbps == pytest.approx(1.875 * 8 / half.seconds)
+    assert link.rdma_tx_gbps == pytest.approx(1.875 * 8 / 2.5)
     assert link.capacity_gbps == 200  # two halves of ~100 Gb/s each, whatever each port's speed says
 
 

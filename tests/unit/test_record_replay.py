@@ -13,6 +13,7 @@ from sparktop.errors import SparktopError
 from sparktop.observe.record import Recorder, Recording, ReplaySource
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, Memory, NodeSnapshot
 from sparktop.observe.state import ClusterState, Reset
+from tests.helpers.simulated import simulated
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "recording-demo.jsonl"
 
@@ -96,7 +97,11 @@ def test_replaying_the_demo_recording_rebuilds_the_same_state():
         assert replayed.engine_history[key].values("gen_tps") == live.engine_history[key].values("gen_tps")
 
 
+@simulated
 async def test_pause_speed_and_seek():
+    """On simulated time (ReplaySource waits only with asyncio timeouts): a row
+    recorded a second after the last comes exactly 1/speed s later, so each
+    check looks a millisecond either side of when a row is due."""
     rec = Recording(Path("x"), {"recording": 1}, [(100.0 + i, node(100.0 + i, 10 + i)) for i in range(10)])
     source = ReplaySource(rec, speed=20.0)
     seen: list = []
@@ -105,20 +110,34 @@ async def test_pause_speed_and_seek():
         async for event in source.events():
             seen.append(event)
 
+    def times() -> list[float]:
+        return [e.t for e in seen if isinstance(e, NodeSnapshot)]
+
     task = asyncio.create_task(run())
-    await asyncio.sleep(0.18)  # ~3.6 recorded seconds at 20x
-    assert 2 <= len(seen) <= 6
-    source.pause()
-    await asyncio.sleep(0.05)
-    frozen = len(seen)
-    await asyncio.sleep(0.3)
-    assert len(seen) == frozen and source.paused
-    source.resume()
-    source.seek(-100)  # back to the start: everything is replayed from scratch
-    await asyncio.sleep(0.05)
-    resets = [i for i, e in enumerate(seen) if isinstance(e, Reset)]
-    assert resets and isinstance(seen[resets[-1] + 1], NodeSnapshot) and seen[resets[-1] + 1].t == 100.0
-    source.seek(1000)  # to the end
-    await asyncio.sleep(0.1)
-    assert seen[-1].t == 109.0 and source.finished
-    task.cancel()
+    try:
+        await asyncio.sleep(0.149)  # at 20x the row of 103 is due 0.15 s in
+        assert times() == [100.0, 101.0, 102.0]
+        await asyncio.sleep(0.002)
+        assert times() == [100.0, 101.0, 102.0, 103.0]
+        source.pause()
+        await asyncio.sleep(10.0)  # 200 recorded seconds, paused: nothing
+        assert times() == [100.0, 101.0, 102.0, 103.0] and source.paused
+        source.resume()
+        await asyncio.sleep(0.049)  # it goes on from where it stood, 103: 104 is 0.05 s away
+        assert times()[-1] == 103.0
+        await asyncio.sleep(0.002)
+        assert times()[-1] == 104.0
+        source.seek(-100)  # back to the start: everything is replayed from scratch
+        await asyncio.sleep(0.001)
+        assert isinstance(seen[-2], Reset) and times()[-1] == 100.0 and source.position == 100.0
+        source.speed = 10.0  # now a recorded second takes 0.1 s
+        await asyncio.sleep(0.099)
+        assert isinstance(seen[-2], Reset)  # at 20x 101 would have come at 0.05 s
+        await asyncio.sleep(0.002)
+        assert isinstance(seen[-3], Reset) and times()[-2:] == [100.0, 101.0]
+        source.seek(1000)  # to the end, at once: all of it within a simulated millisecond
+        await asyncio.sleep(0.001)
+        last = max(i for i, e in enumerate(seen) if isinstance(e, Reset))
+        assert [e.t for e in seen[last + 1:]] == [100.0 + i for i in range(10)] and source.finished
+    finally:
+        task.cancel()

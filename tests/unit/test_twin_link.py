@@ -14,6 +14,7 @@ import os
 import random
 import shlex
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -94,8 +95,9 @@ async def serve(url: str, requests: int = 6, words: int = 300, max_tokens: int =
         return sum(await asyncio.gather(*(one(client, i) for i in range(requests))))
 
 
-async def settled(read, want: float, timeout: float = 3.0) -> None:
-    """Until `read()` reaches `want` (the head moves the counters every half second)."""
+async def settled(read, want: float, timeout: float = 30.0) -> None:
+    """Until `read()` reaches `want` (the head moves the counters every half second); after `timeout` the
+    assertions that follow say what was read instead."""
     deadline = asyncio.get_running_loop().time() + timeout
     while read() < want and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
@@ -105,6 +107,7 @@ async def settled(read, want: float, timeout: float = 3.0) -> None:
 
 
 async def test_a_tp2_engine_moves_both_hosts_rdma_counters_by_the_models_bytes_on_both_halves(pair):
+    began = time.monotonic()  # before either node's link starts counting
     head, a, b = await pair()
     per_token = head.plan.perf.link_bytes_per_token()
     assert per_token > 100_000  # gpt-oss-120b over two nodes: ~400 KB a token each way
@@ -125,8 +128,10 @@ async def test_a_tp2_engine_moves_both_hosts_rdma_counters_by_the_models_bytes_o
         # NCCL on both HCAs: the cable's two halves share it evenly; the other port stands still.
         assert abs(sent[0] - sent[1]) <= 4 and min(sent) > 0
         assert rdma(host, "enp1s0f0np0") == rdma(host, "enP2p1s0f0np0") == (0, 0)
-        # The socket interface carries only NCCL's bootstrap: a few KB/s, nothing like the payload.
-        assert 0 < kernel(host, "enp1s0f1np1")[0] < 40_000
+        # The socket interface carries only NCCL's bootstrap: its few KB/s, over no more than the seconds since
+        # the engine began (however many this machine took).
+        trickle = kernel(host, "enp1s0f1np1")[0]
+        assert 0 < trickle <= link.CONTROL_BPS * (time.monotonic() - began)
 
 
 async def test_nccl_ib_disable_moves_the_kernel_bytes_instead_and_the_rdma_counters_stand_still(pair, monkeypatch):
@@ -287,7 +292,7 @@ async def run_tp2_pair(cluster: TwinCluster, ib_disable: str, head: str = "head"
         assert (await sh(node, "docker", "run", "-d", "--name", name, "--network", "host", *env, *labels, *role,
                          DEFAULT_IMAGE, *common, *rank)).ok
     url = f"http://{a.address}:{port}"
-    await wait_ready([url], timeout=30)
+    await wait_ready([url])  # two engines starting on a busy machine: its two minutes, not 30 s
     return url
 
 
@@ -304,7 +309,7 @@ async def test_a_tp2_launch_through_docker_moves_both_nodes_ports_as_the_model_s
 
         want = (used - 4) * PerfModel(find_card(MODEL), tp=2).link_bytes_per_token()
         read = (lambda n: kernel(b.host, n)[0]) if ib_disable == "1" else (lambda n: rdma(b.host, n)[0])
-        await settled(lambda: sum(read(n) for n in HALVES), int(want), timeout=5)
+        await settled(lambda: sum(read(n) for n in HALVES), int(want))
         for node in (a, b):
             stats = (await sh(node, "ethtool", "-S", "enp1s0f1np1")).stdout
             rows = dict(line.strip().split(": ", 1) for line in stats.splitlines()[1:])
@@ -343,7 +348,7 @@ async def test_a_tp2_layout_launched_by_the_demo_shows_the_models_traffic_on_bot
         used = await serve(plan.endpoints[0].url, requests=requests)
         want = (used - requests) * PerfModel(find_card(MODEL), tp=2).link_bytes_per_token()
         b = cluster.nodes[1].host
-        await settled(lambda: sum(rdma(b, n)[0] for n in HALVES), int(want), timeout=5)
+        await settled(lambda: sum(rdma(b, n)[0] for n in HALVES), int(want))
         for node in cluster.nodes:
             halves = [rdma(node.host, n) for n in HALVES]
             assert sum(sent for sent, _ in halves) == pytest.approx(want, rel=0.03), node.name

@@ -14,7 +14,6 @@ import io
 import json
 import re
 import shlex
-import time
 from pathlib import Path
 
 import aiohttp
@@ -22,13 +21,17 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.observe.engine_probe import EngineProbe
 from sparktop.observe.engines import Answer, EngineUnreachable, recognise
 from sparktop.observe.engines.trtllm import NAMES
+from sparktop.observe.prometheus import RATE_WINDOW_S
 from sparktop.observe.snapshot import FIGURES
 from sparktop.twin.dialects import trtllm
 from sparktop.twin.dialects.trtllm import TrtllmDialect, options_of
 from sparktop.twin.server import StartupError, TwinServer
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.simulated import sim_clock, simulated
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm"
 PERF = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
@@ -59,14 +62,14 @@ async def trt(tmp_path):
     servers: list[TwinServer] = []
 
     async def make(*flags: str, config: dict | None = None, model: str = MODEL, speed: float = 20.0,
-                   start: bool = True) -> tuple[TwinServer, TrtllmDialect]:
+                   start: bool = True, clock: Clock = SYSTEM) -> tuple[TwinServer, TrtllmDialect]:
         argv = [model, "--host", "127.0.0.1", "--port", "0", "--speed", str(speed), "--startup-speed", "1e6", *flags]
         if config is not None:
             path = tmp_path / f"extra-llm-api-config-{len(servers)}.yml"
             path.write_text(yaml.safe_dump(config))
             argv += ["--extra_llm_api_options", str(path)]
         dialect = TrtllmDialect()
-        server = TwinServer(dialect.parse(argv), log=io.StringIO(), dialect=dialect)
+        server = TwinServer(dialect.parse(argv), log=io.StringIO(), dialect=dialect, clock=clock)
         servers.append(server)
         if start:
             await server.start()
@@ -181,30 +184,59 @@ async def test_before_its_first_request_finishes_nothing_is_called_not_exported(
     assert served.not_exported == ["preemptions", "spec"] and served.kv_usage is not None
 
 
+@simulated
 async def test_tokens_counted_when_requests_end_never_read_as_a_burst(trt):
     """TensorRT-LLM adds a request's tokens when it ends. Four long requests ending together must not read as
-    their tokens over the last poll's seconds (a rate the GPU never ran): the monitor's figure stays near the
-    tokens generated over the time they took."""
-    server, _ = await trt(config=PERF, speed=3.0)
-    async with session() as client:
-        probe = EngineProbe(server.url, client)
-        await stream(client, server.url, 8)  # its series exist from the first finished request on
-        await probe.poll()
-        start = time.monotonic()
-        batch = asyncio.gather(*(stream(client, server.url, 400) for _ in range(4)))
-        rates = []
-        while not batch.done():
-            await asyncio.sleep(0.5)
-            rates.append((await probe.poll()).gen_tps or 0.0)
-        tokens = sum(await batch)
-        took = time.monotonic() - start
-        for _ in range(4):  # the polls right after they ended: where a burst would show
-            await asyncio.sleep(0.5)
-            rates.append((await probe.poll()).gen_tps or 0.0)
-    ran = tokens / took
-    assert took > 6, f"the batch took {took:.1f} s: too short to tell a burst from a rate"
-    assert max(rates) <= 1.3 * ran, f"read up to {max(rates):.0f} t/s; the engine ran {ran:.0f} t/s"
-    assert max(rates) >= 0.5 * ran
+    their tokens over the last poll's seconds (a rate the GPU never ran): every poll's figure is the tokens
+    counted over the whole window it looks back on, so it never exceeds what the engine ran.
+
+    On simulated time (tests/helpers/simulated.py): the twin's steps, the probe's stamps and the polls' pace
+    are the loop's clock, so each figure is exactly the counters the probe read over the seconds between."""
+    clock = sim_clock()
+    server, _ = await trt(config=PERF, speed=1.0, clock=clock)
+    proxy = await RecordingProxy(server.url).start()  # the very bodies the probe reads
+    try:
+        async with session() as client:
+            async def long_request() -> float:  # when its last token came
+                assert await stream(client, server.url, 400) > 400
+                return clock.now()
+
+            probe = EngineProbe(proxy.url, client, clock=clock)  # its stamps on the loop's clock too
+            await stream(client, server.url, 8)  # its series exist from the first finished request on
+            snaps = [await probe.poll()]
+            start = clock.now()
+            batch = asyncio.gather(*(long_request() for _ in range(4)))
+            while not batch.done():
+                await asyncio.sleep(1.0)
+                snaps.append(await probe.poll())
+            took = max(await batch) - start
+            for _ in range(4):  # the polls right after they ended: where a burst would show
+                await asyncio.sleep(1.0)
+                snaps.append(await probe.poll())
+    finally:
+        await proxy.stop()
+    bodies = [body.decode() for _, body in proxy.bodies["/prometheus/metrics"]]
+    assert len(bodies) == len(snaps)
+    counted = [sum(samples(text, "trtllm_generation_tokens_total")) for text in bodies]
+    tokens = counted[-1] - counted[0]
+    assert tokens == 4 * 400
+    # The tokens land in one scrape, all at once: over the poll before, they read as a burst.
+    jumps = [(counted[i + 1] - counted[i], snaps[i + 1].t - snaps[i].t) for i in range(len(counted) - 1)
+             if counted[i + 1] > counted[i]]
+    assert [n for n, _ in jumps] == [tokens]
+    burst, ran = tokens / jumps[0][1], tokens / took
+    assert burst > 10 * ran
+    # The batch outlasts the window other engines' rates are taken over: a rate over that window would read
+    # the burst too.
+    assert took > RATE_WINDOW_S
+    # Each poll: the tokens counted since the first poll, over the seconds since it.
+    rates = [s.gen_tps or 0.0 for s in snaps[1:]]
+    expected = [(counted[i] - counted[0]) / (snaps[i].t - snaps[0].t) for i in range(1, len(snaps))]
+    assert rates == pytest.approx(expected, rel=1e-5, abs=1e-9)
+    # Never more than the engine ran (to the rounding of epoch-second stamps); the first poll after the end
+    # reads the batch's tokens over little more than the time they took.
+    assert max(rates) <= ran * (1 + 1e-5), f"read up to {max(rates):.0f} t/s; the engine ran {ran:.0f} t/s"
+    assert max(rates) >= 0.8 * ran
 
 
 # -- 2. without return_perf_metrics there is nothing to read, and sparktop says so -----------------
@@ -459,14 +491,17 @@ async def test_a_model_that_does_not_fit_fails_as_trtllm_words_it(trt):
 # -- TensorRT-LLM's semantics: iteration gauges move when a request finishes ------------------------------------
 
 
+@simulated
 async def test_iteration_gauges_move_only_when_a_request_finishes(trt):
-    server, _ = await trt(config=PERF, speed=5.0)
+    # On simulated time: the scrape comes while the request is a tenth of the way through, however busy the
+    # machine (on real time a stall could let it finish first).
+    server, _ = await trt(config=PERF, speed=5.0, clock=sim_clock())
     async with session() as client:
         long = asyncio.create_task(stream(client, server.url, 120))
-        while server.engine is None or not server.engine.running:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
+        while server.engine is None or not server.engine.running or server.engine.running[0].output_count < 12:
+            await asyncio.sleep(0.001)
         during = await scrape(client, server.url)
+        assert server.engine.running and server.engine.running[0].output_count < 120
         await long
         after = await scrape(client, server.url)
     assert samples(during, "trtllm_num_requests_running") == []  # nothing finished yet: no gauge at all

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.test_report_browser import pixels
@@ -107,6 +108,19 @@ def test_with_allow_control_l_opens_the_launcher(cluster, web_control, browser):
         assert "llama-3.1-8b" in text and "read-only" not in text
 
 
+def _sessions(pids: set[int]) -> dict[int, str]:
+    """Of these processes, the sessions' (each runs `sparktop monitor`, started through a shell's exec)."""
+    found = {}
+    for pid in pids:
+        try:
+            line = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if "sparktop monitor" in line:
+            found[pid] = line
+    return found
+
+
 def test_without_the_token_401_and_no_app_process(web_read_only, browser):
     server = web_read_only
     before = server.children()
@@ -128,15 +142,14 @@ def test_without_the_token_401_and_no_app_process(web_read_only, browser):
             response = page.goto(url)
             assert response is not None and response.status == 401
             assert "needs its token" in page.content()
-        time.sleep(1.5)
-        started = server.children() - before
-        assert not started, f"processes started without the token: {started}"
-        # The check can fail: with the token, a session's process starts.
+        # Then with the token: a session's process starts (so the check can fail). One started by a request
+        # without it would be there by then, as the server took those first: after it, exactly one session.
         page.goto(f"{server.url}/?token={TOKEN}")
-        deadline = time.monotonic() + 15
-        while not server.children() - before:
+        deadline = time.monotonic() + 30
+        while not (started := _sessions(server.children() - before)):
             assert time.monotonic() < deadline, "no session process with the token either"
             time.sleep(0.2)
+        assert len(started) == 1, f"processes started without the token: {started}"
     finally:
         context.close()
     log = server.output()

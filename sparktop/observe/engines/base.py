@@ -50,7 +50,7 @@ class Answer:
     status: int
     headers: Mapping[str, str]  # lower-case names
     body: bytes
-    # When the body arrived (time.monotonic()): counters are rated on the clock of their reading, not of the
+    # When the body arrived (on the probe's clock): counters are rated on the clock of their reading, not of the
     # poll's start, so a slow answer from a busy server does not bend the rate. 0 when unknown.
     at: float = 0.0
 
