@@ -11,7 +11,7 @@ history writer all read time through a `Clock` they are given:
   request's start, first token and token times.
 
 `SYSTEM` is the machine's clock (`time.monotonic`, the clock asyncio's
-loops sleep on; `time.time`; `perf_counter` offset to the epoch once). `LoopClock` reads a running asyncio
+loops sleep on; `time.time`; `perf_counter` offset to the epoch once). `loop_clock()` reads a running asyncio
 loop's own clock instead: on an ordinary loop that is the same monotonic
 clock, and on a virtual-time loop (the tests run an in-process twin and a
 sweep on one, with `looptime`) every step the twin takes, every chunk the

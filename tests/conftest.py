@@ -19,9 +19,11 @@ import fcntl
 import io
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,7 @@ from sparktop.twin.args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from tests.helpers import venvs
 from tests.helpers.netns import enter_own_network, isolated_python
-from tests.helpers.prepare import LOG, TOOLS
+from tests.helpers.prepare import LOG, TOOLS, needed
 
 _preparing: list[subprocess.Popen] = []
 
@@ -50,34 +52,67 @@ def pytest_configure(config):
         config.option.tx = [f"popen//python={shlex.join(wrapper)}" if tx == "popen" else tx
                             for tx in config.option.tx]
     if os.environ.get("SPARKTOP_TEST_PREPARE", "1") != "0":
-        needed = [name for name, (_, marks) in TOOLS.items() if _may_run(config, marks)]
-        if needed:
-            venvs.LAB.mkdir(exist_ok=True)
-            # Locked here and handed over, so a worker never finds the lock free before `prepare` has begun.
-            lock = os.open(venvs.PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with open(LOG, "a") as log:
-                _preparing.append(subprocess.Popen([sys.executable, "-m", "tests.helpers.prepare", *needed],
-                                                   stdout=log, stderr=subprocess.STDOUT, pass_fds=[lock],
-                                                   cwd=str(venvs.LAB.parent)))
-            os.close(lock)
+        _prepare(config)
 
 
-def _may_run(config, marks: tuple[str, ...]) -> bool:
-    """Whether `-m` lets any test carrying one of `marks` run."""
+def _prepare(config) -> None:
+    """Start making, in the background, the tools this run's tests will want."""
+    tools = needed(_selected_paths(config), _marks_selector(config))
+    if not tools:
+        return
+    venvs.LAB.mkdir(exist_ok=True)
+    # Locked here and handed over, so a worker never finds the lock free before `prepare` has begun.
+    lock = os.open(venvs.PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another run's `prepare` is at work: the workers wait for it as they would for ours
+        os.close(lock)
+        print("tests: another `prepare` is making the tools; this run's workers wait for it", file=sys.stderr)
+        return
+    # What an earlier run could not make is tried again; until then a worker must not read the old reason.
+    for name in tools:
+        TOOLS[name].forget_failure()
+    with open(LOG, "a") as log:
+        _preparing.append(subprocess.Popen([sys.executable, "-m", "tests.helpers.prepare", *tools],
+                                           stdout=log, stderr=subprocess.STDOUT, pass_fds=[lock],
+                                           cwd=str(venvs.LAB.parent), start_new_session=True))
+    os.close(lock)
+
+
+def _selected_paths(config) -> list[str]:
+    """The run's paths, relative to the project ("tests/unit", "tests/real/x.py::test_y")."""
+    out = []
+    for arg in config.args or ["."]:
+        path, _, rest = str(arg).partition("::")
+        try:
+            rel = (Path(config.invocation_params.dir) / path).resolve().relative_to(config.rootpath)
+        except ValueError:
+            continue
+        out.append(rel.as_posix() + (f"::{rest}" if rest else ""))
+    return out
+
+
+def _marks_selector(config):
+    """Whether `-m` selects a test carrying exactly a given set of markers."""
     expr = config.getoption("markexpr", "")
     if not expr:
-        return True
-    from _pytest.mark.expression import Expression
+        return lambda marks: True
+    from _pytest.mark.expression import Expression  # pytest's own -m grammar (pytest<9, pinned)
 
     compiled = Expression.compile(expr)
-    return any(compiled.evaluate(lambda name, m=m, **kw: name == m) for m in marks)
+    return lambda marks: compiled.evaluate(lambda name, **kw: name in marks)
 
 
 def pytest_unconfigure(config):
     for proc in _preparing:
-        if proc.poll() is None:  # a run cut short: what was half made is made again next time
-            proc.terminate()
+        if proc.poll() is None:  # a run cut short: its installs and build stop too, and are made again next time
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 # How long each kind of group takes decides when it is handed out: the longest first, so that no worker is

@@ -141,6 +141,9 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             await server.close()
         await poller.close()
         writer.close()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
     say(f"history written to {store.path}")
     return 0
 

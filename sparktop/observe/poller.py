@@ -51,6 +51,7 @@ from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, 
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
+OUTAGE_POLLS = 3  # failed polls in a row that make an engine's silence an outage (its rates start afresh)
 
 
 Event = ObserveEvent  # the poller yields observation events (snapshots and the notices they give)
@@ -242,6 +243,7 @@ class Poller:
         for task in tasks:
             task.cancel()
         self._wake.set()  # a worker that missed its cancel (see `_node_loop`) stops sleeping, and ends
+        self._running.set()  # ... and one paused stops waiting to be resumed
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._client:
             await self._client.close()
@@ -324,8 +326,8 @@ class Poller:
             deadline = min(deadline, self.clock.now() + self._interval)
 
     async def _node_loop(self, w: _NodeWorker) -> None:
-        # Until closed, not only until cancelled: on Python 3.11 a cancel that comes as a command ends (its
-        # `asyncio.wait_for` returning) can be lost, and `close()` would wait for this loop for ever.
+        # Until closed, not only until cancelled: on Python 3.11 a cancel that comes as a wait ends can be lost
+        # (the transports use asyncio.timeout for that reason), and `close()` would wait for this loop for ever.
         while not self._closed:
             await self._running.wait()
             started = self.clock.now()
@@ -436,7 +438,10 @@ class Poller:
             except EngineUnreachable as exc:
                 definite = "refused" in exc.reason
                 w.health.fail(exc.reason, definite)
-                if w.ever_ready and w.health.failures == 1:
+                # Gone (refused), or silent for several polls: whatever answers next is recognised again and
+                # rated afresh. One slow answer from a busy engine is not an outage: its counters go on, and
+                # forgetting them would read a window's tokens as none (a restart shows in the counters).
+                if w.ever_ready and (definite and w.health.failures == 1 or w.health.failures == OUTAGE_POLLS):
                     w.probe.forget()
                 await self._engine_failed(w, exc)
                 delay = w.health.backoff(self._interval)

@@ -254,7 +254,8 @@ class SSHTransport:
         if conn is not None:
             conn.close()
             with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
-                await asyncio.wait_for(conn.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await conn.wait_closed()
 
     def __repr__(self) -> str:
         return f"SSHTransport({self.name!r})"

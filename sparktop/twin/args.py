@@ -3,8 +3,9 @@
 The twin accepts the flags sparktop's recipes pass to vLLM. Flags it has no
 use for (attention backends, parsers, compilation settings) are accepted and
 listed in the log's "non-default args", as vLLM would, so a real launch
-command runs unchanged against the twin. Four flags are the twin's own:
-`--speed`, `--startup-speed`, `--twin-home` and `--request-log` (one JSON
+command runs unchanged against the twin. Five flags are the twin's own:
+`--speed`, `--startup-speed`, `--store-wait` (real seconds a tensor-parallel
+head and its workers wait for each other), `--twin-home` and `--request-log` (one JSON
 line per request served or aborted, with the server's own timestamps,
 which vLLM only sums into its histograms: what a test holds a client's
 first-token clock to, request by request).
@@ -61,6 +62,7 @@ class ServeArgs:
     max_num_queued_tokens: int | None = None
     speed: float = 1.0
     startup_speed: float | None = None
+    store_wait: float | None = None
     twin_home: str | None = None
     request_log: str | None = None
     extra: list[str] = field(default_factory=list)
@@ -119,6 +121,8 @@ def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
     p.add_argument("--max-num-queued-tokens", type=int)
     p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
     p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
+    p.add_argument("--store-wait", type=float, help="(twin) seconds a multi-node head and its workers wait for "
+                   "each other (default: torch's 600 s store timeout at the start-up speed, at least 30)")
     p.add_argument("--twin-home", help="(twin) the simulated host's state directory")
     p.add_argument("--request-log", help="(twin) append a JSON line per request served or aborted: its tokens and the "
                    "server's monotonic timestamps (received, arrival, first_token, first_sent, last_sent)")
@@ -171,6 +175,7 @@ def parse_serve_args(argv: list[str], prog: str = "vllm serve") -> ServeArgs:
         max_num_queued_tokens=ns.max_num_queued_tokens,
         speed=speed,
         startup_speed=ns.startup_speed,
+        store_wait=ns.store_wait,
         twin_home=ns.twin_home,
         request_log=ns.request_log,
         extra=extra,

@@ -241,8 +241,10 @@ class Engine(Scheduler):
             if plan is None:
                 # Nothing can run (e.g. a request larger than the cache): wait for change.
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose the cancel `stop()` sends.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._wake.wait()
                 continue
             work, preempted = plan
             self._in_step = True

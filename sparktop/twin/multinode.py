@@ -34,6 +34,16 @@ if TYPE_CHECKING:
     from sparktop.twin.ray import RayDriver
 
 HEAD_WAIT_SECONDS = 600.0  # torch.distributed's store timeout, in modeled time
+# The store timeout is what the head and its workers wait for each other. Sped up with start-up, it would be
+# 2 s at the lab's 300x: less than another twin process takes to start on a busy machine (its Python and
+# its imports are real time, which no speed-up shortens), so a launch would fail on the machine's pace.
+PROCESS_START_S = 30.0
+
+
+def store_wait(startup_speed: float) -> float:
+    """Seconds the head waits for its workers and a worker for its head: the store timeout at the twin's
+    start-up speed, but never less than a process takes to start here."""
+    return max(HEAD_WAIT_SECONDS / startup_speed, PROCESS_START_S)
 LINK_EVERY_S = 0.5  # how often the link counters move (on the head and, told by it, on the other nodes)
 
 
@@ -116,7 +126,7 @@ class MultiNode:
             raise StartupError(f"torch.distributed.DistNetworkError: failed to bind {init}: {exc.strerror}") from exc
         log.engine("parallel_state.py:1410", f"Waiting for {args.nnodes - 1} more node(s) to join at {init}")
         self.stage = "waiting for workers"
-        wait = HEAD_WAIT_SECONDS / self.startup_speed
+        wait = args.store_wait or store_wait(self.startup_speed)
         try:
             await self._rdv.wait(wait, {"used_mib": used_mib})
         except TimeoutError:
@@ -182,7 +192,7 @@ class MultiNode:
         rank = args.node_rank
         log.info("api_server.py:1931", f"Launching headless worker rank {rank} (nnodes={args.nnodes}) "
                                        f"for {args.model}; master tcp://{args.master_addr}:{args.master_port}")
-        wait = HEAD_WAIT_SECONDS / self.startup_speed
+        wait = args.store_wait or store_wait(self.startup_speed)
         try:
             reader, writer, reply = await join(args.master_addr, args.master_port, {
                 "rank": rank, "model": args.model, "host": self.host.name if self.host else socket.gethostname(),

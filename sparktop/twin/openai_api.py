@@ -366,12 +366,7 @@ class OpenAIRoutes:
                        continuous=bool(opts.get("continuous_usage_stats")),
                        token_ids=bool(body.get("return_token_ids")), prompt_ids=prompt_ids, received=received)
         seq.stream = req.stream
-        # vLLM's API server spends `request_overhead_s` on a request (parsing, the chat template, tokenizing)
-        # before its engine sees it. The model charges it per request and so does the twin, counting its own
-        # handling so far toward it: on a virtual clock that handling took no time, here a few milliseconds.
-        api = plan.perf.k.request_overhead_s / self.speed - (self.clock.now() - received)
-        if api > 0:
-            await asyncio.sleep(api)
+        await self._charge_api(received)
         engine.submit(seq)
         try:
             if req.stream:
@@ -389,6 +384,17 @@ class OpenAIRoutes:
                 engine.abort(seq)
             if self.args.request_log:
                 self._log_request(self.args.request_log, seq, req)
+
+    async def _charge_api(self, received: float) -> None:
+        """The API server's cost of a generation request (parsing, the chat template, tokenizing), slept before
+        the engine sees it. The model (`sparktop.model.simulate.predict`) charges `request_overhead_s` per request
+        whatever the runtime, so every dialect's generation path calls this just before `engine.submit`. The
+        handling since `received` (its handler's start, on `self.clock`) counts toward it: none on a virtual
+        clock, a few milliseconds on the machine's."""
+        assert self.plan is not None, "the API server starts after the plan"
+        api = self.plan.perf.k.request_overhead_s / self.speed - (self.clock.now() - received)
+        if api > 0:
+            await asyncio.sleep(api)
 
     def _log_request(self, path: str, seq: Sequence, req: _Request) -> None:
         """`--request-log`: what the server saw of one request, on the server's clock (`TwinServer.clock`:

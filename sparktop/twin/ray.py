@@ -136,7 +136,8 @@ class Gcs:
 
 async def member(host: TwinHost, head_ip: str, head_port: int, ip: str) -> int:
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(head_ip, head_port), 10)
+        async with asyncio.timeout(10):  # not wait_for, which can lose a cancel on Python 3.11
+            reader, writer = await asyncio.open_connection(head_ip, head_port)
     except (TimeoutError, OSError) as exc:
         print(f"ConnectionError: Unable to connect to GCS at {head_ip}:{head_port}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -233,7 +234,8 @@ class RayDriver:
 
     async def connect(self, gpus: int, used_mib: int) -> list[str]:
         ip, port = self.address.rsplit(":", 1)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, int(port)), 10)
+        async with asyncio.timeout(10):
+            reader, writer = await asyncio.open_connection(ip, int(port))
         self.reader, self.writer = reader, writer
         await wire.send(writer, {"op": "driver", "engine": self.engine, "gpus": gpus, "used_mib": used_mib})
         reply = await wire.recv(reader)

@@ -68,7 +68,8 @@ class HeadRendezvous:
 
     async def wait(self, timeout: float, hello: dict) -> None:
         self._hello = hello
-        await asyncio.wait_for(self._joined.wait(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for, which can lose a cancel on Python 3.11
+            await self._joined.wait()
 
     async def broadcast(self, message: dict) -> None:
         for peer in list(self.peers):
@@ -90,7 +91,8 @@ async def join(master_addr: str, master_port: int, hello: dict, timeout: float):
     last: Exception | None = None
     while loop.time() < deadline:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(master_addr, master_port), 2)
+            async with asyncio.timeout(2):
+                reader, writer = await asyncio.open_connection(master_addr, master_port)
         except (TimeoutError, OSError) as exc:
             last = exc
             await asyncio.sleep(0.2)

@@ -56,7 +56,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self.card = find_card(args.model)
         if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
             self.card = dataclasses.replace(self.card, quant=Quantization.of(args.quantization))
-        self.log = self.dialect.logger(log)
+        self.log = self.dialect.logger(log, clock)
         self.host = host if host is not None else (TwinHost(args.twin_home) if args.twin_home else TwinHost.from_env())
         # A simulated host may set its own pace (the lab speeds startup up);
         # flags given on the command line win.

@@ -28,9 +28,11 @@ async def recv(reader: asyncio.StreamReader) -> dict | None:
 
 async def request(host: str, port: int, message: dict, timeout: float = 5.0) -> dict | None:
     """One request, one reply, then close."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    async with asyncio.timeout(timeout):  # not wait_for, which can lose a cancel on Python 3.11
+        reader, writer = await asyncio.open_connection(host, port)
     try:
         await send(writer, message)
-        return await asyncio.wait_for(recv(reader), timeout)
+        async with asyncio.timeout(timeout):
+            return await recv(reader)
     finally:
         writer.close()

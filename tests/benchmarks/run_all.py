@@ -1,6 +1,6 @@
 """Run the benchmarks and write one table of their figures, sparktop's beside the other's.
 
-    .venv/bin/python -m tests.benchmarks.run_all --out bench-results/           # everything (about an hour)
+    .venv/bin/python -m tests.benchmarks.run_all --out bench-results/           # everything (about 40 minutes)
     .venv/bin/python -m tests.benchmarks.run_all --out bench-results/ --quick   # fewer pairs and levels
     .venv/bin/python -m tests.benchmarks.run_all --only benchy_twin,twin_vs_predict
     .venv/bin/python -m tests.benchmarks.run_all --list

@@ -110,7 +110,12 @@ def test_solo_launches_answers_is_watched_swept_and_stops(lab, model, tmp_path):
              "--json", "--results", str(results)], capture_output=True, text=True, timeout=300, env=lab.env())
         assert swept.returncode == 0, swept.stderr[-2000:]
         levels = {lv["concurrency"]: lv for lv in json.loads(swept.stdout)["levels"]}
-        assert set(levels) == {1, 2} and all(lv["errors"] == 0 and lv["tg_tps_req"] > 0 for lv in levels.values())
+        assert set(levels) == {1, 2} and all(lv["errors"] == 0 for lv in levels.values())
+        # A decode rate where the streams came token by token; where a busy machine read a stream's 32 tokens
+        # at once, the level says how many it could not time instead of printing a rate it did not measure.
+        for lv in levels.values():
+            assert lv["requests"] == lv["concurrency"] * 2
+            assert (lv["tg_tps_req"] or 0) > 0 or lv["tg_unmeasured"] == lv["requests"], lv
 
         # The engine killed in the middle of a sweep ends it as it would on a Spark.
         long = subprocess.Popen(

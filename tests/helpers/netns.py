@@ -60,7 +60,9 @@ def isolated_python() -> list[str] | None:
     unshare = shutil.which("unshare")
     if unshare is None:
         return None
-    argv = [unshare, "--net", "--pid", "--fork", "--mount-proc", sys.executable,
+    # --kill-child: when xdist kills a worker (it kills this `unshare`), its PID 1 gets SIGKILL, and with it
+    # everything the worker started; without it the namespace would outlive the run.
+    argv = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable,
             str(Path(__file__).with_name("worker_init.py")), sys.executable]
     probe = subprocess.run([*argv, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return argv if probe.returncode == 0 and probe.stdout.strip() == "2" else None

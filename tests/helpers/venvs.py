@@ -85,19 +85,26 @@ def wait_for(marker: Path, what: str) -> None:
         if not preparing():
             if marker.exists():
                 break
+            log = LAB / "prepare.log"
+            last = log.read_text().strip().splitlines()[-1:] if log.exists() else []
             raise RuntimeError(f"{what} is not installed, and this test worker has no network (it runs in a "
                                "namespace of its own): run `.venv/bin/python -m tests.helpers.prepare` first, "
-                               "or run the test without -n")
+                               "or run the test without -n" + (f" (.lab/prepare.log ends: {last[0]})" if last else ""))
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} still not ready after {WAIT_S:.0f} s (see .lab/prepare.log)")
         time.sleep(1.0)
 
 
+def venv_dir(spec: str, name: str | None = None) -> Path:
+    """`.lab/<name>`, by default the spec with `==` as `-`."""
+    return LAB / (name or spec.replace("==", "-").replace("[", "-").replace("]", ""))
+
+
 def ensure_tool(spec: str, exe: str, name: str | None = None, remove: list[str] | None = None) -> Path:
-    """The executable `exe` of package `spec` installed in `.lab/<name>`
-    (default: the spec with `==` as `-`); the packages in `remove` are
-    uninstalled after it (dependencies that break it)."""
-    venv = LAB / (name or spec.replace("==", "-").replace("[", "-").replace("]", ""))
+    """The executable `exe` of package `spec` installed in its venv
+    (`venv_dir`); the packages in `remove` are uninstalled after it
+    (dependencies that break it)."""
+    venv = venv_dir(spec, name)
     path = venv / "bin" / exe
 
     def make() -> None:

@@ -6,10 +6,11 @@ In its namespaces the worker has its own loopback (the lab's and the demo's
 fixed addresses and ports are its own) and its own process table (`/proc`
 shows only what this worker started, so a monitor test sees no other
 worker's engines). This process is their PID 1: it brings the loopback up,
-starts the worker, forwards the signals a worker is sent, reaps what is
-orphaned (daemons the stand-ins start) so nothing lingers as a zombie, and
-exits with the worker's status, which ends every process left in the
-namespace with it.
+starts the worker, passes on the signals it is sent (a terminal's Ctrl-C
+reaches the whole process group anyway; `unshare --kill-child` SIGKILLs
+this process when xdist kills the worker), reaps what is orphaned (daemons
+the stand-ins start) so nothing lingers as a zombie, and exits with the
+worker's status, which ends every process left in the namespace with it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def main(argv: list[str]) -> int:
         except InterruptedError:
             continue
         if pid == worker:
-            return os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell says
 
 
 if __name__ == "__main__":

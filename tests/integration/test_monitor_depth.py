@@ -170,6 +170,46 @@ async def test_tokens_per_second_are_over_the_window_the_user_chose(rate_window)
     assert full >= 5 and gen[-1] > gen[0]
 
 
+@simulated
+async def test_one_slow_answer_from_a_busy_engine_keeps_the_rate_window():
+    """A busy engine's /metrics can take longer than a poll may wait: that poll fails, and the next ones
+    answer. The counters went on meanwhile, so the next rate is still the growth over the whole window,
+    scrapes from before the slow answer included, not a fresh start that reads the window's tokens as
+    none. (Status printed 0.0 t/s for a real vLLM that served 1,500 tokens in its window, so.)"""
+    clock = sim_clock()
+    async with sim_twin("llama-3.1-8b", "--max-num-seqs", "4", speed=4, clock=clock) as server:
+        proxy = RecordingProxy(server.url)
+        forward = proxy._forward
+        seen = []
+
+        async def stalls_once(request):  # the fourth /metrics answer comes after the poll gave up on it
+            if request.path == "/metrics":
+                seen.append(clock.now())
+                if len(seen) == 4:
+                    await asyncio.sleep(60)
+            return await forward(request)
+
+        proxy._forward = stalls_once  # type: ignore[method-assign]
+        await proxy.start()
+        poller = Poller([], [EngineTarget(proxy.url)], interval=1.0, default_port=None, rate_window=10.0,
+                        clock=clock)
+        await poller.start()
+        try:
+            events, _ = await asyncio.gather(watch(poller, ClusterState(), 12), load(server.url, 12))
+        finally:
+            await poller.close()
+            await proxy.stop()
+    ready = [e for e in events if isinstance(e, EngineSnapshot) and e.state == "ready"]
+    # The slow poll was given up on: the only gap between answers longer than a poll.
+    gaps = [j for j in range(1, len(ready)) if ready[j].t - ready[j - 1].t > 1.5]
+    assert len(gaps) == 1 and gaps[0] == 3, [round(e.t - ready[0].t, 2) for e in ready]
+    before, after = ready[:3], ready[3]
+    # From the oldest scrape inside the window, which came before the slow answer.
+    oldest = next(e for e in before if after.t - e.t <= 10.0)
+    expected = (after.gen_tokens_total - oldest.gen_tokens_total) / (after.t - oldest.t)
+    assert after.gen_tps == pytest.approx(expected, rel=1e-6) and expected > 0
+
+
 @slow
 async def test_an_engine_killed_and_restarted_gives_down_back_restarted_in_order():
     port = free_port()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -211,9 +212,9 @@ async def test_cancelled_sweep_keeps_what_finished_and_resumes(tmp_path):
 
 def test_a_twin_killed_at_c16_leaves_every_finished_request_on_disk(tmp_path, capsys):
     """The twin process is killed once c16's first requests are on disk. It admits 2 requests at a time, so
-    the first c16 records come while 30 of the level's 32 still need 15 rounds of 64 modeled decode steps
-    (4 s at speed 10; a twin is never ahead of its model, it only catches up a quarter of a second it was
-    late): the kill lands inside c16 however busy the machine, not in a race with the level's end."""
+    the first c16 records come while 30 of the level's 32 still need 15 rounds of 64 modeled decode steps;
+    and the moment one is seen the twin is frozen (SIGSTOP) before it is killed, so the level cannot end
+    between the two however slowly this test is scheduled."""
     twin, url = start_twin_process("llama-3.1-8b", "--max-num-seqs", "2", speed=10)
     try:
         results = tmp_path / "results"
@@ -231,6 +232,8 @@ def test_a_twin_killed_at_c16_leaves_every_finished_request_on_disk(tmp_path, ca
             assert sweep.poll() is None, sweep.communicate()[1][-1000:]
             assert time.monotonic() < deadline, "no c16 request finished within 120 s"
             time.sleep(0.05)
+        twin.send_signal(signal.SIGSTOP)  # frozen mid-level: no request of c16 finishes from here on
+        frozen = {(r["level"], r["run"], r["index"]) for r in on_disk()}
         twin.kill()
         out, err = sweep.communicate(timeout=120)
     finally:
@@ -245,7 +248,8 @@ def test_a_twin_killed_at_c16_leaves_every_finished_request_on_disk(tmp_path, ca
     assert [lv.concurrency for lv in run.levels()][:2] == [1, 4]
     assert len([r for r in run.records if r.level in (1, 4)]) == 2 + 8
     at_c16 = [r for r in run.records if r.level == 16]
-    assert any(r.ok for r in at_c16), "the c16 requests that finished before the kill are kept"
+    kept = {(r.level, r.run, r.index) for r in at_c16 if r.ok}
+    assert kept and kept >= {f for f in frozen if f[0] == 16}, "the c16 requests that finished before the kill"
     assert any(r.error for r in at_c16) and len(at_c16) < 2 * 16
     assert not any(r.level == 32 for r in run.records)  # it stopped
 

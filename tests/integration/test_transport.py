@@ -102,11 +102,9 @@ async def test_unreachable_host_is_a_one_line_error():
 async def test_a_command_that_hangs_times_out_and_the_connection_survives(sshd):
     t = via_alias(sshd)
     try:
-        started = time.monotonic()
+        # Cut at its timeout: a run that waited for the command would return it, finished, instead.
         with pytest.raises(CommandTimeout) as info:
             await t.run("sleep 60", timeout=0.5)
-        # A hang detector, not a latency: cut at its timeout, not when the command ends (60x the timeout apart).
-        assert time.monotonic() - started < 30
         assert "timed out after 0.5s" in str(info.value)
         assert (await t.run("echo still-here")).stdout == "still-here\n"
     finally:
@@ -181,10 +179,8 @@ async def test_local_timeout_kills_the_whole_command():
     t = LocalTransport()
     # A length no other command on this machine sleeps for (another worker may run this test too).
     length = f"61.{secrets.randbelow(10**6):06d}"
-    started = time.monotonic()
-    with pytest.raises(CommandTimeout):
+    with pytest.raises(CommandTimeout):  # a run that waited for the sleeps would return, not raise
         await t.run(f"sleep {length} & sleep {length}; wait", timeout=0.3)
-    assert time.monotonic() - started < 30  # a hang detector: cut at the timeout, not after the sleeps
     # Both sleeps were killed (SIGKILL to the group), the one in the background too: gone long before they
     # would have ended on their own.
     pattern = f"[s]leep {length}"

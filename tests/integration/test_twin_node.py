@@ -169,7 +169,8 @@ async def test_tp2_head_without_its_worker_times_out(cluster):
     port, master = free_port(a.address), free_port(a.address)
     r = await sh(a, "docker", "run", "-d", "--name", "lonely", "--network", "host", DEFAULT_IMAGE, "gemma4-26b-a4b",
                  "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", a.address, "--master-port",
-                 str(master), "--host", a.address, "--port", str(port), "--startup-speed", "300")
+                 str(master), "--host", a.address, "--port", str(port), "--startup-speed", "300",
+                 "--store-wait", "2")  # no worker is coming: the head need not wait for one to start
     assert r.ok
     await exited(a, "lonely")
     logs = (await sh(a, "docker", "logs", "lonely")).stdout

@@ -72,17 +72,13 @@ def test_each_session_runs_this_monitor_with_the_watch_options_quoted(tmp_path):
 async def test_a_session_that_does_not_quit_is_ended_when_the_server_stops():
     """One still starting (it cannot hear textual-serve's quit) and one that ignores SIGTERM: both end."""
     import asyncio
-    import time
 
     slow = await asyncio.create_subprocess_exec("sleep", "60")
     stubborn = await asyncio.create_subprocess_exec("sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60")
     finished = await asyncio.create_subprocess_exec("true")
     await finished.wait()
-    started = time.monotonic()
     await web.end_processes([slow, stubborn, finished], grace=0.5)
-    # A hang detector (the sessions sleep a minute; the grace is half a second three times): it did not
-    # wait for them to end on their own.
-    assert time.monotonic() - started < 30
+    # Signalled, not waited for: a session left to end on its own would exit 0, a minute later.
     for proc in (slow, stubborn):  # signalled, but on a busy machine perhaps not yet reaped
         await asyncio.wait_for(proc.wait(), 30)
     assert slow.returncode == -15 and stubborn.returncode == -9 and finished.returncode == 0

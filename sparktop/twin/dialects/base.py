@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from aiohttp import web
 
+from sparktop.clock import SYSTEM, Clock
+
 if TYPE_CHECKING:
     from sparktop.twin.args import ServeArgs
     from sparktop.twin.server import TwinServer
@@ -36,10 +38,15 @@ class TwinLog:
     """Log lines in one engine's format; `info`/`warning`/`error`/`engine`
     take the source location vLLM prints (others ignore it or print their own)."""
 
-    def __init__(self, stream: TextIO | None = None, process: str = "APIServer"):
+    def __init__(self, stream: TextIO | None = None, process: str = "APIServer", clock: Clock = SYSTEM):
         self.stream = stream or sys.stdout
         self.process = process
         self.pid = os.getpid()
+        self.clock = clock  # the server's (`TwinServer.clock`), for a log that counts time (llama.cpp's)
+
+    def use_clock(self, clock: Clock) -> None:
+        """Keep time on `clock` from now on: the server's, when it made this log without giving it."""
+        self.clock = clock
 
     def _write(self, text: str) -> None:
         try:
@@ -159,8 +166,8 @@ class Dialect:
 
     # -- start-up -----------------------------------------------------------------
 
-    def logger(self, stream: TextIO | None) -> TwinLog:
-        return self.log_class(stream)
+    def logger(self, stream: TextIO | None, clock: Clock = SYSTEM) -> TwinLog:
+        return self.log_class(stream, clock=clock)
 
     def startup_stages(self, plan: StartupPlan, load_format: str) -> dict[str, float]:
         """The start-up stages this engine goes through, in seconds."""

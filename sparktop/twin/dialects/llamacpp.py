@@ -38,13 +38,13 @@ import itertools
 import json
 import secrets
 import string
-import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from aiohttp import web
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import find_card
 from sparktop.model.gguf import gguf_card, gguf_format, gguf_names
 from sparktop.model.scheduler import FinishEvent, Sequence, TokenEvent
@@ -137,10 +137,17 @@ def ftype_name(quant: str | None) -> str:
 class LlamaLog(TwinLog):
     """llama.cpp's log: the time since start (minutes.seconds.ms.µs), a level letter, a module tag."""
 
-    started = time.monotonic()
+    def __init__(self, stream: TextIO | None = None, process: str = "APIServer", clock: Clock = SYSTEM):
+        super().__init__(stream, process, clock)
+        self.started = clock.now()  # the server's start, on its clock: the stamps count from there
+
+    def use_clock(self, clock: Clock) -> None:
+        if clock is not self.clock:  # another clock: the stamps count from now on it
+            super().use_clock(clock)
+            self.started = clock.now()
 
     def line(self, level: str, where: str, message: str, process: str | None = None) -> None:
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock.now() - self.started
         m, s = divmod(int(elapsed), 60)
         us = int((elapsed - int(elapsed)) * 1e6)
         stamp = f"{m}.{s:02d}.{us // 1000:03d}.{us % 1000:03d}"
@@ -213,14 +220,14 @@ class Slots:
         self.slots = [Slot(i, n_ctx) for i in range(count)]
         self.tasks: dict[Sequence, Task] = {}
         self._ids = itertools.count()
-        self._started = time.monotonic()
+        self._started = server.clock.now()
 
     def next_id(self) -> int:
         """Every task through llama-server's queue takes an id: requests, and each /slots and /metrics read."""
         return next(self._ids)
 
     def _now_us(self) -> int:
-        return int((time.monotonic() - self._started) * 1e6)
+        return int((self.server.clock.now() - self._started) * 1e6)
 
     def _log(self, level: str, func: str, slot: Slot, task: int, message: str) -> None:
         self.server.log.line(level, _where("slot ", func), f"id {slot.id:2d} | task {task} | {message}")
@@ -335,7 +342,7 @@ class Slots:
 
     def progress(self) -> None:
         """print_timings_tg: each busy slot past 100 generated tokens says how fast it goes."""
-        now = time.monotonic()
+        now = self.server.clock.now()
         for slot in self.slots:
             seq = slot.task.seq if slot.task is not None else None
             if seq is None or seq.output_count < 100 or seq.first_token_t is None:
@@ -500,7 +507,7 @@ class LlamaCppDialect(Dialect):
         self.rpc: list[str] = []
         self.model_path = ""
         self.quant: str | None = None
-        self.started = int(time.time())
+        self.started = 0  # the process's start (epoch seconds), once a server runs it (`begin`)
         self.media_marker = f"<__media_{_random_id()}__>"
         self.table: Slots | None = None
         self._rpc_links: list[asyncio.StreamWriter] = []
@@ -568,7 +575,9 @@ class LlamaCppDialect(Dialect):
         return self.ctx
 
     def begin(self, server: TwinServer) -> None:
+        self.started = server._created
         log = server.log
+        log.use_clock(server.clock)  # its stamps count the server's time (made before the server gave a clock)
         log.info("srv  llama_server:", "initializing ...")
         log.info("cmn  common_param:", "common_params_print_info: verbosity = 3 (adjust with the `-lv N` CLI arg)")
         if not server.args.api_key:
@@ -706,7 +715,7 @@ class LlamaCppDialect(Dialect):
         """get_res_model_info: the aliases are the -a given (none without)."""
         return {"id": server.args.name, "aliases": [self.alias] if self.alias else [], "tags": [], "object": "model",
                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
-                "created": int(time.time()), "owned_by": "llamacpp", "meta": self._meta(server)}
+                "created": int(server.clock.wall()), "owned_by": "llamacpp", "meta": self._meta(server)}
 
     def models_body(self, server: TwinServer) -> dict[str, Any]:
         name = server.args.name
@@ -770,6 +779,7 @@ class LlamaCppDialect(Dialect):
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         server = request.app[TWIN]
+        received = server.clock.now()  # the handler begins: the API server's cost counts from here
         engine, table = server.engine, self.table
         assert engine is not None and table is not None, "the API server starts after the engine"
         try:
@@ -815,6 +825,9 @@ class LlamaCppDialect(Dialect):
         seq = Sequence(request_id=f"chatcmpl-{_random_id()}", prompt_ids=prompt_ids,
                        max_tokens=room if n_predict < 0 else max(1, min(n_predict, room)),
                        ignore_eos=bool(body.get("ignore_eos", False)), natural_len=natural, stream=stream)
+        # Its HTTP layer's cost (parsing, the chat template, tokenizing) before the task reaches a slot, charged
+        # before the task is registered: a client gone meanwhile leaves nothing behind.
+        await server._charge_api(received)
         task.seq = seq
         table.tasks[seq] = task
         out = OutputText(seed, think, server.card.vocab_size)
@@ -839,9 +852,10 @@ class LlamaCppDialect(Dialect):
     def _envelope(server: TwinServer, seq: Sequence, chat: bool, choices: list[dict], **extra: Any) -> dict:
         """A body's keys in llama-server's order (chat chunks: choices, created, id, model, fingerprint, object)."""
         if chat:
-            return {"choices": choices, "created": int(time.time()), "id": seq.request_id, "model": server.args.name,
-                    "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk", **extra}
-        return {"choices": choices, "created": int(time.time()), "model": server.args.name,
+            return {"choices": choices, "created": int(server.clock.wall()), "id": seq.request_id,
+                    "model": server.args.name, "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk",
+                    **extra}
+        return {"choices": choices, "created": int(server.clock.wall()), "model": server.args.name,
                 "system_fingerprint": BUILD_INFO, "object": "text_completion", **extra}
 
     @staticmethod
@@ -893,7 +907,7 @@ class LlamaCppDialect(Dialect):
         if event.reason == "abort":
             return b""
         reason = "stop" if event.reason == "stop" else "length"
-        stats = timings(seq, time.monotonic(), task.prompt_start)
+        stats = timings(seq, server.clock.now(), task.prompt_start)
         if chat:
             chunks = [self._envelope(server, seq, True, [{"finish_reason": reason, "index": 0, "delta": {}}])]
             if include_usage:
@@ -918,16 +932,17 @@ class LlamaCppDialect(Dialect):
         content = "".join(t for t, _, r in texts if not r)
         thoughts = "".join(t for t, _, r in texts if r)
         usage = self._usage(seq, event.completion_tokens)
-        stats = timings(seq, time.monotonic(), task.prompt_start)
+        stats = timings(seq, server.clock.now(), task.prompt_start)
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if thoughts:
                 message["reasoning_content"] = thoughts
-            body = {"choices": [{"finish_reason": reason, "index": 0, "message": message}], "created": int(time.time()),
+            body = {"choices": [{"finish_reason": reason, "index": 0, "message": message}],
+                    "created": int(server.clock.wall()),
                     "model": server.args.name, "system_fingerprint": BUILD_INFO, "object": "chat.completion",
                     "usage": usage, "id": seq.request_id, "timings": stats}
         else:
             body = {"choices": [{"text": content + thoughts, "index": 0, "logprobs": None, "finish_reason": reason}],
-                    "created": int(time.time()), "model": server.args.name, "system_fingerprint": BUILD_INFO,
+                    "created": int(server.clock.wall()), "model": server.args.name, "system_fingerprint": BUILD_INFO,
                     "object": "text_completion", "usage": usage, "id": seq.request_id, "timings": stats}
         return answer(body)

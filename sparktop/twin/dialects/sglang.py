@@ -67,6 +67,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, error_json, twin_settings
 
 if TYPE_CHECKING:
@@ -256,7 +257,8 @@ class SglangMetrics(TwinMetrics):
     tokenizer's, follow the requests."""
 
     def __init__(self, model_name: str, context_len: int, log: TwinLog | None = None, graphs: bool = True,
-                 max_graph_bs: int = 256):
+                 max_graph_bs: int = 256, clock: Clock = SYSTEM):
+        self.clock = clock  # the server's (`TwinServer.clock`): the throughput, idle and busy times are on it
         self.registry = CollectorRegistry(auto_describe=False)
         self._exposition = CollectorRegistry(auto_describe=False)
         self._exposition.register(_MultiprocessStyle(self.registry))
@@ -277,12 +279,12 @@ class SglangMetrics(TwinMetrics):
         self._token_ratio = INIT_TOKEN_RATIO
         self._decode_steps = 0
         self._decode_tokens = 0
-        self._decode_since = time.monotonic()
+        self._decode_since = clock.now()
         self._retracted = 0  # the last retraction's size, until the next publish
         self._graph_batch = 0
-        self._clock = time.monotonic()  # where the idle/busy wall time was last counted
+        self._counted = clock.now()  # where the idle/busy wall time was last counted
         self._idle = True
-        self._cpu = (time.monotonic(), time.process_time())
+        self._cpu = (clock.now(), time.process_time())  # the CPU time is the process's own, whatever the clock
         self._requests: OrderedDict[str, _Request] = OrderedDict()
 
     # -- declaration ---------------------------------------------------------------------------------------------
@@ -510,7 +512,7 @@ class SglangMetrics(TwinMetrics):
         self._decode_steps += 1
         self._decode_tokens += tokens
         if self._decode_steps % DECODE_LOG_INTERVAL == 0:
-            now = time.monotonic()
+            now = self.clock.now()
             self._gen_throughput = self._decode_tokens / max(now - self._decode_since, 1e-9)
             self._decode_tokens, self._decode_since = 0, now
             self._publish()
@@ -579,8 +581,8 @@ class SglangMetrics(TwinMetrics):
 
     def _account(self, busy: bool) -> None:
         """Wall time since the last step: the scheduler's run_batch stage, or its idle time."""
-        now = time.monotonic()
-        elapsed, self._clock = now - self._clock, now
+        now = self.clock.now()
+        elapsed, self._counted = now - self._counted, now
         if self._idle:
             self.idle_seconds.inc(elapsed)
             self.stage_seconds["idle"].inc(elapsed)
@@ -647,7 +649,7 @@ class SglangMetrics(TwinMetrics):
         if self.engine is not None:
             self.set_idle(len(self.engine.running), len(self.engine.waiting), self.engine.kv_usage)
         self._account(busy=not self._idle)
-        now, cpu = time.monotonic(), time.process_time()
+        now, cpu = self.clock.now(), time.process_time()
         if now - self._cpu[0] >= 5.0:  # cpu_monitor.py's thread adds its process's CPU time every 5 s
             # One process plays them all: its CPU is the tokenizer's; the detokenizer's thread starts too.
             self.process_cpu.labels(component="tokenizer").inc(max(0.0, cpu - self._cpu[1]))
@@ -999,8 +1001,10 @@ class SglangDialect(Dialect):
         assert server.engine is not None, "the warm-up runs once the engine does"
         peer = f"127.0.0.1:{random.randint(32768, 60999)}"
         self._internal(server, "GET", "/model_info", peer)
+        received = server.clock.now()  # its POST /generate goes through the API server as any request does
         seq = Sequence(request_id=f"warmup-{os.getpid()}-{id(server)}",
                        prompt_ids=[1, *server.tokenizer.encode(WARMUP_TEXT)], max_tokens=WARMUP_TOKENS)
+        await server._charge_api(received)
         server.engine.submit(seq)
         while not isinstance(await seq.events.get(), FinishEvent):
             pass
@@ -1256,13 +1260,13 @@ class SglangDialect(Dialect):
 
     def metrics(self, server: TwinServer, plan: StartupPlan) -> TwinMetrics:
         return SglangMetrics(server.args.name, plan.max_model_len, server.log, graphs=not server.args.enforce_eager,
-                             max_graph_bs=self._graph_bs(server))
+                             max_graph_bs=self._graph_bs(server), clock=server.clock)
 
     def model_card(self, server: TwinServer) -> dict[str, Any]:
         """protocol.py's ModelCard: the served name as id and root, the effective context length."""
         assert server.plan is not None, "the API server starts after the plan"
         name = server.args.name
-        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+        return {"id": name, "object": "model", "created": int(server.clock.wall()), "owned_by": "sglang", "root": name,
                 "parent": None, "max_model_len": server.plan.max_model_len}
 
     def too_long(self, server: TwinServer, prompt: int, max_len: int, from_text: bool) -> web.Response:

@@ -56,6 +56,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import GIB
 from sparktop.twin.args import ServeArgs
 from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, dump, twin_settings
@@ -385,8 +386,9 @@ class TrtllmMetrics(TwinMetrics):
 
     def __init__(self, model_name: str, opts: TrtllmOptions, *, max_batch_size: int,
                  config_info: dict[str, dict[str, str]] | None = None, log: TrtllmLog | None = None,
-                 gpu_used_bytes: Callable[[], int] = lambda: 0):
+                 gpu_used_bytes: Callable[[], int] = lambda: 0, clock: Clock = SYSTEM):
         self.opts = opts
+        self.clock = clock  # the server's (`TwinServer.clock`): the iteration stats' timestamps are on it
         self.labels = {"model_name": model_name, "engine_type": opts.backend or "unknown"}
         self.max_batch_size = max_batch_size
         self.log = log
@@ -645,7 +647,7 @@ class TrtllmMetrics(TwinMetrics):
                "numGenKvTokens": 0, "numGenRequests": gen_requests, "numPausedKvTokens": 0, "numPausedRequests": 0,
                "numQueuedContextRequests": 0, "numQueuedCtxTokens": 0, "numQueuedGenKvTokens": 0,
                "numQueuedGenRequests": 0, "numScheduledRequests": ctx_requests + gen_requests}
-        stamp = time.time()
+        stamp = self.clock.wall()
         return {"cpuMemUsage": 0, "gpuMemUsage": self.gpu_used_bytes(), "inflightBatchingStats": ifb,
                 "iter": self.iter, "iterLatencyMS": self._latency_ms(), "kvCacheStats": self._kv_stats(kv_usage),
                 "maxBatchSizeRuntime": 0, "maxBatchSizeStatic": 0, "maxNumActiveRequests": self.max_batch_size,
@@ -680,9 +682,10 @@ class TrtllmMetrics(TwinMetrics):
     def _iter_log(self, ctx_requests: int, ctx_tokens: int, gen_requests: int, running: int) -> None:
         assert self.log is not None
         step_ms = self._latency_ms()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock.wall()))
         self.log.info("", f"iter = {self.iter}, global_rank = 0, rank = 0, currank_total_requests = "
                           f"{running}/{running}, host_step_time = {step_ms}ms, prev_device_step_time = {step_ms}ms, "
-                          f"timestamp = {time.strftime('%Y-%m-%d %H:%M:%S')}, num_scheduled_requests: "
+                          f"timestamp = {stamp}, num_scheduled_requests: "
                           f"{ctx_requests + gen_requests}, states = {{'num_ctx_requests': {ctx_requests}, "
                           f"'num_ctx_tokens': {ctx_tokens}, 'num_generation_tokens': {gen_requests}}}")
 
@@ -971,7 +974,7 @@ class TrtllmDialect(Dialect):
 
         return TrtllmMetrics(args.name, opts, max_batch_size=args.max_num_seqs,
                              config_info=self._config_info(server, plan) if opts.return_perf_metrics else None,
-                             log=self._log(server), gpu_used_bytes=gpu_used_bytes)
+                             log=self._log(server), gpu_used_bytes=gpu_used_bytes, clock=server.clock)
 
     @staticmethod
     def _config_info(server: TwinServer, plan: StartupPlan) -> dict[str, dict[str, str]]:
@@ -1031,6 +1034,9 @@ class TrtllmDialect(Dialect):
 
         server = request.app[TWIN]
         engine = server.engine
+        # No API server's cost (`_charge_api`): trtllm-serve hands the check to its generator itself, not as a
+        # user's request through its OpenAI routes. The id is a name, not a time: the machine's clock keeps it
+        # unique where two checks come at one instant of a virtual clock.
         seq = Sequence(request_id=f"health-{time.monotonic_ns()}", prompt_ids=[1, *server.tokenizer.encode("hi")],
                        max_tokens=1)
         engine.submit(seq)
@@ -1087,7 +1093,8 @@ class TrtllmDialect(Dialect):
 
     def model_card(self, server: TwinServer) -> dict[str, Any]:
         # ModelCard's `created` is a default_factory: the time of the request.
-        return {"id": server.args.name, "object": "model", "created": int(time.time()), "owned_by": self.owned_by}
+        return {"id": server.args.name, "object": "model", "created": int(server.clock.wall()),
+                "owned_by": self.owned_by}
 
     def too_long(self, server: TwinServer, prompt: int, max_len: int, from_text: bool) -> web.Response:
         """base_worker.py's _deduce_max_tokens: the whole prompt is tokenized, then the room left is checked."""

@@ -160,11 +160,11 @@ class VllmDialect(Dialect):
 
     def model_card(self, server: TwinServer) -> dict[str, Any]:
         import secrets
-        import time
 
         assert server.plan is not None, "the API server starts after the plan"
         permission = {
-            "id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission", "created": int(time.time()),
+            "id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission",
+            "created": int(server.clock.wall()),
             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
             "group": None, "is_blocking": False,
