@@ -569,6 +569,9 @@ def _add_twin(sub) -> None:
     fitp = twin_sub.add_parser("fit", help="the performance model fitted to the published Spark figures")
     fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
     fitp.add_argument("--refit", action="store_true", help="run the fit again and save the constants")
+    fitp.add_argument("--save-summary", action="store_true",
+                      help="save each card's error beside the constants without refitting (what `predict` states; "
+                           "needed after the published figures change)")
     fitp.add_argument("--iterations", type=int, help="fit iterations (default 120; 40 with --runs)")
     fitp.add_argument("--cross-validate", action="store_true",
                       help="leave each model out, fit, predict it: the error to expect for an unmeasured model "

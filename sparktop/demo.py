@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 
+from sparktop.engine_ids import DEFAULT, is_router
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
@@ -45,7 +46,7 @@ def demo_engines(runtime: str | None) -> list[str]:
     from sparktop.launch.runtimes import UnknownRuntime, runtime_for
 
     out = []
-    for name in (runtime or "vllm").split(","):
+    for name in (runtime or DEFAULT).split(","):
         try:
             out.append(runtime_for(name.strip()).engine)
         except UnknownRuntime as exc:
@@ -112,7 +113,7 @@ async def launch_layout(cluster: TwinCluster, recipe_id: str, layout: str, say=p
     try:
         request = LaunchRequest(recipe, layout)
         plan = launcher.plan(request)
-        if any(e.kind == "router" for e in plan.endpoints) and not (cluster.root / "bin" / "litellm").exists():
+        if any(is_router(e.kind) for e in plan.endpoints) and not (cluster.root / "bin" / "litellm").exists():
             raise SparktopError(f"--layout {layout}: the router needs LiteLLM on this machine "
                                 "(pip install 'litellm[proxy]')")
         result = await launcher.preflight(plan, recipe)
@@ -186,13 +187,13 @@ async def run_demo(args) -> int:
 
         recipe_id = runtime_recipes(find_recipe(args.model), runtime)[runtime_id(runtime)].id
     what = f"a {count}-node twin cluster" if count != 2 else "a two-node twin cluster"
-    how = "" if kinds == ["vllm"] else " with " + ", ".join(dict.fromkeys(kinds))
+    how = "" if kinds == [DEFAULT] else " with " + ", ".join(dict.fromkeys(kinds))
     print(f"Starting {what} serving {args.model}{how}" + (f" as {layout}" if layout else "") + " ...", flush=True)
     if layout:
         cluster, _ = await start_demo_cluster(args.model, args.speed, wait=False, nodes=count, engines=False)
         launcher, plan = await launch_layout(cluster, recipe_id, layout)
         await launcher.close()
-        served = [e for e in plan.endpoints if e.kind == "router"] or plan.endpoints
+        served = [e for e in plan.endpoints if is_router(e.kind)] or plan.endpoints
         urls = [e.url for e in served]
         key = launcher.state.key(plan.launch_id) if served[0].api_key_env else None
     else:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from sparktop.engine_ids import is_router
 from sparktop.launch.state import LaunchRecord, LaunchState, api_key_for
 from sparktop.observe.poller import Poller
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
@@ -25,6 +26,8 @@ from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
 from sparktop.settings import Inventory, Preferences, load_preferences
 from sparktop.units import ago
+
+SETTLE_S = 30.0  # past the window, at most, for every node to answer once (an SSH command's own timeout)
 
 
 async def collect(poller: Poller, seconds: float) -> ClusterState:
@@ -40,6 +43,13 @@ async def collect(poller: Poller, seconds: float) -> ClusterState:
     task = asyncio.create_task(consume())
     try:
         await asyncio.sleep(seconds + min(0.5, poller.interval / 2))
+        # Nodes slower than the window (a busy host, a slow link): what is printed is whole, each engine
+        # with where it runs and its layout, or every node has had its SETTLE_S to answer.
+        waited = 0.0
+        while not poller.settled() and waited < SETTLE_S:
+            await asyncio.sleep(0.1)
+            waited += 0.1
+        await asyncio.sleep(0)  # the last poll's events into the state
     finally:
         task.cancel()
         await poller.close()
@@ -248,7 +258,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
     columns = {"kv", "running", "waiting", "prompt_tps", "gen_tps", "ttft", "itl"}  # the figures it shows
     engines = Table(title="engines", title_justify="left",
                     caption="n/e: not exported by that engine" if any(
-                        columns.intersection(e.not_exported) for e in state.engines.values() if e.kind != "router")
+                        columns.intersection(e.not_exported) for e in state.engines.values() if not is_router(e.kind))
                     else None, caption_justify="left")
     # The endpoint is how a user tells engines apart: it is the last column to be cut.
     longest = max((len(e.url.removeprefix("http://")) for e in state.engines.values()), default=8)
@@ -258,7 +268,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
     notes: list[str] = []
     for e in state.ordered_engines():
         def cell(figure: str, value: str, e: EngineSnapshot = e) -> str:
-            return value if e.exports(figure) or e.kind == "router" else "n/e"
+            return value if e.exports(figure) or is_router(e.kind) else "n/e"
 
         why = e.error or e.reason
         if why and e.state != "sleeping":

@@ -57,10 +57,11 @@ from typing import Any
 
 import yaml
 
-from sparktop import __version__
+from sparktop import __version__, engine_ids
 from sparktop.bench.request import RequestRecord
 from sparktop.bench.results import Run
 from sparktop.bench.stats import LevelStats, batch_stats, peak_rate
+from sparktop.engine_ids import DEFAULT
 from sparktop.errors import SparktopError
 from sparktop.layouts import layout_of
 
@@ -355,7 +356,9 @@ def profile_problems(run: Run, levels: list[ArenaLevel] | None = None, prof: Are
 def _recipe_text(run: Run, model: str, runtime: str | None, image: str | None) -> str:
     """With no recipe given: the facts known, in sparkrun's recipe shape, saying it is not a launchable one."""
     m = run.meta
-    doc: dict[str, Any] = {"recipe_version": "2", "model": model, "runtime": runtime or "vllm"}
+    row = engine_ids.lookup(runtime or DEFAULT)
+    sparkrun = row.sparkrun if row is not None else None  # sparkrun's own name for it (`llama-cpp`)
+    doc: dict[str, Any] = {"recipe_version": "2", "model": model, "runtime": sparkrun or runtime or DEFAULT}
     nodes = list(m.get("nodes") or [])
     if len(nodes) > 1:
         doc["min_nodes"] = len(nodes)

@@ -52,12 +52,12 @@ from sparktop.bench.events import (
     SweepStarted,
     WaitingForIdle,
 )
+from sparktop.bench.levels import SweepError, parse_depths, parse_levels  # noqa: F401 - re-exported
 from sparktop.bench.prompts import LocalTokenizer, PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, stream_chat
 from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
 from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats
 from sparktop.clock import SYSTEM, Clock
-from sparktop.errors import SparktopError
 from sparktop.events import emitting
 
 if TYPE_CHECKING:
@@ -74,10 +74,6 @@ GUARD_SLACK = 0.25
 # A request that failed on the client's side (a timeout, a cut connection)
 # may still be on the server for a moment: it stays counted this long.
 FAILED_LINGER = 5.0
-
-
-class SweepError(SparktopError):
-    """The sweep cannot start (endpoint, model, settings)."""
 
 
 def normalize_endpoint(url: str) -> str:
@@ -194,27 +190,6 @@ class SweepSettings:
         d = asdict(self)
         d.pop("endpoint", None)
         return d
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise SweepError(f"-c {text!r}: expected concurrency levels like 1,2,4,8") from None
-    if not levels or any(c < 1 for c in levels):
-        raise SweepError(f"-c {text!r}: levels must be positive integers")
-    return levels
-
-
-def parse_depths(text: str | int) -> list[int]:
-    """`--depth 0,4096,16384`: context tokens before the prompt, one level set per depth."""
-    try:
-        depths = [int(x) for x in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise SweepError(f"--depth {text!r}: expected token counts like 0,4096,16384") from None
-    if not depths or any(d < 0 for d in depths):
-        raise SweepError(f"--depth {text!r}: depths are token counts, 0 or more")
-    return list(dict.fromkeys(depths))
 
 
 def parse_extra_body(items: list[str] | None) -> dict:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import is_router
 from sparktop.history.store import ENGINE_FIGURES, NODE_FIGURES, HistoryStore, writer_pid
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterState
@@ -287,7 +288,7 @@ class HistoryWriter:
             m.high("link_max_gbps", max(p.rdma_rx_gbps or 0.0, p.rdma_tx_gbps or 0.0))
 
     def _engine(self, e: EngineSnapshot, state: ClusterState) -> None:
-        if e.kind == "router":
+        if is_router(e.kind):
             return  # a router's tokens are its engines'
         s = self._sessions.get(e.key)
         if e.state not in READY:

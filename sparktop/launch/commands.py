@@ -10,31 +10,56 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from sparktop.bench.sweep import parse_levels
 from sparktop.errors import ConfigError, SparktopError
 from sparktop.launch.catalog import discover, find_recipe, runtime_recipes
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
-from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
-from sparktop.launch.preflight import run_preflight
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.runtimes import RUNTIMES, runtime_id
-from sparktop.launch.state import LaunchState
-from sparktop.launch.topology import make_plan
 from sparktop.layouts import LayoutError, layout_of, layouts_for, parse_layout, split_layouts
 from sparktop.model.cards import ModelCard
 from sparktop.model.simulate import TOPOLOGIES
-from sparktop.remote import transport_for
 from sparktop.settings import Inventory
 from sparktop.units import fmt
+
+if TYPE_CHECKING:
+    from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
+    from sparktop.launch.preflight import run_preflight
+    from sparktop.launch.state import LaunchState
+    from sparktop.launch.topology import make_plan
+    from sparktop.remote import transport_for
+
+# What launching and stopping need (the executor, preflight, SSH, aiohttp through the engines' probes), imported
+# when something launches or stops: `sparktop predict` and `sparktop recipes` never load them. They are module
+# attributes all the same (`commands.Executor`), so a test may replace one.
+_LAUNCHING = {"DEFAULT_TIMEOUT": "sparktop.launch.executor", "Executor": "sparktop.launch.executor",
+              "LaunchFailed": "sparktop.launch.executor", "run_preflight": "sparktop.launch.preflight",
+              "LaunchState": "sparktop.launch.state", "make_plan": "sparktop.launch.topology",
+              "transport_for": "sparktop.remote"}
+
+
+def _import_launching() -> None:
+    """Bind what launching needs as this module's globals, keeping any already bound (a test's stand-in)."""
+    for name in _LAUNCHING:
+        if name not in globals():
+            globals()[name] = getattr(importlib.import_module(_LAUNCHING[name]), name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAUNCHING:
+        _import_launching()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | None = None) -> int:
@@ -65,12 +90,14 @@ def recipe_json(r: Recipe) -> dict:
 
 
 def transports_for(inventory: Inventory, names: list[str]):
+    _import_launching()
     return {name: transport_for(inventory.node(name)) for name in names}
 
 
 async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: list[str] | None,
                   overrides: dict, port: int | None, dry_run: bool, yes: bool, timeout: float,
                   console: Console) -> int:
+    _import_launching()
     plan = make_plan(recipe, topology, inventory, nodes, overrides, port)
     if dry_run:
         sys.stdout.write(plan.render())
@@ -132,8 +159,10 @@ def print_event(event: LaunchEvent, plan, console: Console) -> None:
 
 def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] | None = None,
                sets: list[str] | None = None, port: int | None = None, dry_run: bool = False, yes: bool = False,
-               timeout: float = DEFAULT_TIMEOUT, recipe_dirs: list[str] | None = None) -> int:
+               timeout: float | None = None, recipe_dirs: list[str] | None = None) -> int:
+    _import_launching()
     recipe = find_recipe(ref, recipe_dirs)
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     console = Console(stderr=False)
     return asyncio.run(_launch(recipe, topology, inventory, nodes, parse_sets(sets, recipe.runtime), port, dry_run,
                                yes, timeout, console))
@@ -142,6 +171,7 @@ def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] |
 async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, console: Console) -> int:
     from sparktop.launch.session import running_launch_ids, stop_launches
 
+    _import_launching()
     state = LaunchState(inventory)
     transports = transports_for(inventory, [n.name for n in inventory.nodes])
     try:
@@ -315,6 +345,8 @@ def cmd_predict(args) -> int:
     modeled = runtime_model(runtime)  # which engine the figures are of, or why there are none
     stack, stack_note = _predict_stack(args, recipe, inventory, runtime)
     k = constants_for(key)  # read once: the rows and the stack's line both use it
+    from sparktop.bench.levels import parse_levels
+
     rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
                     k=k.for_stack(stack), runtime=runtime)
     if not rows:

@@ -29,6 +29,7 @@ import shlex
 from pathlib import Path
 from typing import Any, cast
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.errors import ConfigError
 from sparktop.launch.recipe import RESERVED_FLAGS, SECRET_NAMES, Recipe
 from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
@@ -200,7 +201,7 @@ def _eugr_v1(doc: dict, path: Path) -> Recipe:
         notes.append("built with eugr build_args " + " ".join(map(str, doc["build_args"])))
     recipe.description = " — ".join([str(doc.get("description") or "")] + notes).strip(" —")
     recipe.image = str(doc["container"])
-    recipe.vllm = flags
+    recipe.flags = flags
     recipe.extra_args = extra
     recipe.env = _env(doc.get("env"), path, doc, "env")
     recipe.solo_only = bool(doc.get("solo_only", False))
@@ -240,7 +241,7 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
     if not doc.get("container"):
         raise ConfigError(str(path), getattr(doc, "line", None), "container", "is required in a sparkrun recipe")
     try:
-        runtime = runtime_id(str(doc.get("runtime") or "vllm"))
+        runtime = runtime_id(str(doc.get("runtime") or DEFAULT))
     except UnknownRuntime as exc:
         raise ConfigError(str(path), line_of(doc, "runtime"), "runtime", str(exc)) from None
     defaults = dict(doc.get("defaults") or {})
@@ -288,7 +289,7 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
     recipe.image = str(doc["container"])
     if served := flags.pop("served_model_name", None) or defaults.get("served_model_name"):
         recipe.served_model_name = str(served)
-    recipe.vllm = flags
+    recipe.flags = flags
     recipe.extra_args = extra
     env = {}
     pass_env = []

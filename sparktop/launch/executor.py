@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import secrets as pysecrets
 import shlex
@@ -222,18 +223,25 @@ class Executor:
         return False
 
     async def _check_containers(self) -> None:
-        """Any container of the plan that has died fails the launch now."""
-        for node, names in self.plan.containers.items():
-            started = [n for n in names if n in self._logs]
-            if not started:
-                continue
-            r = await self.transports[node].run(
-                ["docker", "inspect", "--format", "{{.Name}} {{.State.Status}} {{.State.ExitCode}}", *started],
-                timeout=30)
+        """Any container of the plan that has died fails the launch now, named by the one that died first:
+        when one node's worker dies, the head and the other workers follow it (NCCL aborts), and a slow
+        round of checks can find them all gone; the first to finish is the cause, the others its echo."""
+        asked = [(node, [n for n in names if n in self._logs]) for node, names in self.plan.containers.items()]
+        asked = [(node, started) for node, started in asked if started]
+        results = await asyncio.gather(*(self.transports[node].run(
+            ["docker", "inspect", "--format",
+             "{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.State.FinishedAt}}", *started], timeout=30)
+            for node, started in asked))
+        dead: list[tuple[dt.datetime, int, str, str, str]] = []
+        for (node, _), r in zip(asked, results, strict=True):
             for line in r.stdout.splitlines():
                 parts = line.split()
                 if len(parts) >= 2 and parts[1] in ("exited", "dead"):
-                    raise await self._died(node, parts[0].lstrip("/"), parts[2] if len(parts) > 2 else "?")
+                    dead.append((_finished_at(parts[3] if len(parts) > 3 else ""), len(dead), node,
+                                 parts[0].lstrip("/"), parts[2] if len(parts) > 2 else "?"))
+        if dead:
+            _, _, node, container, code = min(dead)
+            raise await self._died(node, container, code)
 
     async def _died(self, node: str, container: str, code: str) -> LaunchFailed:
         r = await self.transports[node].run(["docker", "logs", "--tail", "200", container], timeout=30)
@@ -298,3 +306,15 @@ async def teardown(launch_id: str, nodes: list[str], transports: dict[str, Trans
         with contextlib.suppress(ValueError, IndexError):
             removed += int(result.stdout.strip().splitlines()[-1])
     return removed
+
+
+def _finished_at(stamp: str) -> dt.datetime:
+    """docker's `.State.FinishedAt` (RFC 3339, nanoseconds; Python 3.11 reads them, truncated to micro-
+    seconds); the far future when it is unset or unreadable, so a container with a time sorts first."""
+    try:
+        when = dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        when = dt.datetime.min
+    if when.year < 2000:  # docker's zero time, "0001-01-01T00:00:00Z": never finished
+        return dt.datetime.max.replace(tzinfo=dt.UTC)
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from sparktop.engine_ids import DEFAULT
+
 
 class Home(str):
     """A path under the node user's home: `~/x` rendered as `"$HOME"/x`."""
@@ -87,10 +89,10 @@ class Plan:
     containers: dict[str, list[str]]  # node -> containers this plan starts
     secrets: list[str]  # names of secrets the launch passes (values never stored here)
     state_dir: str  # per-launch directory on each node (under $HOME)
-    vllm: dict = field(default_factory=dict)  # the vLLM arguments as launched (recipe + topology + overrides)
+    flags: dict = field(default_factory=dict)  # the engine's flags as launched (recipe + topology + overrides)
     image: str = ""
     notes: list[str] = field(default_factory=list)
-    runtime: str = "vllm"  # the runtime its engines run (`launch/runtimes/`)
+    runtime: str = DEFAULT  # the runtime its engines run (`launch/runtimes/`)
 
     def render(self) -> str:
         lines = [f"# launch {self.launch_id}: {self.recipe_id} as {self.topology} on {', '.join(self.nodes)}"]

@@ -31,6 +31,8 @@ import ipaddress
 import shlex
 from dataclasses import dataclass, field
 
+from sparktop import engine_ids
+from sparktop.engine_ids import DEFAULT
 from sparktop.launch.plan import Home, Plan
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import Runtime, runtime_for
@@ -118,11 +120,11 @@ class Want:
     kv_per_node_token: float | None  # bytes
     seq_state_gib: float | None
     detect_fabric: bool = False  # a cluster whose inventory lacks eth_if or fabric_ip somewhere
-    runtime: str = "vllm"
+    runtime: str = DEFAULT
     share: str = "gpu_memory_utilization"  # what the runtime calls the memory share `util` stands for
     kv_tokens: int | None = None  # a KV cache of a fixed size (llama.cpp's -c) instead of a memory share
     memory: str = "share"  # how the runtime takes memory (`Runtime.memory`)
-    engine: str = "vLLM"  # its name, for what the checks say
+    engine: str = engine_ids.get(DEFAULT).name  # its name, for what the checks say
 
 
 @dataclass
@@ -366,9 +368,9 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     from sparktop.model.perf import PerfModel
 
     runtime = runtime_for(plan.runtime)
-    vllm, image = runtime.serving_flags(plan.vllm), plan.image or inventory.defaults.image
-    util = _share(runtime, vllm, recipe)
-    max_model_len = vllm.get("max_model_len")
+    serving, image = runtime.serving_flags(plan.flags), plan.image or inventory.defaults.image
+    util = _share(runtime, serving, recipe)
+    max_model_len = serving.get("max_model_len")
     layout = parse_layout(plan.topology)
     cluster = layout.spans_nodes
     tp = layout.nodes_per_engine  # the weights (and the KV cache) split over tp x pp ranks, one per node
@@ -377,7 +379,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     kv_token = seq_state = None
     card = recipe.twin_card()
     if card is not None:
-        kv_dtype = 1 if str(vllm.get("kv_cache_dtype", "auto")).startswith("fp8") else None
+        kv_dtype = 1 if str(serving.get("kv_cache_dtype", "auto")).startswith("fp8") else None
         model = PerfModel(card, tp=tp, kv_dtype_bytes=kv_dtype)
         kv_token = model.kv_bytes_per_token
         seq_state = model.seq_state_bytes / GIB
@@ -387,7 +389,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     share = runtime.form_flags.get("gpu_memory_utilization") or "gpu_memory_utilization"  # its own name for it
     want = Want(recipe, image, util, max_model_len, inventory.defaults.hf_cache, cluster, weights_per_node,
                 kv_token, seq_state, detect_fabric=detect, runtime=runtime.id, share=share,
-                kv_tokens=_kv_tokens(runtime.memory, vllm, max_model_len), memory=runtime.memory,
+                kv_tokens=_kv_tokens(runtime.memory, serving, max_model_len), memory=runtime.memory,
                 engine=runtime.name)
     # An engine over several nodes listens on more than its API: vLLM's rendezvous or Ray's GCS on the head,
     # llama.cpp's rpc-server or the sshd TensorRT-LLM's mpirun uses on the workers (`Runtime.listen_ports`).

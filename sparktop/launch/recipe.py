@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.errors import ConfigError, SparktopError
 from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
 from sparktop.layouts import MAX_NODES, Layout, LayoutError, parse_layout
@@ -73,7 +74,7 @@ MEMORY_KEYS = ("weights_gib", "params_b", "bits")
 
 @dataclass
 class Override:
-    vllm: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     image: str | None = None
@@ -91,7 +92,8 @@ class Recipe:
     served_model_name: str | None = None
     image: str | None = None
     port: int | None = None
-    vllm: dict[str, Any] = field(default_factory=dict)
+    # The engine's flags (`args:`, or vLLM's `vllm:`), in its own names: flag -> value.
+    flags: dict[str, Any] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     solo_only: bool = False
@@ -105,13 +107,8 @@ class Recipe:
     card: str | None = None
     quantization: str | None = None
     pass_env: list[str] = field(default_factory=list)  # passed by name from the launching environment
-    runtime: str = "vllm"  # the runtime that serves it (`launch/runtimes/`)
+    runtime: str = DEFAULT  # the runtime that serves it (`launch/runtimes/`)
     engine_config: dict[str, Any] = field(default_factory=dict)  # TensorRT-LLM's options file (`config:`)
-
-    @property
-    def args(self) -> dict[str, Any]:
-        """The engine's flags as the recipe gives them (`vllm:` for vLLM, `args:` for any runtime)."""
-        return self.vllm
 
     @property
     def served_name(self) -> str:
@@ -159,19 +156,19 @@ class Recipe:
         return None
 
     def settings(self, topology: str) -> tuple[dict[str, Any], list[str], dict[str, str], str | None, int | None]:
-        """vLLM flags, extra args, env, image, port for one topology."""
-        vllm = dict(self.vllm)
+        """The engine's flags, extra args, env, image, port for one topology."""
+        flags = dict(self.flags)
         extra = list(self.extra_args)
         env = dict(self.env)
         image, port = self.image, self.port
         override = self.topologies.get(topology)
         if override:
-            vllm.update(override.vllm)
+            flags.update(override.flags)
             extra += override.extra_args
             env.update(override.env)
             image = override.image or image
             port = override.port or port
-        return vllm, extra, env, image, port
+        return flags, extra, env, image, port
 
     def estimated_weights_gib(self) -> float | None:
         if self.weights_gib:
@@ -182,7 +179,7 @@ class Recipe:
         return card.weights_gib if card else None
 
     def serving(self, topology: str, overrides: dict | None = None) -> Serving:
-        """The engine settings this recipe gives vLLM for `topology` (and
+        """The engine settings this recipe gives its engine for `topology` (and
         `--set` overrides), as the performance model reads them."""
         args, *_ = self.settings(topology)
         flags = runtime_for(self.runtime).serving_flags({**args, **(overrides or {})})
@@ -214,11 +211,11 @@ class Recipe:
         return None
 
 
-def flag_args(vllm: dict[str, Any]) -> list[str]:
+def flag_args(flags: dict[str, Any]) -> list[str]:
     """`{gpu_memory_utilization: 0.7, enforce_eager: true}` -> vLLM argv items (other runtimes spell
     theirs through their `Runtime.flag_args`)."""
     out: list[str] = []
-    for key, value in vllm.items():
+    for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
@@ -260,7 +257,7 @@ def _str_map(raw, path, parent, key, where) -> dict[str, str]:
     return out
 
 
-def _vllm_map(raw, path, parent, key, where, runtime: str = "vllm") -> dict[str, Any]:
+def _flag_map(raw, path, parent, key, where, runtime: str = DEFAULT) -> dict[str, Any]:
     """A mapping of the runtime's flags, checked: valid names, none the layout decides, sane values."""
     if raw is None:
         return {}
@@ -357,7 +354,7 @@ def parse_native(doc: dict, path: Path) -> Recipe:
     if "port" in doc:
         recipe.port = _int(doc["port"], path, doc, "port", "port", 1, 65535)
     flags_key = "args" if "args" in doc else "vllm"
-    recipe.vllm = _vllm_map(doc.get(flags_key), path, doc, flags_key, flags_key, recipe.runtime)
+    recipe.flags = _flag_map(doc.get(flags_key), path, doc, flags_key, flags_key, recipe.runtime)
     recipe.extra_args = _str_list(doc.get("extra_args"), path, doc, "extra_args", "extra_args")
     recipe.env = _str_map(doc.get("env"), path, doc, "env", "env")
     limits = doc.get("limits") or {}
@@ -388,7 +385,7 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         check_keys(raw, OVERRIDE_KEYS, path, where)
         key_here = "args" if "args" in raw else "vllm"
         recipe.topologies[topology] = Override(
-            vllm=_vllm_map(raw.get(key_here), path, raw, key_here, f"{where}.{key_here}", recipe.runtime),
+            flags=_flag_map(raw.get(key_here), path, raw, key_here, f"{where}.{key_here}", recipe.runtime),
             extra_args=_str_list(raw.get("extra_args"), path, raw, "extra_args", f"{where}.extra_args"),
             env=_str_map(raw.get("env"), path, raw, "env", f"{where}.env"),
             image=str(raw["image"]) if raw.get("image") else None,
@@ -418,7 +415,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def parse_sets(items: list[str] | None, runtime: str = "vllm") -> dict:
+def parse_sets(items: list[str] | None, runtime: str = DEFAULT) -> dict:
     """`--set max_num_seqs=64 --set enforce_eager=true` -> overrides of the runtime's flags."""
     import yaml
 
@@ -428,4 +425,4 @@ def parse_sets(items: list[str] | None, runtime: str = "vllm") -> dict:
         if not sep or not key.strip():
             raise SparktopError(f"--set {item!r}: expected FLAG=VALUE (e.g. --set max_num_seqs=64)")
         out[key.strip().lstrip("-").replace("-", "_")] = yaml.safe_load(value) if value else True
-    return _vllm_map(out, "--set", {}, None, "--set", runtime)
+    return _flag_map(out, "--set", {}, None, "--set", runtime)

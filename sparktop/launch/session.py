@@ -19,13 +19,14 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.errors import SparktopError
 from sparktop.launch.catalog import discover
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, teardown
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight, run_preflight
-from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _vllm_map
+from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _flag_map
 from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
@@ -47,12 +48,12 @@ class LaunchRequest:
     topology: str
     nodes: list[str] | None = None  # None: the inventory's nodes (the first is the head)
     port: int | None = None
-    overrides: dict = field(default_factory=dict)  # vLLM flag -> value
+    overrides: dict = field(default_factory=dict)  # the runtime's flag -> value
     extra_args: list[str] = field(default_factory=list)
     launch_id: str | None = None
 
 
-def parse_overrides(values: dict[str, str], runtime: str = "vllm") -> dict:
+def parse_overrides(values: dict[str, str], runtime: str = DEFAULT) -> dict:
     """Form text -> overrides of the runtime's flags, validated like a recipe's flags: the form's boxes
     (vLLM's names: gpu_memory_utilization, max_model_len, max_num_seqs) become the runtime's own
     (SGLang's mem_fraction_static, llama.cpp's ctx_size ...). Empty fields keep the recipe's value."""
@@ -67,7 +68,7 @@ def parse_overrides(values: dict[str, str], runtime: str = "vllm") -> dict:
             raw[key] = yaml.safe_load(text)
         except yaml.YAMLError:
             raise SparktopError(f"{key}: {text!r} is not a value") from None
-    out = _vllm_map(raw, "override", {}, None, "override")
+    out = _flag_map(raw, "override", {}, None, "override", DEFAULT)  # the boxes are named as vLLM names them
     rt = runtime_for(runtime)
     for key in list(out):
         if key in rt.form_flags and rt.form_flags[key] != key:

@@ -37,6 +37,7 @@ import time
 
 import yaml
 
+from sparktop.engine_ids import ROUTER
 from sparktop.errors import SparktopError
 from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait
 from sparktop.launch.recipe import Recipe
@@ -87,9 +88,9 @@ class Builder:
         self.topology = self.layout.name  # the alias of a two-node layout, else its spelling
         self.inv = inventory
         self.nodes = nodes
-        vllm, extra, env, image, recipe_port = recipe.settings(topology)
-        vllm.update(overrides or {})
-        self.vllm, self.extra, self.env = vllm, extra, env
+        flags, extra, env, image, recipe_port = recipe.settings(topology)
+        flags.update(overrides or {})
+        self.flags, self.extra, self.env = flags, extra, env
         # The inventory's image is vLLM's unless it says otherwise: another runtime takes its own by default.
         self.image = image or (inventory.defaults.image if self.runtime.id == "vllm" else
                                inventory.defaults.images.get(self.runtime.id) or self.runtime.default_image)
@@ -153,17 +154,19 @@ class Builder:
                                                        " and adds the NCCL, Gloo and UCX interface settings"))
         return notes
 
-    def labels(self, role: str, endpoint: str | None = None, kind: str = "vllm") -> list[str]:
-        # kind: what answers at the endpoint (`observe.engines` id) or `router`
+    def labels(self, role: str, endpoint: str | None = None, kind: str | None = None) -> list[str]:
+        # kind: what answers at the endpoint (its `engine_ids` id; ROUTER for the router), given with it
         out = ["--label", f"sparktop.launch={self.lid}", "--label", f"sparktop.recipe={self.recipe.id}",
                "--label", f"sparktop.topology={to_label(self.topology)}", "--label", f"sparktop.role={role}",
                "--label", f"sparktop.model={self.recipe.served_name}"]
         if endpoint:
+            if kind is None:
+                raise ValueError(f"{role}: a container with an endpoint is labelled with its kind")
             out += ["--label", f"sparktop.endpoint={endpoint}", "--label", f"sparktop.kind={kind}"]
         return out
 
     def docker_run(self, node: Node, role: str, env: dict[str, str], entrypoint: str, args: list,
-                   endpoint: str | None = None, kind: str = "vllm", gpu: bool = True,
+                   endpoint: str | None = None, kind: str | None = None, gpu: bool = True,
                    volumes: list | None = None, image: str | None = None,
                    env_file: Home | None = None) -> tuple[str, list]:
         name = self.name(role)
@@ -222,7 +225,7 @@ class Builder:
         notes = self.fabric_notes()
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
-                    vllm=dict(self.vllm), image=self.image, notes=notes, runtime=self.runtime.id)
+                    flags=dict(self.flags), image=self.image, notes=notes, runtime=self.runtime.id)
 
     def describe(self) -> str:
         """"TP=2" (the two-node names), "TP=2 x PP=2", "TP=4, expert parallel"."""
@@ -269,12 +272,12 @@ class Builder:
             # Offline Hub: LiteLLM looks up a tokenizer for the served name on every streamed reply, and
             # without Internet each lookup stalls the stream ~23 s (it falls back to tiktoken after).
             head, "router", {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}, "litellm",
-            ["--config", config_path, "--host", head.bind, "--port", str(port)], endpoint=url, kind="router",
+            ["--config", config_path, "--host", head.bind, "--port", str(port)], endpoint=url, kind=ROUTER,
             gpu=False, volumes=[_home_mount(self.state_dir, "litellm.yaml")], image=self.inv.defaults.router_image,
             env_file=self.router_secrets_file)
         self.steps.append(Step(head.name, argv, f"start the LiteLLM router ({strategy}) on {head.name}",
                                container=name, role="router"))
-        self.endpoints.append(Endpoint(url, "router", head.name, self.recipe.served_name, self.topology, name,
+        self.endpoints.append(Endpoint(url, ROUTER, head.name, self.recipe.served_name, self.topology, name,
                                        api_key_env=ROUTER_KEY_ENV))
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import yaml
-
 from sparktop.errors import SparktopError
 from sparktop.model.architecture import Architecture, from_config, read_config
 from sparktop.model.quant import Quantization
+from sparktop.yamlfile import safe_load
 
 GIB = 1024**3
 DATA = Path(__file__).parent / "data"
@@ -223,7 +222,7 @@ def card_from_config(path: str | Path, name: str | None = None, quant: str | Non
 
 
 def _load_card(path: Path) -> ModelCard:
-    d = yaml.safe_load(path.read_text())
+    d = safe_load(path.read_text())
     cfg_path = CONFIG_DIR / d["config"]
     q = d.get("quantization") or {}
     if isinstance(q, str):

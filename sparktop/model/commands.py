@@ -29,8 +29,11 @@ def cmd_fit(args) -> int:
         cv = fit.cross_validate(start=k, iterations=max(20, (args.iterations or 120) // 2),
                                 progress=lambda line: console.print(line), exact=getattr(args, "exact", False))
     if k is not None:  # refitted
-        fit.save_constants(k, {**rep.summary(), "articles": fit.articles_summary(rep)}, cross=cv, stacks=stacks)
+        fit.save_constants(k, fit.fit_summary(rep), cross=cv, stacks=stacks)
         console.print(f"saved {fit.FITTED}")
+    elif getattr(args, "save_summary", False):  # the constants as they are: what `predict` states of each card
+        fit.save_summary(rep)
+        console.print(f"saved each card's error and the figures' digest in {fit.FITTED}")
     if args.json:
         print(json.dumps({"cells": [{"model": c.model, "topology": c.topology, "metric": c.metric,
                                      "concurrency": c.concurrency, "published": c.published, "predicted": p,

@@ -22,7 +22,10 @@ model and no cell has its own knob.
 
 `cross_validate` refits without each model in turn and predicts it: the
 error a user should expect for a model no one measured, which `predict`
-states. The result of both is kept in `data/fitted-constants.json`.
+states. The result of both is kept in `data/fitted-constants.json`, with
+each card's error over its own figures (`Report.per_card`) and a digest of
+the figure files, so `predict` states them without predicting a published
+cell; `twin fit --save-summary` refreshes those two when the figures change.
 """
 
 from __future__ import annotations
@@ -37,14 +40,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, UnknownModel, find_card
 from sparktop.model.perf import DEFAULT_CONSTANTS, Constants
 from sparktop.model.quant import Quantization, fmt
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import TOPOLOGIES, predict, predict_serve
+from sparktop.yamlfile import load_published
 
 if TYPE_CHECKING:
     from sparktop.settings import Inventory
@@ -124,7 +126,7 @@ def with_stack_facts(serving: Serving, graphs: bool | None, kv_dtype: str | None
 def _article_cells(path: Path) -> list[Cell]:
     from sparktop.model.stacks import load_stacks
 
-    data = yaml.safe_load(path.read_text())
+    data = load_published(path)
     stacks = load_stacks()
     cells = []
     for run in data["runs"]:
@@ -166,7 +168,7 @@ def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
         return []
     from sparktop.model.stacks import load_stacks
 
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_published(path) or {}
     sources = data.get("sources") or {}
     stacks = load_stacks()
     cells = []
@@ -717,6 +719,18 @@ class Report:
                     "fitted_cells": len(self.fitted_rows())})
         return out
 
+    def per_card(self) -> dict[str, dict[str, Any]]:
+        """What `predict` says of each card its sources measured: the mean of |predicted / published - 1| over
+        its fitted figures (every metric; `mean_error`, unrounded) and how many (`figures`), with its decode,
+        prefill and TTFT MAPE."""
+        errs: dict[str, list[float]] = {}
+        for cell, pred, _ in self.fitted_rows():
+            if cell.published and pred:
+                errs.setdefault(cell.model, []).append(abs(pred / cell.published - 1))
+        return {model: {"mean_error": statistics.fmean(e), "figures": len(e),
+                        **{m: round(v, 4) for m in HEADLINE if (v := self.mape(m, model)) is not None}}
+                for model, e in sorted(errs.items())}
+
 
 def articles_summary(rep: Report) -> dict:
     """Error and winners over the three articles' cells of a report alone (the issue's check, kept in the
@@ -724,6 +738,34 @@ def articles_summary(rep: Report) -> dict:
     sources = {c.source for c in _article_cells(PUBLISHED)}
     summary = Report([r for r in rep.rows if r[0].source in sources]).summary()
     return {key: v for key, v in summary.items() if key.startswith("mape_") or key == "same_winner"}
+
+
+def figures_digest() -> str:
+    """A hash of what the fit's report rests on besides the constants: the published figures and which
+    stack ran each (`stacks.yaml`). Saved with the report's per-card errors; when the files no longer
+    match it, `predict` says to run `sparktop twin fit --save-summary`."""
+    from sparktop.model.stacks import STACKS_FILE
+
+    h = hashlib.sha1()
+    for path in (PUBLISHED, MORE, STACKS_FILE):
+        h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
+    return h.hexdigest()
+
+
+def fit_summary(rep: Report) -> dict[str, Any]:
+    """The `fit` block saved with the constants: the report's summary, the articles' share of it, each
+    card's error (what `predict` states, read back without predicting a cell) and the figures' digest."""
+    return {**rep.summary(), "articles": articles_summary(rep), "per_card": rep.per_card(),
+            "figures_digest": figures_digest()}
+
+
+def save_summary(rep: Report, path: Path | None = None) -> None:
+    """Rewrite only the report's per-card errors and the figures' digest in the saved fit (`twin fit
+    --save-summary`; the shipped file by default), the constants and everything else as they are."""
+    path = path or FITTED
+    d = json.loads(path.read_text())
+    d.setdefault("fit", {}).update({"per_card": rep.per_card(), "figures_digest": figures_digest()})
+    path.write_text(json.dumps(d, indent=2) + "\n")
 
 
 def report(k: Constants | None = None) -> Report:

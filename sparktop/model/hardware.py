@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-import yaml
-
 from sparktop.errors import SparktopError
+from sparktop.yamlfile import safe_load
 
 DATA = Path(__file__).parent / "data" / "hardware"
 
@@ -51,7 +50,7 @@ class Hardware:
 def load(name: str = "gb10") -> Hardware:
     path = DATA / f"{name}.yaml"
     try:
-        d = yaml.safe_load(path.read_text())
+        d = safe_load(path.read_text())
     except OSError as exc:
         raise SparktopError(f"{path}: {exc.strerror}") from None
 

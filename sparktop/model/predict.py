@@ -146,21 +146,32 @@ def crossover_lines(rows: list[Row]) -> list[str]:
 
 def uncertainty(card: ModelCard) -> str:
     """How far to trust a prediction for this card: its own error where a
-    source measured it, the leave-one-model-out error where none did."""
-    from sparktop.model.fit import FITTED, expected_error, load_constants, report
+    source measured it, the leave-one-model-out error where none did. Both
+    are read from the saved fit (`sparktop twin fit` computes them), never
+    recomputed here."""
+    from sparktop.model.fit import FITTED, figures_digest, load_fit_summary
 
-    rep = report(load_constants())
-    errs = [abs(p / c.published - 1) for c, p, _ in rep.fitted_rows()
-            if c.model == card.name and c.published and p]
-    cv = {m: expected_error(m) for m in ("decode_tps", "prefill_tps", "ttft_ms")}
+    saved = load_fit_summary()
+    fitted = saved.get("fit") or {}
+    cv = (saved.get("cross_validation") or {}).get("mean") or {}
     unseen = ""
-    if cv["decode_tps"] is not None:
+    if cv.get("decode_tps") is not None:
         unseen = (f"for a model no source measured expect ±{cv['decode_tps']:.0%} on decode, "
-                  f"±{cv['prefill_tps'] or 0:.0%} on prefill, ±{cv['ttft_ms'] or 0:.0%} on TTFT "
+                  f"±{cv.get('prefill_tps') or 0:.0%} on prefill, ±{cv.get('ttft_ms') or 0:.0%} on TTFT "
                   "(leave-one-model-out)")
-    if errs:
-        return (f"{card.name} was measured by published sources: the fit is off by {statistics.fmean(errs):.0%} "
-                f"on average on its {len(errs)} figures ({FITTED.name}); {unseen or 'no cross-validation saved'}")
-    return (f"no published source measured {card.name}: this comes from the same physics and constants "
-            f"({card.architecture}, {card.active_params_b:.1f}B active of {card.total_params_b:.1f}B, "
-            f"{card.quant_text()}); " + (unseen or "expect ±25 % or more, most on prefill and TTFT"))
+    per_card = fitted.get("per_card")
+    mine = (per_card or {}).get(card.name) or {}
+    if mine.get("figures"):
+        text = (f"{card.name} was measured by published sources: the fit is off by {mine['mean_error']:.0%} "
+                f"on average on its {mine['figures']} figures ({FITTED.name}); "
+                f"{unseen or 'no cross-validation saved'}")
+    elif per_card is None:
+        text = f"{card.name}: {FITTED.name} keeps no error per model; " + (unseen or "no cross-validation saved")
+    else:
+        text = (f"no published source measured {card.name}: this comes from the same physics and constants "
+                f"({card.architecture}, {card.active_params_b:.1f}B active of {card.total_params_b:.1f}B, "
+                f"{card.quant_text()}); " + (unseen or "expect ±25 % or more, most on prefill and TTFT"))
+    if fitted.get("figures_digest") != figures_digest():
+        text += ("; the published figures changed since these errors were saved: "
+                 "run `sparktop twin fit --save-summary`")
+    return text

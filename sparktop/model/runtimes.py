@@ -56,8 +56,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, find_card
 from sparktop.model.fit import FITTED, GLOBAL, METRICS, _cost, load_constants, load_fit_summary, nelder_mead
@@ -65,6 +63,7 @@ from sparktop.model.perf import Constants, PerfModel
 from sparktop.model.quant import Quantization
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import perf_for, predict
+from sparktop.yamlfile import load_published
 
 DATA = Path(__file__).parent / "data"
 FIGURES = DATA / "published-runtimes.yaml"
@@ -197,12 +196,12 @@ class Figure:
 
 
 def load_sources(path: Path = FIGURES) -> dict[str, dict]:
-    return (yaml.safe_load(path.read_text()) or {}).get("sources") or {}
+    return (load_published(path) or {}).get("sources") or {}
 
 
 def load_figures(runtime: str | None = None, path: Path = FIGURES) -> list[Figure]:
     """The published figures (of one runtime, or all), as the file lists them."""
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_published(path) or {}
     want = runtime_id(runtime) if runtime else None
     out = []
     for i, d in enumerate(data.get("figures") or []):
@@ -287,7 +286,12 @@ def fitted_over_nodes(runtime: str) -> bool:
     """Whether the runtime's constants were fitted to figures of engines over several nodes (vLLM's to its
     two-node articles): otherwise its multi-node predictions rest on vLLM's link model alone."""
     rt = runtime_id(runtime)
-    return rt == "vllm" or any(f.nodes > 1 for f in load_figures(rt))
+    if rt == "vllm":
+        return True
+    if rt in NO_FIGURES:
+        return False
+    stored = ((_stored().get("runtimes") or {}).get(rt) or {}).get("over_nodes")  # saved by its fit
+    return stored if stored is not None else any(f.nodes > 1 for f in load_figures(rt))
 
 
 def _pct(x: float) -> str:
@@ -520,6 +524,7 @@ def report(runtime: str, factors: dict[str, float], base: Constants, figures: Se
                      and (v <= FACTOR_RANGE[0] * 1.001 or v >= _ceiling(n, base) * 0.999)],
         "constants": {f: getattr(k, f) for n in factors for f in FACTOR_FIELDS[n]},
         "figures": len(figures),
+        "over_nodes": any(f.nodes > 1 for f in figures),  # `fitted_over_nodes`, read by predict
         "mean_error": mean_errors(rows),
         "per_card": per_card,
         "sources": [str(sources.get(s, {}).get("short") or s) for s in used],

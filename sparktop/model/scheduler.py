@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -211,12 +212,20 @@ class BlockPool:
 
 
 def block_hashes(prompt_ids: list[int]) -> list[bytes]:
-    """Chained hashes of every full block of the prompt."""
+    """Chained hashes of every full block of the prompt: each block's token ids as 64-bit integers (their text
+    where they are not), after the hash of the blocks before it."""
     hashes: list[bytes] = []
     parent = b""
+    try:
+        packed: bytes | None = array("q", prompt_ids).tobytes()  # one conversion for the whole prompt
+    except (OverflowError, TypeError):
+        packed = None
+    width = BLOCK * 8
     for start in range(0, len(prompt_ids) - BLOCK + 1, BLOCK):
-        chunk = prompt_ids[start:start + BLOCK]
-        parent = hashlib.blake2b(parent + repr(chunk).encode(), digest_size=12).digest()
+        # b"q" + bytes never equals a list's text, which starts with "[".
+        block = (b"q" + packed[start * 8:start * 8 + width] if packed is not None
+                 else repr(prompt_ids[start:start + BLOCK]).encode())
+        parent = hashlib.blake2b(parent + block, digest_size=12).digest()
         hashes.append(parent)
     return hashes
 

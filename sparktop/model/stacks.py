@@ -36,10 +36,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sparktop.errors import SparktopError
 from sparktop.model.perf import Constants
+from sparktop.yamlfile import safe_load
 
 STACKS_FILE = Path(__file__).parent / "data" / "stacks.yaml"
 # What a recipe without an image runs: sparktop's default image (settings.Defaults.image), NVIDIA's NGC build.
@@ -136,7 +135,7 @@ def _graphs(value: Any) -> bool | None:
 
 @cache
 def load_stacks(path: Path = STACKS_FILE) -> Stacks:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = safe_load(path.read_text()) or {}
     stacks = {}
     for sid, s in (data.get("stacks") or {}).items():
         stacks[sid] = Stack(sid, str(s.get("name") or sid), str(s.get("description") or "").strip(),

@@ -28,7 +28,9 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import DEFAULT, ROUTER
 from sparktop.layouts import from_label
 from sparktop.observe import engines, hostparse
 from sparktop.observe.argv import flag_value
@@ -87,9 +89,9 @@ _SCRIPT_ADDR = "echo @@addr; ip -br addr 2>/dev/null; "
 # query without walking its connection table, which reading /proc/net/tcp
 # does). Nothing runs past the first grep when no candidate is found, nor when
 # the candidates are the processes the previous read found (`unchanged`).
-# vLLM's engine core and workers rename themselves (`VLLM::EngineCore`, `VLLM::Worker_TP0`): they hold its
-# memory, counted when nvidia-smi lists no processes.
-SERVER_ARG = engines.process_pattern() + r"|^VLL[M]::|(^|/)sparkto[p]$"
+# Engines' processes that title themselves (vLLM's engine core and workers, `VLLM::EngineCore`,
+# `VLLM::Worker_TP0`, `Engine.process_titles`) hold their memory, counted when nvidia-smi lists no processes.
+SERVER_ARG = "|".join(p for p in (engines.process_pattern(), engines.title_pattern(), r"(^|/)sparkto[p]$") if p)
 # Each candidate's cgroups and resident memory, with shell builtins (no process per candidate).
 _SERVERS_MEMORY = (
     'for p in $c; do d=${p%/cmdline}; '
@@ -359,12 +361,12 @@ def read_servers_here(proc: str = "/proc") -> str:
             continue
         finally:
             os.close(fd)
-        if b"sparktop" not in raw and not raw.startswith(b"VLLM::") \
+        if b"sparktop" not in raw and not raw.startswith(engines.PROCESS_TITLE_BYTES) \
                 and not any(needle in raw for needle in engines.PROCESS_BYTES):
             continue
         args = raw.decode(errors="replace").removesuffix("\0").split("\0")
-        if not args[0].startswith("VLLM::") and not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a)
-                                                        for a in args):
+        if not args[0].startswith(engines.PROCESS_TITLES) and \
+                not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a) for a in args):
             continue
         base = f"{proc}/{pid}"
         out += [f"{base}/cmdline:{a}" for a in args]
@@ -453,7 +455,7 @@ class ProcessEngine:
     port: int
     host: str | None  # the address it was told to bind, when it named one
     found: str  # "process 4242 (vllm serve, port 8000)"
-    kind: str = "vllm"  # the engine it is (`observe.engines`), to be confirmed by what it answers
+    kind: str = DEFAULT  # the engine it is (`observe.engines`), to be confirmed by what it answers
     topology: str | None = None
     model: str | None = None
     argv: list[str] | None = None
@@ -476,7 +478,7 @@ def _same_address(a: str, b: str) -> bool:
 
 
 def _engine_of(kind: str) -> type[engines.Engine]:
-    engine = engines.by_id(kind) or engines.by_id("vllm")
+    engine = engines.by_id(kind) or engines.by_id(DEFAULT)
     assert engine is not None
     return engine
 
@@ -583,7 +585,7 @@ class DiscoveredEngine:
     port: int
     host: str | None  # the address the engine bound, when it named one
     container: str
-    kind: str = "vllm"  # the engine its command or image suggests; what it answers decides
+    kind: str = DEFAULT  # the engine its command or image suggests; what it answers decides
     topology: str | None = None
     model: str | None = None
     argv: list[str] | None = None
@@ -596,6 +598,9 @@ def _split(command: str) -> list[str]:
         return command.split()
 
 
+_ROUTER_PROGRAMS = engine_ids.get(ROUTER).programs
+
+
 def container_argv(container: Container) -> list[str]:
     """The command a container runs; inside `sh -c "... && exec CMD"` or
     `bash -c '...'`, the part that starts a server."""
@@ -605,7 +610,7 @@ def container_argv(container: Container) -> list[str]:
             inner = _split(part.strip())
             if inner and inner[0] == "exec":
                 inner = inner[1:]
-            if inner and (engines.for_command(inner) is not None or "litellm" in part):
+            if inner and (engines.for_command(inner) is not None or any(p in part for p in _ROUTER_PROGRAMS)):
                 return inner
     return args
 
@@ -617,7 +622,7 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
         url = labels["sparktop.endpoint"]
         port = int(url.rsplit(":", 1)[-1].split("/")[0]) if url.count(":") >= 2 else 80
         return DiscoveredEngine(url=url, port=port, host=None, container=container.name,
-                                kind=labels.get("sparktop.kind", "vllm"),
+                                kind=labels.get("sparktop.kind", DEFAULT),
                                 topology=from_label(labels.get("sparktop.topology")),
                                 model=labels.get("sparktop.model"), argv=container_argv(container))
     args = container_argv(container)
@@ -627,7 +632,7 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
     if found is None:
         # An image whose entrypoint is the server (`ollama/ollama`: "/bin/ollama serve" may be cut off).
         by_image = engines.for_image(container.image) if container.image else None
-        if by_image is None or by_image.id == "vllm" and "serve" not in args:
+        if by_image is None or by_image.image_needs is not None and by_image.image_needs not in args:
             return None
         engine: type[engines.Engine] = by_image
     else:
@@ -638,6 +643,6 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
     host = engine.host(args)
     address = host or node_address
     return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
-                            kind="router" if engine.router else engine.id,
+                            kind=ROUTER if engine.router else engine.id,
                             topology=None if engine.router else engine.layout(args).name,
                             model=None if engine.router else engine.served_model(args), argv=args)

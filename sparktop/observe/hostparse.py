@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value
 from sparktop.observe.machine import throttle_reasons
@@ -235,8 +236,8 @@ def server_command(argv: list[str]) -> tuple[str, str] | None:
     sparktop's twin (`sparktop twin serve`, speaking vLLM); None otherwise."""
     for i, arg in enumerate(argv):
         if arg.rsplit("/", 1)[-1] == "sparktop" and argv[i + 1:i + 3] == ["twin", "serve"]:
-            named = engines.by_id(flag_value(argv, "--engine") or "vllm")  # `twin serve --engine llama-cpp`
-            return (named.id if named is not None else "vllm"), "sparktop twin serve"
+            named = engines.by_id(flag_value(argv, "--engine") or DEFAULT)  # `twin serve --engine llama-cpp`
+            return (named.id if named is not None else DEFAULT), "sparktop twin serve"
     found = engines.for_command(argv)
     return (found[0].id, found[1]) if found is not None else None
 
@@ -351,7 +352,7 @@ def parse_server_processes(text: str) -> list[ServerProcess]:
         if found is None or pid in in_container or pid in gone:
             continue
         engine_id, command = found
-        engine = engines.by_id(engine_id) or engines.by_id("vllm")
+        engine = engines.by_id(engine_id) or engines.by_id(DEFAULT)
         assert engine is not None
         if engine.is_worker(args):
             continue  # a worker of an engine over several nodes: no API of its own

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, is_router
 from sparktop.observe.engine_log import runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
-from sparktop.observe.engines import Vllm, by_id
+from sparktop.observe.engines import Engine, by_id
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
@@ -139,6 +140,7 @@ class _NodeWorker:
     last: NodeSnapshot | None = None
     shown_state: str = "connecting"
     task: asyncio.Task | None = None
+    listed_at: float | None = None  # when its containers and processes were last read (the slow tier)
 
 
 @dataclass
@@ -155,6 +157,7 @@ class _EngineWorker:
     error: str | None = None  # why it died at run time, from its container's log
     error_at: float | None = None  # when its log was last read for a failure
     task: asyncio.Task | None = None
+    polled_at: float | None = None  # when its last poll ended, whatever it found
 
 
 class Poller:
@@ -194,6 +197,23 @@ class Poller:
         self._closed = False
 
     # -- control --------------------------------------------------------------
+
+    def settled(self) -> bool:
+        """Whether what has been shown is whole: every node has answered once (or failed), its containers
+        and processes read where it answered, and every engine polled since its node's were, so each shows
+        where it runs and its layout. What a one-shot reader (`status`) waits for past its window when the
+        nodes are slow to answer (a busy host, a slow link)."""
+        for n in self._nodes.values():
+            if n.last is None and n.health.failures == 0:
+                return False  # not answered yet
+            if n.last is not None and n.health.failures == 0 and self.discover and n.listed_at is None:
+                return False  # answered, but its containers are still to be read
+        for e in self._engines.values():
+            node = self._nodes.get(e.target.node or "")
+            listed = node.listed_at if node is not None else None
+            if e.polled_at is None or (listed is not None and e.polled_at < listed):
+                return False
+        return True
 
     @property
     def interval(self) -> float:
@@ -281,7 +301,7 @@ class Poller:
             return
         node = self._nodes.get(target.node) if target.node else None
         api_key = self.api_key
-        if target.kind == "router" and api_key is None and self.router_key is not None:
+        if is_router(target.kind) and api_key is None and self.router_key is not None:
             api_key = self.router_key(key)
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
@@ -347,6 +367,7 @@ class Poller:
                 self._emit_node(w)
                 if self.discover and w.probe.read_slow_tier:  # between, the same lists: the same engines
                     self._discover(w, snap)
+                    w.listed_at = self.clock.now()
                 delay = self._interval
             await self._sleep_until(started + delay)
 
@@ -469,6 +490,7 @@ class Poller:
                 w.shown_state = "ready"
                 self._put_engine(snap)
                 delay = self._interval
+            w.polled_at = self.clock.now()
             await self._sleep_until(started + delay)
 
     def _not_an_engine(self, w: _EngineWorker, reason: str) -> None:
@@ -476,7 +498,7 @@ class Poller:
             return  # a candidate port where something else listens: not shown
         snap = EngineSnapshot(key=w.probe.url, url=w.probe.url, t=self.clock.wall(), state="unrecognised",
                               reason=reason, node=w.target.node, container=w.target.container,
-                              topology=w.target.topology, kind=w.target.kind or "openai", model=w.target.model)
+                              topology=w.target.topology, kind=w.target.kind or GENERIC, model=w.target.model)
         snap.found = w.target.found
         w.last = snap
         w.shown_state = "unrecognised"
@@ -509,8 +531,8 @@ class Poller:
         engine = w.probe.engine  # recognised, though this poll's read failed: say what it is
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
             key=w.probe.url, url=w.probe.url, t=self.clock.wall(), node=w.target.node, container=w.target.container,
-            topology=w.target.topology, kind=("router" if engine.router else engine.id) if engine is not None
-            else w.target.kind or "vllm", model=w.target.model or (engine.model if engine is not None else None),
+            topology=w.target.topology, kind=(ROUTER if engine.router else engine.id) if engine is not None
+            else w.target.kind or DEFAULT, model=w.target.model or (engine.model if engine is not None else None),
             engine=engine.name if engine is not None else None,
             recognised=engine.how if engine is not None else None)
         snap.found = w.target.found
@@ -532,7 +554,7 @@ class Poller:
     def _log_patterns(w: _EngineWorker):
         """How its engine words its log: what answers once recognised, else what its container suggests."""
         engine = w.probe.engine.__class__ if w.probe.engine is not None else by_id(w.target.kind)
-        return (engine or Vllm).log  # before it answers, a container reads as vLLM's
+        return (engine or by_id(DEFAULT) or Engine).log  # before it answers, a container reads as the default's
 
     async def _read_stage(self, w: _EngineWorker) -> bool:
         """Whether the engine's container is still starting; reads its log."""

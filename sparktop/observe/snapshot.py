@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.observe.linkparse import LinkRate
 from sparktop.observe.machine import Machine
 
@@ -107,7 +108,7 @@ class ServerProcess:
     port_source: str = "socket"
     # vllm serve | vllm api_server | sparktop twin serve | sglang launch_server | llama-server | trtllm-serve | ...
     command: str = "vllm serve"
-    engine: str = "vllm"  # the engine module that knows it (`observe/engines/`): vllm | sglang | llama.cpp | ...
+    engine: str = DEFAULT  # the engine module that knows it (`observe/engines/`): vllm | sglang | llama.cpp | ...
 
 
 @dataclass
@@ -154,7 +155,7 @@ class EngineSnapshot:
     node: str | None = None
     # What answers: the engine's id (vllm | sglang | llama.cpp | trtllm | ollama | tgi | openai, the last any
     # other OpenAI-compatible server) or `router` (LiteLLM: its tokens are its engines')
-    kind: str = "vllm"
+    kind: str = DEFAULT
     engine: str | None = None  # the engine's name for people: "vLLM", "SGLang", "llama.cpp", "TensorRT-LLM", ...
     recognised: str | None = None  # how it was recognised: "owned_by sglang in /v1/models", "Server: llama.cpp header"
     # The figures (`FIGURES` keys) this engine does not export: shown as such, never as 0 or a blank

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from sparktop.engine_ids import is_router
 from sparktop.layouts import layout_of
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value as _flag
@@ -232,7 +233,7 @@ class ClusterState:
         if e.node is None:
             return []
         layout = layout_of(e.topology)
-        if layout is None or not layout.spans_nodes or e.kind == "router":  # a router runs on one node
+        if layout is None or not layout.spans_nodes or is_router(e.kind):  # a router runs on one node
             return [e.node]
         home = self.nodes.get(e.node)
         launch = role = None
@@ -250,7 +251,7 @@ class ClusterState:
             if name == e.node:
                 continue
             if any(c.state == "running" and c.labels.get("sparktop.launch") == launch
-                   and c.labels.get("sparktop.kind") != "router"
+                   and not is_router(c.labels.get("sparktop.kind"))
                    and c.labels.get("sparktop.role", "").endswith(suffix) for c in n.containers):
                 nodes.append(name)
         return nodes
@@ -265,7 +266,7 @@ class ClusterState:
         mine = _head_addresses(e, home)
         others: set[str] = set()
         for other in self.engines.values():
-            if other.key != e.key and other.node and other.node != e.node and other.kind != "router":
+            if other.key != e.key and other.node and other.node != e.node and not is_router(other.kind):
                 others |= _head_addresses(other, self.nodes.get(other.node))
         claimed: dict[str, str | None] = {}  # node -> the head address its workers serve (None: a head itself)
         for name, n in self.nodes.items():
@@ -342,7 +343,7 @@ class ClusterState:
             histories = [h for key, h in self.node_history.items() if key in self.nodes]
         else:
             histories = [h for key, h in self.engine_history.items()
-                         if key in self.engines and self.engines[key].kind != "router"]
+                         if key in self.engines and not is_router(self.engines[key].kind)]
         newest = max((h.t[-1] for h in histories if h.t), default=None)
         if newest is None:
             return [], []
@@ -383,7 +384,7 @@ class ClusterState:
             power = self.mean_power(name, n.t) if n.state == "ok" else None
             watts = None if watts is None or power is None else watts + power
         for e in self.engines.values():
-            if e.kind == "router":
+            if is_router(e.kind):
                 continue
             out.engines += 1
             if e.state not in ("ready", "sleeping"):

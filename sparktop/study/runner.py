@@ -25,6 +25,7 @@ from sparktop import __version__
 from sparktop.bench.events import LevelDone, LevelStarted, RateLevelStarted, SweepFinished, SweepStarted
 from sparktop.bench.load import RateSweep
 from sparktop.bench.sweep import Sweep, SweepSettings
+from sparktop.engine_ids import is_router
 from sparktop.events import emitting
 from sparktop.launch.events import Stage
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, teardown
@@ -255,7 +256,7 @@ class StudyRunner:
         """The engine's version, as it says it (vLLM's /version, llama.cpp's build, SGLang's server info)."""
         from sparktop.observe.engines import Answer, EngineUnreachable, NotAnEngine, recognise
 
-        engine = next((e for e in plan.endpoints if e.kind != "router"), None)
+        engine = next((e for e in plan.endpoints if not is_router(e.kind)), None)
         if engine is None:
             return None
         async with aiohttp.ClientSession() as http:
@@ -287,7 +288,7 @@ class StudyRunner:
         t.status = SWEEPING
         self._stage(t, "sweeping")
         # What a user of the layout calls: its router when it has one, else its (one) engine.
-        api = next((e for e in plan.endpoints if e.kind == "router"), plan.endpoints[0])
+        api = next((e for e in plan.endpoints if is_router(e.kind)), plan.endpoints[0])
         by_rate = bool(study.rates or study.find_max_rate)
         settings = SweepSettings(
             endpoint=api.url, levels=list(study.levels), runs=study.runs, pp=study.pp, tg=study.tg,
@@ -299,7 +300,7 @@ class StudyRunner:
             find_max_rate=study.find_max_rate, arrivals=study.arrivals, requests=study.requests,
             duration=study.duration)
         # The guard watches the engines themselves: a router has no vLLM metrics.
-        settings.guard_urls = [e.url for e in plan.endpoints if e.kind != "router"]
+        settings.guard_urls = [e.url for e in plan.endpoints if not is_router(e.kind)]
         executor = self._executor
         assert executor is not None, "the sweep follows a launch"
         key = executor.api_key(api.api_key_env) if api.api_key_env else None

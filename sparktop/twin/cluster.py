@@ -22,16 +22,19 @@ from pathlib import Path
 
 import httpx
 
+from sparktop import engine_ids
+from sparktop.engine_ids import DEFAULT
 from sparktop.remote import LocalTransport
 from sparktop.settings import Inventory, Node
+from sparktop.twin.dialects import DIALECTS, dialect_for
 from sparktop.twin.host import VARIANT_ORDER, TwinHost
 from sparktop.twin.node import install
 
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.20.1"  # the twin's vLLM image (its entrypoint is `vllm serve`)
 DEMO_MODEL = "gpt-oss-120b"
-# The images the other engines' stand-ins are "pulled" as, and how their containers start them.
-RUNTIME_IMAGES = {"sglang": "lmsysorg/sglang:spark", "llama.cpp": "scitrera/dgx-spark-llama-cpp:b8094-cu131",
-                  "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"}
+# The images the other engines' stand-ins are "pulled" as (their `engine_ids` default image); how their containers
+# start them is their dialect's `demo_argv`.
+RUNTIME_IMAGES = {r.id: r.default_image for r in engine_ids.ROWS if r.id in DIALECTS and r.id != DEFAULT}
 
 
 def container_name(engine: str) -> str:
@@ -122,7 +125,7 @@ class TwinCluster:
         urls = []
         for i, node in enumerate(self.nodes):
             p = self.port_for(i, port)
-            engine = (engines or ["vllm"])[i % len(engines or ["vllm"])]
+            engine = (engines or [DEFAULT])[i % len(engines or [DEFAULT])]
             run = ["docker", "run", "-d", "--name", name or container_name(engine), "--gpus", "all", "--ipc=host",
                    "--network", "host"]
             twin = ["--speed", str(self.speed), "--startup-speed", str(startup_speed), *(extra or [])]
@@ -136,22 +139,12 @@ class TwinCluster:
     def _serve(self, engine: str, node: TwinNode, model: str, port: int, twin: list[str]) -> list[str]:
         """The image and command that serve `model` with `engine`, as its own images start it."""
         where = ["--host", node.address, "--port", str(port)]
-        if engine == "sglang":
-            return ["--entrypoint", "python3", RUNTIME_IMAGES[engine], "-m", "sglang.launch_server", "--model-path",
-                    model, "--served-model-name", model, *where, "--enable-metrics", "--mem-fraction-static", "0.7",
-                    *twin]
-        if engine == "llama.cpp":
-            return ["--entrypoint", "llama-server", RUNTIME_IMAGES[engine], "-hf", f"ggml-org/{model}-GGUF",
-                    "--alias", model, *where, "--metrics", "-np", "4", "-c", "65536", *twin]
-        if engine == "trtllm":
-            options = self.root / "trtllm-options.yaml"
-            options.write_text("return_perf_metrics: true\nenable_iter_perf_stats: true\n")
-            return ["--entrypoint", "trtllm-serve", RUNTIME_IMAGES[engine], model, *where, "--backend", "pytorch",
-                    "--extra_llm_api_options", str(options), *twin]
-        return [self.images[0], model, *where, "--gpu-memory-utilization", "0.7", *twin]
+        dialect = dialect_for(engine)
+        image = RUNTIME_IMAGES.get(dialect.id) or self.images[0]  # vLLM: the cluster's first image
+        return dialect.demo_argv(image, model, where, twin, self.root)
 
     async def stop_all(self, name: str | None = None) -> None:
-        names = [name] if name else [container_name(e) for e in ("vllm", *RUNTIME_IMAGES)]
+        names = [name] if name else [container_name(e) for e in (DEFAULT, *RUNTIME_IMAGES)]
         for node in self.nodes:
             await node.transport().run(shlex.join(["docker", "rm", "-f", *names]), timeout=30)
 

@@ -23,7 +23,6 @@ twin apart.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import os
@@ -139,7 +138,7 @@ class OpenAIRoutes:
 
     @property
     def sleep_routes(self) -> bool:
-        return self.args.enable_sleep_mode and dev_mode() and self.dialect.id == "vllm"
+        return self.args.enable_sleep_mode and dev_mode() and self.dialect.sleep_mode
 
     async def _mark_twin(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[TWIN_HEADER] = __version__
@@ -157,20 +156,8 @@ class OpenAIRoutes:
 
     @property
     def system_fingerprint(self) -> str | None:
-        """vLLM's `full` fingerprint: version, parallelism, 8 hex of the config's hash (other engines'
-        as their dialect says, or none)."""
-        if self.dialect.id != "vllm":
-            return self.dialect.fingerprint(self._twin)
-        assert self.plan is not None, "the API server starts after the plan"
-        args = self.args
-        config = (args.model, args.name, args.tensor_parallel_size, self.plan.max_model_len, args.kv_cache_dtype,
-                  args.enable_prefix_caching, args.max_num_seqs, self.plan.max_num_batched_tokens,
-                  args.enforce_eager, args.gpu_memory_utilization)
-        parts = [f"vllm-{VLLM_VERSION}"]
-        if args.tensor_parallel_size > 1:
-            parts.append(f"tp{args.tensor_parallel_size}")
-        parts.append(hashlib.sha256(repr(config).encode()).hexdigest()[:8])
-        return "-".join(parts)
+        """The fingerprint its responses carry, as its dialect builds it (vLLM's `full` one), or none."""
+        return self.dialect.fingerprint(self._twin)
 
     # -- small routes -------------------------------------------------------------
 

@@ -23,9 +23,10 @@ from typing import TextIO
 from aiohttp import web
 
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import DEFAULT
 from sparktop.model.cards import GIB, UnknownModel, find_card
 from sparktop.model.quant import Quantization
-from sparktop.twin.args import ServeArgs, parse_serve_args
+from sparktop.twin.args import ServeArgs
 from sparktop.twin.dialects import dialect_for
 from sparktop.twin.dialects.base import Dialect, TwinMetrics
 from sparktop.twin.engine import BLOCK, Engine, EngineConfig
@@ -52,7 +53,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         # Every time the twin keeps (its steps, the request log, the stats line) is on this clock: a test
         # gives it a virtual-time loop's (sparktop.clock.loop_clock) to serve on simulated time.
         self.clock = clock
-        self.dialect = dialect or dialect_for("vllm")  # whose words it speaks
+        self.dialect = dialect or dialect_for(DEFAULT)  # whose words it speaks
         self.card = find_card(args.model)
         if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
             self.card = dataclasses.replace(self.card, quant=Quantization.of(args.quantization))
@@ -298,11 +299,11 @@ class TwinServer(MultiNode, OpenAIRoutes):
         return code
 
 
-def serve_main(argv: list[str], prog: str = "vllm serve", engine: str = "vllm") -> int:
+def serve_main(argv: list[str], prog: str = "vllm serve", engine: str = DEFAULT) -> int:
     """A twin server from its engine's command line (`vllm serve ...`, `llama-server ...`)."""
     dialect = dialect_for(engine)
     try:
-        args = parse_serve_args(argv, prog=prog) if engine == "vllm" else dialect.parse(argv)
+        args = dialect.parse(argv, prog)
         server = TwinServer(args, dialect=dialect)
     except UnknownModel as exc:
         print(f"ValueError: {exc}", file=sys.stderr)

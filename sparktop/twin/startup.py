@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from sparktop import engine_ids
+from sparktop.engine_ids import DEFAULT
 from sparktop.model.cards import GIB, ModelCard
 from sparktop.model.perf import PerfModel
 from sparktop.twin.args import ServeArgs
@@ -30,7 +32,7 @@ class StartupPlan:
     max_num_batched_tokens: int
 
 
-def fitted_constants(engine: str = "vllm"):
+def fitted_constants(engine: str = DEFAULT):
     """The constants fitted to the published figures: the twin runs what
     `sparktop predict` predicts, for its engine (another runtime's factors
     applied where it has published figures; vLLM's where it has none)."""
@@ -41,10 +43,11 @@ def fitted_constants(engine: str = "vllm"):
     return runtime_constants(engine, k) or k
 
 
-def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0, engine: str = "vllm") -> StartupPlan:
+def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0, engine: str = DEFAULT) -> StartupPlan:
     """Size everything vLLM sizes at startup; raise StartupError where vLLM would. `engine`: whose speed
     (and weight layout) the twin takes."""
-    if engine != "vllm":
+    row = engine_ids.lookup(engine)
+    if row is None or not row.base_model:  # the model's base constants are vLLM's; others have cards of their own
         from sparktop.model.runtimes import CannotModel, runtime_card
 
         with contextlib.suppress(CannotModel):  # an engine with no figures runs vLLM's card

@@ -21,6 +21,7 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from sparktop.engine_ids import is_router
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
 from sparktop.observe.link import LinkView
@@ -583,7 +584,7 @@ def not_exported_line(snap: EngineSnapshot) -> str:
 
 def engine_word(snap: EngineSnapshot) -> str:
     """"SGLang 0.5.23", "llama.cpp b11434", "router": what answers, as the card's head says it."""
-    if snap.kind == "router":
+    if is_router(snap.kind):
         return "router"
     name = snap.engine or (name_of(snap.kind) if snap.kind else "")  # a recording made before engines had names
     version = snap.version or ""
@@ -652,7 +653,7 @@ class EngineCard(Card):
         on = f"  on {r.nodes_named(spread, width - len(where) - 5)}" if spread else ""
         # What answers, with its version where that fits, else its name alone; on a narrow card the
         # engine's name is kept before its nodes (the address says where it is).
-        name = engine_word(snap) if snap.kind == "router" else snap.engine or (name_of(snap.kind) if snap.kind else "")
+        name = engine_word(snap) if is_router(snap.kind) else snap.engine or (name_of(snap.kind) if snap.kind else "")
         for text, what in ((on, engine_word(snap)), (on, name), ("", name), (on, "")):
             if len(where) + len(text) + (2 + len(what) if what else 0) <= width:
                 head.append(text, style="dim")
@@ -670,7 +671,7 @@ class EngineCard(Card):
             # Its figures read like an idle engine's: say first that it serves nothing.
             level = f" L{snap.sleep_level}" if snap.sleep_level is not None else ""
             lines.append(Text(f"sleeping{level}: {SLEEP_SHORT.get(snap.sleep_level, '')}"[:width], style="sky_blue1"))
-        if snap.kind == "router":
+        if is_router(snap.kind):
             lines += self._router_lines(snap, width, notice)
             return lines
         kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"

@@ -31,6 +31,7 @@ from textual.widgets import (
 )
 from textual.widgets.option_list import Option
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.errors import SparktopError
 from sparktop.launch.plan import Plan
 from sparktop.launch.preflight import Preflight
@@ -320,7 +321,7 @@ class LaunchScreen(LiveScreen):
                 raise SparktopError(f"{topology} runs on {layout.nodes} nodes; {len(nodes)} chosen "
                                     f"({', '.join(nodes) or 'none'})")
         overrides = parse_overrides({key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS},
-                                    self.recipe.runtime if self.recipe else "vllm")
+                                    self.recipe.runtime if self.recipe else DEFAULT)
         port = parse_port(self.query_one("#port", Input).value)
         extra = parse_extra_args(self.query_one("#extra_args", Input).value)
         launch_id = self.request.launch_id if self.request and self.request.topology == topology else None
@@ -418,7 +419,7 @@ class LaunchScreen(LiveScreen):
             self.notify("choose a recipe first", title="cannot study", severity="error")
             return
         try:
-            overrides = parse_overrides(runtime=self.recipe.runtime if self.recipe else "vllm", values={
+            overrides = parse_overrides(runtime=self.recipe.runtime, values={
             key: self.query_one(f"#{key}", Input).value for key in OVERRIDE_FLAGS})
             port = parse_port(self.query_one("#port", Input).value)
         except SparktopError as exc:

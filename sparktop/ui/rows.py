@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from rich.text import Text
 
+from sparktop.engine_ids import is_router
 from sparktop.layouts import layout_of
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
@@ -157,7 +158,7 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
                      "yellow" if (snap.waiting or 0) > 0 else ""),
              r.field("gen", shown("gen_tps", f"{r.rate(snap.gen_tps):>5} t/s"), "cyan"),
              r.field("TTFT", shown("ttft", f"{r.ms(snap.ttft_p50):>5}"))]
-    if snap.kind == "router":
+    if is_router(snap.kind):
         # A router holds no KV cache and its tokens are its engines' (their rows count them):
         # it says where it sends requests and what it has in flight.
         layout = layout_of(snap.topology)
@@ -185,8 +186,8 @@ def row_name(snap: EngineSnapshot, room: int = 34, engine: bool = False) -> str:
     layout = layout_of(snap.topology)
     what = snap.topology or ""
     if layout is not None and layout.router:
-        what = f"router {layout.router}" if snap.kind == "router" else replace(layout, router=None).text
-    name = (snap.engine or name_of(snap.kind or "")) if engine and snap.kind != "router" else ""
+        what = f"router {layout.router}" if is_router(snap.kind) else replace(layout, router=None).text
+    name = (snap.engine or name_of(snap.kind or "")) if engine and not is_router(snap.kind) else ""
     if name:
         both = f"{what} · {name}" if what else name
         what = both if len(model) + 3 + len(both) <= room or what != "solo" else name

@@ -15,6 +15,7 @@ from textual.screen import ModalScreen, Screen
 from textual.strip import Strip
 from textual.widgets import Footer, Static
 
+from sparktop.engine_ids import is_router
 from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
@@ -195,7 +196,7 @@ class MonitorScreen(LiveScreen):
                    state.node_history, lambda key: (state.last_notice(key, now), state.node_energy(key),
                                                     link_of(state, key)))
         # Engines of several kinds on screen: each row names its engine (a card always does, where it fits).
-        mixed = len({e.kind for e in engines.values() if e.kind != "router"}) > 1
+        mixed = len({e.kind for e in engines.values() if not is_router(e.kind)}) > 1
         self._sync(self.query_one("#engines", Grid), EngineRow if self.compact[1] else EngineCard, engines,
                    state.engine_history,
                    lambda key: (state.last_notice(key, now), state.engine_energy(engines[key]),

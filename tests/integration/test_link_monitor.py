@@ -54,7 +54,7 @@ async def test_the_monitor_shows_the_links_traffic_as_the_model_says_and_warns_o
     poller = poller_for(cluster, interval=0.5, rate_window=WINDOW_S)
     state = ClusterState()
     polls: dict[str, list[NodeSnapshot]] = {a.name: [], b.name: []}
-    suspects: list[str | None] = []
+    warnings: list[str | None] = []  # as shown: a suspicion held for HOLD_POLLS polls
     try:
         # Labelled as a launch of sparktop's: the monitor knows the worker's node is the engine's too.
         url = await run_tp2_pair(cluster, ib_disable, head="vllm-spark-a", worker="worker1-spark-a",
@@ -67,7 +67,7 @@ async def test_the_monitor_shows_the_links_traffic_as_the_model_says_and_warns_o
                 if isinstance(event, NodeSnapshot) and event.state == "ok" and event.links:
                     polls[event.name].append(event)
                     view = state.links.get(event.name)
-                    suspects.append(view.suspect if view else None)
+                    warnings.append(view.warning if view else None)
 
         def engine() -> EngineSnapshot | None:
             e = state.engines.get(url)
@@ -126,7 +126,9 @@ async def test_the_monitor_shows_the_links_traffic_as_the_model_says_and_warns_o
                 assert want * 1.02 <= sent["kernel_tx_bytes"] < want * 1.10, (sent, want)
                 assert want * 1.02 <= sent["kernel_rx_bytes"] < want * 1.10, (sent, want)
         if ib_disable == "0":
-            assert not any(suspects), [s for s in suspects if s]  # RDMA on both halves: nothing to say
+            # RDMA on both halves: nothing to say. One poll may fall between the two halves' counters moving
+            # (a suspicion); the card warns only of what holds.
+            assert not any(warnings), [w for w in warnings if w]
         else:
             for n in cluster.nodes:
                 warning = state.links[n.name].warning

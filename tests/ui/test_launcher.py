@@ -133,7 +133,7 @@ async def test_bad_overrides_and_failed_preflight_do_not_launch(cluster):
         table.move_cursor(row=rows.index("llama-3.1-70b"))
         await until(pilot, lambda: screen.recipe.id == "llama-3.1-70b")
         await type_into(pilot, screen, "gpu_memory_utilization", "0.5")
-        await until(pilot, lambda: preflight_done(screen) and screen.plan.vllm.get("gpu_memory_utilization") == 0.5)
+        await until(pilot, lambda: preflight_done(screen) and screen.plan.flags.get("gpu_memory_utilization") == 0.5)
         assert not screen.preflight.ok
         fit = [c for c in screen.preflight.checks if c.name == "fit"][0]
         assert fit.status == "fail" and "do not fit" in fit.message
@@ -153,7 +153,7 @@ async def test_a_launch_that_fails_at_startup_shows_why_and_leaves_nothing(clust
         screen = await open_launcher(pilot, "llama-3.1-8b")
         await type_into(pilot, screen, "port", str(port))
         await type_into(pilot, screen, "gpu_memory_utilization", "0.8")
-        await until(pilot, lambda: preflight_done(screen) and screen.plan.vllm.get("gpu_memory_utilization") == 0.8)
+        await until(pilot, lambda: preflight_done(screen) and screen.plan.flags.get("gpu_memory_utilization") == 0.8)
         assert screen.preflight.ok
         # Between the check and the launch, something else takes 60 GiB of spark-a's memory.
         cluster.nodes[0].host.register(os.getpid(), "python3", 60 * 1024)

@@ -135,9 +135,8 @@ def test_fit_learns_the_offset_per_inventory(tmp_path, few_published, capsys):
     assert saved["fit"]["after"]["yours"]["decode_tps"] == pytest.approx(after["decode_tps"], abs=1e-3)
 
 
-def test_predict_uses_the_inventory_fit(tmp_path, few_published, capsys, monkeypatch):
+def test_predict_uses_the_inventory_fit(tmp_path, few_published, capsys):
     from sparktop.launch.commands import cmd_predict
-    from sparktop.model import predict as predict_mod
     from sparktop.model.commands import cmd_fit
 
     d = make_study(tmp_path / "studies")
@@ -145,8 +144,6 @@ def test_predict_uses_the_inventory_fit(tmp_path, few_published, capsys, monkeyp
     other = write_inventory(tmp_path / "other.yaml", ("spark-x", "spark-y"))
     assert cmd_fit(fit_args([str(d)], inventory=str(inv), iterations=10)) == 0
     capsys.readouterr()
-    # uncertainty() reads every published figure; it is not what is tested here.
-    monkeypatch.setattr(predict_mod, "uncertainty", lambda card: "uncertainty")
 
     def predicted(path: Path, as_json: bool) -> str:
         args = argparse.Namespace(recipe=None, model=CARD, recipes=None, quant=None, set=None, inventory=str(path),

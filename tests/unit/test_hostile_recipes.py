@@ -138,7 +138,7 @@ def test_hostile_recipe_values_reach_vllm_literally_and_never_run(tmp_path_facto
     path = root / "hostile.yaml"
     path.write_text(yaml.safe_dump(doc))  # escapes line breaks like NEL, which YAML would fold
     recipe = load_recipe_file(path)
-    assert (recipe.model, recipe.served_name, recipe.vllm["chat_template"], recipe.env["HOSTILE_ENV"]) == \
+    assert (recipe.model, recipe.served_name, recipe.flags["chat_template"], recipe.env["HOSTILE_ENV"]) == \
         (model, served, template, env_value)
 
     plan = make_plan(recipe, topology, inventory(), lid="hostile")

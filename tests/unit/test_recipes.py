@@ -26,16 +26,16 @@ def test_every_shipped_recipe_loads_with_no_errors():
 
 def test_the_articles_settings_are_in_the_recipes():
     gpt = find_recipe("gpt-oss-120b")
-    assert "--enforce-eager" not in flag_args(gpt.vllm) and gpt.vllm["max_cudagraph_capture_size"] >= 1024
+    assert "--enforce-eager" not in flag_args(gpt.flags) and gpt.flags["max_cudagraph_capture_size"] >= 1024
     gemma = find_recipe("gemma4-26b-a4b")
-    assert gemma.vllm["attention_backend"] == "TRITON_ATTN" and gemma.vllm["kv_cache_dtype"] == "fp8"
+    assert gemma.flags["attention_backend"] == "TRITON_ATTN" and gemma.flags["kv_cache_dtype"] == "fp8"
     assert gemma.settings("cluster-mp")[0]["max_model_len"] == 262144
     assert gemma.settings("solo")[0]["max_model_len"] == 131072
     nemo = find_recipe("nemotron-3-super-120b-a12b")
     assert nemo.env["VLLM_NVFP4_GEMM_BACKEND"] == "cutlass" and nemo.env["VLLM_USE_FLASHINFER_MOE_FP4"] == "0"
     assert nemo.settings("solo")[0]["max_num_seqs"] < nemo.settings("cluster-ray")[0].get("max_num_seqs", 256)
     qwen = find_recipe("qwen3-235b-a22b")
-    assert qwen.allowed_topologies(2) == ["cluster-ray", "cluster-mp"] and qwen.vllm["enable_expert_parallel"]
+    assert qwen.allowed_topologies(2) == ["cluster-ray", "cluster-mp"] and qwen.flags["enable_expert_parallel"]
     assert find_recipe("nemotron-nano-9b-v2").allowed_topologies(2) == ["solo"]
 
 
@@ -88,7 +88,7 @@ def test_eugrs_recipe_version_1():
     recipe = load_recipe_file(COMMUNITY / "eugr" / "gemma4-26b-a4b.yaml")
     assert (recipe.format, recipe.name, recipe.model, recipe.image) == (
         "eugr-v1", "Gemma4-26B-A4B", "google/gemma-4-26B-A4B-it", "vllm-thor-tf5")
-    assert recipe.vllm == {
+    assert recipe.flags == {
         "max_model_len": 262144, "gpu_memory_utilization": 0.7, "load_format": "fastsafetensors",
         "enable_prefix_caching": True, "enable_auto_tool_choice": True, "tool_call_parser": "gemma4",
         "reasoning_parser": "gemma4", "quantization": "fp8", "kv_cache_dtype": "fp8",
@@ -111,13 +111,13 @@ def test_sparkruns_version_2_recipes():
     small = load_recipe_file(COMMUNITY / "sparkrun" / "qwen3-1.7b-vllm.yaml")
     assert (small.format, small.model, small.image, small.served_name) == (
         "sparkrun-v2", "Qwen/Qwen3-1.7B", "scitrera/dgx-spark-vllm:0.16.0-t5", "qwen3-1.7b")
-    assert small.vllm == {"gpu_memory_utilization": 0.3, "reasoning_parser": "deepseek_r1", "trust_remote_code": True}
+    assert small.flags == {"gpu_memory_utilization": 0.3, "reasoning_parser": "deepseek_r1", "trust_remote_code": True}
     assert small.params_b == 1.7 and small.bits == 16
     assert "solo" in small.allowed_topologies(2)
     big = load_recipe_file(COMMUNITY / "sparkrun" / "nemotron3-nano-30b-vllm.yaml")
     assert big.cluster_only and big.min_nodes == 2
     assert big.allowed_topologies(2) == ["cluster-ray", "cluster-mp"]
-    assert big.vllm["tool_call_parser"] == "qwen3_coder" and big.vllm["max_model_len"] == 200000
+    assert big.flags["tool_call_parser"] == "qwen3_coder" and big.flags["max_model_len"] == 200000
     assert big.env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 
 

@@ -111,10 +111,10 @@ def test_replicas_of_any_runtime_sit_behind_the_router_with_the_right_provider()
 def test_sparkrun_recipes_of_every_runtime_are_read_as_they_are():
     sglang = load_recipe_file(FIX / "qwen3-1.7b-sglang.yaml")
     assert (sglang.runtime, sglang.served_name) == ("sglang", "qwen3-1.7b")
-    assert sglang.args == {"mem_fraction_static": 0.3, "reasoning_parser": "deepseek-r1", "trust_remote_code": True}
+    assert sglang.flags == {"mem_fraction_static": 0.3, "reasoning_parser": "deepseek-r1", "trust_remote_code": True}
     llama = load_recipe_file(FIX / "qwen3-1.7b-llama-cpp.yaml")
     assert (llama.runtime, llama.model, llama.solo_only) == ("llama-cpp", "Qwen/Qwen3-1.7B-GGUF:Q8_0", True)
-    assert llama.args["ctx_size"] == 8192 and llama.args["flash_attn"] == "on"
+    assert llama.flags["ctx_size"] == 8192 and llama.flags["flash_attn"] == "on"
     big = load_recipe_file(FIX / "qwen3.5-397b-gguf-q3km-llama-cpp.yaml")
     assert big.cluster_only and big.why_not_layout(parse_layout("pp=2"), 2) is None
     plan = make_plan(big, "pp=2", inventory())
@@ -168,7 +168,7 @@ def test_llama_servers_short_flags_in_a_sparkrun_recipe_become_its_long_flags(tm
                     "container: scitrera/dgx-spark-llama-cpp:b8094\ndefaults:\n  port: 8000\n  host: 0.0.0.0\n"
                     "command: llama-server -hf {model} --host {host} --port {port} -ngl 99 -c 8192 -fa on -np 2\n")
     recipe = load_recipe_file(path)
-    assert recipe.args == {"n_gpu_layers": 99, "ctx_size": 8192, "flash_attn": "on", "parallel": 2}
+    assert recipe.flags == {"n_gpu_layers": 99, "ctx_size": 8192, "flash_attn": "on", "parallel": 2}
     args = engine_args([s for s in make_plan(recipe, "solo", inventory()).steps if s.container][-1])
     for flag, value in (("--n-gpu-layers", "99"), ("--ctx-size", "8192"), ("--flash-attn", "on"), ("--parallel", "2")):
         assert args[args.index(flag) + 1] == value

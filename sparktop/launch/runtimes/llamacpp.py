@@ -100,7 +100,7 @@ class LlamaCppRuntime(Runtime):
     def serve_args(self, b: Builder, node: Node, extra: list[str]) -> list[str]:
         model, _ = self.model_args(b)
         return [*model, "--alias", b.recipe.served_name, "--host", node.bind, "--port", str(b.port), "--metrics",
-                *extra, *self.flag_args(b.vllm), *b.extra]
+                *extra, *self.flag_args(b.flags), *b.extra]
 
     def engine_steps(self, b: Builder, nodes: list[Node], suffix: str) -> Endpoint:
         head = nodes[0]

@@ -54,7 +54,7 @@ class SglangRuntime(Runtime):
     def serve_args(self, b: Builder, node: Node, extra: list[str]) -> list[str]:
         return ["-m", "sglang.launch_server", "--model-path", b.recipe.model, "--served-model-name",
                 b.recipe.served_name, "--host", node.bind, "--port", str(b.port), "--enable-metrics", *extra,
-                *self.flag_args(b.vllm), *b.extra]
+                *self.flag_args(b.flags), *b.extra]
 
     def parallel_args(self, b: Builder) -> list[str]:
         layout = b.layout

@@ -102,7 +102,7 @@ class TrtllmRuntime(Runtime):
                  "--tp_size", str(b.layout.tp if k > 1 else 1)]
         if b.layout.ep and k > 1:
             serve += ["--ep_size", str(b.layout.tp)]
-        serve += [*self.flag_args(b.vllm), *b.extra, "--extra_llm_api_options", options]
+        serve += [*self.flag_args(b.flags), *b.extra, "--extra_llm_api_options", options]
         mount = _mount(options)
         if k == 1:
             entry, args = serve[0], serve[1:]

@@ -50,7 +50,7 @@ class VllmRuntime(Runtime):
     def serve_args(self, b: Builder, node: Node, extra: list[str]) -> list[str]:
         args = ["serve", b.recipe.model, "--served-model-name", b.recipe.served_name,
                 "--host", node.bind, "--port", str(b.port)]
-        return args + extra + self.flag_args(b.vllm) + b.extra
+        return args + extra + self.flag_args(b.flags) + b.extra
 
     def engine_steps(self, b: Builder, nodes: list[Node], suffix: str) -> Endpoint:
         if len(nodes) == 1:
@@ -61,10 +61,11 @@ class VllmRuntime(Runtime):
 
     def solo(self, b: Builder, node: Node, role: str = "vllm") -> Endpoint:
         url = b.url(node, b.port)
-        name, argv = b.docker_run(node, role, b.env, "vllm", self.serve_args(b, node, []), endpoint=url)
+        name, argv = b.docker_run(node, role, b.env, "vllm", self.serve_args(b, node, []), endpoint=url,
+                                  kind=self.engine)
         b.steps.append(Step(node.name, argv, f"start vLLM ({b.recipe.served_name}, TP=1) on {node.name}",
                             container=name, wait=Wait("running", container=name), role="engine"))
-        endpoint = Endpoint(url, "vllm", node.name, b.recipe.served_name, "solo" if b.topology == "solo"
+        endpoint = Endpoint(url, self.engine, node.name, b.recipe.served_name, "solo" if b.topology == "solo"
                             else b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint
@@ -74,7 +75,7 @@ class VllmRuntime(Runtime):
         (unless the recipe already asks for it) for an engine over nodes."""
         flags = b.layout.vllm_flags()
         flags.pop("distributed-executor-backend", None)  # mp is vLLM's default; Ray is set where it runs
-        if b.vllm.get("enable_expert_parallel") or b.vllm.get("enable-expert-parallel"):
+        if b.flags.get("enable_expert_parallel") or b.flags.get("enable-expert-parallel"):
             flags.pop("enable-expert-parallel", None)
         args: list[str] = []
         for flag, value in flags.items():
@@ -89,7 +90,7 @@ class VllmRuntime(Runtime):
         # Workers first: the head waits for them at the master address.
         for rank, node in enumerate(workers, 1):
             args = ["serve", b.recipe.model, *dist, "--node-rank", str(rank), "--headless",
-                    *self.flag_args(b.vllm), *b.extra]
+                    *self.flag_args(b.flags), *b.extra]
             name, argv = b.docker_run(node, f"worker{rank}{suffix}", {**b.env, **b.network_env(node, head)},
                                       "vllm", args)
             b.steps.append(Step(node.name, argv, f"start vLLM worker rank {rank} (headless) on {node.name}",
@@ -97,10 +98,10 @@ class VllmRuntime(Runtime):
         url = b.url(head, b.port)
         args = self.serve_args(b, head, [*dist, "--node-rank", "0"])
         name, argv = b.docker_run(head, f"vllm{suffix}", {**b.env, **b.network_env(head, head)}, "vllm",
-                                  args, endpoint=url)
+                                  args, endpoint=url, kind=self.engine)
         b.steps.append(Step(head.name, argv, f"start vLLM head rank 0 ({b.describe()}, no Ray) on {head.name}",
                             container=name, role="engine"))
-        endpoint = Endpoint(url, "vllm", head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint
 
@@ -121,7 +122,7 @@ class VllmRuntime(Runtime):
         # Ray's memory monitor kills workers on unified memory that looks full to it.
         ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
         name, argv = b.docker_run(head, f"vllm{suffix}", {**b.env, **b.network_env(head, head), **ray_env},
-                                  "sh", ["-c", script], endpoint=url)
+                                  "sh", ["-c", script], endpoint=url, kind=self.engine)
         b.steps.append(Step(head.name, argv, f"start the Ray head and vLLM ({b.describe()}, Ray) on {head.name}",
                             container=name, wait=Wait("running", container=name), role="ray-head"))
         for rank, node in enumerate(workers, 1):
@@ -131,7 +132,7 @@ class VllmRuntime(Runtime):
                                         {**b.env, **b.network_env(node, head), **ray_env}, "ray", args)
             b.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
                                 wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
-        endpoint = Endpoint(url, "vllm", head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         if b.layout.replicas == 1:  # replicas are waited for once they have all started (`router`)
             b.wait_for(endpoint)

@@ -17,8 +17,9 @@ What answers as none of them is no engine, said in a line ("not an engine:
 /metrics answered an HTML page"). It happens when an address is first seen
 and after an outage, never on an ordinary poll.
 
-Adding an engine: a module here with an `Engine` subclass (recognition,
-discovery, reading), listed in `ENGINES`; a twin dialect for it in
+Adding an engine: its row in `sparktop/engine_ids.py` (who it is), a module
+here with an `Engine` subclass naming that row (recognition, discovery,
+reading), listed in `ENGINES`; a twin dialect for it in
 `twin/dialects/`; tests. Engine modules never import each other.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from sparktop import engine_ids
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get, NotAnEngine, what_is_wrong
 from sparktop.observe.engines.litellm import Litellm
 from sparktop.observe.engines.llamacpp import LlamaCpp
@@ -36,27 +38,24 @@ from sparktop.observe.engines.tgi import Tgi
 from sparktop.observe.engines.trtllm import TensorRtLlm
 from sparktop.observe.engines.vllm import Vllm
 
-__all__ = ["ENGINES", "Answer", "Engine", "EngineUnreachable", "NotAnEngine", "Vllm", "by_id", "for_command",
-           "recognise"]
+__all__ = ["ENGINES", "Answer", "Engine", "EngineUnreachable", "NotAnEngine", "by_id", "for_command", "recognise"]
 
 # Most specific first: a generic answer (a model list) is claimed by the first that recognises more.
 ENGINES: tuple[type[Engine], ...] = (Vllm, Sglang, LlamaCpp, TensorRtLlm, Ollama, Tgi, Litellm)
 GENERIC = OpenAICompatible
+_KNOWN: tuple[type[Engine], ...] = (*ENGINES, GENERIC)
+_BY_ID: dict[str, type[Engine]] = {e.id: e for e in _KNOWN}
 
 
 def by_id(engine_id: str | None) -> type[Engine] | None:
-    """The engine module of a snapshot's `kind` (or a recipe's runtime), or None."""
-    candidates: tuple[type[Engine], ...] = (*ENGINES, GENERIC)
-    for engine in candidates:
-        if engine.id == engine_id or engine_id in engine.aliases:
-            return engine
-    return None
+    """The engine module of a snapshot's `kind` (or a recipe's runtime, any of its `engine_ids` names), or None."""
+    row = engine_ids.lookup(engine_id)
+    return _BY_ID.get(row.id) if row is not None else None
 
 
 def name_of(kind: str | None) -> str:
     """"SGLang" for `sglang`, "LiteLLM" for `router`."""
-    engine = by_id(kind)
-    return engine.name if engine is not None else (kind or "engine")
+    return engine_ids.name_of(kind)
 
 
 def for_command(argv: list[str]) -> tuple[type[Engine], str] | None:
@@ -78,6 +77,21 @@ def process_pattern() -> str:
 
 
 PROCESS_BYTES: tuple[bytes, ...] = tuple(b for e in ENGINES for b in e.process_bytes)
+# The titles engines' processes give themselves (`VLLM::EngineCore`): such a process's first argument starts with one.
+PROCESS_TITLES: tuple[str, ...] = tuple(t for e in ENGINES for t in e.process_titles)
+PROCESS_TITLE_BYTES: tuple[bytes, ...] = tuple(t.encode() for t in PROCESS_TITLES)
+
+
+def title_pattern() -> str:
+    """One `grep -E` pattern matching the first argument of a process that titled itself (`^VLL[M]::`),
+    "" when no engine does. The bracket keeps grep from matching its own command line."""
+    out = []
+    for title in PROCESS_TITLES:
+        last = max(i for i, c in enumerate(title) if c.isalnum())
+        out.append("^" + re.escape(title[:last]) + f"[{title[last]}]" + re.escape(title[last + 1:]))
+    return "|".join(out)
+
+
 _PROCESS_ARG = re.compile(process_pattern().replace("[", "").replace("]", ""))
 
 

@@ -2,9 +2,10 @@
 it answers, how it is found in a node's containers and process list, and
 how its answers become an `EngineSnapshot`.
 
-An engine module subclasses `Engine` and sets its class attributes; the
-defaults read a Prometheus `/metrics` through its `MetricNames` and the
-model list of `/v1/models`. Recognition and discovery are class methods
+An engine module subclasses `Engine`, names its row of `engine_ids` (its
+id, name, aliases, port, images: who it is) and sets the class attributes
+of how it is recognised and read; the defaults read a Prometheus `/metrics`
+through its `MetricNames` and the model list of `/v1/models`. Recognition and discovery are class methods
 (pure functions of what was answered or what a command line says); reading
 is per instance, one instance per watched endpoint, holding its scrapes.
 """
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from sparktop import engine_ids
+from sparktop.engine_ids import EngineId
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
 from sparktop.observe.engine_log import VLLM_LOG, LogPatterns
@@ -107,12 +110,15 @@ class Engine:
     """One kind of engine. Subclasses set the class attributes and override
     what their engine does differently."""
 
-    id: ClassVar[str] = "openai"  # what snapshots, plans and recipes call it
-    name: ClassVar[str] = "OpenAI-compatible"  # what people read
-    aliases: ClassVar[tuple[str, ...]] = ()  # what people type for it: a recipe's runtime, `--engine llama-cpp`
-    router: ClassVar[bool] = False  # routes to other engines: its tokens are theirs
-    default_port: ClassVar[int] = 8000
-    names: ClassVar[MetricNames | None] = None  # its Prometheus series; None: it exports none
+    # Who it is: its row of `engine_ids`, which sets the six below (a subclass names its own row).
+    row: ClassVar[EngineId] = engine_ids.get(engine_ids.GENERIC)
+    id: ClassVar[str] = row.id  # what snapshots, plans and recipes call it
+    name: ClassVar[str] = row.name  # what people read
+    aliases: ClassVar[tuple[str, ...]] = row.aliases  # what people type for it: `--engine llama-cpp`
+    router: ClassVar[bool] = row.router  # routes to other engines: its tokens are theirs
+    default_port: ClassVar[int] = row.default_port
+    images: ClassVar[tuple[str, ...]] = row.images  # regexes of the images it ships in (discovery)
+    names: ClassVar[MetricNames | None] = None  # its Prometheus series (their prefix is its row's); None: none
     metrics_path: ClassVar[str | None] = None
     # Said after "/metrics answered HTTP 404" when the engine serves it only when asked to.
     metrics_off_hint: ClassVar[str] = ""
@@ -120,14 +126,29 @@ class Engine:
     owned_by: ClassVar[tuple[str, ...]] = ()
     server_header: ClassVar[str | None] = None
     info_path: ClassVar[str | None] = None
-    # Discovery: images it ships in (regexes), and the argument that names its server in a process list.
-    images: ClassVar[tuple[str, ...]] = ()
+    # Discovery: the argument that names its server in a process list.
     process_arg: ClassVar[str | None] = None  # a grep -E pattern matching one argument (`[x]` keeps grep off itself)
     process_bytes: ClassVar[tuple[bytes, ...]] = ()  # substrings of such a command line (a cheap first filter)
+    # The titles its processes give themselves (vLLM's `VLLM::EngineCore`, `VLLM::Worker_TP0`): they hold its
+    # GPU memory and are listed under those names, not its command line.
+    process_titles: ClassVar[tuple[str, ...]] = ()
+    # A word its command needs besides its image for a container to be its server (vLLM's image runs `ray`
+    # too: only `... serve` is the engine); None: the image is enough.
+    image_needs: ClassVar[str | None] = None
     # What it exports, beyond its scrape: figures from its own JSON routes.
     extra_figures: ClassVar[tuple[str, ...]] = ()
     # How its log says where its start-up is and why it failed (`engine_log`).
     log: ClassVar[LogPatterns] = VLLM_LOG
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        row = cls.row
+        cls.id, cls.name, cls.aliases, cls.router = row.id, row.name, row.aliases, row.router
+        cls.default_port, cls.images = row.default_port, row.images
+        prefix = cls.names.prefix if cls.names is not None else None
+        if prefix != row.metric_prefix:
+            raise TypeError(f"{cls.__name__}: its series start with {prefix!r}, its engine_ids row says "
+                            f"{row.metric_prefix!r}")
 
     def __init__(self, how: str = ""):
         self.how = how  # how it was recognised: "owned_by sglang in /v1/models"
@@ -263,7 +284,7 @@ class Engine:
         for name in DERIVED_FIELDS:
             setattr(snap, name, getattr(d, name))
         snap.not_exported = list(d.missing)
-        snap.kind = "router" if self.router else self.id
+        snap.kind = engine_ids.ROUTER if self.router else self.id
         snap.engine = self.name
         snap.recognised = self.how
         snap.model = self.model

@@ -7,20 +7,16 @@ figures of its own to show.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from sparktop import engine_ids
+from sparktop.engine_ids import ROUTER
 from sparktop.observe import argv as a
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import Derived
 
 
 class Litellm(Engine):
-    id = "router"
-    name = "LiteLLM"
-    router = True
-    default_port = 4000
+    row = engine_ids.get(ROUTER)
     info_path = "/health/liveliness"
-    images: ClassVar[tuple[str, ...]] = (r"litellm",)
 
     @classmethod
     def claims_info(cls, answer: Answer) -> str | None:

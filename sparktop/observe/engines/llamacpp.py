@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any
 
+from sparktop import engine_ids
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
 from sparktop.observe.engine_log import LogPatterns
@@ -66,16 +67,12 @@ NAMES = MetricNames(
 
 
 class LlamaCpp(Engine):
-    id = "llama.cpp"
-    name = "llama.cpp"
-    aliases = ("llama-cpp", "llamacpp", "llama_cpp", "llama-server")
-    default_port = 8080
+    row = engine_ids.get("llama.cpp")
     names = NAMES
     metrics_path = "/metrics"
     owned_by = ("llamacpp",)
     server_header = "llama.cpp"
     info_path = "/props"
-    images: ClassVar[tuple[str, ...]] = (r"llama\.cpp", r"llama-cpp", r"llamacpp")
     process_arg = r"(^|/)llama-serve[r]$|(^|/)(ggml-)?rpc-serve[r]$"
     process_bytes = (b"llama-server", b"rpc-server")
     extra_figures = ("kv",)

@@ -10,8 +10,8 @@ serving figure is shown as not exported by Ollama.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
+from sparktop import engine_ids
 from sparktop.observe import argv as a
 from sparktop.observe.engine_log import LogPatterns
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
@@ -28,11 +28,8 @@ LOG = LogPatterns(
 
 
 class Ollama(Engine):
-    id = "ollama"
-    name = "Ollama"
-    default_port = 11434
+    row = engine_ids.get("ollama")
     info_path = "/api/version"
-    images: ClassVar[tuple[str, ...]] = (r"(^|/)ollama(:|$)",)
     process_arg = r"(^|/)ollam[a]$"
     process_bytes = (b"ollama",)
     log = LOG

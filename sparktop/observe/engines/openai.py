@@ -5,14 +5,15 @@ model), every figure said to be not exported by it.
 
 from __future__ import annotations
 
+from sparktop import engine_ids
+from sparktop.engine_ids import GENERIC
 from sparktop.observe.engines.base import Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import Derived
 from sparktop.observe.snapshot import FIGURES
 
 
 class OpenAICompatible(Engine):
-    id = "openai"
-    name = "an OpenAI-compatible server"
+    row = engine_ids.get(GENERIC)
 
     async def read(self, get: Get, t: float, histograms: bool) -> Derived:
         answer = await get("/v1/models")

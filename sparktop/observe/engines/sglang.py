@@ -24,8 +24,8 @@ its API key among them, which sparktop never shows).
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
+from sparktop import engine_ids
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
 from sparktop.observe.engine_log import LogPatterns
@@ -83,15 +83,12 @@ LOG = LogPatterns(
 
 
 class Sglang(Engine):
-    id = "sglang"
-    name = "SGLang"
-    default_port = 30000
+    row = engine_ids.get("sglang")
     names = NAMES
     metrics_path = "/metrics"
     metrics_off_hint = "SGLang serves it only with --enable-metrics"
     owned_by = ("sglang",)
     info_path = "/server_info"
-    images: ClassVar[tuple[str, ...]] = (r"sglang",)
     process_arg = r"^sglan[g]\.launch_server$|(^|/)sglan[g]$"
     process_bytes = (b"sglang",)
     log = LOG

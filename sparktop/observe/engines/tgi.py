@@ -9,8 +9,7 @@ TTFT is not among its figures.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from sparktop import engine_ids
 from sparktop.observe import argv as a
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import MetricNames
@@ -29,13 +28,10 @@ NAMES = MetricNames(
 
 
 class Tgi(Engine):
-    id = "tgi"
-    name = "TGI"
-    default_port = 80
+    row = engine_ids.get("tgi")
     names = NAMES
     metrics_path = "/metrics"
     info_path = "/info"
-    images: ClassVar[tuple[str, ...]] = (r"text-generation-inference",)
     process_arg = r"(^|/)text-generation-launche[r]$"
     process_bytes = (b"text-generation",)
 

@@ -26,8 +26,8 @@ Read from TensorRT-LLM's source (`tensorrt_llm/metrics/collector.py`,
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
+from sparktop import engine_ids
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
 from sparktop.observe.engine_log import LogPatterns
@@ -82,14 +82,10 @@ LOG = LogPatterns(
 
 
 class TensorRtLlm(Engine):
-    id = "trtllm"
-    name = "TensorRT-LLM"
-    aliases = ("tensorrt-llm", "trt-llm", "tensorrt_llm", "trtllm-serve")
-    default_port = 8000
+    row = engine_ids.get("trtllm")
     names = NAMES
     metrics_path = "/prometheus/metrics"
     owned_by = ("tensorrt_llm",)
-    images: ClassVar[tuple[str, ...]] = (r"tensorrt-llm", r"trtllm")
     process_arg = r"(^|/)trtllm-serv[e]$"
     process_bytes = (b"trtllm",)
     log = LOG

@@ -14,8 +14,7 @@ and accepted tokens (`vllm:spec_decode_*`).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
+from sparktop import engine_ids
 from sparktop.layouts import Layout
 from sparktop.observe import argv as a
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
@@ -51,16 +50,15 @@ NAMES = MetricNames(
 
 
 class Vllm(Engine):
-    id = "vllm"
-    name = "vLLM"
-    default_port = 8000
+    row = engine_ids.get("vllm")
     names = NAMES
     metrics_path = "/metrics"
     owned_by = ("vllm",)
     info_path = "/version"
-    images: ClassVar[tuple[str, ...]] = (r"vllm", r"scitrera/dgx-spark-vllm")
     process_arg = r"(^|/)vll[m]$|^vll[m]\.entrypoints\.(openai\.api_server|cli\.main)$"
     process_bytes = (b"vllm",)
+    process_titles = ("VLLM::",)  # its engine core and workers (`VLLM::EngineCore`, `VLLM::Worker_TP0`)
+    image_needs = "serve"  # its image runs `ray` too; only `vllm serve` is the engine
 
     @classmethod
     def claims_info(cls, answer: Answer) -> str | None:

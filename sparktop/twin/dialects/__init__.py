@@ -2,6 +2,8 @@
 
 Imported on demand, by id: a twin that serves vLLM never loads SGLang's
 registry, and the modules may import the twin's parts that import `base`.
+Any name of an engine (`llama-cpp`, `trt-llm`) finds its dialect through
+`engine_ids`.
 """
 
 from __future__ import annotations
@@ -9,23 +11,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from sparktop import engine_ids
+
 if TYPE_CHECKING:
     from sparktop.twin.dialects.base import Dialect
 
-# engine id (as `observe.engines` names it) -> module, class
+# engine id (its `engine_ids` row) -> module, class
 DIALECTS: dict[str, tuple[str, str]] = {
     "vllm": ("sparktop.twin.dialects.vllm", "VllmDialect"),
     "sglang": ("sparktop.twin.dialects.sglang", "SglangDialect"),
     "llama.cpp": ("sparktop.twin.dialects.llamacpp", "LlamaCppDialect"),
     "trtllm": ("sparktop.twin.dialects.trtllm", "TrtllmDialect"),
 }
-# What people type (`sparktop demo --runtime llama-cpp`, a recipe's runtime) -> engine id.
-RUNTIME_ALIASES = {"llama-cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp",
-                   "tensorrt-llm": "trtllm", "trt-llm": "trtllm", "tensorrt_llm": "trtllm"}
+# What people type (`sparktop demo --runtime llama-cpp`, a recipe's runtime) -> engine id, for the engines the
+# twin speaks: the aliases of their `engine_ids` rows (kept for `sparktop twin serve --engine`; `speaks` is the
+# question to ask).
+RUNTIME_ALIASES = {alias: row.id for row in engine_ids.ROWS if row.id in DIALECTS for alias in row.aliases}
+
+
+def speaks(name: str) -> bool:
+    """Whether the twin speaks the engine `name` names (an id or any alias, any case)."""
+    row = engine_ids.lookup(name)
+    return row is not None and row.id in DIALECTS
 
 
 def dialect_for(engine: str) -> Dialect:
     """The dialect of an engine id or runtime name; KeyError when the twin does not speak it."""
-    key = RUNTIME_ALIASES.get(engine, engine)
-    module, cls = DIALECTS[key]
+    row = engine_ids.lookup(engine)
+    module, cls = DIALECTS[row.id if row is not None else engine]
     return getattr(importlib.import_module(module), cls)()

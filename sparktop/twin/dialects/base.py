@@ -9,8 +9,9 @@ routes, their model list and their errors. A dialect holds exactly that,
 read from each engine's own source (the facts and their commits are in
 tests/fixtures/SOURCES.md), and the conformance tests hold it there.
 
-Adding an engine to the twin: a module here with a `Dialect` subclass, listed
-in `dialects.DIALECTS`, and its stand-in command in `twin/node.py`.
+Adding an engine to the twin: a module here with a `Dialect` subclass naming
+its `engine_ids` row (its id and name), listed in `dialects.DIALECTS`, and
+its stand-in command in `twin/node.py`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from aiohttp import web
 
+from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import EngineId
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sparktop.twin.args import ServeArgs
     from sparktop.twin.server import TwinServer
     from sparktop.twin.startup import StartupPlan
@@ -142,8 +147,10 @@ class Dialect:
     """One engine's words. The defaults are the OpenAI-compatible parts every
     engine shares; subclasses say what is theirs."""
 
-    id: ClassVar[str] = "vllm"  # the engine it imitates, as `observe.engines` names it
-    name: ClassVar[str] = "vLLM"
+    # The engine it imitates: its row of `engine_ids`, which sets `id` and `name` (a subclass names its own).
+    row: ClassVar[EngineId] = engine_ids.get(engine_ids.DEFAULT)
+    id: ClassVar[str] = row.id
+    name: ClassVar[str] = row.name
     version: ClassVar[str] = ""  # the release whose words it speaks
     prog: ClassVar[str] = "vllm serve"  # its command, for usage lines
     owned_by: ClassVar[str] = "vllm"
@@ -158,11 +165,26 @@ class Dialect:
     # vLLM compiles the model with torch.compile before capturing graphs; SGLang
     # and llama.cpp do not by default, so their twins skip that wait.
     compiles: ClassVar[bool] = True
+    # vLLM's sleep mode: /sleep, /wake_up and /is_sleeping with --enable-sleep-mode in its dev mode.
+    sleep_mode: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.id, cls.name = cls.row.id, cls.row.name
 
     # -- the command line ---------------------------------------------------------
 
-    def parse(self, argv: list[str]) -> ServeArgs:
+    def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
+        """Its command line. `prog`: the command its usage lines name, where the dialect takes one
+        (vLLM's, run as `sparktop twin serve`); the others name their own `prog`."""
         raise NotImplementedError
+
+    def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
+        """What follows `docker run ... --network host` in the twin's demo to serve `model` from `image`, as
+        the engine's own images start it (`where`: --host and --port; `twin`: the twin's own flags; `root`:
+        the demo cluster's folder, for a file the command needs). The default is vLLM's image, whose
+        entrypoint is `vllm serve`."""
+        return [image, model, *where, "--gpu-memory-utilization", "0.7", *twin]
 
     # -- start-up -----------------------------------------------------------------
 
@@ -264,7 +286,7 @@ class Dialect:
         return None
 
     def fingerprint(self, server: TwinServer) -> str | None:
-        """The `system_fingerprint` its responses carry (vLLM's is built by the server)."""
+        """The `system_fingerprint` its responses carry, or None."""
         return None
 
     def usage_extra(self, server: TwinServer) -> dict[str, Any]:

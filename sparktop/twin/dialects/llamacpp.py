@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from aiohttp import web
 
+from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import find_card
 from sparktop.model.gguf import gguf_card, gguf_format, gguf_names
@@ -53,6 +54,7 @@ from sparktop.twin.text import OutputText, chat_prompt_ids, natural_lengths
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from pathlib import Path
 
     from sparktop.twin.args import ServeArgs
     from sparktop.twin.server import TwinServer
@@ -483,8 +485,7 @@ class LlamaMetrics(TwinMetrics):
 
 
 class LlamaCppDialect(Dialect):
-    id = "llama.cpp"
-    name = "llama.cpp"
+    row = engine_ids.get("llama.cpp")
     version = BUILD
     prog = "llama-server"
     owned_by = "llamacpp"
@@ -514,7 +515,11 @@ class LlamaCppDialect(Dialect):
 
     # -- the command line -------------------------------------------------------------
 
-    def parse(self, argv: list[str]) -> ServeArgs:
+    def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
+        return ["--entrypoint", "llama-server", image, "-hf", f"ggml-org/{model}-GGUF", "--alias", model, *where,
+                "--metrics", "-np", "4", "-c", "65536", *twin]
+
+    def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
         from sparktop.twin.args import ServeArgs
 
         p = argparse.ArgumentParser(prog=self.prog, allow_abbrev=False)

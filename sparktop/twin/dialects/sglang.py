@@ -67,10 +67,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, error_json, twin_settings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sparktop.twin.args import ServeArgs
     from sparktop.twin.server import TwinServer
     from sparktop.twin.startup import StartupPlan
@@ -787,8 +790,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 class SglangDialect(Dialect):
-    id = "sglang"
-    name = "SGLang"
+    row = engine_ids.get("sglang")
     version = SGLANG_VERSION
     prog = "python -m sglang.launch_server"
     owned_by = "sglang"
@@ -803,7 +805,11 @@ class SglangDialect(Dialect):
 
     # -- the command line -------------------------------------------------------------------------------------------
 
-    def parse(self, argv: list[str]) -> ServeArgs:
+    def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
+        return ["--entrypoint", "python3", image, "-m", "sglang.launch_server", "--model-path", model,
+                "--served-model-name", model, *where, "--enable-metrics", "--mem-fraction-static", "0.7", *twin]
+
+    def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
         from sparktop.twin.args import ServeArgs
 
         self.argv = list(argv)

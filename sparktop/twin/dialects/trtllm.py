@@ -56,6 +56,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import GIB
 from sparktop.twin.args import ServeArgs
@@ -732,8 +733,7 @@ class TrtllmDialect(Dialect):
     """trtllm-serve's words. One instance serves one TwinServer: it keeps that
     server's memory sizing and counts the reads of its plain /metrics (`drained`)."""
 
-    id = "trtllm"
-    name = "TensorRT-LLM"
+    row = engine_ids.get("trtllm")
     version = TRTLLM_VERSION
     prog = "trtllm-serve"
     owned_by = "tensorrt_llm"
@@ -753,7 +753,13 @@ class TrtllmDialect(Dialect):
 
     # -- the command line ---------------------------------------------------------------------
 
-    def parse(self, argv: list[str]) -> ServeArgs:
+    def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
+        options = root / "trtllm-options.yaml"
+        options.write_text("return_perf_metrics: true\nenable_iter_perf_stats: true\n")
+        return ["--entrypoint", "trtllm-serve", image, model, *where, "--backend", "pytorch",
+                "--extra_llm_api_options", str(options), *twin]
+
+    def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
         return parse_trtllm_args(argv, prog=self.prog)
 
     # -- start-up ---------------------------------------------------------------------------------

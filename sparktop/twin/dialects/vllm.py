@@ -7,11 +7,13 @@ from it in `tests/fixtures/vllm-0.32.0/`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sparktop import engine_ids
 from sparktop.twin.dialects.base import TWIN, Dialect, TwinMetrics
 from sparktop.twin.metrics import VllmMetrics
 from sparktop.twin.vlog import VllmLog
@@ -31,18 +33,31 @@ def _invalid(message: str, param: str, value: object) -> web.Response:
 
 
 class VllmDialect(Dialect):
-    id = "vllm"
-    name = "vLLM"
+    row = engine_ids.get("vllm")
     version = VLLM_VERSION
     prog = "vllm serve"
     owned_by = "vllm"
     process_name = "VLLM::EngineCore"
     log_class = VllmLog
+    sleep_mode = True
 
-    def parse(self, argv: list[str]) -> ServeArgs:
+    def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
         from sparktop.twin.args import parse_serve_args
 
-        return parse_serve_args(argv, prog=self.prog)
+        return parse_serve_args(argv, prog=prog or self.prog)
+
+    def fingerprint(self, server: TwinServer) -> str | None:
+        """vLLM's `full` fingerprint: version, parallelism, 8 hex of the config's hash."""
+        assert server.plan is not None, "the API server starts after the plan"
+        args, plan = server.args, server.plan
+        config = (args.model, args.name, args.tensor_parallel_size, plan.max_model_len, args.kv_cache_dtype,
+                  args.enable_prefix_caching, args.max_num_seqs, plan.max_num_batched_tokens,
+                  args.enforce_eager, args.gpu_memory_utilization)
+        parts = [f"vllm-{VLLM_VERSION}"]
+        if args.tensor_parallel_size > 1:
+            parts.append(f"tp{args.tensor_parallel_size}")
+        parts.append(hashlib.sha256(repr(config).encode()).hexdigest()[:8])
+        return "-".join(parts)
 
     # -- start-up, in vLLM's words --------------------------------------------------
 
