@@ -233,14 +233,22 @@ class Executor:
              "{{.Name}} {{.State.Status}} {{.State.ExitCode}} {{.State.FinishedAt}}", *started], timeout=30)
             for node, started in asked))
         dead: list[tuple[dt.datetime, int, str, str, str]] = []
-        for (node, _), r in zip(asked, results, strict=True):
+        for (node, started), r in zip(asked, results, strict=True):
             for line in r.stdout.splitlines():
                 parts = line.split()
                 if len(parts) >= 2 and parts[1] in ("exited", "dead"):
                     dead.append((_finished_at(parts[3] if len(parts) > 3 else ""), len(dead), node,
                                  parts[0].lstrip("/"), parts[2] if len(parts) > 2 else "?"))
+            # Removed (`docker rm -f`, by someone or something else): no time to sort by, and no crash of the
+            # launch's own to be the echo of, so it comes first.
+            for name in started:
+                if any("no such" in line.lower() and line.rstrip().endswith(name)
+                       for line in r.stderr.splitlines()):
+                    dead.append((dt.datetime.min.replace(tzinfo=dt.UTC), len(dead), node, name, ""))
         if dead:
             _, _, node, container, code = min(dead)
+            if not code:
+                raise LaunchFailed(f"{node}: container {container} is gone", self._tail(container))
             raise await self._died(node, container, code)
 
     async def _died(self, node: str, container: str, code: str) -> LaunchFailed:

@@ -141,30 +141,29 @@ def cmd_inspect(host: TwinHost, argv: list[str], kind: str = "container") -> int
             continue
         else:
             names.append(arg)
-    results = []
+    # As docker does: every object found is printed, each one missing is an error line, and the exit code
+    # is 1 when any was missing.
+    results, missing = [], []
     for ref in names:
         if kind == "image":
             iid = image_id(host, ref)
             if not iid:
-                if fmt is None:
-                    print("[]")
-                print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
-                return 1
+                missing.append(f"Error response from daemon: No such image: {ref}")
+                continue
             results.append({"Id": iid, "RepoTags": [ref], "Config": {"Entrypoint": image_entrypoint(host, ref)}})
         else:
             try:
                 results.append(inspect_container(Containers(host).find(ref)))
             except DockerError:
-                if fmt is None:
-                    print("[]")
-                print(f"Error: No such object: {ref}", file=sys.stderr)
-                return 1
+                missing.append(f"Error: No such object: {ref}")
     if fmt:
         for r in results:
             print(render_template(fmt, r))
     else:
         print(json.dumps(results, indent=4))
-    return 0
+    for line in missing:
+        print(line, file=sys.stderr)
+    return 1 if missing else 0
 
 
 def cmd_images(host: TwinHost, argv: list[str]) -> int:

@@ -114,6 +114,10 @@ async def test_docker_errors_look_like_dockers(cluster):
     assert (await sh(a, "docker", "stop", "-t", "2", "dup")).ok
     ps = await sh(a, "docker", "ps", "-a", "--format", "{{.Names}} {{.State}}")
     assert ps.stdout.strip() == "dup exited"
+    # Several names, one of them gone: docker prints those it has and an error line for the other.
+    both = await sh(a, "docker", "inspect", "--format", "{{.Name}} {{.State.Status}}", "dup", "nothing-here")
+    assert both.exit_status == 1 and both.stdout.strip() == "/dup exited"
+    assert both.stderr.strip() == "Error: No such object: nothing-here"
 
 
 async def test_a_failed_start_leaves_an_exited_container_with_the_reason_in_its_log(cluster):
