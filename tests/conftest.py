@@ -146,6 +146,33 @@ def _rank(item) -> int:
     return 2 if item.get_closest_marker("slow") else 3
 
 
+SAYS_WHY_AFTER_S = 30.0  # a test longer than this says why in its docstring (tests/README.md)
+_UNEXPLAINED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # On the controller too (xdist forwards the reports): the whole run's tests, wherever they ran.
+    if report.when == "call" and report.duration > SAYS_WHY_AFTER_S and \
+            not dict(report.user_properties).get("says_why", True):
+        _UNEXPLAINED[report.nodeid] = report.duration
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call":
+        doc = getattr(getattr(item, "function", None), "__doc__", None)
+        report.user_properties.append(("says_why", bool(doc and doc.strip())))  # sent from xdist's workers
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _UNEXPLAINED:
+        terminalreporter.write_sep("-", f"tests over {SAYS_WHY_AFTER_S:.0f} s without a docstring saying why")
+        for nodeid, seconds in sorted(_UNEXPLAINED.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:

@@ -42,6 +42,8 @@ def lab_home(lab, monkeypatch):
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
+    """Each topology launched and stopped by keys in the app over real SSH: a whole launch (and for the routers
+    a real LiteLLM's start, some 20 s of its imports) per case."""
     lab = lab_home
     inventory = load_inventory(lab.inventory())
     lab.put_weights(MODEL)

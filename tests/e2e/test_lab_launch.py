@@ -59,6 +59,8 @@ def assert_nothing_left(lab):
                                              "http://127.0.0.3:8000": "vllm"}),
 ])
 def test_launch_use_watch_and_stop(lab, topology, api, engines):
+    """One launch per topology over real SSH, used, watched and stopped; the routers start a real LiteLLM
+    (some 20 s of its imports on two cores), which is most of the time."""
     inventory = lab.inventory()
     lab.put_weights(MODEL)
     began = time.time()  # the launch record's clock (epoch seconds), read around the launch and the status

@@ -59,6 +59,8 @@ CASES = [
 
 @pytest.mark.parametrize(("layout", "engines", "processes"), CASES, ids=[c[0] for c in CASES])
 def test_a_four_node_layout_launches_serves_shows_and_stops(lab4, layout, engines, processes):
+    """Four sshd nodes, one multi-node launch through each, status and stop: 30-60 s a layout on two cores,
+    most of it the twin's start-up of four engine processes and the SSH round trips a real launch makes."""
     lab = lab4
     inventory = lab.inventory()
     lab.put_weights(MODEL)

@@ -75,6 +75,8 @@ def chat(url: str) -> dict:
 
 
 def test_llama_server_launches_solo_answers_is_watched_and_stops(lab, gguf, tmp_path):
+    """Launched over real OpenSSH with the real llama-server: long only the first time on a machine, when it waits
+    for llama.cpp's build (minutes, cached outside the clone); the launch itself is seconds."""
     inventory = lab.inventory()
     path = recipe(tmp_path, gguf)
     done = sparktop(lab, "launch", str(path), "--topology", "solo", "--inventory", str(inventory), "--yes",

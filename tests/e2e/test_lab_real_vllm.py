@@ -90,6 +90,8 @@ def ready_seconds(stdout: str) -> float:
 
 
 def test_solo_launches_answers_is_watched_swept_and_stops(lab, model, tmp_path):
+    """The real vLLM (CPU build) launched, used, swept and stopped: its start-up alone is 20-40 s on two cores
+    (torch and vLLM's imports, the engine core's profile run)."""
     inventory = lab.inventory(image=REAL_IMAGE)
     path = recipe(tmp_path, model)
     launched = sparktop(lab, "launch", str(path), "-t", "solo", "--inventory", str(inventory), "--yes",
@@ -140,6 +142,7 @@ def test_solo_launches_answers_is_watched_swept_and_stops(lab, model, tmp_path):
 
 
 def test_two_engines_behind_litellm(lab, model, tmp_path, topology="least-busy"):
+    """Two real vLLM engines and a real LiteLLM in front: two engine start-ups of 20-40 s each on two cores."""
     # (shuffle, the other router, runs in the study below)
     inventory = lab.inventory(image=REAL_IMAGE)
     path = recipe(tmp_path, model)
@@ -169,6 +172,7 @@ def test_two_engines_behind_litellm(lab, model, tmp_path, topology="least-busy")
 
 
 def test_a_real_startup_failure_shows_vllms_own_error(lab, model, tmp_path):
+    """A real vLLM start that fails in its KV-cache check: the 20-40 s of its imports and model load come first."""
     inventory = lab.inventory(image=REAL_IMAGE)
     # Four blocks of 128 tokens cannot hold one request of the 2,048-token context.
     path = recipe(tmp_path, model, name="tiny-llama-no-kv", num_gpu_blocks_override=4)

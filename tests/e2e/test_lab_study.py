@@ -63,6 +63,8 @@ def complete_batches(run_dir: Path) -> Counter:
 
 
 def test_a_study_of_every_topology_completes_and_leaves_nothing_running(lab):
+    """Every topology launched, swept and stopped over real SSH, unattended: five launches (two with a real
+    LiteLLM) in one test, as a user's study runs them."""
     inventory = lab.inventory()
     lab.put_weights(MODEL)
     before = existing(lab)
@@ -112,6 +114,8 @@ def _compare_winners(compared: dict, keys: set[str]) -> dict:
 
 
 def test_a_killed_study_resumes_without_measuring_anything_twice(lab):
+    """A study of all five topologies, killed in its third and resumed: every topology's launch, sweep and stop
+    over real SSH, some of them twice."""
     inventory = lab.inventory()
     lab.put_weights(MODEL)
     before = existing(lab)
@@ -160,6 +164,7 @@ def test_a_killed_study_resumes_without_measuring_anything_twice(lab):
 
 
 def test_failures_are_recorded_and_the_study_goes_on(lab, tmp_path):
+    """A study of three topologies (one that cannot start), each launched and swept three runs over real SSH."""
     inventory = lab.inventory()
     lab.put_weights(MODEL)
     recipes = tmp_path / "recipes"

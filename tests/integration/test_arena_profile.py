@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_arena_profile_runs_in_its_order_and_exports_as_the_board_takes_it(tmp_path):
+    """Spark Arena's whole profile (every depth and concurrency the board asks) against a twin at 200x: the
+    profile's requests, not its waits, are the time."""
     proc, url = start_twin_process("gpt-oss-120b", speed=200.0)
     try:
         done = subprocess.run([sys.executable, "-m", "sparktop", "sweep", "-e", url, "--profile", "spark-arena-v2",

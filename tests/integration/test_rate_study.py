@@ -50,6 +50,8 @@ def a_port_free_on_both_nodes() -> int:
 
 
 def test_a_rate_study_finds_the_max_rate_of_each_layout_and_reports_goodput(tmp_path):
+    """A rate study over every layout on the demo's twins: each layout is launched (a real LiteLLM for the
+    routers) and its rate searched by steps of --duration 3 s of load; the steps are what take the time."""
     env = dict(os.environ)  # the isolated XDG dirs of this test (conftest), for the subprocess too
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

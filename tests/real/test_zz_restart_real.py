@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 
 async def test_a_real_engine_killed_and_started_again_is_down_back_restarted(vllm_server):
+    """The real vLLM killed and started again: one more start-up of 20-40 s on two cores."""
     if vllm_server.proc is None:
         pytest.fail("this test restarts the server: run it on one the tests started, not SPARKTOP_TEST_VLLM's")
     poller = Poller([], [EngineTarget(vllm_server.url)], interval=0.5, down_after=5, default_port=None)
