@@ -26,7 +26,7 @@ from sparktop.engine_ids import DEFAULT, is_router
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
-from sparktop.settings import Defaults, state_dir
+from sparktop.settings import Defaults, load_preferences, state_dir
 from sparktop.twin.cluster import DEFAULT_IMAGE, RUNTIME_IMAGES, TwinCluster, wait_ready
 
 
@@ -212,7 +212,6 @@ async def run_demo(args) -> int:
 
     from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import NodeTarget, Poller
-    from sparktop.settings import load_preferences
     from sparktop.ui.run import run_monitor
 
     prefs = load_preferences()

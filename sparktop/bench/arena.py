@@ -59,7 +59,7 @@ import yaml
 
 from sparktop import __version__, engine_ids
 from sparktop.bench.request import RequestRecord
-from sparktop.bench.results import Run
+from sparktop.bench.run import Run
 from sparktop.bench.stats import LevelStats, batch_stats, peak_rate
 from sparktop.engine_ids import DEFAULT
 from sparktop.errors import SparktopError

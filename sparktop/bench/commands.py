@@ -20,25 +20,27 @@ from sparktop.bench.events import (
     LevelContaminated,
     LevelDone,
     LevelStarted,
+    MaxRateFound,
+    RateLevelDone,
+    RateLevelStarted,
     RequestDone,
     SweepEvent,
     SweepFinished,
     SweepStarted,
     WaitingForIdle,
 )
+from sparktop.bench.levels import SweepError, parse_depths, parse_levels
 from sparktop.bench.results import import_llama_benchy, list_runs, load_run
-from sparktop.bench.sweep import Sweep, SweepError, SweepSettings, parse_depths, parse_extra_body, parse_levels
+from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body
 from sparktop.errors import SparktopError
 from sparktop.observe.power import power_source
-from sparktop.settings import load_preferences
+from sparktop.settings import load_preferences, results_dir
 from sparktop.units import eta_text, fmt
 
 EXIT_ERROR_RATE = 3
 
 
 def cmd_sweep(args) -> int:
-    from sparktop.settings import results_dir
-
     if getattr(args, "rate", None) or getattr(args, "find_max_rate", False) or getattr(args, "trace", None):
         return cmd_rate_sweep(args)
     root = Path(args.results) if args.results else results_dir()
@@ -285,8 +287,6 @@ def cmd_export(args, recipe_text: str | None = None, served: dict | None = None)
 
 
 def cmd_runs(args) -> int:
-    from sparktop.settings import results_dir
-
     if args.import_file and Path(args.import_file).is_dir():
         import shutil
 
@@ -371,9 +371,7 @@ def rate_json(run, levels: list, max_rate) -> dict:
 
 def cmd_rate_sweep(args) -> int:
     """`sparktop sweep --rate 1,2,4` (or --find-max-rate): requests on a schedule, goodput under --slo."""
-    from sparktop.bench.events import MaxRateFound, RateLevelDone, RateLevelStarted
     from sparktop.bench.load import RateSweep, ms_text, parse_rates
-    from sparktop.settings import results_dir
 
     if not args.endpoint:
         raise SweepError("--endpoint is required (http://HOST:PORT or http://HOST:PORT/v1)")

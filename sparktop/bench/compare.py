@@ -21,8 +21,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from sparktop.bench.results import Run
-from sparktop.bench.stats import LevelKey, LevelStats, batch_stats, percentile
+from sparktop.bench.run import Run
+from sparktop.bench.stats import LevelKey, LevelStats, RateLevelStats, batch_stats, percentile
 from sparktop.units import fmt
 
 TIE = 0.01  # closer than 1 % is always a tie (the articles call 156.40 vs 156.02 one)
@@ -272,7 +272,7 @@ RATE_METRICS = (("goodput", "Goodput (requests/s meeting the SLO)", True, "/s"),
                 ("itl_p95", "ITL p95 (ms)", False, "ms"))
 
 
-def rate_table(runs: list[Run]) -> tuple[list[str], list[float], dict[str, dict[float, object]]]:
+def rate_table(runs: list[Run]) -> tuple[list[str], list[float], dict[str, dict[float, RateLevelStats]]]:
     """Rate sweeps side by side: names, the rates any of them ran, and each run's level per rate."""
     names = labels(runs)
     by_run = {n: {lv.rate: lv for lv in run.rate_levels() if lv.rate is not None}

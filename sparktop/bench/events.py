@@ -15,7 +15,8 @@ from sparktop.bench.request import RequestRecord
 from sparktop.bench.stats import LevelStats
 
 if TYPE_CHECKING:
-    from sparktop.bench.load import MaxRate, RateLevelStats
+    from sparktop.bench.load import MaxRate
+    from sparktop.bench.stats import RateLevelStats
     from sparktop.bench.sweep import SweepSettings
 
 

@@ -8,7 +8,7 @@ import io
 from rich.console import JustifyMethod
 from rich.table import Table
 
-from sparktop.bench.results import Run
+from sparktop.bench.run import Run
 from sparktop.bench.stats import LevelStats, knee
 from sparktop.settings import Preferences
 from sparktop.units import fmt

@@ -21,15 +21,24 @@ N−k), its figures are kept beside ours (`tg_tps_*_llama_benchy`) to compare
 like with like; with token ids they are the same. A level whose server gave
 neither token ids, usage nor a tokenizer to count with is counted one token
 per chunk and marked `tg_approximate`.
+
+A rate sweep's levels (`bench/load.py`) are figured here too, from the same
+records: `rate_level_stats` (percentiles over requests, the client's lag, a
+queue that grows, goodput and the Wilson bound of the share that met the
+SLO) and the SLO itself (`parse_slo`, `meets`). The sweep and a run read back
+from its files (`bench.run.Run.rate_levels`) both use them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from sparktop.bench.levels import SweepError
 from sparktop.bench.request import RequestRecord
 
 
@@ -380,3 +389,278 @@ def knee(levels: list[LevelStats], key: str = "tg_tps_total", min_gain: float = 
             falls = gain < -0.03 or any(x < v * 0.97 for cc, x in pts if cc > c) and v >= best * 0.97
             return Knee(c, gain, falls)
     return Knee(pts[-1][0], None, False)
+
+
+# -- rate levels (`bench/load.py`): requests sent on a schedule, and the SLO they are held to --------
+
+SLO_METRICS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency"}
+_SLO = re.compile(r"^(ttft|itl|e2e)_p(\d{1,2}(?:\.\d+)?)\s*=\s*(\d+(?:\.\d+)?)\s*(ms|s)?$")
+BEHIND_MIN_S = 0.020  # lag below this is the event loop's noise, at any rate
+BEHIND_SHARE = 0.10  # of the mean gap between sends: a p95 lag past it means the schedule was not kept
+SEND_SHORTFALL = 0.95  # sending fewer per second than this share of the rate asked: behind
+WILSON_Z = 1.645  # one-sided 95 %
+
+
+@dataclass(frozen=True)
+class SloTerm:
+    metric: str  # ttft | itl | e2e
+    quantile: float  # 0.95
+    limit_s: float
+
+    @property
+    def text(self) -> str:
+        limit = f"{self.limit_s * 1000:g}ms" if self.limit_s < 1 else f"{self.limit_s:g}s"
+        return f"{self.metric}_p{self.quantile * 100:g}={limit}"
+
+
+def parse_slo(text: str, where: str = "--slo") -> list[SloTerm]:
+    """`ttft_p95=2s,itl_p95=100ms` (a unit-less number is seconds)."""
+    terms = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        m = _SLO.match(part.lower())
+        if m is None:
+            raise SweepError(f"{where}: {part!r} is not a target like ttft_p95=2s or itl_p95=100ms "
+                             f"(metrics: {', '.join(SLO_METRICS)}; percentiles p50..p99; units s or ms)")
+        q = float(m.group(2)) / 100
+        if not 0 < q < 1:
+            raise SweepError(f"{where}: {part!r}: the percentile must be between p1 and p99")
+        limit = float(m.group(3)) / (1000 if m.group(4) == "ms" else 1)
+        if limit <= 0:
+            raise SweepError(f"{where}: {part!r}: the limit must be more than 0")
+        terms.append(SloTerm(m.group(1), q, limit))
+    if not terms:
+        raise SweepError(f"{where}: no target given (e.g. ttft_p95=2s,itl_p95=100ms)")
+    return terms
+
+
+def ttft_s(r: RequestRecord) -> float | None:
+    return r.first_token - r.start if r.ok and r.first_token is not None else None
+
+
+def itl_s(r: RequestRecord) -> float | None:
+    """The request's mean gap between tokens after the first (None: fewer than two tokens)."""
+    n = r.completion_tokens or len(r.token_times)
+    if not r.ok or r.first_token is None or r.last_token is None or n < 2:
+        return None
+    span = r.last_token - r.first_token
+    return span / (n - 1) if span > 0 else None
+
+
+def e2e_s(r: RequestRecord) -> float | None:
+    return r.end - r.start if r.ok and r.end is not None else None
+
+
+_MEASURE: dict[str, Callable[[RequestRecord], float | None]] = {"ttft": ttft_s, "itl": itl_s, "e2e": e2e_s}
+
+
+def meets(r: RequestRecord, slo: list[SloTerm]) -> bool:
+    """A request meets the SLO when it succeeded and each of its figures is within its limit."""
+    if not r.ok:
+        return False
+    for term in slo:
+        value = _MEASURE[term.metric](r)
+        if value is None:
+            # One token (no ITL) cannot break an ITL target; a missing TTFT or end can break anything.
+            if term.metric == "itl" and r.first_token is not None:
+                continue
+            return False
+        if value > term.limit_s:
+            return False
+    return True
+
+
+def wilson_lower(successes: int, n: int, z: float = WILSON_Z) -> float | None:
+    """The lower end of the Wilson score interval of a share (one-sided 95 % by default)."""
+    if n == 0:
+        return None
+    p = successes / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - spread) / (1 + z * z / n))
+
+
+@dataclass
+class RateLevelStats:
+    rate: float | None  # asked, requests/s (None: a replayed trace's own times)
+    arrivals: str
+    requests: int
+    completed: int
+    errors: int
+    duration_s: float | None  # first send to last response
+    request_throughput: float | None  # completed requests / duration
+    output_tps: float | None  # output tokens / duration
+    input_tps: float | None
+    ttft_p50: float | None
+    ttft_p95: float | None
+    ttft_p99: float | None
+    ttft_mean: float | None
+    itl_p50: float | None
+    itl_p95: float | None
+    itl_mean: float | None
+    e2e_p50: float | None
+    e2e_p95: float | None
+    send_rate: float | None  # requests sent per second over the span of the sends
+    lag_p50: float | None  # actual send minus scheduled, seconds (held under --max-concurrency left out)
+    lag_p95: float | None
+    lag_max: float | None
+    held_mean: float | None  # seconds a request waited for a slot under --max-concurrency
+    concurrency_mean: float | None  # requests in flight, time-weighted over the level
+    concurrency_peak: int
+    behind: str | None  # why the client fell behind its schedule, or None
+    depth: int = 0
+    saturated: str | None = None  # why the server is not keeping up at this rate (its queue grew), or None
+    slo: list[str] = field(default_factory=list)
+    slo_met: int | None = None  # requests that met every target
+    slo_share: float | None = None
+    slo_lower: float | None = None  # Wilson lower bound of the share (95 %, one-sided)
+    goodput: float | None = None  # requests/s that met the SLO
+    meets_slo: bool | None = None  # every percentile within its limit
+    slo_values: dict[str, float | None] = field(default_factory=dict)  # the percentile each target names
+
+    def as_dict(self) -> dict:
+        # null without an SLO, as meets_slo: nothing was asked of the level, so it neither passed nor failed
+        return asdict(self) | {"passes": self.passes if self.slo else None}
+
+    @property
+    def label(self) -> str:
+        return f"{rate_text(self.rate)}/s" if self.rate is not None else "trace"
+
+    @property
+    def passes(self) -> bool:
+        """The level served its rate within the SLO: every percentile within its limit, the server's queue
+        not growing, and the client on its schedule (a level it fell behind was offered less than its rate).
+        The one verdict the CLI, the screen, the max-rate search and the study report give."""
+        return bool(self.meets_slo) and not self.saturated and not self.behind
+
+
+def _in_flight(records: list[RequestRecord]) -> tuple[float | None, int]:
+    """Time-weighted mean and peak of the requests in flight."""
+    edges = []
+    for r in records:
+        if r.end is not None:
+            edges += [(r.start, 1), (r.end, -1)]
+    if not edges:
+        return None, 0
+    edges.sort()
+    n = peak = 0
+    area, last = 0.0, edges[0][0]
+    for t, step in edges:
+        area += n * (t - last)
+        n += step
+        peak = max(peak, n)
+        last = t
+    span = edges[-1][0] - edges[0][0]
+    return (area / span if span > 0 else float(peak)), peak
+
+
+def _mean_in_flight(records: list[RequestRecord], lo: float, hi: float) -> float:
+    """Requests in flight between `lo` and `hi`, time-weighted (one still running counts to `hi`)."""
+    area = 0.0
+    for r in records:
+        end = r.end if r.end is not None else hi
+        area += max(0.0, min(end, hi) - max(r.start, lo))
+    return area / (hi - lo) if hi > lo else 0.0
+
+
+def _queue_grew(records: list[RequestRecord]) -> str | None:
+    """Whether requests piled up while they were being sent: the mean in flight over the second half of
+    the sends well above the first half's. A server that keeps up holds a steady number in flight
+    (Little's law: rate × latency); one that does not gains a request every 1/(rate − capacity) s.
+
+    Random arrivals make the count wander too: over a half of length h, with L in flight on average each
+    for about W seconds, the half's mean varies by about √(4·L·W/h). Only a rise past twice the spread of
+    the difference of two halves counts. The rule it replaces (half as many again, and two more) read a
+    queue in 17 of 200 simulated 3 s levels at 32/s where every request was served as fast as the first
+    (this one in 1), and a search runs ten such levels."""
+    sent = sorted(r.start for r in records)
+    if len(sent) < 10:
+        return None
+    a, mid, b = sent[0], sent[len(sent) // 2], sent[-1]
+    if b <= a:
+        return None
+    # The wander of a server that keeps up: each request in flight for its unqueued time (the level's
+    # quickest), as many as the first half sent per second (a queue's own delay must not widen it).
+    times = [r.end - r.start for r in records if r.end is not None]
+    wander = 0.0
+    if times and mid > a:
+        w = min(times)
+        held = (len(sent) // 2) / (mid - a) * w
+        wander = 2 * math.sqrt(2 * 4 * held * w / ((b - a) / 2))
+
+    first, second = _mean_in_flight(records, a, mid), _mean_in_flight(records, mid, b)
+    if second - first > max(2.0, wander):
+        return (f"requests piled up: {first:.1f} in flight on average over the first half of the sends, "
+                f"{second:.1f} over the second: the server serves fewer per second than arrive")
+    return None
+
+
+def rate_level_stats(records: list[RequestRecord], rate: float | None, arrivals: str,
+                     slo: list[SloTerm] | None = None, depth: int = 0) -> RateLevelStats:
+    ok = [r for r in records if r.ok and r.end is not None]
+    starts = [r.start for r in records]
+    ends = [r.end for r in records if r.end is not None]
+    # The span a level's rates are over: from its start (one mean gap before its first send is due, as
+    # AIPerf's and vLLM's client's spans begin) to its last response; a trace's from its first request.
+    due = sorted(r.scheduled for r in records if r.scheduled is not None)
+    planned = (len(due) - 1) / (due[-1] - due[0]) if len(due) > 2 and due[-1] > due[0] else None
+    origin = (due[0] - 1.0 / rate) if due and rate else min(starts) if starts else None
+    duration = max(ends) - origin if origin is not None and ends and max(ends) > origin else None
+    out_tokens = sum(r.completion_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    ttft = [v for v in map(ttft_s, ok) if v is not None]
+    itl = [v for v in map(itl_s, ok) if v is not None]
+    e2e = [v for v in map(e2e_s, ok) if v is not None]
+    lags = [max(0.0, r.start - r.scheduled - r.held_s) for r in records if r.scheduled is not None]
+    held = [r.held_s for r in records if r.scheduled is not None]
+    sends = sorted(starts)
+    send_rate = (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 2 and sends[-1] > sends[0] else None
+    mean_c, peak_c = _in_flight(records)
+    behind = None
+    lag95 = percentile(lags, 0.95)
+    schedule_rate = rate or planned
+    if schedule_rate is not None and lags:
+        gap = 1.0 / schedule_rate
+        if lag95 is not None and lag95 > max(BEHIND_MIN_S, BEHIND_SHARE * gap):
+            behind = (f"sends ran late: p95 {lag95 * 1000:.0f} ms behind schedule (a tenth of the mean gap is "
+                      f"{BEHIND_SHARE * gap * 1000:.0f} ms)")
+        # Against its own schedule (a Poisson schedule's realised rate is not the rate asked).
+        uncapped = not any(h > 0 for h in held)
+        if uncapped and send_rate is not None and planned is not None and len(sends) >= 10 \
+                and send_rate < SEND_SHORTFALL * planned:
+            behind = (f"sent {send_rate:.3g} requests/s where its schedule had {planned:.3g}: this client "
+                      "cannot send faster")
+    saturated = _queue_grew(records)
+    stats = RateLevelStats(
+        rate=rate, arrivals=arrivals, requests=len(records), completed=len(ok), errors=len(records) - len(ok),
+        duration_s=duration,
+        request_throughput=len(ok) / duration if duration else None,
+        output_tps=out_tokens / duration if duration else None,
+        input_tps=in_tokens / duration if duration else None,
+        ttft_p50=percentile(ttft, 0.50), ttft_p95=percentile(ttft, 0.95), ttft_p99=percentile(ttft, 0.99),
+        ttft_mean=sum(ttft) / len(ttft) if ttft else None,
+        itl_p50=percentile(itl, 0.50), itl_p95=percentile(itl, 0.95), itl_mean=sum(itl) / len(itl) if itl else None,
+        e2e_p50=percentile(e2e, 0.50), e2e_p95=percentile(e2e, 0.95),
+        send_rate=send_rate, lag_p50=percentile(lags, 0.50), lag_p95=lag95, lag_max=max(lags) if lags else None,
+        held_mean=sum(held) / len(held) if held else None,
+        concurrency_mean=mean_c, concurrency_peak=peak_c, behind=behind, depth=depth, saturated=saturated)
+    if slo:
+        met = sum(1 for r in records if meets(r, slo))
+        stats.slo = [t.text for t in slo]
+        stats.slo_met = met
+        stats.slo_share = met / len(records) if records else None
+        stats.slo_lower = wilson_lower(met, len(records))
+        stats.goodput = met / duration if duration else None
+        values = {"ttft": ttft, "itl": itl, "e2e": e2e}
+        stats.slo_values = {t.text: percentile(values[t.metric], t.quantile) for t in slo}
+        # Failed requests count against every percentile: as if they never answered.
+        failed = stats.errors > 0 and stats.errors / max(1, len(records)) > 1 - max(t.quantile for t in slo)
+        stats.meets_slo = not failed and all(v is not None and v <= t.limit_s
+                                             for t, v in zip(slo, stats.slo_values.values(), strict=True))
+    return stats
+
+
+def rate_text(rate: float) -> str:
+    """A rate as people write it: 3, 0.25, 1.5, 1,536."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"

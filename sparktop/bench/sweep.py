@@ -52,11 +52,12 @@ from sparktop.bench.events import (
     SweepStarted,
     WaitingForIdle,
 )
-from sparktop.bench.levels import SweepError, parse_depths, parse_levels  # noqa: F401 - re-exported
+from sparktop.bench.levels import SweepError
 from sparktop.bench.prompts import LocalTokenizer, PromptMaker, calibrate, load_local_tokenizer
 from sparktop.bench.request import RequestRecord, stream_chat
-from sparktop.bench.results import Run, RunWriter, load_run, new_run_id
-from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats
+from sparktop.bench.results import RunWriter, load_run, new_run_id
+from sparktop.bench.run import Run
+from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats, parse_slo
 from sparktop.clock import SYSTEM, Clock
 from sparktop.events import emitting
 
@@ -182,8 +183,6 @@ class SweepSettings:
             raise SweepError("--find-max-rate needs --slo (e.g. --slo ttft_p95=2s,itl_p95=100ms): the highest "
                              "rate meeting what?")
         if self.slo:
-            from sparktop.bench.load import parse_slo
-
             parse_slo(self.slo)
 
     def public(self) -> dict:

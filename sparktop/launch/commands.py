@@ -27,9 +27,9 @@ from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, S
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.runtimes import RUNTIMES, runtime_id
 from sparktop.layouts import LayoutError, layout_of, layouts_for, parse_layout, split_layouts
-from sparktop.model.cards import ModelCard
+from sparktop.model.cards import ModelCard, UnknownModel, find_card
 from sparktop.model.simulate import TOPOLOGIES
-from sparktop.settings import Inventory
+from sparktop.settings import Inventory, load_inventory
 from sparktop.units import fmt
 
 if TYPE_CHECKING:
@@ -200,7 +200,6 @@ def cmd_stop(inventory: Inventory, launch_id: str | None, everything: bool) -> i
 
 def _predict_subject(args) -> tuple[Recipe | None, ModelCard]:
     """What `predict` was given: a recipe (its card), a card's name, or a config.json."""
-    from sparktop.model.cards import UnknownModel, find_card
     from sparktop.model.quant import Quantization
 
     if bool(args.recipe) == bool(args.model):
@@ -305,7 +304,6 @@ def cmd_predict(args) -> int:
     from sparktop.model.fit import FITTED, constants_for, fitted_summary, inventory_key
     from sparktop.model.predict import card_for_runtime, crossover_lines, recommend, rows_for, uncertainty
     from sparktop.model.serving import Serving
-    from sparktop.settings import load_inventory
 
     recipe, card = _predict_subject(args)
     asked = getattr(args, "runtime", None)

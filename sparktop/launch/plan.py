@@ -25,6 +25,16 @@ class Home(str):
         return '"$HOME"/' + shlex.quote(rest)
 
 
+class HomeMount(Home):
+    """A bind mount `~/dir/file:~/dir/file:ro` with both sides under $HOME."""
+
+    def render(self) -> str:
+        path, options = self.rsplit(":", 1) if self.count(":") == 2 else (self, "")
+        inside = path.split(":", 1)[0]
+        side = Home(inside).render()
+        return f"{side}:{side}" + (f":{shlex.quote(options)}" if options else "")
+
+
 Arg = str | Home
 
 

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import time
 
 import yaml
 
 from sparktop.engine_ids import ROUTER
 from sparktop.errors import SparktopError
-from sparktop.launch.plan import Endpoint, Home, Plan, Step, Wait
+from sparktop.launch.plan import Endpoint, Home, HomeMount, Plan, Step, Wait
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import runtime_for
 from sparktop.layouts import LayoutError, parse_layout, to_label
@@ -282,19 +281,9 @@ class Builder:
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
 
 
-class _HomeMount(Home):
-    """`~/dir/file:~/dir/file:ro` with both sides under $HOME."""
-
-    def render(self) -> str:
-        path, options = self.rsplit(":", 1) if self.count(":") == 2 else (self, "")
-        inside = path.split(":", 1)[0]
-        side = Home(inside).render()
-        return f"{side}:{side}" + (f":{shlex.quote(options)}" if options else "")
-
-
-def _home_mount(state_dir: str, file: str) -> _HomeMount:
+def _home_mount(state_dir: str, file: str) -> HomeMount:
     path = f"{state_dir}/{file}"
-    return _HomeMount(f"{path}:{path}:ro")
+    return HomeMount(f"{path}:{path}:ro")
 
 
 def make_plan(recipe: Recipe, topology: str, inventory: Inventory, node_names: list[str] | None = None,

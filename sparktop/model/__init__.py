@@ -9,6 +9,9 @@ prediction, the sweep's predicted column) and the clock of the twin:
 - `quant`: what a quantization stores and which kernel path vLLM takes for
   it on SM 12.x, hence the precision its GEMMs compute in;
 - `cards`: the models sparktop knows (one YAML per model in `data/cards/`);
+- `constants`: the few shared physical constants (`Constants`) and the
+  factors a runtime or a vLLM build multiplies them by; it imports nothing
+  else of the model;
 - `perf`: the roofline of one engine step, and memory;
 - `scheduler`: vLLM v1's scheduler, clock-free;
 - `simulate`: the scheduler on a virtual clock, as a sweep would measure it;

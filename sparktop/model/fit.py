@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, UnknownModel, find_card
-from sparktop.model.perf import DEFAULT_CONSTANTS, Constants
+from sparktop.model.constants import DEFAULT_CONSTANTS, STACK_FACTOR_FIELDS, STACK_FACTOR_RANGE, Constants
 from sparktop.model.quant import Quantization, fmt
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import TOPOLOGIES, predict, predict_serve
+from sparktop.model.stacks import STACKS_FILE, UNKNOWN, load_stacks
 from sparktop.yamlfile import load_published
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ def with_stack_facts(serving: Serving, graphs: bool | None, kv_dtype: str | None
 
 
 def _article_cells(path: Path) -> list[Cell]:
-    from sparktop.model.stacks import load_stacks
-
     data = load_published(path)
     stacks = load_stacks()
     cells = []
@@ -166,8 +165,6 @@ def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
     offered load, not the engine), figures their source marks suspect."""
     if not path.exists():
         return []
-    from sparktop.model.stacks import load_stacks
-
     data = load_published(path) or {}
     sources = data.get("sources") or {}
     stacks = load_stacks()
@@ -543,11 +540,9 @@ STACK_PRIOR = 0.01
 
 def fit_stack(stack: str, cells: list[Cell], k: Constants, iterations: int = 60,
               workers: int = 1) -> dict[str, Any]:
-    """One stack's factors (`stacks.STACK_FACTOR_FIELDS`) fitted on its own
+    """One stack's factors (`constants.STACK_FACTOR_FIELDS`) fitted on its own
     figures, with the shared constants `k` held: a stack's figures move its
     factors and nothing else. Returns {factors, cells, sources, before, after}."""
-    from sparktop.model.stacks import STACK_FACTOR_FIELDS, STACK_FACTOR_RANGE
-
     mine = [c for c in cells if c.fitted and c.stack == stack]
     base = replace(k, stack_factors=tuple((s, f) for s, f in k.stack_factors if s != stack))
     names = list(STACK_FACTOR_FIELDS)
@@ -578,8 +573,6 @@ def fit_stacks(cells: list[Cell] | None = None, k: Constants | None = None, iter
     """Every stack with enough figures (or `only` those), one after another
     on the shared constants; returns the constants with the stacks' factors
     and each stack's entry (see `fit_stack`)."""
-    from sparktop.model.stacks import UNKNOWN
-
     cells = cells if cells is not None else published_cells()
     k = k or load_constants()
     counts: dict[str, int] = {}
@@ -744,8 +737,6 @@ def figures_digest() -> str:
     """A hash of what the fit's report rests on besides the constants: the published figures and which
     stack ran each (`stacks.yaml`). Saved with the report's per-card errors; when the files no longer
     match it, `predict` says to run `sparktop twin fit --save-summary`."""
-    from sparktop.model.stacks import STACKS_FILE
-
     h = hashlib.sha1()
     for path in (PUBLISHED, MORE, STACKS_FILE):
         h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")

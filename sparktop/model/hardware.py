@@ -5,7 +5,7 @@ in the YAML file beside the number: memory, memory bandwidth, dense tensor
 throughput per precision (FP4, FP8, BF16), and the link between nodes. The
 rates large GEMMs reach on a Spark are measured figures, also with their
 source. The performance model scales them by a few fitted efficiencies
-(`perf.Constants`: grouped MoE GEMMs, attention); the hardware figures
+(`constants.Constants`: grouped MoE GEMMs, attention); the hardware figures
 themselves are never fitted.
 """
 

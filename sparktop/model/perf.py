@@ -32,82 +32,23 @@ Memory: KV capacity is `gpu_memory_utilization × memory − weights −
 activations`; a sequence takes KV blocks for its full-attention context,
 plus a fixed share for sliding windows and recurrent state.
 
-The constants (`Constants`) are few, physical, and shared by every model
-and kernel; `fit.py` fits them to the published figures, and the hardware
-peaks they scale (`hardware`) are the vendor's, never fitted.
+The constants (`constants.Constants`) are few, physical, and shared by every
+model and kernel; `fit.py` fits them to the published figures, and the
+hardware peaks they scale (`hardware`) are the vendor's, never fitted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sparktop.model.cards import GIB, ModelCard
+from sparktop.model.constants import DEFAULT_CONSTANTS, Constants
 from sparktop.model.hardware import GB10, Hardware
 
 TILE_M = 16  # rows of the smallest tensor-core tile a GEMM kernel issues
 
 
-@dataclass(frozen=True)
-class Constants:
-    bandwidth_efficiency: float = 0.80  # of the nominal bandwidth reached by a step's reads
-    compute_efficiency: float = 1.0  # of the measured large-GEMM rate reached by a step's dense GEMMs
-    moe_efficiency: float = 0.35  # ... by grouped expert GEMMs (small per-expert GEMMs, routing)
-    attention_efficiency: float = 0.30  # of the measured BF16 GEMM rate reached by attention and scans
-    # Times each token's activations cross memory per layer (norms, residuals,
-    # rotary, activation quantization, MoE gather and scatter of each of its
-    # k expert copies): memory traffic that grows with tokens, not weights.
-    activation_passes: float = 8.0
-    step_overhead_s: float = 0.002  # scheduler, sampling, host work per step
-    layer_overhead_s: float = 0.00005  # kernel launches per layer with CUDA graphs
-    eager_layer_overhead_s: float = 0.0004  # ... without CUDA graphs (--enforce-eager)
-    seq_overhead_s: float = 0.00002  # per sequence in a step: sampling, detokenizing, streaming
-    # One small all-reduce between two nodes: mostly NCCL's own per-call cost
-    # (kernel, host proxy), not the wire (nccl-tests on two Sparks: 30-35 us at 8 KB).
-    allreduce_latency_s: float = 50e-6
-    # What each ring hop past those two adds (tp=k makes 2(k-1) hops): one more
-    # small RoCE send through the switch, a few microseconds (`ib_write_lat`).
-    # Four Sparks at TP4 spend 54-64 us on a 48 KB all-reduce, about 1.5-2x
-    # two nodes' 30-35 us, not the 3x that pricing every hop at half of it would say
-    # (model/data/gb10-sources.md).
-    allreduce_hop_s: float = 2.5e-6
-    link_efficiency: float = 0.8
-    ray_step_overhead_s: float = 0.0008  # Ray executor per step (vs multiprocessing)
-    request_overhead_s: float = 0.010  # the API server per request: parsing, chat template, tokenizing
-    router_overhead_s: float = 0.030  # LiteLLM per request (added at the router)
-    expert_batch_exponent: float = 0.8  # γ: routing correlation within a batch (1 = independent)
-    # Fixed memory-side time per touched expert per MoE layer, beyond its bytes at the bandwidth: what
-    # makes many small experts (Nemotron 3 Super's 3 MB, Qwen3.6's) slower to stream than their bytes say
-    # and few large ones (gpt-oss's 13 MB) not. TP halves an expert's bytes on a node, not this. Hidden
-    # when the experts' GEMMs are compute-bound (prefill).
-    expert_read_s: float = 2e-6
-    # Non-KV memory vLLM keeps (CUDA graphs, activation peak, allocator
-    # slack); 3 GiB is the least that makes the one published out-of-memory
-    # case (Nemotron 3 Super solo at c64, util 0.70) not fit.
-    activation_reserve_gib: float = 3.0
-    # Pipeline stages work on different micro-batches at once (vLLM, SGLang, TensorRT-LLM); False: a step
-    # passes the stages one after the other and the others wait (llama.cpp's rpc-server layer split).
-    pipeline_overlap: bool = True
-    # Left for a model whose kernel path no shared constant describes; empty
-    # in the fitted set (every model is held to the same physics).
-    model_factors: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    # Each software stack's fitted factors (model/stacks.py), as ((stack, ((factor, value), ...)), ...):
-    # a tuple, so the constants stay hashable and their repr names them.
-    stack_factors: tuple = ()
-
-    def stack_factor_map(self, stack: str | None) -> dict[str, float]:
-        return dict(next((f for s, f in self.stack_factors if s == stack), ()))
-
-    def for_stack(self, stack: str | None) -> Constants:
-        """These constants as `stack` runs them (its factors applied, the table dropped)."""
-        if not self.stack_factors:
-            return self
-        from sparktop.model.stacks import apply_stack
-
-        return apply_stack(replace(self, stack_factors=()), self.stack_factor_map(stack))
-
-
-DEFAULT_CONSTANTS = Constants()
 
 
 def ceil_div(a: int, b: int) -> int:

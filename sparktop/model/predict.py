@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparktop.bench.compare import Metric, crossovers
-from sparktop.bench.results import Run
+from sparktop.bench.run import Run
 from sparktop.layouts import order
 from sparktop.model.cards import ModelCard
-from sparktop.model.perf import Constants
+from sparktop.model.constants import Constants
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import Prediction, predict
 

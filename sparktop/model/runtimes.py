@@ -18,7 +18,7 @@ gets a handful of multipliers on those constants — never a factor per model:
   reach (tensor parallel over nodes).
 
 A runtime gets only the factors its figures can tell apart (`KNOBS`); the
-efficiencies stay at most 1. The factors are fitted jointly over all of a
+efficiencies stay at most 1 (`constants.apply_factors`, `FACTOR_FIELDS`). The factors are fitted jointly over all of a
 runtime's figures, by least squares on log errors (soft-L1, as `fit.loss`),
 each (source, model) group weighing the square root of its size.
 
@@ -58,8 +58,9 @@ from typing import Any
 
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, find_card
+from sparktop.model.constants import CAPPED, FACTOR_FIELDS, Constants, apply_factors
 from sparktop.model.fit import FITTED, GLOBAL, METRICS, _cost, load_constants, load_fit_summary, nelder_mead
-from sparktop.model.perf import Constants, PerfModel
+from sparktop.model.perf import PerfModel
 from sparktop.model.quant import Quantization
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import perf_for, predict
@@ -82,15 +83,6 @@ ALIASES = {"llama.cpp": "llama-cpp", "llamacpp": "llama-cpp", "llama_cpp": "llam
            "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "trt-llm": "trtllm", "trt_llm": "trtllm",
            "text-generation-inference": "tgi"}
 
-# What each factor multiplies.
-FACTOR_FIELDS: dict[str, tuple[str, ...]] = {
-    "bandwidth": ("bandwidth_efficiency",),
-    "gemm": ("compute_efficiency", "moe_efficiency"),
-    "attention": ("attention_efficiency",),
-    "overhead": ("step_overhead_s", "layer_overhead_s"),
-    "link": ("link_efficiency",),
-}
-CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "attention_efficiency", "link_efficiency")
 # The simplex stays inside it: past it a factor would stand for another
 # engine, not another kernel. The floor still leaves an overhead of tens of
 # microseconds per step (a CUDA graph's launch), never none.
@@ -244,19 +236,6 @@ def runtime_card(runtime: str, card: ModelCard, scheme: str | None = None) -> Mo
     if quant == card.quant:
         return card
     return replace(card, quant=quant, measured_weights_gib=None)
-
-
-def apply_factors(k: Constants, factors: dict[str, float],
-                  fields: dict[str, tuple[str, ...]] = FACTOR_FIELDS) -> Constants:
-    """`k` with each factor multiplied into the constants it stands for
-    (`fields`: a runtime's, or a vLLM stack's); efficiencies stay at most 1
-    (the nominal bandwidth, the measured GEMM rate)."""
-    changes: dict[str, Any] = {}
-    for name, value in factors.items():
-        for f in fields[name]:
-            v = getattr(k, f) * value
-            changes[f] = min(v, 1.0) if f in CAPPED else v
-    return replace(k, **changes)
 
 
 def _stored() -> dict:

@@ -32,7 +32,8 @@ from sparktop.bench.request import RequestRecord
 from sparktop.bench.stats import LevelStats, level_stats
 from sparktop.layouts import parse_layout
 from sparktop.model.cards import ModelCard
-from sparktop.model.perf import DEFAULT_CONSTANTS, Constants, PerfModel
+from sparktop.model.constants import DEFAULT_CONSTANTS, Constants
+from sparktop.model.perf import PerfModel
 from sparktop.model.scheduler import EngineConfig, FinishEvent, Scheduler, Sequence, TokenEvent
 from sparktop.model.serving import Serving
 

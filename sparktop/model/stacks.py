@@ -8,7 +8,8 @@ so on. `data/stacks.yaml` names those stacks, says which one each source ran
 (with a quote), and which image names identify each.
 
 A stack scales the shared physical constants by a few factors fitted to its
-own figures (`fit.fit_stacks`), never per model:
+own figures (`fit.fit_stacks`), never per model (`constants.STACK_FACTOR_FIELDS`,
+applied by `Constants.for_stack`):
 
 - `bandwidth`: on `bandwidth_efficiency` (how close its decode kernels read
   at the nominal 273 GB/s: Marlin dequantises on the fly, a native FP4 path
@@ -37,22 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from sparktop.errors import SparktopError
-from sparktop.model.perf import Constants
 from sparktop.yamlfile import safe_load
 
 STACKS_FILE = Path(__file__).parent / "data" / "stacks.yaml"
 # What a recipe without an image runs: sparktop's default image (settings.Defaults.image), NVIDIA's NGC build.
 DEFAULT_STACK = "ngc-vllm"
 UNKNOWN = "unknown"
-
-STACK_FACTOR_FIELDS: dict[str, tuple[str, ...]] = {
-    "bandwidth": ("bandwidth_efficiency",),
-    "gemm": ("compute_efficiency", "moe_efficiency"),
-    "overhead": ("step_overhead_s", "layer_overhead_s", "eager_layer_overhead_s"),
-}
-# A stack is another build of the same engine on the same chip: its kernels
-# may be twice as slow, not ten times (past that it would be another engine).
-STACK_FACTOR_RANGE = {"bandwidth": (0.5, 2.0), "gemm": (0.33, 3.0), "overhead": (0.2, 5.0)}
 
 
 class UnknownStack(SparktopError):
@@ -157,16 +148,9 @@ def load_stacks(path: Path = STACKS_FILE) -> Stacks:
 
 @dataclass(frozen=True)
 class StackFactors:
-    """Each stack's fitted factors (`STACK_FACTOR_FIELDS`); a stack not in it runs the shared constants."""
+    """Each stack's fitted factors (`constants.STACK_FACTOR_FIELDS`); a stack not in it runs the shared constants."""
 
     factors: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def of(self, stack: str | None) -> dict[str, float]:
         return self.factors.get(stack or "", {})
-
-
-def apply_stack(k: Constants, factors: dict[str, float]) -> Constants:
-    """`k` with a stack's factors multiplied in; efficiencies stay at most 1."""
-    from sparktop.model.runtimes import apply_factors
-
-    return apply_factors(k, factors, STACK_FACTOR_FIELDS) if factors else k

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from sparktop.remote import Transport, TransportError
+from sparktop.remote import Transport, TransportError, transport_for
 
 POWER_QUERY = ["nvidia-smi", "--query-gpu=power.draw", "--format=csv,noheader,nounits"]
 
@@ -68,7 +68,6 @@ def power_source(spec: str | None, endpoint: str) -> NodesPower | None:
     endpoint's host (a local endpoint: this node); 'none' for nothing."""
     from urllib.parse import urlsplit
 
-    from sparktop.remote import transport_for
     from sparktop.settings import LOCAL_HOSTS, inventory_from_hosts, load_inventory
 
     if spec is not None and spec.strip().lower() == "none":

@@ -18,13 +18,14 @@ from rich.table import Table
 from rich.text import Text
 
 from sparktop.bench.events import LevelDone, SweepStarted
-from sparktop.bench.sweep import parse_extra_body, parse_levels
+from sparktop.bench.levels import parse_depths, parse_levels
+from sparktop.bench.sweep import parse_extra_body
 from sparktop.errors import SparktopError
 from sparktop.launch.catalog import find_recipe, load_recipe_file, runtime_recipes
 from sparktop.launch.events import Stage
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.session import overrides_for
-from sparktop.settings import Inventory
+from sparktop.settings import Inventory, inventory_from_hosts, load_inventory
 from sparktop.study.events import (
     LaunchUpdate,
     StageChanged,
@@ -72,8 +73,6 @@ def _resolve_recipe(study: Study, recipe_dirs: list[str] | None) -> Recipe:
 
 
 def _inventory_for(study: Study | None, args) -> Inventory:
-    from sparktop.settings import inventory_from_hosts, load_inventory
-
     path = args.inventory or (study.inventory if study else None)
     if getattr(args, "nodes", None) and not path:
         return inventory_from_hosts([h.strip() for h in args.nodes.split(",") if h.strip()])
@@ -239,8 +238,8 @@ def cmd_report(args) -> int:
 def _load_options(args) -> dict:
     """A study's rate, SLO and depth options (`--rate`, `--slo`, `--find-max-rate`, `--depth`, ...), checked as
     a sweep would check them."""
-    from sparktop.bench.load import parse_rates, parse_slo
-    from sparktop.bench.sweep import parse_depths
+    from sparktop.bench.load import parse_rates
+    from sparktop.bench.stats import parse_slo
 
     out: dict = {}
     if getattr(args, "rate", None):

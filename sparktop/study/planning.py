@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sparktop.errors import SparktopError
 from sparktop.launch.recipe import Recipe
 from sparktop.layouts import LayoutError, parse_layout, split_layouts
-from sparktop.model.perf import Constants
+from sparktop.model.constants import Constants
 from sparktop.model.simulate import TOPOLOGIES, perf_for
 from sparktop.settings import Inventory
 from sparktop.study.state import Study, TopologyState, new_study_id, studies_dir

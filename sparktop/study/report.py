@@ -30,7 +30,8 @@ from sparktop import __version__
 from sparktop.bench import compare
 from sparktop.bench.compare import METRICS, Metric, Spread
 from sparktop.bench.load import share_text
-from sparktop.bench.results import Run, load_run
+from sparktop.bench.results import load_run
+from sparktop.bench.run import Run
 from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
 from sparktop.study.masking import mask  # the report masks again (the runner did first)

@@ -27,7 +27,7 @@ from textual.timer import Timer
 
 from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
-from sparktop.study.events import StudyEvent
+from sparktop.study.events import LaunchUpdate, StudyEvent
 from sparktop.ui.messages import (
     LaunchProgress,
     LaunchRequested,
@@ -603,7 +603,6 @@ class SparktopApp(App):
         self.notify(f"report: {paths[-1]}", title="Study done", timeout=15)
 
     def on_study_progress(self, message: StudyProgress) -> None:
-        from sparktop.study.events import LaunchUpdate
         from sparktop.ui.study import StudyScreen
 
         if isinstance(message.event, LaunchUpdate):

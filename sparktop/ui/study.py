@@ -38,8 +38,8 @@ from sparktop.bench.events import (
     SweepStarted,
     WaitingForIdle,
 )
+from sparktop.bench.levels import parse_levels
 from sparktop.bench.stats import LevelStats
-from sparktop.bench.sweep import parse_levels
 from sparktop.errors import SparktopError
 from sparktop.launch.events import LogLine
 from sparktop.launch.recipe import Recipe

@@ -36,10 +36,12 @@ from sparktop.bench.events import (
     SweepStarted,
 )
 from sparktop.bench.export import COLUMNS, cell
-from sparktop.bench.load import MaxRate, RateLevelStats, RateSweep, parse_rates, rate_texts
-from sparktop.bench.results import Run, list_runs, load_run
-from sparktop.bench.stats import LevelStats, knee
-from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body, parse_levels
+from sparktop.bench.levels import parse_levels
+from sparktop.bench.load import MaxRate, RateSweep, parse_rates, rate_texts
+from sparktop.bench.results import list_runs, load_run
+from sparktop.bench.run import Run
+from sparktop.bench.stats import LevelStats, RateLevelStats, knee
+from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body
 from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
 from sparktop.ui.messages import SweepProgress, pump

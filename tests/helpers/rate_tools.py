@@ -154,7 +154,7 @@ vLLM 0.32.0 `vllm bench serve` (site-packages/vllm/benchmarks/…):
   burstiness inf = constant 1/rate gaps. The first send is one gap after the
   start.
 
-sparktop (`bench/load.py` `rate_level_stats`, as it stands when this was
+sparktop (`bench/stats.py` `rate_level_stats`, as it stands when this was
 written): TTFT = first token − send, ITL per request = (last token − first
 token) / (output tokens − 1), percentiles over requests (linear, as above);
 a chunk carrying token ids (it asks for `return_token_ids`) is a token even

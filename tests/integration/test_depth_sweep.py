@@ -22,7 +22,8 @@ import pytest
 
 from sparktop.bench.arena import read_arena, write_arena
 from sparktop.bench.compare import table
-from sparktop.bench.results import Run, load_run
+from sparktop.bench.results import load_run
+from sparktop.bench.run import Run
 from sparktop.bench.sweep import Sweep, SweepSettings
 from sparktop.twin.server import TwinServer
 from tests.helpers.simulated import sim_clock, sim_twin, simulated

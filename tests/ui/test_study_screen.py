@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
+from sparktop.bench.levels import parse_levels
 from sparktop.bench.request import RequestRecord
 from sparktop.bench.results import RunWriter, load_run
 from sparktop.bench.stats import EngineWatch
-from sparktop.bench.sweep import parse_levels
 from sparktop.observe.record import Recording, ReplaySource
 from sparktop.twin.cluster import loopback_aliases_work
 from sparktop.ui.app import SparktopApp

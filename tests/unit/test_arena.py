@@ -37,7 +37,7 @@ from sparktop.bench.arena import (
     write_arena,
 )
 from sparktop.bench.request import RequestRecord
-from sparktop.bench.results import Run
+from sparktop.bench.run import Run
 from sparktop.bench.stats import level_stats
 from sparktop.errors import SparktopError
 from tests.helpers.venvs import llama_benchy

@@ -19,7 +19,7 @@ from sparktop.bench.results import RunWriter
 from sparktop.errors import SparktopError
 from sparktop.model import fit
 from sparktop.model.cards import find_card
-from sparktop.model.perf import Constants
+from sparktop.model.constants import Constants
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import ROUTED, _engine, _records, perf_for
 from sparktop.settings import Inventory, Node, data_dir

@@ -1,4 +1,4 @@
-"""Rate sweeps' arithmetic (bench/load.py): schedules, SLOs, goodput, the
+"""Rate sweeps' arithmetic (bench/load.py, its statistics in bench/stats.py): schedules, SLOs, goodput, the
 client's lag and a server that cannot keep up, on records built as the
 client writes them."""
 
@@ -9,17 +9,9 @@ import statistics
 
 import pytest
 
-from sparktop.bench.load import (
-    MaxRate,
-    level_requests,
-    meets,
-    parse_rates,
-    parse_slo,
-    rate_level_stats,
-    schedule,
-    wilson_lower,
-)
+from sparktop.bench.load import MaxRate, level_requests, parse_rates, schedule
 from sparktop.bench.request import RequestRecord
+from sparktop.bench.stats import meets, parse_slo, rate_level_stats, wilson_lower
 from sparktop.bench.sweep import SweepError, SweepSettings
 
 

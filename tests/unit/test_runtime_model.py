@@ -16,6 +16,7 @@ import pytest
 from sparktop.errors import SparktopError
 from sparktop.model import runtimes
 from sparktop.model.cards import find_card
+from sparktop.model.constants import CAPPED
 from sparktop.model.fit import load_constants
 from sparktop.model.runtimes import CannotModel, Figure, constants_for, describe, load_figures
 from sparktop.model.simulate import predict
@@ -106,7 +107,7 @@ def test_stored_factors_are_what_each_runtime_may_fit(stored, base):
     # Efficiencies stay physical: at most the nominal bandwidth, the measured GEMM rate, the link's line rate.
     for rt in FITTED_RUNTIMES:
         k = constants_for(rt, base)
-        for f in runtimes.CAPPED:
+        for f in CAPPED:
             assert 0 < getattr(k, f) <= 1.0
 
 

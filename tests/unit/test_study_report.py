@@ -308,7 +308,7 @@ def test_contaminated_levels_are_marked_with_a_footnote(study, data):
 
 
 def test_a_level_stats_contamination_flag_counts_too(study, monkeypatch):
-    from sparktop.bench.results import Run
+    from sparktop.bench.run import Run
 
     real = Run.levels
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from sparktop.launch.plan import Endpoint, Home, Step, Wait
+from sparktop.launch.plan import Endpoint, Home, HomeMount, Step, Wait
 from sparktop.launch.runtimes.base import Runtime
 from sparktop.layouts import Layout
 
@@ -137,8 +137,6 @@ class TrtllmRuntime(Runtime):
         return super().serving_flags(args)
 
 
-def _mount(path: Home) -> Home:
+def _mount(path: Home) -> HomeMount:
     """`~/dir/file:~/dir/file:ro`, the options file at the same path inside."""
-    from sparktop.launch.topology import _HomeMount
-
-    return _HomeMount(f"{path}:{path}:ro")
+    return HomeMount(f"{path}:{path}:ro")
