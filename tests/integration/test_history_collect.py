@@ -236,7 +236,7 @@ async def test_collect_keeps_its_history_on_the_clock_it_is_given(tmp_path, twin
         for _ in range(2):
             hand.advance(90.0)
             read = len(proxy.scrapes)
-            await eventually(lambda: len(proxy.scrapes) >= read + 2 or run.done(), timeout=30,
+            await eventually(lambda read=read: len(proxy.scrapes) >= read + 2 or run.done(), timeout=30,
                              what="the engine read twice more")
         stop.set()
         assert await asyncio.wait_for(run, 30) == 0
