@@ -11,8 +11,15 @@ import argparse
 import asyncio
 import sys
 
-from sparktop import __version__
+from sparktop import __version__, engine_ids
 from sparktop.errors import SparktopError
+from sparktop.twin.dialects import DIALECTS
+
+# The engines help texts list, from the table: those the twin speaks besides vLLM; those sparktop launches (the
+# runtimes sparkrun runs, `test_engine_names` holds them equal); those it recognises, in the names people type.
+_TWIN_OTHERS = ", ".join(engine_ids.typed(engine_ids.get(d)) for d in DIALECTS if d != engine_ids.DEFAULT)
+_LAUNCHED = [engine_ids.typed(r) for r in engine_ids.ROWS if r.sparkrun]
+_WATCHED = ", ".join(engine_ids.typed(r) for r in engine_ids.KNOWN_ENGINES)
 
 
 def cmd_demo(args) -> int:
@@ -265,8 +272,8 @@ def _add_watching(add, watch_options) -> None:
                       "with --layout, the recipe to launch")
     demo.add_argument("--layout", "-t", metavar="L", help="launch the recipe in this layout over the demo's nodes "
                       "instead of a solo engine on each (tp=4, 2x tp=2, 4x solo,shuffle, ...)")
-    demo.add_argument("--runtime", metavar="R", help="serve with the twin of another engine: sglang, llama-cpp, "
-                                                     "trtllm, or several the nodes take in turn (vllm,llama-cpp)")
+    demo.add_argument("--runtime", metavar="R", help=f"serve with the twin of another engine: {_TWIN_OTHERS}, or "
+                                                     "several the nodes take in turn (vllm,llama-cpp)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
     demo.add_argument("--no-wait", action="store_true", help="print the endpoints and exit, leaving them running")
     demo.add_argument("--stop", action="store_true", help="stop a demo cluster left running with --no-wait")
@@ -460,7 +467,7 @@ def _add_studying(add) -> None:
                        metavar="all|solo,cluster-mp,...",
                        help="which layouts: all (the five two-node names the recipe allows on the nodes, the "
                             "default) or a list, e.g. solo,cluster-mp or 'tp=4,2x tp=2,4x solo'")
-    study.add_argument("--runtimes", metavar="R,R", help="compare runtimes too: vllm,sglang,llama-cpp,trtllm — each "
+    study.add_argument("--runtimes", metavar="R,R", help=f"compare runtimes too: {','.join(_LAUNCHED)} — each "
                                                          "with its recipe of the same model, in every layout it runs")
     study.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
                        help="concurrency levels (default 1,2,4,8,16,32,64)")
@@ -531,9 +538,9 @@ def _add_recipes_and_predict(add) -> None:
                            "gpu_memory_utilization=0.8, enforce_eager=true ...); the recipe's own by default")
     pred.add_argument("--quant", help="the checkpoint's format instead of the card's (bf16, fp8, nvfp4, mxfp4, int4, "
                                       "q4_k_m, q8_0)")
-    pred.add_argument("--runtime", help="the engine to predict for: vllm, sglang, llama-cpp, trtllm, ollama (default: "
-                                        "the recipe's; vLLM for a card); one without published Spark figures is said "
-                                        "so")
+    pred.add_argument("--runtime", help=f"the engine to predict for: {_WATCHED} (default: the recipe's; "
+                                        f"{engine_ids.name_of(engine_ids.DEFAULT)} for a card); one without published "
+                                        "Spark figures is said so")
     pred.add_argument("--stack", metavar="ID", help="the vLLM build to predict for (eugr-vllm-node, "
                       "eugr-vllm-node-mxfp4, ngc-vllm, vllm-openai, vllm-openai-marlin, ...; default: the one the "
                       "recipe's image is, see model/data/stacks.yaml)")
@@ -550,10 +557,10 @@ def _add_replay(add) -> None:
 def _add_twin(sub) -> None:
     """`sparktop twin serve, node, fit and cards`."""
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
-                          description="the digital twin of a Spark node running vLLM, SGLang, llama.cpp or "
-                                      "TensorRT-LLM")
+                          description="the digital twin of a Spark node running "
+                                      + engine_ids.listing([engine_ids.name_of(d) for d in DIALECTS], "or"))
     twin_sub = twin.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND", required=True)
-    serve = twin_sub.add_parser("serve", help="serve a model like `vllm serve` (or --engine sglang, llama-cpp, trtllm "
+    serve = twin_sub.add_parser("serve", help=f"serve a model like `vllm serve` (or --engine {_TWIN_OTHERS} "
                                 "and that engine's flags) on a simulated GB10",
                                 add_help=False)
     serve.add_argument("rest", nargs=argparse.REMAINDER)
@@ -594,29 +601,29 @@ def _add_twin(sub) -> None:
 
 def _twin_serve(argv: list[str]) -> int:
     """`sparktop twin serve [--engine sglang|llama-cpp|trtllm] [that engine's flags]`."""
-    from sparktop.twin.dialects import DIALECTS, RUNTIME_ALIASES
+    from sparktop import engine_ids
+    from sparktop.twin.dialects import DIALECTS, dialect_for, speaks
     from sparktop.twin.server import serve_main
 
-    engine = "vllm"
+    engine = engine_ids.DEFAULT
     if argv[:1] == ["--engine"] or (argv and argv[0].startswith("--engine=")):
-        engine = argv[1] if argv[0] == "--engine" and len(argv) > 1 else argv[0].partition("=")[2]
+        asked = argv[1] if argv[0] == "--engine" and len(argv) > 1 else argv[0].partition("=")[2]
         argv = argv[2:] if argv[0] == "--engine" else argv[1:]
-        engine = RUNTIME_ALIASES.get(engine, engine)
-        if engine not in DIALECTS:
-            print(f"sparktop twin serve: --engine {engine!r}: the twin speaks {', '.join(sorted(DIALECTS))}",
+        if not speaks(asked):
+            print(f"sparktop twin serve: --engine {asked!r}: the twin speaks {', '.join(sorted(DIALECTS))}",
                   file=sys.stderr)
             return 2
-    from sparktop.twin.dialects import dialect_for
-
-    prog = "sparktop twin serve" if engine == "vllm" else dialect_for(engine).prog  # what its usage lines say
+        engine = engine_ids.runtime_id(asked)
+    # what its usage lines say
+    prog = "sparktop twin serve" if engine == engine_ids.DEFAULT else dialect_for(engine).prog
     return serve_main(argv, prog=prog, engine=engine)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparktop",
-        description="Watch, launch and benchmark vLLM, SGLang, llama.cpp, TensorRT-LLM and Ollama on NVIDIA "
-                    "DGX Spark nodes.",
+        description=f"Watch, launch and benchmark {engine_ids.listing([e.name for e in engine_ids.KNOWN_ENGINES])} "
+                    "on NVIDIA DGX Spark nodes.",
     )
     parser.add_argument("--version", action="version", version=f"sparktop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -48,7 +48,7 @@ def demo_engines(runtime: str | None) -> list[str]:
     out = []
     for name in (runtime or DEFAULT).split(","):
         try:
-            out.append(runtime_for(name.strip()).engine)
+            out.append(runtime_for(name.strip()).id)
         except UnknownRuntime as exc:
             raise SparktopError(f"--runtime {name.strip()}: {exc}") from None
     return out

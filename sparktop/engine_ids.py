@@ -69,6 +69,10 @@ ROWS: tuple[EngineId, ...] = (
 )
 
 
+# The engines sparktop recognises by name (neither the router nor GENERIC), in the table's order.
+KNOWN_ENGINES: tuple[EngineId, ...] = tuple(r for r in ROWS if not r.router and r.id != GENERIC)
+
+
 class UnknownEngine(SparktopError):
     pass
 
@@ -118,3 +122,13 @@ def is_router(kind: str | None) -> bool:
     """Whether a snapshot's or an endpoint's kind is the router (its tokens are its engines')."""
     row = lookup(kind)
     return row is not None and row.router
+
+
+def typed(row: EngineId) -> str:
+    """The name help texts offer for it: sparkrun's where sparkrun runs it (`llama-cpp`), else its id."""
+    return row.sparkrun or row.id
+
+
+def listing(words: list[str], last: str = "and") -> str:
+    """["vLLM", "SGLang", "TGI"] -> "vLLM, SGLang and TGI", for help texts."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"

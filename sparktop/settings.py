@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparktop import engine_ids
 from sparktop.errors import ConfigError
 from sparktop.yamlfile import check_keys, line_of, load_file
 
@@ -76,19 +77,28 @@ def shipped_recipes_dir() -> Path:
 
 @dataclass
 class Defaults:
-    image: str = "nvcr.io/nvidia/vllm:25.11-py3"  # NVIDIA's vLLM build for GB10 (arm64, CUDA 13)
-    # LiteLLM's released proxy image (ENTRYPOINT ["litellm"], amd64 and arm64), pinned to the version the
-    # lab tests against (litellm[proxy]==1.106.2); change it with `router_image:` under `defaults:`.
-    router_image: str = "ghcr.io/berriai/litellm:v1.106.2"
+    # DEFAULT's (vLLM's) image: engine_ids has NVIDIA's vLLM build for GB10 (arm64, CUDA 13).
+    image: str = engine_ids.get(engine_ids.DEFAULT).default_image
+    # LiteLLM's released proxy image (ENTRYPOINT ["litellm"], amd64 and arm64), pinned in engine_ids to the
+    # version the lab tests against (litellm[proxy]==1.106.2); change it with `router_image:` under `defaults:`.
+    router_image: str = engine_ids.get(engine_ids.ROUTER).default_image
     hf_cache: str = "~/.cache/huggingface"
-    port: int = 8000
-    router_port: int = 4000
+    port: int = engine_ids.get(engine_ids.DEFAULT).default_port
+    router_port: int = engine_ids.get(engine_ids.ROUTER).default_port
     ray_port: int = 6379
     master_port: int = 29501
     container_env: dict = field(default_factory=dict)  # added to every container sparktop starts
-    # The image of each other runtime (`sglang`, `llama-cpp`, `trtllm`) where a recipe names none;
-    # `image` above is vLLM's.
+    # The image of each other runtime where a recipe names none, by engine_ids' id (`sglang`, `llama.cpp`,
+    # `trtllm`; read from any of their names, `llama-cpp` too); `image` above is vLLM's.
     images: dict = field(default_factory=dict)
+
+    def image_for(self, runtime: str) -> str:
+        """The image a runtime's engine runs in where a recipe names none: `image` for DEFAULT's (vLLM's),
+        else `images` or its engine_ids row's default image ("" when neither has one)."""
+        row = engine_ids.get(runtime)
+        if row.id == engine_ids.DEFAULT:
+            return self.image
+        return self.images.get(row.id) or row.default_image
 
 
 @dataclass
@@ -213,6 +223,20 @@ def load_sparkrun_cluster(doc: dict, path: Path) -> Inventory:
     return Inventory(nodes=nodes, defaults=defaults, path=path)
 
 
+def _images(raw: dict, path: Path) -> dict[str, str]:
+    """`defaults.images`, keyed by engine_ids' ids (`llama-cpp:` is llama.cpp's); a key naming no engine is an
+    error at its line."""
+    out = {}
+    for key, image in raw.items():
+        row = engine_ids.lookup(str(key))
+        if row is None:
+            known = ", ".join(r.sparkrun or r.id for r in engine_ids.ROWS if r.default_image and not r.router)
+            raise ConfigError(str(path), line_of(raw, key), f"defaults.images.{key}",
+                              f"names no engine sparktop knows ({known})")
+        out[row.id] = str(image)
+    return out
+
+
 def _read_defaults(doc: dict, path: Path) -> Defaults:
     defaults = Defaults()
     raw_defaults = doc.get("defaults") or {}
@@ -223,6 +247,9 @@ def _read_defaults(doc: dict, path: Path) -> Defaults:
         if key in ("container_env", "images"):
             if not isinstance(value, dict):
                 raise ConfigError(str(path), line_of(raw_defaults, key), f"defaults.{key}", "must be a mapping")
+            if key == "images":
+                setattr(defaults, key, _images(value, path))
+                continue
             setattr(defaults, key, {str(k): str(v) for k, v in value.items()})
             continue
         kind = int if key.endswith("port") else str

@@ -353,12 +353,22 @@ def profile_problems(run: Run, levels: list[ArenaLevel] | None = None, prof: Are
     return out
 
 
+def _sparkrun_name(runtime: str | None) -> str | None:
+    """sparkrun's name for a runtime (`llama-cpp` for llama.cpp), for the files sparkrun reads; else as given."""
+    row = engine_ids.lookup(runtime)
+    return (row.sparkrun if row is not None else None) or runtime
+
+
+def _engine_id(runtime: Any) -> Any:
+    """sparktop's id of the runtime an imported file names (`llama-cpp` -> llama.cpp); else as given."""
+    row = engine_ids.lookup(runtime) if isinstance(runtime, str) else None
+    return row.id if row is not None else runtime
+
+
 def _recipe_text(run: Run, model: str, runtime: str | None, image: str | None) -> str:
     """With no recipe given: the facts known, in sparkrun's recipe shape, saying it is not a launchable one."""
     m = run.meta
-    row = engine_ids.lookup(runtime or DEFAULT)
-    sparkrun = row.sparkrun if row is not None else None  # sparkrun's own name for it (`llama-cpp`)
-    doc: dict[str, Any] = {"recipe_version": "2", "model": model, "runtime": sparkrun or runtime or DEFAULT}
+    doc: dict[str, Any] = {"recipe_version": "2", "model": model, "runtime": _sparkrun_name(runtime or DEFAULT)}
     nodes = list(m.get("nodes") or [])
     if len(nodes) > 1:
         doc["min_nodes"] = len(nodes)
@@ -396,7 +406,8 @@ def arena_metadata(run: Run, levels: list[ArenaLevel], recipe_text: str, model: 
         "recipe": {"name": m.get("recipe"), "qualified_name": m.get("recipe"),
                    "type": "sparkrun" if recipe_given and _sparkrun_recipe(recipe_text) else "sparktop", "model": model,
                    "hf_model": model, "raw_container": image, "container": image, "container_pinned": False,
-                   "runtime": runtime, "runtime_full": runtime, "registry": None, "registry_git": "",
+                   "runtime": _sparkrun_name(runtime), "runtime_full": _sparkrun_name(runtime), "registry": None,
+                   "registry_git": "",
                    "hash": hashlib.sha256(recipe_text.encode("utf-8")).hexdigest()},
         "timing": {"start": _iso(m.get("started")), "end": _iso(m.get("ended")),
                    "duration": ended - started if started is not None and ended is not None else None},
@@ -614,7 +625,8 @@ def read_arena(path: str | Path) -> Run:
                      "prefix_cache": bool(cached) if cached is not None else table.prefix_cached,
                      "profile": bench.get("profile")},
         "recipe": ours.get("recipe") or rec.get("name"), "topology": ours.get("topology"),
-        "nodes": list(ours.get("nodes") or []), "runtime": rec.get("runtime"), "image": rec.get("container"),
+        "nodes": list(ours.get("nodes") or []), "runtime": _engine_id(rec.get("runtime")),
+        "image": rec.get("container"),
         "status": "imported",
         "arena": {"metadata": doc, "recipe": recipe_text},
     }

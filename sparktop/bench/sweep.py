@@ -59,6 +59,7 @@ from sparktop.bench.results import RunWriter, load_run, new_run_id
 from sparktop.bench.run import Run
 from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats, parse_slo
 from sparktop.clock import SYSTEM, Clock
+from sparktop.engine_ids import DEFAULT
 from sparktop.events import emitting
 
 if TYPE_CHECKING:
@@ -819,8 +820,9 @@ class Sweep:
         await self._setup_guard(session)
         engine = self.engine_names.get(s.endpoint) or ", ".join(dict.fromkeys(self.engine_names.values())) or None
         # vLLM's version where it says one (the field predates other engines); the engine by name beside it.
+        watched = [self._engines[s.endpoint]] if s.endpoint in self._engines else list(self._engines.values())
         version = (await self._get_json(session, "/version") or {}).get("version") if (
-            engine is None or engine.startswith("vLLM")) else None
+            not watched or watched[0].id == DEFAULT) else None  # `/version` is vLLM's
         self.latency = await self._latency(session)
         tokenizer = load_local_tokenizer(s.tokenizer) if s.tokenizer else None
         try:

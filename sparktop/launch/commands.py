@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from sparktop import engine_ids
 from sparktop.errors import ConfigError, SparktopError
 from sparktop.launch.catalog import discover, find_recipe, runtime_recipes
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
@@ -269,6 +270,12 @@ def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int
     return topologies, note
 
 
+def _base(runtime: str) -> bool:
+    """Whether the runtime's engine is the one the shared constants (and the stacks) are fitted to: vLLM."""
+    row = engine_ids.lookup(runtime)
+    return row is not None and row.base_model
+
+
 def _predict_stack(args, recipe, inventory, runtime: str) -> tuple[str | None, str | None]:
     """(the vLLM stack predicted, a note when it is assumed from an image no pattern knows): `--stack`,
     else the recipe's image (or the inventory's default image)."""
@@ -277,7 +284,7 @@ def _predict_stack(args, recipe, inventory, runtime: str) -> tuple[str | None, s
 
     stacks = load_stacks()
     asked = getattr(args, "stack", None)
-    if runtime != "vllm":
+    if not _base(runtime):
         if asked:
             raise SparktopError(f"predict: --stack chooses a vLLM build; {runtime} has its own constants")
         return None, None
@@ -307,10 +314,13 @@ def cmd_predict(args) -> int:
 
     recipe, card = _predict_subject(args)
     asked = getattr(args, "runtime", None)
-    if asked in ("tgi", "ollama"):  # engines sparktop does not launch, but watches: predicted when it can be
-        runtime = asked
+    from sparktop.model.runtimes import RUNTIMES as MODELLED
+
+    row = engine_ids.lookup(asked)
+    if row is not None and row.id not in RUNTIMES and row.id in MODELLED:
+        runtime = row.id  # an engine sparktop does not launch, but watches (TGI, Ollama): predicted when it can be
     else:
-        runtime = runtime_id(asked) if asked else (recipe.runtime if recipe else "vllm")
+        runtime = runtime_id(asked) if asked else (recipe.runtime if recipe else engine_ids.DEFAULT)
     launched = runtime in RUNTIMES  # a runtime sparktop launches has recipes and settings of its own
     if recipe is not None and launched and runtime != recipe.runtime:
         # The model as that runtime's own recipe serves it (its slots, its context), where there is one.
@@ -318,7 +328,7 @@ def cmd_predict(args) -> int:
             recipe = runtime_recipes(recipe, runtime, args.recipes)[runtime]
         except SparktopError:
             recipe = None
-    overrides = parse_sets(getattr(args, "set", None), runtime if launched else "vllm")
+    overrides = parse_sets(getattr(args, "set", None), runtime if launched else engine_ids.DEFAULT)
     inventory = load_inventory(args.inventory) if args.inventory else load_inventory()
     topologies, note = _predict_topologies(args, recipe, card, len(inventory.nodes))
     topologies, refused = _runtime_layouts(runtime, topologies)
@@ -356,7 +366,7 @@ def cmd_predict(args) -> int:
         # Only vLLM's and TensorRT-LLM's published figures span nodes: the others' link costs are vLLM's.
         far = f"{', '.join(spread)}: no published multi-node figures of {runtime}; extrapolated with vLLM's link model"
         note = f"{note}; {far}" if note else far
-    unsure = uncertainty(card) if runtime == "vllm" else ""  # the leave-one-model-out error is vLLM's fit's
+    unsure = uncertainty(card) if _base(runtime) else ""  # the leave-one-model-out error is vLLM's fit's
     used = (f"constants fitted to your measurements (study {', '.join(sources) or '?'})" if fitted is not None
             else f"the published constants ({FITTED.name}; `sparktop twin fit --runs STUDY` fits them to yours)")
     if args.json:
@@ -419,7 +429,7 @@ def _runtime_layouts(runtime: str, topologies: list[str]) -> tuple[list[str], li
 def runtime_model(runtime: str) -> str:
     """What `predict` says of the engine it models: vLLM, or another runtime fitted to its own published figures,
     or why it cannot model it."""
-    if runtime == "vllm":
+    if _base(runtime):
         return "vLLM (the constants above)"
     from sparktop.model.runtimes import CannotModel, describe
 

@@ -31,8 +31,9 @@ from typing import Any, cast
 
 from sparktop.engine_ids import DEFAULT
 from sparktop.errors import ConfigError
-from sparktop.launch.recipe import RESERVED_FLAGS, SECRET_NAMES, Recipe
+from sparktop.launch.recipe import SECRET_NAMES, Recipe
 from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
+from sparktop.launch.runtimes.base import number as _number
 from sparktop.yamlfile import line_of
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -56,101 +57,6 @@ def parse_community(doc: dict, path: Path) -> Recipe | None:
         return _sparkrun_v2(doc, path)
     raise ConfigError(str(path), line_of(doc, "recipe_version"), "recipe_version",
                       f"unknown recipe_version {version!r} (sparktop reads eugr's \"1\" and sparkrun's 2)")
-
-
-def split_vllm_command(argv: list[str]) -> tuple[str | None, dict[str, Any], list[str]]:
-    """`vllm serve MODEL --flag value --switch ...` -> (model, flags, extra args).
-
-    Flags the topology decides are dropped. A flag followed by another flag
-    (or nothing) is a switch."""
-    if len(argv) >= 2 and argv[0].endswith("vllm") and argv[1] == "serve":
-        argv = argv[2:]
-    elif argv and "api_server" in " ".join(argv[:3]):
-        argv = [a for a in argv if "api_server" not in a and a not in ("python", "python3", "-m")]
-    model = None
-    if argv and not argv[0].startswith("-"):
-        model, argv = argv[0], argv[1:]
-    flags: dict[str, Any] = {}
-    extra: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-"):
-            extra.append(arg)
-            i += 1
-            continue
-        name, eq, inline = arg.lstrip("-").partition("=")
-        takes_value = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        value: Any = inline if eq else (argv[i + 1] if takes_value else True)
-        i += 1 if eq or not takes_value else 2
-        flag = name.replace("_", "-")
-        if flag == "model" and isinstance(value, str):
-            model = model or value
-            continue
-        if flag in RESERVED_FLAGS or name in ("tp", "pp"):
-            continue
-        if "." in name or arg.startswith("-") and not arg.startswith("--"):
-            # -cc.cudagraph_mode=... and other short/dotted forms stay verbatim.
-            extra += [arg] if eq or value is True else [arg, str(value)]
-            continue
-        flags[name.replace("-", "_")] = _number(value)
-    return model, flags, extra
-
-
-def split_engine_command(argv: list[str], runtime: str) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
-    """An engine's command line -> (model, served name, the runtime's own flags, extra args), for
-    SGLang's `python3 -m sglang.launch_server ...`, `llama-server ...` and `trtllm-serve MODEL ...`."""
-    rt = runtime_for(runtime)
-    while argv and (argv[0] in rt.programs or argv[0].rsplit("/", 1)[-1] in rt.programs):
-        argv = argv[1:]
-    model = None
-    if rt.model_first and argv and not argv[0].startswith("-"):
-        model, argv = argv[0], argv[1:]
-    reserved = rt.reserved
-    flags: dict[str, Any] = {}
-    extra: list[str] = []
-    served = None
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-"):
-            extra.append(arg)
-            i += 1
-            continue
-        name, eq, inline = arg.lstrip("-").partition("=")
-        takes_value = not eq and i + 1 < len(argv) and not (argv[i + 1].startswith("-") and
-                                                            not _is_number(argv[i + 1]))
-        value: Any = inline if eq else (argv[i + 1] if takes_value else True)
-        i += 1 if eq or not takes_value else 2
-        key = rt.short_flags.get(name, name).replace("-", "_")  # `-c 8192` is `--ctx-size 8192`
-        if key in rt.model_flags:
-            model = model or str(value)
-            continue
-        if key in rt.served_flags:
-            served = str(value)
-            continue
-        if key in reserved:
-            continue
-        flags[key] = _number(value)
-    return model, served, flags, extra
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, str):
-        for kind in (int, float):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-    return value
 
 
 def _env(raw: Any, path: Path, doc: dict, key: str) -> dict[str, str]:
@@ -188,7 +94,7 @@ def _eugr_v1(doc: dict, path: Path) -> Recipe:
     except ValueError as exc:
         raise ConfigError(str(path), line_of(doc, "command"), "command",
                           f"cannot be split into arguments: {exc}") from None
-    model, flags, extra = split_vllm_command(argv)
+    model, served, flags, extra = runtime_for(DEFAULT).split_command(argv)  # eugr's recipes are vLLM's
     model = model or doc.get("model")
     if not model:
         raise ConfigError(str(path), line_of(doc, "command"), "command", "names no model (vllm serve MODEL)")
@@ -213,15 +119,11 @@ def _eugr_v1(doc: dict, path: Path) -> Recipe:
             recipe.port = int(cast(Any, defaults["port"]))  # a bad value raises, and is reported, below
         except (TypeError, ValueError):
             raise ConfigError(str(path), line_of(defaults, "port"), "defaults.port", "must be a port number") from None
-    if served := flags.pop("served_model_name", None):
-        recipe.served_model_name = str(served)
+    if served:
+        recipe.served_model_name = served
     return recipe
 
 
-# sparkrun's built-in defaults -> flags table, for recipes without a command.
-_SPARKRUN_FLAGS = ("port", "host", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
-                   "max_num_seqs", "served_model_name", "dtype", "quantization", "kv_cache_dtype")
-_SPARKRUN_SWITCHES = ("enforce_eager", "enable_prefix_caching", "trust_remote_code", "enable_auto_tool_choice")
 _DTYPE_BITS = {"bf16": 16, "fp16": 16, "float16": 16, "bfloat16": 16, "fp8": 8, "int8": 8, "mxfp4": 4.25,
                "nvfp4": 4.5, "int4": 4.25, "fp4": 4.5}
 _ENV_REF = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
@@ -263,21 +165,12 @@ def _sparkrun_v2(doc: dict, path: Path) -> Recipe:
             argv = shlex.split(command.replace("\\\n", " "))
         except ValueError as exc:
             raise ConfigError(str(path), line_of(doc, "command"), "command", f"cannot be split: {exc}") from None
-        if runtime == "vllm":
-            model, flags, extra = split_vllm_command(argv)
-        else:
-            model, served_flag, flags, extra = split_engine_command(argv, runtime)
-            if served_flag:
-                flags["served_model_name"] = served_flag
-    elif runtime == "vllm":
-        model = doc["model"]
-        flags = {k: _number(defaults[k]) for k in _SPARKRUN_FLAGS if k in defaults and k not in ("port", "host")}
-        flags.update({k: True for k in _SPARKRUN_SWITCHES if defaults.get(k) is True})
-        extra = []
+        model, served_flag, flags, extra = runtime_for(runtime).split_command(argv)
+        if served_flag:
+            flags["served_model_name"] = served_flag
     else:
         model = doc["model"]
-        table = runtime_for(runtime).sparkrun_defaults
-        flags = {table[k]: _number(v) for k, v in defaults.items() if k in table}
+        flags = runtime_for(runtime).sparkrun_flags(defaults)
         extra = []
     metadata = doc.get("metadata") or {}
     recipe = Recipe(id=path.stem, name=path.stem, model=str(doc["model"] or model), path=path, format="sparkrun-v2",

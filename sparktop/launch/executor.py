@@ -25,13 +25,13 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
+from sparktop.engine_ids import DEFAULT
 from sparktop.events import emitting
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.plan import Home, Plan, Step
-from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import ROUTER_KEY_ENV
-from sparktop.observe.engine_log import VLLM_LOG, LogPatterns, startup_state, strip_prefix
+from sparktop.observe.engine_log import LogPatterns, startup_state, strip_prefix
 from sparktop.observe.engines import by_id
 from sparktop.remote import Transport, TransportError
 
@@ -263,8 +263,9 @@ class Executor:
     @property
     def _log(self) -> LogPatterns:
         """How the plan's engine words its log."""
-        engine = by_id(runtime_for(self.plan.runtime).engine)
-        return engine.log if engine is not None else VLLM_LOG
+        engine = by_id(self.plan.runtime) or by_id(DEFAULT)
+        assert engine is not None  # observe knows DEFAULT's engine
+        return engine.log
 
     # -- logs ------------------------------------------------------------------
 

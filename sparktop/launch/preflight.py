@@ -368,7 +368,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
     from sparktop.model.perf import PerfModel
 
     runtime = runtime_for(plan.runtime)
-    serving, image = runtime.serving_flags(plan.flags), plan.image or inventory.defaults.image
+    serving, image = runtime.serving_flags(plan.flags), plan.image or inventory.defaults.image_for(runtime.id)
     util = _share(runtime, serving, recipe)
     max_model_len = serving.get("max_model_len")
     layout = parse_layout(plan.topology)

@@ -44,7 +44,7 @@ from typing import Any
 
 from sparktop.engine_ids import DEFAULT
 from sparktop.errors import ConfigError, SparktopError
-from sparktop.launch.runtimes import UnknownRuntime, runtime_for, runtime_id
+from sparktop.launch.runtimes import RUNTIMES, UnknownRuntime, runtime_for, runtime_id
 from sparktop.layouts import MAX_NODES, Layout, LayoutError, parse_layout
 from sparktop.model.cards import UnknownModel, find_card
 from sparktop.model.gguf import gguf_card, gguf_format
@@ -56,12 +56,11 @@ TOPOLOGIES = ("solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy")
 CLUSTER_TOPOLOGIES = ("cluster-ray", "cluster-mp")
 ROUTER_TOPOLOGIES = ("shuffle", "least-busy")
 
-# Decided by the topology and the inventory, never by a recipe.
-RESERVED_FLAGS = {
-    "host", "port", "tensor-parallel-size", "tp", "distributed-executor-backend", "nnodes", "node-rank",
-    "master-addr", "master-port", "headless", "model", "served-model-name", "data-parallel-size",
-    "pipeline-parallel-size",
-}
+# vLLM's flags the topology and the inventory decide, never a recipe (the launcher's extra args are vLLM's);
+# each runtime's own are its `reserved`.
+RESERVED_FLAGS = {r.replace("_", "-") for r in runtime_for(DEFAULT).reserved}
+# The recipe keys a runtime's flags go under: `args:`, and the keys of runtimes' own (vLLM's `vllm:`).
+FLAG_KEYS = ("args", *sorted({r.flags_key for r in RUNTIMES.values()} - {"args"}))
 SECRET_NAMES = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD|MASTER_KEY)$", re.I)
 FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
@@ -264,7 +263,7 @@ def _flag_map(raw, path, parent, key, where, runtime: str = DEFAULT) -> dict[str
     if not isinstance(raw, dict):
         raise _err(path, parent, key, where, "must be a mapping of flag: value")
     rt = runtime_for(runtime)
-    reserved = RESERVED_FLAGS if rt.id == "vllm" else {r.replace("_", "-") for r in rt.reserved}
+    reserved = {r.replace("_", "-") for r in rt.reserved}
     out = {}
     for name, value in raw.items():
         name_s = str(name).lstrip("-")
@@ -336,9 +335,7 @@ def parse_native(doc: dict, path: Path) -> Recipe:
             recipe.runtime = runtime_id(str(doc["runtime"]))
         except UnknownRuntime as exc:
             raise _err(path, doc, "runtime", "runtime", str(exc)) from None
-    if "vllm" in doc and recipe.runtime != "vllm":
-        raise _err(path, doc, "vllm", "vllm", f"a {recipe.runtime} recipe gives its flags under args:, in "
-                                              f"{runtime_for(recipe.runtime).name}'s own names")
+    _check_flag_keys(doc, path, recipe.runtime, "")
     if "config" in doc:
         if not runtime_for(recipe.runtime).options_file:
             raise _err(path, doc, "config", "config", "is an options file (TensorRT-LLM's); this recipe's runtime, "
@@ -353,7 +350,7 @@ def parse_native(doc: dict, path: Path) -> Recipe:
     recipe.quantization = str(doc["quantization"]) if doc.get("quantization") else None
     if "port" in doc:
         recipe.port = _int(doc["port"], path, doc, "port", "port", 1, 65535)
-    flags_key = "args" if "args" in doc else "vllm"
+    flags_key = "args" if "args" in doc else runtime_for(recipe.runtime).flags_key
     recipe.flags = _flag_map(doc.get(flags_key), path, doc, flags_key, flags_key, recipe.runtime)
     recipe.extra_args = _str_list(doc.get("extra_args"), path, doc, "extra_args", "extra_args")
     recipe.env = _str_map(doc.get("env"), path, doc, "env", "env")
@@ -383,7 +380,8 @@ def parse_native(doc: dict, path: Path) -> Recipe:
         if not isinstance(raw, dict):
             raise _err(path, overrides, topology, where, "must be a mapping")
         check_keys(raw, OVERRIDE_KEYS, path, where)
-        key_here = "args" if "args" in raw else "vllm"
+        _check_flag_keys(raw, path, recipe.runtime, f"{where}.")
+        key_here = "args" if "args" in raw else runtime_for(recipe.runtime).flags_key
         recipe.topologies[topology] = Override(
             flags=_flag_map(raw.get(key_here), path, raw, key_here, f"{where}.{key_here}", recipe.runtime),
             extra_args=_str_list(raw.get("extra_args"), path, raw, "extra_args", f"{where}.extra_args"),
@@ -398,12 +396,21 @@ def parse_native(doc: dict, path: Path) -> Recipe:
     for key in MEMORY_KEYS:
         if key in memory:
             setattr(recipe, key, _number(memory[key], path, memory, key, f"memory.{key}"))
-    reserved = RESERVED_FLAGS if recipe.runtime == "vllm" else {
-        r.replace("_", "-") for r in runtime_for(recipe.runtime).reserved} | runtime_for(recipe.runtime).reserved
+    own = runtime_for(recipe.runtime).reserved
+    reserved = {r.replace("_", "-") for r in own} | own
     for arg in recipe.extra_args:
         if arg.startswith("--") and arg[2:].split("=")[0] in reserved:
             raise _err(path, doc, "extra_args", "extra_args", f"{arg} is set by sparktop from the topology")
     return recipe
+
+
+def _check_flag_keys(raw: dict, path: Path, runtime: str, where: str) -> None:
+    """A runtime's own flags key (`vllm:`) in a recipe of another runtime is a mistake: its flags go under `args:`."""
+    rt = runtime_for(runtime)
+    for key in FLAG_KEYS:
+        if key in raw and key not in ("args", rt.flags_key):
+            raise _err(path, raw, key, f"{where}{key}", f"a {runtime} recipe gives its flags under args:, in "
+                                                        f"{rt.name}'s own names")
 
 
 def _plain(value: Any) -> Any:

@@ -91,8 +91,7 @@ class Builder:
         flags.update(overrides or {})
         self.flags, self.extra, self.env = flags, extra, env
         # The inventory's image is vLLM's unless it says otherwise: another runtime takes its own by default.
-        self.image = image or (inventory.defaults.image if self.runtime.id == "vllm" else
-                               inventory.defaults.images.get(self.runtime.id) or self.runtime.default_image)
+        self.image = image or inventory.defaults.image_for(self.runtime.id)
         self.port = port or recipe_port or inventory.defaults.port
         self.lid = lid or launch_id(recipe, topology, [n.name for n in nodes], self.port)
         self.state_dir = f"~/.local/state/sparktop/launches/{self.lid}"

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparktop import engine_ids
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, UnknownModel, find_card
 from sparktop.model.constants import DEFAULT_CONSTANTS, STACK_FACTOR_FIELDS, STACK_FACTOR_RANGE, Constants
@@ -98,7 +99,7 @@ class Cell:
     concurrency: int
     published: float | None  # None: the source reports it failed (out of memory)
     source: str = ""
-    engine: str = "vllm"
+    engine: str = engine_ids.DEFAULT  # engine_ids' id (the figure's name when no row has it)
     workload: tuple = ("llama-benchy", 1024, 128, 0)  # (tool, input, output, requests)
     serving: Serving = Serving()
     quant: str = ""  # the figure's checkpoint format when it differs from the card's
@@ -108,7 +109,8 @@ class Cell:
 
     @property
     def fitted(self) -> bool:
-        return self.engine == "vllm"
+        row = engine_ids.lookup(self.engine)
+        return row is not None and row.base_model
 
 
 # -- the reference files ---------------------------------------------------------------
@@ -177,7 +179,8 @@ def _more_cells(path: Path, skipped: list[str] | None = None) -> list[Cell]:
     for i, fig in enumerate(data.get("figures") or []):
         where = f"{path.name} figure {i + 1} ({fig.get('source')}, {fig.get('model')})"
         src = sources.get(fig.get("source"), {})
-        engine = str(fig.get("engine") or src.get("engine") or "vllm").lower()
+        engine = str(fig.get("engine") or src.get("engine") or engine_ids.DEFAULT).lower()
+        engine = row.id if (row := engine_ids.lookup(engine)) is not None else engine
         if fig.get("suspect"):
             skip(where, "marked suspect by its source")
             continue

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparktop import engine_ids
 from sparktop.bench.compare import Metric, crossovers
 from sparktop.bench.run import Run
 from sparktop.layouts import order
@@ -49,10 +50,16 @@ class Row:
 ServingFor = Callable[[str], Serving]
 
 
+def _base(runtime: str | None) -> bool:
+    """Whether `runtime` is none (a recipe without one) or the engine the shared constants are (vLLM)."""
+    row = engine_ids.lookup(runtime)
+    return not runtime or (row is not None and row.base_model)
+
+
 def runtime_constants(runtime: str | None, k: Constants) -> Constants | None:
     """The constants of a runtime's engine (vLLM's are the fitted ones); None: the model cannot say
     (`model.runtimes` has no published figures of it)."""
-    if runtime in (None, "", "vllm"):
+    if runtime is None or _base(runtime):
         return k
     from sparktop.model.runtimes import CannotModel, constants_for
 
@@ -65,7 +72,7 @@ def runtime_constants(runtime: str | None, k: Constants) -> Constants | None:
 def card_for_runtime(card: ModelCard, runtime: str | None) -> ModelCard:
     """The card as `runtime` runs the checkpoint: its own layout of the tensors (llama.cpp's gpt-oss GGUF
     keeps all but the experts in Q8_0), not the kernel path of vLLM's Spark image (`mxfp4-spark`)."""
-    if runtime in (None, "", "vllm"):
+    if runtime is None or _base(runtime):
         return card
     from sparktop.model.runtimes import runtime_card
 

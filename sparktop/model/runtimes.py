@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sparktop import engine_ids
 from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, find_card
 from sparktop.model.constants import CAPPED, FACTOR_FIELDS, Constants, apply_factors
@@ -75,14 +76,6 @@ class CannotModel(SparktopError):
     """A runtime the performance model has no published figures for."""
 
 
-# Ids as sparktop's recipes name the runtimes, and the names people write.
-RUNTIMES = ("vllm", "sglang", "llama-cpp", "trtllm", "ollama", "tgi")
-NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama-cpp": "llama.cpp", "trtllm": "TensorRT-LLM", "ollama": "Ollama",
-         "tgi": "TGI"}
-ALIASES = {"llama.cpp": "llama-cpp", "llamacpp": "llama-cpp", "llama_cpp": "llama-cpp", "llama-server": "llama-cpp",
-           "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "trt-llm": "trtllm", "trt_llm": "trtllm",
-           "text-generation-inference": "tgi"}
-
 # The simplex stays inside it: past it a factor would stand for another
 # engine, not another kernel. The floor still leaves an overhead of tens of
 # microseconds per step (a CUDA graph's launch), never none.
@@ -92,7 +85,7 @@ FACTOR_RANGE = (0.01, 20.0)
 KNOBS: dict[str, tuple[str, ...]] = {
     # 180 figures: one sequence at depths to 32K (attention), batches of 1-32
     # (bandwidth and GEMMs), prefill of 2K-8K prompts, models of 3-12B active.
-    "llama-cpp": ("bandwidth", "gemm", "attention", "overhead"),  # first: Ollama shares its overhead
+    "llama.cpp": ("bandwidth", "gemm", "attention", "overhead"),  # first: Ollama shares its overhead
     # 10 figures, 2K contexts, one source's batches: no depth to see attention
     # by, and no small model to tell overheads from bandwidth.
     "sglang": ("bandwidth", "gemm"),
@@ -107,8 +100,11 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "ollama": ("bandwidth",),
 }
 # Factors a runtime takes from another's fit: {runtime: {factor: from runtime}}.
-SHARED: dict[str, dict[str, str]] = {"ollama": {"overhead": "llama-cpp"}}
+SHARED: dict[str, dict[str, str]] = {"ollama": {"overhead": "llama.cpp"}}
 NO_FIGURES = ("tgi",)
+# The engines the model knows (engine_ids' ids, in its order): the one its shared constants are, those fitted
+# to their own figures, and those with none yet.
+RUNTIMES = tuple(r.id for r in engine_ids.ROWS if r.base_model or r.id in KNOBS or r.id in NO_FIGURES)
 
 # How a runtime stores a checkpoint where it differs from the scheme's default
 # layout (`Quantization.of`): {(runtime, scheme): parts in their own format}.
@@ -118,7 +114,7 @@ LAYOUTS: dict[tuple[str, str], dict[str, str]] = {
     # 59.3 (the card counts the embedding table in BF16). In the HF layout
     # (BF16 attention and unembedding) the 120b's roofline is 54.6 t/s, below
     # the 58.7 t/s llama.cpp publishes.
-    ("llama-cpp", "mxfp4"): {"linear": "q8_0", "attention": "q8_0", "lm_head": "q8_0"},
+    ("llama.cpp", "mxfp4"): {"linear": "q8_0", "attention": "q8_0", "lm_head": "q8_0"},
     # SGLang's `spark` branch: only the experts in MXFP4; QKV, O-projection and
     # lm_head in FP8 (community code-reading notes of that branch).
     ("sglang", "mxfp4"): {"attention": "fp8", "lm_head": "fp8"},
@@ -133,16 +129,25 @@ TOOLS = ("llama-bench", "llama-batched-bench", "lockstep", "single-stream")
 
 
 def runtime_id(name: str) -> str:
-    """The runtime's id (`llama.cpp` -> `llama-cpp`); CannotModel for one sparktop does not know."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in RUNTIMES:
+    """The engine's id (`llama-cpp` -> `llama.cpp`, as engine_ids has it); CannotModel for one the model does
+    not know."""
+    row = engine_ids.lookup(name)
+    if row is None or row.id not in RUNTIMES:
         raise CannotModel(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
-    return key
+    return row.id
+
+
+def _name(rt: str) -> str:
+    return engine_ids.get(rt).name
+
+
+def _base(rt: str) -> bool:
+    """Whether `rt` is the engine the shared constants are (vLLM): its constants are `k` itself."""
+    return engine_ids.get(rt).base_model
 
 
 def _modelled() -> str:
-    names = [NAMES[r] for r in RUNTIMES if r not in NO_FIGURES]
+    names = [_name(r) for r in RUNTIMES if r not in NO_FIGURES]
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -238,26 +243,42 @@ def runtime_card(runtime: str, card: ModelCard, scheme: str | None = None) -> Mo
     return replace(card, quant=quant, measured_weights_gib=None)
 
 
+def _engine(name: str) -> str:
+    row = engine_ids.lookup(name)
+    return row.id if row is not None else name
+
+
+def _normalised(data: dict) -> dict:
+    """The stored fit with its runtimes under engine_ids' ids (a file written as `llama-cpp` still reads)."""
+    runtimes = data.get("runtimes")
+    if isinstance(runtimes, dict):
+        data["runtimes"] = {
+            _engine(rt): ({**entry, "shared": {k: _engine(v) for k, v in entry["shared"].items()}}
+                          if isinstance(entry, dict) and isinstance(entry.get("shared"), dict) else entry)
+            for rt, entry in runtimes.items()}
+    return data
+
+
 def _stored() -> dict:
     if not FACTORS.exists():
         return {}
-    return json.loads(FACTORS.read_text())
+    return _normalised(json.loads(FACTORS.read_text()))
 
 
 # How a runtime runs that no figure fits: llama.cpp spreads layers over nodes with rpc-server, and a step
 # goes through them one after another (no micro-batches in flight, unlike vLLM's pipeline parallel).
-TRAITS: dict[str, dict[str, Any]] = {"llama-cpp": {"pipeline_overlap": False}, "ollama": {"pipeline_overlap": False}}
+TRAITS: dict[str, dict[str, Any]] = {"llama.cpp": {"pipeline_overlap": False}, "ollama": {"pipeline_overlap": False}}
 
 
 def constants_for(runtime: str, k: Constants) -> Constants:
     """The constants of `runtime`: vLLM's (`k`) scaled by its fitted factors;
     `k` itself for vLLM. CannotModel for a runtime with no published figures."""
     rt = runtime_id(runtime)
-    if rt == "vllm":
+    if _base(rt):
         return k
     entry = (_stored().get("runtimes") or {}).get(rt)
     if rt in NO_FIGURES or entry is None:
-        raise CannotModel(f"no published DGX Spark figures for {NAMES[rt]}: predict models {_modelled()}")
+        raise CannotModel(f"no published DGX Spark figures for {_name(rt)}: predict models {_modelled()}")
     return replace(apply_factors(k, entry["factors"]), **TRAITS.get(rt, {}))
 
 
@@ -265,7 +286,7 @@ def fitted_over_nodes(runtime: str) -> bool:
     """Whether the runtime's constants were fitted to figures of engines over several nodes (vLLM's to its
     two-node articles): otherwise its multi-node predictions rest on vLLM's link model alone."""
     rt = runtime_id(runtime)
-    if rt == "vllm":
+    if _base(rt):
         return True
     if rt in NO_FIGURES:
         return False
@@ -280,7 +301,7 @@ def _pct(x: float) -> str:
 def describe(runtime: str) -> str:
     """One line for `predict` to print: what the runtime's constants rest on, and how far off they are."""
     rt = runtime_id(runtime)
-    if rt == "vllm":
+    if _base(rt):
         fit = load_fit_summary().get("fit") or {}
         errs = ", ".join(f"{label} {_pct(fit[key])}" for key, label in (("mape_decode_tps", "decode"),
                                                                       ("mape_prefill_tps", "prefill"))
@@ -289,11 +310,11 @@ def describe(runtime: str) -> str:
                 f"({FITTED.name})" + (f": {errs} mean error" if errs else ""))
     entry = (_stored().get("runtimes") or {}).get(rt)
     if rt in NO_FIGURES or entry is None:
-        return f"{NAMES[rt]}: no published DGX Spark figures; predict models {_modelled()}"
+        return f"{_name(rt)}: no published DGX Spark figures; predict models {_modelled()}"
     errs = entry["mean_error"]
     parts = ", ".join(f"{kind} {_pct(errs[kind])}" for kind in ("decode", "prefill") if kind in errs)
     shared = entry.get("shared") or {}
-    factors = ", ".join(f"{name} x{v:.2f}" + (f" (from {NAMES[shared[name]]})" if name in shared else "")
+    factors = ", ".join(f"{name} x{v:.2f}" + (f" (from {_name(shared[name])})" if name in shared else "")
                         for name, v in entry["factors"].items())
     # The card the runtime's figures fit worst, where it is far from the mean.
     worst = ""
@@ -303,7 +324,7 @@ def describe(runtime: str) -> str:
         err, card, kind = max(cards)
         if err > max(0.3, 1.5 * errs.get(kind, 0.0)):
             worst = f"; worst {card}, {kind} {_pct(err)}"
-    return (f"{NAMES[rt]}: fitted to {entry['figures']} of its published DGX Spark figures "
+    return (f"{_name(rt)}: fitted to {entry['figures']} of its published DGX Spark figures "
             f"({'; '.join(entry['sources'])}): {parts} mean error{worst} (vLLM's constants x {factors})")
 
 
@@ -438,8 +459,8 @@ def _shared(runtime: str, fitted: dict[str, dict[str, float]] | None = None) -> 
     for name, other in SHARED.get(runtime, {}).items():
         src = (fitted or {}).get(other) or ((_stored().get("runtimes") or {}).get(other) or {}).get("factors") or {}
         if name not in src:
-            raise CannotModel(f"{NAMES[runtime]} takes its {name} factor from {NAMES[other]}'s fit: fit "
-                              f"{NAMES[other]} first (python -m sparktop.model.runtimes --fit {other} {runtime})")
+            raise CannotModel(f"{_name(runtime)} takes its {name} factor from {_name(other)}'s fit: fit "
+                              f"{_name(other)} first (python -m sparktop.model.runtimes --fit {other} {runtime})")
         out[name] = src[name]
     return out
 
@@ -453,7 +474,7 @@ def fit_runtime(runtime: str, iterations: int = 90, base: Constants | None = Non
     `fitted`: other runtimes' factors fitted in the same run (`SHARED`)."""
     rt = runtime_id(runtime)
     if rt not in KNOBS:
-        raise CannotModel(f"no published DGX Spark figures for {NAMES[rt]} to fit"
+        raise CannotModel(f"no published DGX Spark figures for {_name(rt)} to fit"
                           + ("" if rt in NO_FIGURES else " (vLLM is fitted by `sparktop.model.fit`)"))
     t0 = time.monotonic()
     base = base or load_constants()
@@ -495,7 +516,7 @@ def report(runtime: str, factors: dict[str, float], base: Constants, figures: Se
                 above.append(f"{r.figure.label()}: {decode_rate(r.figure, r.figure.value):,.1f} published, "
                              f"roofline {roof:,.1f} ({r.figure.where})")
     out: dict[str, Any] = {
-        "name": NAMES[rt],
+        "name": _name(rt),
         "factors": factors,
         "multiplies": {n: list(FACTOR_FIELDS[n]) for n in factors},
         "shared": {n: other for n, other in SHARED.get(rt, {}).items() if n in factors},
@@ -538,7 +559,7 @@ def table(entry: dict[str, Any]) -> str:
 
 def save(entries: dict[str, dict[str, Any]], base: Constants, path: Path = FACTORS) -> None:
     """Write the fitted factors (merged into what the file already holds for other runtimes)."""
-    data = json.loads(path.read_text()) if path.exists() else {}
+    data = _normalised(json.loads(path.read_text())) if path.exists() else {}
     runtimes = data.get("runtimes") or {}
     for rt, entry in entries.items():
         runtimes[rt] = {key: v for key, v in entry.items() if key != "rows"}
@@ -546,7 +567,7 @@ def save(entries: dict[str, dict[str, Any]], base: Constants, path: Path = FACTO
         "about": ("Multipliers on vLLM's fitted constants (fitted-constants.json) per serving runtime, fitted to "
                   "published-runtimes.yaml by `python -m sparktop.model.runtimes --fit`"),
         "base_constants": {name: getattr(base, name) for name in GLOBAL},
-        "no_figures": {rt: f"no published DGX Spark figures for {NAMES[rt]}" for rt in NO_FIGURES},
+        "no_figures": {rt: f"no published DGX Spark figures for {_name(rt)}" for rt in NO_FIGURES},
         "runtimes": {rt: runtimes[rt] for rt in RUNTIMES if rt in runtimes},
     }
     path.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
@@ -574,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             stored = (_stored().get("runtimes") or {}).get(rt)
             if stored is None:
-                print(f"{NAMES[rt]}: not fitted yet (python -m sparktop.model.runtimes --fit {rt})", file=sys.stderr)
+                print(f"{_name(rt)}: not fitted yet (python -m sparktop.model.runtimes --fit {rt})", file=sys.stderr)
                 continue
             entry = report(rt, stored["factors"], base)
         entries[rt] = entry

@@ -167,7 +167,7 @@ def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list
         topologies=entries, levels=list(levels), runs=runs, pp=pp, tg=tg,
         extra_body=dict(extra_body), overrides=dict(overrides), recipe_path=str(recipe.path),
         card=card.name if card is not None else None, inventory=inventory_path, nodes=list(nodes or []),
-        image=recipe.image or inventory.defaults.image,
+        image=recipe.image or inventory.defaults.image_for(recipe.runtime),
         **(load or {}),  # rates, slo, find_max_rate, arrivals, requests, duration, depths, prefix_cache
     )
     k, key = constants_for_inventory(inventory)

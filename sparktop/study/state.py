@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from sparktop import engine_ids
 from sparktop.errors import SparktopError
 
 STUDY = "study.json"
@@ -184,6 +185,9 @@ class Study:
     def from_dict(cls, data: dict, path: Path | None = None) -> Study:
         known = {f.name for f in fields(TopologyState)}
         tops = [TopologyState(**{k: v for k, v in t.items() if k in known}) for t in data.get("topologies", [])]
+        for t in tops:  # by engine_ids' id: a study written as `llama-cpp` (before llama.cpp was its id) resumes
+            if t.runtime and (row := engine_ids.lookup(t.runtime)) is not None:
+                t.runtime = row.id
         names = {f.name for f in fields(cls)} - {"topologies", "path"}
         return cls(topologies=tops, path=path, **{k: v for k, v in data.items() if k in names})
 

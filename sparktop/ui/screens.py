@@ -15,7 +15,7 @@ from textual.screen import ModalScreen, Screen
 from textual.strip import Strip
 from textual.widgets import Footer, Static
 
-from sparktop.engine_ids import is_router
+from sparktop.engine_ids import KNOWN_ENGINES, is_router, listing
 from sparktop.observe.snapshot import EngineSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.ui import charts
@@ -204,8 +204,8 @@ class MonitorScreen(LiveScreen):
         self._cluster_chart(state, len(nodes), len(engines))
         empty = self.query_one("#empty", Static)
         if not state.engines:
-            empty.update(Text("No engines yet: sparktop looks for vLLM, SGLang, llama.cpp, TensorRT-LLM, Ollama "
-                              "and TGI in every node's containers and processes, and on port 8000; add one "
+            empty.update(Text(f"No engines yet: sparktop looks for {listing([e.name for e in KNOWN_ENGINES])} "
+                              "in every node's containers and processes, and on port 8000; add one "
                               "with --engine URL.", style="dim"))
             empty.display = True
         else:

@@ -139,7 +139,7 @@ def test_a_study_of_one_model_on_vllm_and_llama_cpp_names_a_winner(tmp_path_fact
         (study_dir,) = [p for p in studies.iterdir() if (p / "study.json").exists()]
         study = json.loads((study_dir / "study.json").read_text())
         assert [(t["name"], t["runtime"], t["status"]) for t in study["topologies"]] == [
-            ("vLLM solo", "vllm", "done"), ("llama.cpp solo", "llama-cpp", "done")]
+            ("vLLM solo", "vllm", "done"), ("llama.cpp solo", "llama.cpp", "done")]
         report = json.loads(sparktop(lab, "report", study_dir.name, "--json").stdout)
         print(f"two-engine study wall time {wall:.0f} s")
         (decode,) = [t for t in report["tables"] if t["key"] == "tg_tps_total"]

@@ -45,14 +45,17 @@ def test_every_id_any_layer_used_resolves_and_llama_cpp_is_canonical():
     assert engine_ids.runtime_id("llama-cpp") == "llama.cpp" and engine_ids.get("llama.cpp").sparkrun == "llama-cpp"
 
 
-def test_the_live_alias_maps_agree_with_the_table():
-    """While launch and model keep maps of their own, each alias resolves where the table says."""
+def test_no_layer_keeps_an_alias_map_of_its_own():
+    """launch, model and the twin read every name from the table: none keeps a map beside it."""
     from sparktop.launch import runtimes as launch
     from sparktop.model import runtimes as model
+    from sparktop.twin import dialects
 
-    for table in (getattr(launch, "ALIASES", {}), getattr(model, "ALIASES", {})):
-        for alias, target in table.items():
-            assert engine_ids.runtime_id(alias) == engine_ids.runtime_id(target), alias
+    assert not hasattr(launch, "ALIASES") and not hasattr(model, "ALIASES") and not hasattr(model, "NAMES")
+    assert not hasattr(dialects, "RUNTIME_ALIASES")
+    for old in (OLD_LAUNCH, OLD_MODEL):
+        for alias in old:
+            assert model.runtime_id(alias) == engine_ids.runtime_id(alias), alias
 
 
 def test_names_are_unique_and_lookups_forgive_case_and_spaces():
@@ -85,7 +88,7 @@ def test_the_three_special_ids():
 def test_every_seams_engine_is_a_row():
     ids = {r.id for r in ROWS}
     assert {e.id for e in (*ENGINES, engines.GENERIC)} == ids  # observe knows every engine there is
-    assert {r.engine for r in RUNTIMES.values()} <= ids
+    assert set(RUNTIMES) <= ids and all(key == r.id for key, r in RUNTIMES.items())
     assert set(DIALECTS) <= ids
     # observe's recognition order is the table's
     assert [e.id for e in ENGINES] == [r.id for r in ROWS if r.id != GENERIC]
@@ -121,11 +124,23 @@ def test_each_rows_programs_and_default_image_are_recognised_as_it():
             assert found_image is not None and found_image.id == row.id, row.default_image
 
 
-def test_launch_runtimes_name_the_rows_engine():
+def test_launch_runtimes_read_their_identity_from_the_row():
+    from sparktop.launch.runtimes import UnknownRuntime, runtime_id
+
     for runtime in RUNTIMES.values():
         row = engine_ids.get(runtime.id)
-        assert row.id == runtime.engine and row.name == runtime.name
-        assert not runtime.default_image or row.default_image == runtime.default_image or row.id == DEFAULT
+        assert type(runtime).row is row and not hasattr(runtime, "engine")
+        assert (runtime.id, runtime.name, runtime.default_image) == (row.id, row.name, row.default_image)
+        for alias in row.aliases:
+            assert runtime_id(alias) == row.id and runtime_id(alias.upper()) == row.id
+    assert runtime_id("llama-cpp") == "llama.cpp" and runtime_id(" LLAMA.CPP ") == "llama.cpp"
+    with pytest.raises(UnknownRuntime, match=r"^tgi is not a runtime sparktop launches \(vllm, sglang, llama-cpp, "
+                                             r"trtllm\)$"):
+        runtime_id("tgi")
+    with pytest.raises(UnknownRuntime, match="text-generation-inference is TGI, not a runtime sparktop launches"):
+        runtime_id("text-generation-inference")
+    with pytest.raises(UnknownRuntime, match="mlc is not a runtime sparktop launches"):
+        runtime_id("mlc")
 
 
 def test_twin_dialects_read_their_identity_from_the_row():
@@ -146,3 +161,66 @@ def test_process_titles_make_the_same_process_pattern():
 
     assert engines.PROCESS_TITLES == ("VLLM::",) and engines.title_pattern() == "^VLL[M]::"
     assert engines.process_pattern() + r"|^VLL[M]::|(^|/)sparkto[p]$" == SERVER_ARG  # as it was written out
+
+
+def test_inventory_images_are_keyed_by_engine_id_and_a_misspelt_key_is_an_error(tmp_path):
+    from sparktop import settings
+    from sparktop.errors import ConfigError
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [spark-a]\ndefaults:\n  images:\n    llama-cpp: my/llama:1\n    trt-llm: my/trt:2\n")
+    defaults = settings.load_inventory(path).defaults
+    assert defaults.images == {"llama.cpp": "my/llama:1", "trtllm": "my/trt:2"}
+    assert defaults.image_for("llama-cpp") == defaults.image_for("llama.cpp") == "my/llama:1"
+    assert defaults.image_for("sglang") == engine_ids.get("sglang").default_image  # the row's where none is given
+    assert defaults.image_for(DEFAULT) == defaults.image == engine_ids.get(DEFAULT).default_image
+    path.write_text("nodes: [spark-a]\ndefaults:\n  images:\n    sglang: my/sglang:1\n    llamma-cpp: x\n")
+    with pytest.raises(ConfigError) as info:
+        settings.load_inventory(path)
+    assert (info.value.line, info.value.key) == (5, "defaults.images.llamma-cpp")
+    assert "names no engine sparktop knows (vllm, sglang, llama-cpp, trtllm)" in str(info.value)
+
+
+def test_a_study_written_with_the_old_launch_id_resumes_under_the_engine_id():
+    from sparktop.study.state import Study
+
+    study = Study.from_dict({"id": "s", "recipe": "r", "model": "m", "levels": [1], "topologies": [
+        {"name": "vLLM solo", "layout": "solo", "runtime": "vllm"},
+        {"name": "llama.cpp solo", "layout": "solo", "runtime": "llama-cpp"}, {"name": "solo"}]})
+    assert [t.runtime for t in study.topologies] == ["vllm", "llama.cpp", ""]
+
+
+def test_a_stored_fit_written_under_the_old_model_id_reads_under_the_engine_id():
+    from sparktop.model import runtimes
+
+    old = {"runtimes": {"llama-cpp": {"factors": {"overhead": 2.0}},
+                        "ollama": {"factors": {"overhead": 2.0}, "shared": {"overhead": "llama-cpp"}}}}
+    assert runtimes._normalised(old)["runtimes"] == {
+        "llama.cpp": {"factors": {"overhead": 2.0}},
+        "ollama": {"factors": {"overhead": 2.0}, "shared": {"overhead": "llama.cpp"}}}
+    assert "llama.cpp" in runtimes._stored()["runtimes"]
+
+
+def test_a_runtimes_own_flags_key_in_another_runtimes_recipe_is_an_error(tmp_path):
+    from sparktop.errors import ConfigError
+    from sparktop.launch.catalog import load_recipe_file
+
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nmodel: m\nruntime: sglang\ntopologies:\n  solo:\n    vllm: {max_num_seqs: 4}\n")
+    with pytest.raises(ConfigError, match="topologies.solo.vllm: a sglang recipe gives its flags under args:"):
+        load_recipe_file(path)
+    path.write_text("name: r\nmodel: m\nruntime: llama-cpp\nvllm: {max_num_seqs: 4}\n")
+    with pytest.raises(ConfigError, match="vllm: a llama.cpp recipe gives its flags under args:, in llama.cpp's"):
+        load_recipe_file(path)
+    path.write_text("name: r\nmodel: m\nvllm: {max_num_seqs: 4}\ntopologies:\n  solo:\n    vllm: {max_num_seqs: 8}\n")
+    recipe = load_recipe_file(path)
+    assert recipe.flags == {"max_num_seqs": 4} and recipe.topologies["solo"].flags == {"max_num_seqs": 8}
+
+
+def test_spark_arena_files_carry_sparkruns_name_and_read_back_as_the_id():
+    from sparktop.bench.arena import _engine_id, _sparkrun_name
+
+    assert _sparkrun_name("llama.cpp") == _sparkrun_name("llama-cpp") == "llama-cpp"
+    assert _sparkrun_name("vllm") == "vllm" and _sparkrun_name("mlc") == "mlc" and _sparkrun_name(None) is None
+    assert _engine_id("llama-cpp") == "llama.cpp" and _engine_id("vllm-distributed") == "vllm"
+    assert _engine_id("mlc") == "mlc" and _engine_id(None) is None

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from sparktop import engine_ids
 from sparktop.errors import SparktopError
 from sparktop.model import runtimes
 from sparktop.model.cards import find_card
@@ -59,7 +60,7 @@ def _decode(runtime: str, card: str, scheme: str, k, c: int = 1, pp: int = 2048,
 
 
 def test_runtime_ids_and_aliases():
-    assert runtimes.runtime_id("llama.cpp") == "llama-cpp"
+    assert runtimes.runtime_id("llama-cpp") == runtimes.runtime_id("llama.cpp") == "llama.cpp"
     assert runtimes.runtime_id("TensorRT-LLM") == "trtllm"
     assert runtimes.runtime_id("sglang") == "sglang"
     with pytest.raises(CannotModel, match="unknown runtime 'mlc'"):
@@ -81,9 +82,9 @@ def test_a_runtime_without_figures_cannot_be_modelled():
 
 
 def test_describe_is_one_line_per_runtime(stored):
-    for rt in runtimes.RUNTIMES:
+    for rt in runtimes.RUNTIMES:  # derived from engine_ids
         line = describe(rt)
-        assert "\n" not in line and line.startswith(runtimes.NAMES[rt])
+        assert "\n" not in line and line.startswith(engine_ids.get(rt).name)
     for rt in FITTED_RUNTIMES:
         entry = stored["runtimes"][rt]
         assert f"fitted to {entry['figures']} of its published DGX Spark figures" in describe(rt)
@@ -212,11 +213,11 @@ def test_every_figure_names_its_source_card_and_quote():
         assert f.quote, f.label()
         find_card(f.card)
         runtimes.runtime_quant(f.runtime, f.quant)
-        if f.runtime == "llama-cpp":
+        if f.runtime == "llama.cpp":
             assert re.fullmatch(r"benches/[\w/-]+\.md:\d+", f.where), f.where
             assert f"{f.value:.2f}" in f.quote, f.label()
     counts = {rt: sum(1 for f in figures if f.runtime == rt) for rt in FITTED_RUNTIMES}
-    assert counts == {"llama-cpp": 184, "sglang": 10, "trtllm": 10, "ollama": 12}
+    assert counts == {"llama.cpp": 184, "sglang": 10, "trtllm": 10, "ollama": 12}
 
 
 # -- what each source says ------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def test_llama_cpp_gpt_oss_120b_tg32_matches_its_published_figure(stored, base):
     assert f.value == pytest.approx(58.72)
     value, _ = runtimes.predicted(f, constants_for("llama-cpp", base))
     assert value is not None
-    assert abs(value / f.value - 1) <= stored["runtimes"]["llama-cpp"]["mean_error"]["decode"]
+    assert abs(value / f.value - 1) <= stored["runtimes"]["llama.cpp"]["mean_error"]["decode"]
 
 
 def test_trtllm_nvfp4_outruns_sglang_fp8_on_llama_8b_at_one_user(base):

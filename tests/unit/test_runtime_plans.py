@@ -48,7 +48,7 @@ def test_llama_cpp_over_two_nodes_runs_an_rpc_server_first_and_names_it_with_rpc
     assert args[args.index("--alias") + 1] == "gpt-oss-120b"
     assert "LLAMA_CACHE=/root/.cache/huggingface/llama.cpp" in head.command  # -hf downloads land in the HF cache
     (endpoint,) = plan.endpoints
-    assert (endpoint.kind, endpoint.topology, plan.runtime) == ("llama.cpp", "pp=2", "llama-cpp")
+    assert (endpoint.kind, endpoint.topology, plan.runtime) == ("llama.cpp", "pp=2", "llama.cpp")
 
 
 def test_llama_cpp_refuses_tensor_parallel_across_nodes_and_says_what_it_does_instead():
@@ -113,7 +113,7 @@ def test_sparkrun_recipes_of_every_runtime_are_read_as_they_are():
     assert (sglang.runtime, sglang.served_name) == ("sglang", "qwen3-1.7b")
     assert sglang.flags == {"mem_fraction_static": 0.3, "reasoning_parser": "deepseek-r1", "trust_remote_code": True}
     llama = load_recipe_file(FIX / "qwen3-1.7b-llama-cpp.yaml")
-    assert (llama.runtime, llama.model, llama.solo_only) == ("llama-cpp", "Qwen/Qwen3-1.7B-GGUF:Q8_0", True)
+    assert (llama.runtime, llama.model, llama.solo_only) == ("llama.cpp", "Qwen/Qwen3-1.7B-GGUF:Q8_0", True)
     assert llama.flags["ctx_size"] == 8192 and llama.flags["flash_attn"] == "on"
     big = load_recipe_file(FIX / "qwen3.5-397b-gguf-q3km-llama-cpp.yaml")
     assert big.cluster_only and big.why_not_layout(parse_layout("pp=2"), 2) is None

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sparktop import engine_ids
+from sparktop.engine_ids import EngineId
 from sparktop.layouts import Layout
 
 if TYPE_CHECKING:
@@ -25,10 +27,13 @@ if TYPE_CHECKING:
 
 
 class Runtime:
-    id: ClassVar[str] = "vllm"  # as a recipe names it (`runtime: llama-cpp`)
-    engine: ClassVar[str] = "vllm"  # as `observe.engines` names what answers (the endpoint's kind)
-    name: ClassVar[str] = "vLLM"
-    default_image: ClassVar[str] = ""  # when neither the recipe nor the inventory names one
+    # The engine it starts: its row of `engine_ids`, which sets the three below (a subclass names its own row).
+    row: ClassVar[EngineId] = engine_ids.get(engine_ids.DEFAULT)
+    # engine_ids' id: a plan's runtime, the endpoint's kind, what answers (a recipe may say `runtime: llama-cpp`)
+    id: ClassVar[str] = row.id
+    name: ClassVar[str] = row.name
+    default_image: ClassVar[str] = row.default_image  # when neither the recipe nor the inventory names one
+    flags_key: ClassVar[str] = "args"  # the recipe key its flags go under (`args:`; vLLM's also `vllm:`)
     weights: ClassVar[str] = "hf"  # what preflight looks for: a Hugging Face repo's snapshot, or "gguf" files
     flag_sep: ClassVar[str] = "-"  # `--max-num-seqs` (vLLM, SGLang, llama.cpp) or `--max_batch_size` (TensorRT-LLM)
     # Flags the layout and the inventory decide (underscored names): refused in a recipe.
@@ -61,6 +66,53 @@ class Runtime:
     sparkrun_defaults: ClassVar[dict[str, str]] = {}
     # sparkrun's `defaults:` keys that go in its options file (TensorRT-LLM): key -> (section, name).
     sparkrun_config: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.id, cls.name, cls.default_image = cls.row.id, cls.row.name, cls.row.default_image
+
+    # -- someone else's recipe (sparkrun's, eugr's) ------------------------------------
+
+    def split_command(self, argv: list[str]) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
+        """Its server's command line -> (model, served name, its own flags, extra args), for SGLang's
+        `python3 -m sglang.launch_server ...`, `llama-server ...` and `trtllm-serve MODEL ...`; flags the
+        layout decides are dropped."""
+        while argv and (argv[0] in self.programs or argv[0].rsplit("/", 1)[-1] in self.programs):
+            argv = argv[1:]
+        model = None
+        if self.model_first and argv and not argv[0].startswith("-"):
+            model, argv = argv[0], argv[1:]
+        flags: dict[str, Any] = {}
+        extra: list[str] = []
+        served = None
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            if not arg.startswith("-"):
+                extra.append(arg)
+                i += 1
+                continue
+            name, eq, inline = arg.lstrip("-").partition("=")
+            takes_value = not eq and i + 1 < len(argv) and not (argv[i + 1].startswith("-") and
+                                                                not is_number(argv[i + 1]))
+            value: Any = inline if eq else (argv[i + 1] if takes_value else True)
+            i += 1 if eq or not takes_value else 2
+            key = self.short_flags.get(name, name).replace("-", "_")  # `-c 8192` is `--ctx-size 8192`
+            if key in self.model_flags:
+                model = model or str(value)
+                continue
+            if key in self.served_flags:
+                served = str(value)
+                continue
+            if key in self.reserved:
+                continue
+            flags[key] = number(value)
+        return model, served, flags, extra
+
+    def sparkrun_flags(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """Its flags from a sparkrun recipe's `defaults:` when the recipe has no `command:`."""
+        table = self.sparkrun_defaults
+        return {table[k]: number(v) for k, v in defaults.items() if k in table}
 
     # -- a recipe's flags ------------------------------------------------------------
 
@@ -113,3 +165,22 @@ class Runtime:
 
     def served_name(self, b: Builder) -> str:
         return b.recipe.served_name
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def number(value: Any) -> Any:
+    """A command line's or a recipe's `"8192"` as 8192, `"0.9"` as 0.9; anything else as it is."""
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    return value

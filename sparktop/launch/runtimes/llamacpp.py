@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sparktop import engine_ids
 from sparktop.launch.plan import Endpoint, Step, Wait
 from sparktop.launch.runtimes.base import Runtime
 from sparktop.layouts import Layout
@@ -30,12 +31,9 @@ AUTO_SLOTS = 4  # llama-server's slots without -np
 
 
 class LlamaCppRuntime(Runtime):
-    id = "llama-cpp"
-    engine = "llama.cpp"
-    name = "llama.cpp"
-    # sparkrun's arm64 CUDA build for the Spark, with rpc-server on its PATH (ggml-org's server-cuda image is
-    # built for amd64 and ships llama-server alone: llama.cpp issue 17321).
-    default_image = "scitrera/dgx-spark-llama-cpp:b8094-cu131"
+    # Its row's default image is sparkrun's arm64 CUDA build for the Spark, with rpc-server on its PATH
+    # (ggml-org's server-cuda image is built for amd64 and ships llama-server alone: llama.cpp issue 17321).
+    row = engine_ids.get("llama.cpp")
     memory = "fixed"
     programs = ("llama-server", "/app/llama-server")
     model_flags = ("hf", "hf_repo", "hfr", "m", "model")
@@ -118,10 +116,10 @@ class LlamaCppRuntime(Runtime):
         extra = ["--rpc", ",".join(rpc)] if rpc else []
         net = b.network_env(head, head) if rpc else {}
         name, argv = b.docker_run(head, f"llama{suffix}", {**env, **net}, self._entry(b, "llama-server"),
-                                  self.serve_args(b, head, extra), endpoint=url, kind=self.engine, volumes=volumes)
+                                  self.serve_args(b, head, extra), endpoint=url, kind=self.id, volumes=volumes)
         what = f"layers over {len(nodes)} nodes" if rpc else "one node"
         b.steps.append(Step(head.name, argv, f"start llama-server ({b.recipe.served_name}, {what}) on {head.name}",
                             container=name, wait=Wait("running", container=name), role="engine"))
-        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.id, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint

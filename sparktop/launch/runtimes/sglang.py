@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from sparktop import engine_ids
 from sparktop.launch.plan import Endpoint, Step, Wait
 from sparktop.launch.runtimes.base import Runtime
 from sparktop.layouts import Layout
@@ -22,10 +23,7 @@ if TYPE_CHECKING:
 
 
 class SglangRuntime(Runtime):
-    id = "sglang"
-    engine = "sglang"
-    name = "SGLang"
-    default_image = "lmsysorg/sglang:spark"
+    row = engine_ids.get("sglang")
     share_default = 0.88  # mem_fraction_static's default for a GPU of 90 to 160 GiB (memory_hook.py)
     programs = ("python", "python3", "-m", "sglang.launch_server", "sglang", "serve")
     model_flags = ("model_path", "model")
@@ -70,7 +68,7 @@ class SglangRuntime(Runtime):
         url = b.url(head, b.port)
         if len(nodes) == 1:
             name, argv = b.docker_run(head, f"sglang{suffix}", b.env, "python3", self.serve_args(b, head, []),
-                                      endpoint=url, kind=self.engine)
+                                      endpoint=url, kind=self.id)
             b.steps.append(Step(head.name, argv, f"start SGLang ({b.recipe.served_name}, TP=1) on {head.name}",
                                 container=name, wait=Wait("running", container=name), role="engine"))
         else:
@@ -85,9 +83,9 @@ class SglangRuntime(Runtime):
                                     container=wname, wait=Wait("running", container=wname), role="worker"))
             name, argv = b.docker_run(head, f"sglang{suffix}", {**b.env, **b.network_env(head, head)}, "python3",
                                       self.serve_args(b, head, [*dist, "--node-rank", "0"]), endpoint=url,
-                                      kind=self.engine)
+                                      kind=self.id)
             b.steps.append(Step(head.name, argv, f"start SGLang node rank 0 ({b.describe()}) on {head.name}",
                                 container=name, wait=Wait("running", container=name), role="engine"))
-        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.id, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
+from sparktop import engine_ids
 from sparktop.launch.plan import Endpoint, Home, HomeMount, Step, Wait
 from sparktop.launch.runtimes.base import Runtime
 from sparktop.layouts import Layout
@@ -47,10 +48,7 @@ METRICS_ON = {"return_perf_metrics": True, "enable_iter_perf_stats": True}
 
 
 class TrtllmRuntime(Runtime):
-    id = "trtllm"
-    engine = "trtllm"
-    name = "TensorRT-LLM"
-    default_image = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
+    row = engine_ids.get("trtllm")
     options_file = True  # --extra_llm_api_options
     memory = "left"  # kv_cache_config.free_gpu_memory_fraction: of the memory the weights leave
     programs = ("trtllm-serve", "serve")
@@ -120,13 +118,13 @@ class TrtllmRuntime(Runtime):
                       *forwarded, "trtllm-llmapi-launch", *serve]
             entry, args = "sh", ["-c", HEAD_SSH + ' && exec "$@"', "sh", *mpirun]
         env = {**b.env, **(b.network_env(head, head) if k > 1 else {})}
-        name, argv = b.docker_run(head, f"trtllm{suffix}", env, entry, args, endpoint=url, kind=self.engine,
+        name, argv = b.docker_run(head, f"trtllm{suffix}", env, entry, args, endpoint=url, kind=self.id,
                                   volumes=[mount, *([SSH_MOUNT] if k > 1 else [])])
         b.steps.append(Step(head.name, argv, f"start trtllm-serve ({b.recipe.served_name}, {b.describe()}) on "
                                              f"{head.name}", container=name, wait=Wait("running", container=name),
                             role="engine"))
         # TensorRT-LLM lists the model by the name it was given: the recipe's model, not a served alias.
-        endpoint = Endpoint(url, self.engine, head.name, b.recipe.model, b.topology, name)
+        endpoint = Endpoint(url, self.id, head.name, b.recipe.model, b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint
 

@@ -15,10 +15,10 @@ head, in the same container so its log is the container's log).
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparktop.launch.plan import Endpoint, Step, Wait, render
-from sparktop.launch.runtimes.base import Runtime
+from sparktop.launch.runtimes.base import Runtime, number
 
 if TYPE_CHECKING:
     from sparktop.launch.topology import Builder
@@ -30,12 +30,15 @@ RESERVED = frozenset({
     "pipeline_parallel_size",
 })
 
+# sparkrun's built-in `defaults:` that are vLLM's flags (`SPARKRUN_SWITCHES`: switches), for its recipes
+# without a command.
+SPARKRUN_FLAGS = ("port", "host", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
+                  "max_num_seqs", "served_model_name", "dtype", "quantization", "kv_cache_dtype")
+SPARKRUN_SWITCHES = ("enforce_eager", "enable_prefix_caching", "trust_remote_code", "enable_auto_tool_choice")
+
 
 class VllmRuntime(Runtime):
-    id = "vllm"
-    engine = "vllm"
-    name = "vLLM"
-    default_image = "vllm/vllm-openai:latest"
+    flags_key = "vllm"  # its recipes' flags: `vllm:` (or `args:`)
     reserved = RESERVED
     serving_names: ClassVar[dict[str, str]] = {k: k for k in (
         "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
@@ -46,6 +49,51 @@ class VllmRuntime(Runtime):
 
     def serving_flags(self, args: dict) -> dict:
         return dict(args)  # vLLM's own names
+
+    def split_command(self, argv: list[str]) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
+        """`vllm serve MODEL --flag value --switch ...` (or `python -m vllm.entrypoints.openai.api_server`) ->
+        (model, served name, flags, extra args). Flags the topology decides are dropped. A flag followed by
+        another flag (or nothing) is a switch."""
+        if len(argv) >= 2 and argv[0].endswith("vllm") and argv[1] == "serve":
+            argv = argv[2:]
+        elif argv and "api_server" in " ".join(argv[:3]):
+            argv = [a for a in argv if "api_server" not in a and a not in ("python", "python3", "-m")]
+        model = None
+        if argv and not argv[0].startswith("-"):
+            model, argv = argv[0], argv[1:]
+        reserved = {r.replace("_", "-") for r in self.reserved}
+        flags: dict[str, Any] = {}
+        extra: list[str] = []
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            if not arg.startswith("-"):
+                extra.append(arg)
+                i += 1
+                continue
+            name, eq, inline = arg.lstrip("-").partition("=")
+            takes_value = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            value: Any = inline if eq else (argv[i + 1] if takes_value else True)
+            i += 1 if eq or not takes_value else 2
+            flag = name.replace("_", "-")
+            if flag == "model" and isinstance(value, str):
+                model = model or value
+                continue
+            if flag in reserved or name in ("tp", "pp"):
+                continue
+            if "." in name or arg.startswith("-") and not arg.startswith("--"):
+                # -cc.cudagraph_mode=... and other short/dotted forms stay verbatim.
+                extra += [arg] if eq or value is True else [arg, str(value)]
+                continue
+            flags[name.replace("-", "_")] = number(value)
+        served = flags.pop("served_model_name", None)
+        return model, str(served) if served else None, flags, extra
+
+    def sparkrun_flags(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """sparkrun's built-in `defaults:` -> flags table, for its vLLM recipes without a command."""
+        flags = {k: number(defaults[k]) for k in SPARKRUN_FLAGS if k in defaults and k not in ("port", "host")}
+        flags.update({k: True for k in SPARKRUN_SWITCHES if defaults.get(k) is True})
+        return flags
 
     def serve_args(self, b: Builder, node: Node, extra: list[str]) -> list[str]:
         args = ["serve", b.recipe.model, "--served-model-name", b.recipe.served_name,
@@ -62,10 +110,10 @@ class VllmRuntime(Runtime):
     def solo(self, b: Builder, node: Node, role: str = "vllm") -> Endpoint:
         url = b.url(node, b.port)
         name, argv = b.docker_run(node, role, b.env, "vllm", self.serve_args(b, node, []), endpoint=url,
-                                  kind=self.engine)
+                                  kind=self.id)
         b.steps.append(Step(node.name, argv, f"start vLLM ({b.recipe.served_name}, TP=1) on {node.name}",
                             container=name, wait=Wait("running", container=name), role="engine"))
-        endpoint = Endpoint(url, self.engine, node.name, b.recipe.served_name, "solo" if b.topology == "solo"
+        endpoint = Endpoint(url, self.id, node.name, b.recipe.served_name, "solo" if b.topology == "solo"
                             else b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint
@@ -98,10 +146,10 @@ class VllmRuntime(Runtime):
         url = b.url(head, b.port)
         args = self.serve_args(b, head, [*dist, "--node-rank", "0"])
         name, argv = b.docker_run(head, f"vllm{suffix}", {**b.env, **b.network_env(head, head)}, "vllm",
-                                  args, endpoint=url, kind=self.engine)
+                                  args, endpoint=url, kind=self.id)
         b.steps.append(Step(head.name, argv, f"start vLLM head rank 0 ({b.describe()}, no Ray) on {head.name}",
                             container=name, role="engine"))
-        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.id, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         return endpoint
 
@@ -122,7 +170,7 @@ class VllmRuntime(Runtime):
         # Ray's memory monitor kills workers on unified memory that looks full to it.
         ray_env = {"RAY_memory_monitor_refresh_ms": "0"}
         name, argv = b.docker_run(head, f"vllm{suffix}", {**b.env, **b.network_env(head, head), **ray_env},
-                                  "sh", ["-c", script], endpoint=url, kind=self.engine)
+                                  "sh", ["-c", script], endpoint=url, kind=self.id)
         b.steps.append(Step(head.name, argv, f"start the Ray head and vLLM ({b.describe()}, Ray) on {head.name}",
                             container=name, wait=Wait("running", container=name), role="ray-head"))
         for rank, node in enumerate(workers, 1):
@@ -132,7 +180,7 @@ class VllmRuntime(Runtime):
                                         {**b.env, **b.network_env(node, head), **ray_env}, "ray", args)
             b.steps.append(Step(node.name, wargv, f"join {node.name} to the Ray cluster", container=wname,
                                 wait=Wait("ray-nodes", container=name, count=rank + 1), role="ray-worker"))
-        endpoint = Endpoint(url, self.engine, head.name, b.recipe.served_name, b.topology, name)
+        endpoint = Endpoint(url, self.id, head.name, b.recipe.served_name, b.topology, name)
         b.endpoints.append(endpoint)
         if b.layout.replicas == 1:  # replicas are waited for once they have all started (`router`)
             b.wait_for(endpoint)

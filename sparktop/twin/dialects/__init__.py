@@ -23,12 +23,6 @@ DIALECTS: dict[str, tuple[str, str]] = {
     "llama.cpp": ("sparktop.twin.dialects.llamacpp", "LlamaCppDialect"),
     "trtllm": ("sparktop.twin.dialects.trtllm", "TrtllmDialect"),
 }
-# What people type (`sparktop demo --runtime llama-cpp`, a recipe's runtime) -> engine id, for the engines the
-# twin speaks: the aliases of their `engine_ids` rows (kept for `sparktop twin serve --engine`; `speaks` is the
-# question to ask).
-RUNTIME_ALIASES = {alias: row.id for row in engine_ids.ROWS if row.id in DIALECTS for alias in row.aliases}
-
-
 def speaks(name: str) -> bool:
     """Whether the twin speaks the engine `name` names (an id or any alias, any case)."""
     row = engine_ids.lookup(name)
