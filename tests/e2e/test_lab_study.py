@@ -214,6 +214,8 @@ def test_failures_are_recorded_and_the_study_goes_on(lab, tmp_path):
 
 
 def test_foreign_traffic_during_a_level_is_caught(lab):
+    """A study over real SSH with someone else's requests sent during its sweep: one launch, a sweep the guard
+    has to catch in the act, and its stop."""
     inventory = lab.inventory()
     lab.put_weights(MODEL)
     before = existing(lab)

@@ -78,6 +78,8 @@ def test_a_bad_layout_for_the_demo_is_one_line(state_home):
 
 
 async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_sees_them(state_home, lab_litellm):
+    """Two tp=2 replicas over four twin nodes behind a real LiteLLM (some 20 s of its imports on two cores),
+    under the demo's load until the monitor has seen both serve it."""
     cluster, _ = await start_demo_cluster("gpt-oss-120b", speed=4, nodes=4, engines=False)
     said: list[str] = []
     launcher, plan = await launch_layout(cluster, "gpt-oss-120b", "2x tp=2", say=said.append)
@@ -117,6 +119,8 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
 
 
 def test_a_layout_demo_left_running_is_stopped_with_its_router_key(state_home, lab_litellm):
+    """`sparktop demo --layout "2x tp=2"` over four twin nodes: two multi-node engines and a real LiteLLM
+    start (some 20 s of LiteLLM's imports on two cores), then `stop` with its key."""
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
     started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2", "--no-wait", "--speed", "4", env=env)
     try:

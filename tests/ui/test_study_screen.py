@@ -242,6 +242,8 @@ async def start_study(pilot, levels: str = "1,2") -> StudyScreen:
 @pytest.mark.slow
 @twins
 async def test_a_study_from_the_launcher_goes_on_unwatched_and_cancels_clean(cluster):
+    """A study started from the app on twin nodes, two of its topologies launched and swept while the screen
+    is closed and opened again, then cancelled: each topology is a launch and a sweep."""
     app, poller = app_for(cluster)
     async with app.run_test(size=(160, 48)) as pilot:
         first = await start_study(pilot)

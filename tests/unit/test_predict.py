@@ -60,6 +60,8 @@ def test_the_published_out_of_memory_case_does_not_fit_and_the_others_do():
 
 
 def test_fit_report_lists_every_published_cell_and_the_error_per_metric(capsys):
+    """`twin fit --report` as a user runs it: the model evaluated on every published cell (some 1,300, in a
+    process pool), which is 10-20 s of CPU on two cores; what it prints is checked, not how fast."""
     assert main(["twin", "fit", "--report"]) == 0
     out = capsys.readouterr().out
     cells = fit.published_cells()
