@@ -544,6 +544,9 @@ def _add_recipes_and_predict(add) -> None:
     pred.add_argument("--stack", metavar="ID", help="the vLLM build to predict for (eugr-vllm-node, "
                       "eugr-vllm-node-mxfp4, ngc-vllm, vllm-openai, vllm-openai-marlin, ...; default: the one the "
                       "recipe's image is, see model/data/stacks.yaml)")
+    pred.add_argument("--speed", type=float, default=None, metavar="S",
+                      help="nodes S times a GB10's pace (twins at --speed S): rates times S, times divided by it "
+                           "(default: the inventory's defaults.twin_speed, 1 for real nodes)")
     pred.add_argument("--json", action="store_true")
 
 

@@ -91,6 +91,9 @@ class Defaults:
     # The image of each other runtime where a recipe names none, by engine_ids' id (`sglang`, `llama.cpp`,
     # `trtllm`; read from any of their names, `llama-cpp` too); `image` above is vLLM's.
     images: dict = field(default_factory=dict)
+    # The nodes' pace against a GB10's: twin hosts started with --speed S run S times as fast, and every
+    # prediction for this inventory is scaled the same (1 for real Sparks).
+    twin_speed: float = 1.0
 
     def image_for(self, runtime: str) -> str:
         """The image a runtime's engine runs in where a recipe names none: `image` for DEFAULT's (vLLM's),
@@ -251,6 +254,12 @@ def _read_defaults(doc: dict, path: Path) -> Defaults:
                 setattr(defaults, key, _images(value, path))
                 continue
             setattr(defaults, key, {str(k): str(v) for k, v in value.items()})
+            continue
+        if key == "twin_speed":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(str(path), line_of(raw_defaults, key), "defaults.twin_speed",
+                                  f"must be a positive number, got {value!r}")
+            defaults.twin_speed = float(value)
             continue
         kind = int if key.endswith("port") else str
         setattr(defaults, key, _typed(value, kind, str(path), line_of(raw_defaults, key), f"defaults.{key}"))

@@ -276,27 +276,6 @@ def _base(runtime: str) -> bool:
     return row is not None and row.base_model
 
 
-def _predict_stack(args, recipe, inventory, runtime: str) -> tuple[str | None, str | None]:
-    """(the vLLM stack predicted, a note when it is assumed from an image no pattern knows): `--stack`,
-    else the recipe's image (or the inventory's default image)."""
-    from sparktop.model.fit import YOURS, fitted_summary, inventory_key
-    from sparktop.model.stacks import load_stacks
-
-    stacks = load_stacks()
-    asked = getattr(args, "stack", None)
-    if not _base(runtime):
-        if asked:
-            raise SparktopError(f"predict: --stack chooses a vLLM build; {runtime} has its own constants")
-        return None, None
-    if asked:
-        if asked != YOURS:
-            stacks.get(asked)  # an unknown id: one line naming the known ones
-        return asked, None
-    if YOURS in ((fitted_summary(inventory_key(inventory)) or {}).get("stacks") or {}):
-        return YOURS, None  # `twin fit --runs` measured this inventory's own stack
-    return stacks.for_image((recipe.image if recipe is not None else None) or inventory.defaults.image)
-
-
 def stack_text(stack: str, note: str | None, factors: dict[str, float]) -> str:
     """What `predict` says of the stack: its name, its factors, or why it was assumed."""
     from sparktop.model.fit import YOURS
@@ -308,8 +287,10 @@ def stack_text(stack: str, note: str | None, factors: dict[str, float]) -> str:
 
 
 def cmd_predict(args) -> int:
-    from sparktop.model.fit import FITTED, constants_for, fitted_summary, inventory_key
-    from sparktop.model.predict import card_for_runtime, crossover_lines, recommend, rows_for, uncertainty
+    from sparktop.launch.prediction import subject_for_card, subject_for_recipe
+    from sparktop.model.fit import FITTED, inventory_key
+    from sparktop.model.forecast import base_constants, forecast
+    from sparktop.model.predict import crossover_lines, recommend, uncertainty
     from sparktop.model.serving import Serving
 
     recipe, card = _predict_subject(args)
@@ -348,15 +329,26 @@ def cmd_predict(args) -> int:
                                 f"one request may hold ({limit}, the engine's context per request): it would "
                                 "refuse them; lower --pp/--tg or raise the context")
     key = inventory_key(inventory)
-    fitted = fitted_summary(key)  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
-    sources = [str(s) for s in (fitted or {}).get("sources") or []]
     modeled = runtime_model(runtime)  # which engine the figures are of, or why there are none
-    stack, stack_note = _predict_stack(args, recipe, inventory, runtime)
-    k = constants_for(key)  # read once: the rows and the stack's line both use it
+    asked_stack = getattr(args, "stack", None)
+    if asked_stack and not _base(runtime):
+        raise SparktopError(f"predict: --stack chooses a vLLM build; {runtime} has its own constants")
+    speed = getattr(args, "speed", None)
+    if speed is not None and speed <= 0:
+        raise SparktopError(f"predict: --speed must be positive, got {speed}")
+    if recipe is not None:
+        subject = subject_for_recipe(recipe, inventory, overrides, stack=asked_stack, card=card, speed=speed)
+    else:
+        subject = subject_for_card(card, inventory, runtime, serving, stack=asked_stack, speed=speed)
+    subject = dataclasses.replace(subject, runtime=runtime, serving=serving)
     from sparktop.bench.levels import parse_levels
 
-    rows = rows_for(card, topologies, parse_levels(args.concurrency), args.pp, args.tg, serving,
-                    k=k.for_stack(stack), runtime=runtime)
+    fc = forecast(subject, topologies, parse_levels(args.concurrency), args.pp, args.tg)
+    rows = fc.rows
+    basis = fc.basis[topologies[0]]
+    fitted = basis.fitted  # this inventory's own fit (`sparktop twin fit --runs`), if there is one
+    sources = [str(s) for s in (fitted or {}).get("sources") or []]
+    stack, stack_note = basis.stack, basis.stack_note
     if not rows:
         raise SparktopError(f"predict: {modeled}")
     recs = recommend(rows)
@@ -374,10 +366,10 @@ def cmd_predict(args) -> int:
                           "uncertainty": unsure, "runtime": {"id": runtime, "text": modeled},
                           "stack": {"id": stack, "assumed": stack_note},
                           "constants": {"inventory_key": key, "fitted": fitted is not None,
-                                        "sources": sources, "text": used}}, indent=2))
+                                        "sources": sources, "text": used}, "speed": fc.speed}, indent=2))
         return 0
     console = Console()
-    console.print(_prediction_table(card_for_runtime(card, runtime), rows, args.pp, args.tg))
+    console.print(_prediction_table(basis.card, rows, args.pp, args.tg))
     for rec in recs:
         margin = f" (+{rec['margin']:.0%} over the next)" if rec["margin"] and rec["metric"] != "ttft_ms" else \
             (f" ({-rec['margin']:.0%} lower than the next)" if rec["margin"] else "")
@@ -388,11 +380,14 @@ def cmd_predict(args) -> int:
     if note:
         console.print(f"[dim]{note}[/]")
     if stack:
-        console.print(f"[dim]{escape(stack_text(stack, stack_note, k.stack_factor_map(stack)))}[/]", highlight=False,
-                      soft_wrap=True)
+        factors = base_constants(key)[0].stack_factor_map(stack)
+        console.print(f"[dim]{escape(stack_text(stack, stack_note, factors))}[/]", highlight=False, soft_wrap=True)
     if unsure:
         console.print(f"[dim]{unsure}[/]")
     console.print(f"[dim]predicted with {escape(used)}[/]", highlight=False, soft_wrap=True)
+    if fc.speed != 1:
+        console.print(f"[dim]scaled to nodes at ×{fc.speed:g} a GB10's pace (defaults.twin_speed or --speed): "
+                      "rates ×, times ÷[/]", highlight=False, soft_wrap=True)
     console.print(f"[dim]engine modelled: {escape(modeled)}[/]", highlight=False, soft_wrap=True)
     return 0
 

@@ -102,6 +102,8 @@ class Builder:
         self.steps: list[Step] = []
         self.endpoints: list[Endpoint] = []
         self.containers: dict[str, list[str]] = {}
+        self.overrides = dict(overrides or {})
+        self._predicted_labels: list[str] | None = None
 
     # -- pieces ------------------------------------------------------------------
 
@@ -161,7 +163,27 @@ class Builder:
             if kind is None:
                 raise ValueError(f"{role}: a container with an endpoint is labelled with its kind")
             out += ["--label", f"sparktop.endpoint={endpoint}", "--label", f"sparktop.kind={kind}"]
+        if kind != ROUTER:
+            out += self.predicted_labels()
         return out
+
+    def predicted_labels(self) -> list[str]:
+        """The card, its format and the vLLM stack the engine is predicted with (`launch.prediction`): a twin
+        started from the plan reads them and serves that prediction."""
+        if self._predicted_labels is None:
+            import dataclasses
+
+            from sparktop.launch.prediction import labels_for, subject_for_recipe
+
+            try:
+                subject = subject_for_recipe(self.recipe, self.inv, self.overrides)
+            except SparktopError:  # no card for the model: nothing to predict with
+                self._predicted_labels = []
+            else:
+                subject = dataclasses.replace(subject, image=self.image)
+                self._predicted_labels = [item for key, value in labels_for(subject, self.topology).items()
+                                          for item in ("--label", f"{key}={value}")]
+        return self._predicted_labels
 
     def docker_run(self, node: Node, role: str, env: dict[str, str], entrypoint: str, args: list,
                    endpoint: str | None = None, kind: str | None = None, gpu: bool = True,

@@ -79,12 +79,10 @@ def _fit_runs(args, console: Console) -> int:
 
 def cmd_cards(args) -> int:
     from sparktop.model.cards import CARDS
-    from sparktop.model.fit import load_constants
-    from sparktop.model.perf import PerfModel
+    from sparktop.model.forecast import Subject, resolve
 
-    k = load_constants()
     for card in CARDS.values():
-        m = PerfModel(card, k=k)
+        m = resolve(Subject(card)).perf("solo")  # the shared constants, no stack: a card, not an image
         print(f"{card.name:28} {card.architecture:24} {card.total_params_b:6.1f}B/{card.active_params_b:5.1f}B "
               f"{card.quant.scheme:12} {card.weights_gib:6.1f} GiB  c1 ~{m.decode_tps(1):5.1f} t/s "
               f"(roofline {m.roofline_decode_tps(1):5.1f})  {card.hf_id}")

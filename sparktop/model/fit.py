@@ -1074,6 +1074,10 @@ def _cells_of_study(path: Path) -> tuple[str, list[Cell]]:
     except UnknownModel as e:
         raise SparktopError(f"{sid}: {e}") from None
     pp, tg = int(data.get("pp") or 1024), int(data.get("tg") or 128)
+    # Twins at --speed S measure S times a GB10's rates (and a GB10's times over S): what a GB10 would give.
+    speed = float(data.get("speed") or 1.0)
+    quant = str(data.get("quant") or "")
+    quant = "" if quant == card.quant.scheme else quant
     known = set(Serving.__dataclass_fields__)
     cells: list[Cell] = []
     for t in data.get("topologies") or []:
@@ -1100,8 +1104,9 @@ def _cells_of_study(path: Path) -> tuple[str, list[Cell]]:
                 value = getattr(lv, stat, None)
                 if value is None or not value > 0:
                     continue
-                cells.append(Cell(card.name, topology, metric, lv.concurrency, float(value), source=f"study {sid}",
-                                  workload=("llama-benchy", pp, tg, 0), serving=serving, stack=YOURS))
+                value = float(value) * speed if metric == "ttft_ms" else float(value) / speed
+                cells.append(Cell(card.name, topology, metric, lv.concurrency, value, source=f"study {sid}",
+                                  workload=("llama-benchy", pp, tg, 0), serving=serving, stack=YOURS, quant=quant))
     return sid, cells
 
 

@@ -4,23 +4,20 @@ For a recipe (or a bare model card), on the topologies the recipe allows
 on the inventory's nodes: decode, prefill and TTFT per concurrency, as the
 sweep would measure them (the twin's scheduler on a virtual clock with the
 fitted constants), the KV cache a lockstep batch needs and whether it fits,
-then the recommendation per workload shape, with the crossovers.
+then the recommendation per workload shape, with the crossovers. The rows
+come from `sparktop.model.forecast` (the one entry point); this module keeps
+the row, the recommendation, the crossovers and the uncertainty text.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparktop import engine_ids
 from sparktop.bench.compare import Metric, crossovers
 from sparktop.bench.run import Run
 from sparktop.layouts import order
 from sparktop.model.cards import ModelCard
-from sparktop.model.constants import Constants
-from sparktop.model.serving import Serving
-from sparktop.model.simulate import Prediction, predict
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -45,62 +42,6 @@ class Row:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-ServingFor = Callable[[str], Serving]
-
-
-def _base(runtime: str | None) -> bool:
-    """Whether `runtime` is none (a recipe without one) or the engine the shared constants are (vLLM)."""
-    row = engine_ids.lookup(runtime)
-    return not runtime or (row is not None and row.base_model)
-
-
-def runtime_constants(runtime: str | None, k: Constants) -> Constants | None:
-    """The constants of a runtime's engine (vLLM's are the fitted ones); None: the model cannot say
-    (`model.runtimes` has no published figures of it)."""
-    if runtime is None or _base(runtime):
-        return k
-    from sparktop.model.runtimes import CannotModel, constants_for
-
-    try:
-        return constants_for(runtime, k)
-    except CannotModel:
-        return None
-
-
-def card_for_runtime(card: ModelCard, runtime: str | None) -> ModelCard:
-    """The card as `runtime` runs the checkpoint: its own layout of the tensors (llama.cpp's gpt-oss GGUF
-    keeps all but the experts in Q8_0), not the kernel path of vLLM's Spark image (`mxfp4-spark`)."""
-    if runtime is None or _base(runtime):
-        return card
-    from sparktop.model.runtimes import runtime_card
-
-    return runtime_card(runtime, card, card.quant.scheme.lower().removesuffix("-spark"))
-
-
-def rows_for(card: ModelCard, topologies: list[str], levels: list[int], pp: int, tg: int,
-             serving: Serving | ServingFor | None = None, k: Constants | None = None,
-             runtime: str | None = None) -> list[Row]:
-    """Predicted rows; `serving` is the engine's settings, or a function of
-    the topology (a recipe can set flags per topology); `runtime` the engine
-    (none: vLLM's), none when the model cannot predict it."""
-    from sparktop.model.fit import load_constants
-
-    k = runtime_constants(runtime, k or load_constants())
-    if k is None:
-        return []
-    card = card_for_runtime(card, runtime)
-    rows = []
-    for topology in topologies:
-        sv = serving(topology) if callable(serving) else (serving or Serving())
-        for c in levels:
-            p: Prediction = predict(card, topology, c, pp, tg, k, sv)
-            s = p.stats
-            rows.append(Row(card.name, topology, c, pp, tg, s.tg_tps_total, s.tg_tps_req, s.pp_tps_total,
-                            s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits, s.e2e_tps_total, s.e2e_tps_req,
-                            s.wall_s_mean, p.preempted))
-    return rows
 
 
 SHAPES = (  # (what the articles call it, levels, metric key, higher is better)

@@ -171,7 +171,8 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
             inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
-        console.print(f"estimated wall time at GB10 speed: {total}; results in {study.dir}", highlight=False)
+        pace = "at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"
+        console.print(f"estimated wall time {pace}: {total}; results in {study.dir}", highlight=False)
         if not args.yes:
             if not sys.stdin.isatty():
                 raise SparktopError("not starting without confirmation: add --yes (or run in a terminal)")

@@ -9,14 +9,14 @@ batch as long as its predicted wall time) and a stop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
 from sparktop.errors import SparktopError
 from sparktop.launch.recipe import Recipe
 from sparktop.layouts import LayoutError, parse_layout, split_layouts
-from sparktop.model.constants import Constants
-from sparktop.model.simulate import TOPOLOGIES, perf_for
+from sparktop.model.simulate import TOPOLOGIES
 from sparktop.settings import Inventory
 from sparktop.study.state import Study, TopologyState, new_study_id, studies_dir
 
@@ -104,41 +104,31 @@ def _layouts_of(recipe: Recipe, text: str, nodes: int, refused: dict[str, list[s
     return out
 
 
-def constants_for_inventory(inventory: Inventory) -> tuple[Constants | None, str | None]:
-    """The constants fitted to this inventory's own measurements, when there are any."""
-    try:
-        from sparktop.model import fit
-    except ImportError:  # pragma: no cover
-        return None, None
-    key_of = getattr(fit, "inventory_key", None)
-    constants_for = getattr(fit, "constants_for", None)
-    if key_of is None or constants_for is None:
-        return None, None
-    key = key_of(inventory)
-    return constants_for(key), key
-
-
-def predict_topology(recipe: Recipe, t: TopologyState, study: Study, k: Constants | None,
+def predict_topology(recipe: Recipe, t: TopologyState, study: Study, inventory: Inventory,
                      overrides: dict | None = None) -> Estimate | None:
     """Fill `t.predicted` and `t.serving`; the time it should take (None: no model card). `overrides`: the
-    study's, in this recipe's runtime's names (the study's own by default)."""
+    study's, in this recipe's runtime's names (the study's own by default). The predictions are
+    `forecast`'s for the recipe on the inventory, at the nodes' pace (`study.speed`)."""
+    from sparktop.launch.prediction import subject_for_recipe
     from sparktop.launch.runtimes import runtime_for
-    from sparktop.model.fit import load_constants
-    from sparktop.model.predict import rows_for
+    from sparktop.model.forecast import forecast
 
     name = t.layout_name
-    serving = recipe.serving(name, study.overrides if overrides is None else overrides)
+    mine = study.overrides if overrides is None else overrides
+    serving = recipe.serving(name, mine)
     t.serving = dataclasses.asdict(serving)
     card = recipe.twin_card()
     if card is None:
         return None
-    k = k or load_constants()
-    rows = rows_for(card, [name], list(study.levels), study.pp, study.tg, serving, k, runtime=recipe.runtime)
+    subject = subject_for_recipe(recipe, inventory, mine, card=card, speed=study.speed)
+    fc = forecast(subject, [name], list(study.levels), study.pp, study.tg)
+    rows = fc.rows
+    basis = fc.basis[name]
     t.predicted = {str(r.concurrency): {"tg_tps_total": r.decode_tps, "tg_tps_req": r.per_request_tps,
                                         "pp_tps_total": r.prefill_tps, "ttft_ms_mean": r.ttft_ms}
                    for r in rows}
-    perf = perf_for(card, name, k, serving)
-    stages = dict(perf.startup_stages())
+    perf = basis.perf(name, serving)
+    stages = dict(perf.startup_stages())  # the twins' start-up has a pace of its own: not scaled
     if not runtime_for(recipe.runtime).compiles:
         stages.pop("torch.compile", None)
     startup = sum(stages.values()) + EXTRA_START_S.get(name, 0.0)
@@ -170,15 +160,24 @@ def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list
         image=recipe.image or inventory.defaults.image_for(recipe.runtime),
         **(load or {}),  # rates, slo, find_max_rate, arrivals, requests, duration, depths, prefix_cache
     )
-    k, key = constants_for_inventory(inventory)
-    study.inventory_key = key
+    from sparktop.launch.prediction import subject_for_recipe
+    from sparktop.model.fit import inventory_key
+    from sparktop.model.forecast import resolve
+
+    study.inventory_key = inventory_key(inventory)
+    study.speed = inventory.defaults.twin_speed
+    if card is not None:
+        study.quant = card.quant.scheme
+        with contextlib.suppress(SparktopError):
+            study.stack = resolve(subject_for_recipe(recipe, inventory, overrides, card=card),
+                                  study.topologies[0].layout_name if study.topologies else "solo").stack
     by_runtime = recipes or {}
     from sparktop.launch.session import overrides_for
 
     estimates = {}
     for t in study.topologies:
         mine = by_runtime.get(t.runtime, recipe)
-        estimates[t.name] = predict_topology(mine, t, study, k, overrides_for(study.overrides, recipe.runtime,
+        estimates[t.name] = predict_topology(mine, t, study, inventory, overrides_for(study.overrides, recipe.runtime,
                                                                               mine.runtime))
     known = [e for e in estimates.values() if e is not None]
     study.estimate_s = sum(e.total_s for e in known) if len(known) == len(estimates) else None

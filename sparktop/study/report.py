@@ -286,7 +286,7 @@ def _learned(study: Study) -> dict | None:
         return None
     try:
         before = fit.prediction_error(study.dir, fit.load_constants())
-        after = fit.prediction_error(study.dir, fit.constants_for(study.inventory_key))
+        after = fit.prediction_error(study.dir, fit.constants_for(study.inventory_key))  # both at a GB10's pace
     except Exception:  # noqa: BLE001 - a report never fails for want of a refit
         return None
     return {"before": before, "after": after, "sources": summary.get("sources") or []}
@@ -416,7 +416,8 @@ def build(study: Study) -> dict:
     return {
         "study": {
             "id": study.id, "recipe": study.recipe, "recipe_path": study.recipe_path, "model": study.model,
-            "card": study.card, "image": study.image, "state": study.state, "levels": list(study.levels),
+            "card": study.card, "image": study.image, "speed": study.speed, "stack": study.stack,
+            "quant": study.quant, "state": study.state, "levels": list(study.levels),
             "runs": study.runs, "pp": study.pp, "tg": study.tg, "extra_body": dict(study.extra_body),
             "overrides": dict(study.overrides), "nodes": list(study.nodes), "inventory": study.inventory,
             "inventory_key": study.inventory_key, "created": study.created, "updated": study.updated,
@@ -712,7 +713,7 @@ def _what_ran(data: dict) -> list[Block]:
         ("study", f"`{st['id']}` ({st['state']})" + (f" in `{st['path']}`" if st["path"] else "")),
         ("recipe", f"`{st['recipe']}`" + (f" from `{st['recipe_path']}`" if st["recipe_path"] else "")),
         ("model", f"`{st['model']}`" + (f" (model card `{st['card']}`)" if st["card"] else "")),
-        ("image", f"`{st['image'] or 'unknown'}`"),
+        ("image", f"`{st['image'] or 'unknown'}`" + (f" (vLLM stack `{st['stack']}`)" if st.get("stack") else "")),
         ("nodes", ", ".join(f"`{n}`" for n in st["nodes"]
                             or dict.fromkeys(n for t in data["topologies"] for n in t["nodes"])) or "—"),
         ("sweep", (f"request rates from {', '.join(f'{r:g}/s' for r in st.get('rates') or [1.0])}"
@@ -729,6 +730,9 @@ def _what_ran(data: dict) -> list[Block]:
         ("sparktop", f"{st['sparktop_version'] or 'unknown'} ran it; {data['generated']['sparktop_version']} "
                      "wrote this report"),
     ]
+    speed = st.get("speed") or 1.0
+    if speed != 1:
+        facts.append(("speed", f"twins at ×{speed:g}: figures {speed:g} times a GB10's; predictions scaled the same"))
     if st["inventory"]:
         facts.append(("inventory", f"`{st['inventory']}`" + (f" (fitted constants `{st['inventory_key']}`)"
                                                           if st["inventory_key"] else "")))

@@ -112,6 +112,11 @@ class Study:
     inventory_key: str | None = None  # which fitted constants apply (see model.fit)
     nodes: list[str] = field(default_factory=list)
     image: str | None = None
+    # The nodes' pace (an inventory's defaults.twin_speed: twins at --speed S): its figures are S times a
+    # GB10's, and so are its predictions; the vLLM stack and the weight format the predictions used.
+    speed: float = 1.0
+    stack: str | None = None
+    quant: str | None = None
     status: str = "planned"  # planned | running | done | cancelled | interrupted
     stage: str = ""  # the current topology's stage, for `sparktop studies` and the status line
     estimate_s: float | None = None

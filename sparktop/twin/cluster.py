@@ -25,7 +25,7 @@ import httpx
 from sparktop import engine_ids
 from sparktop.engine_ids import DEFAULT
 from sparktop.remote import LocalTransport
-from sparktop.settings import Inventory, Node
+from sparktop.settings import Defaults, Inventory, Node
 from sparktop.twin.dialects import DIALECTS, dialect_for
 from sparktop.twin.host import VARIANT_ORDER, TwinHost
 from sparktop.twin.node import install
@@ -110,7 +110,10 @@ class TwinCluster:
         return next(n for n in self.nodes if n.name == name)
 
     def inventory(self) -> Inventory:
-        return Inventory(nodes=[n.inventory_node() for n in self.nodes])
+        """The nodes as an inventory: vLLM's image is the one `run_solo` serves from, and the pace is the
+        twins' (`defaults.twin_speed`), so predictions for these nodes are scaled as they serve."""
+        return Inventory(nodes=[n.inventory_node() for n in self.nodes],
+                         defaults=Defaults(image=self.images[0], twin_speed=self.speed))
 
     def port_for(self, index: int, port: int) -> int:
         """Same port on every node when each has its own address."""

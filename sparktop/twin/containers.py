@@ -106,7 +106,12 @@ def image_env(host: TwinHost, image: str | None) -> dict[str, str]:
     return {}
 
 
-def container_env(host: TwinHost, env: dict[str, str], name: str, image: str | None = None) -> dict[str, str]:
+ENV_IMAGE = "SPARKTOP_TWIN_IMAGE"
+ENV_LABELS = "SPARKTOP_TWIN_LABELS"
+
+
+def container_env(host: TwinHost, env: dict[str, str], name: str, image: str | None = None,
+                  labels: dict[str, str] | None = None) -> dict[str, str]:
     # A container sees only its own environment, plus what makes it run on
     # this simulated host (the twin's commands first on PATH, its state dir);
     # the image's ENV comes first and `-e` overrides it, as with Docker.
@@ -118,6 +123,12 @@ def container_env(host: TwinHost, env: dict[str, str], name: str, image: str | N
         ENV_PROC_ROOT: str(host.home / "proc"),
         "SPARKTOP_TWIN_CONTAINER": name,  # daemons started inside stay in the container's process group
     }
+    # What the container runs and is labelled with (the card, its format, the vLLM stack a plan predicts
+    # with): a twin engine serves the prediction they name (twin/startup.py).
+    if image:
+        base[ENV_IMAGE] = image
+    if labels:
+        base[ENV_LABELS] = json.dumps(labels, sort_keys=True)
     if "PYTHONPATH" in os.environ:
         base["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return {**base, **image_env(host, image), **env}

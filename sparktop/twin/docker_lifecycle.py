@@ -148,8 +148,8 @@ def cmd_run(host: TwinHost, argv: list[str]) -> int:
         "network": (opts.get("--network") or opts.get("--net") or ["bridge"])[-1],
         "gpus": (opts.get("--gpus") or [""])[-1], "rm": "--rm" in opts, "execs": [],
     }
-    if shutil.which(runnable(command, container_env(host, env, name, image)["PATH"])[0],
-                    path=container_env(host, env, name, image)["PATH"]) is None:
+    if shutil.which(runnable(command, container_env(host, env, name, image, labels)["PATH"])[0],
+                    path=container_env(host, env, name, image, labels)["PATH"]) is None:
         raise DockerError(f'Error response from daemon: failed to create task for container: failed to create '
                           f'shim task: OCI runtime create failed: exec: "{command[0]}": executable file not '
                           "found in $PATH: unknown", 127)
@@ -176,7 +176,7 @@ def supervise(home: str, name: str) -> int:
     record = read_json(containers.path(name))
     if not record:
         return 1
-    env = container_env(host, record["env"], name, record.get("image"))
+    env = container_env(host, record["env"], name, record.get("image"), record.get("labels"))
     # The child gets its own copy of the log's descriptor: ours is only for an exec failure.
     with open(record["log"], "ab", buffering=0) as log:
         try:
@@ -330,7 +330,8 @@ def cmd_exec(host: TwinHost, argv: list[str]) -> int:
     c = containers.find(rest[0])
     if c["state"] != "running":
         raise DockerError(f"Error response from daemon: container {c['id']} is not running", 1)
-    env = container_env(host, {**c["env"], **_env_from_opts(opts)}, c["name"], c.get("image"))
+    env = container_env(host, {**c["env"], **_env_from_opts(opts)}, c["name"], c.get("image"),
+                        c.get("labels"))
     command = rest[1:]
     if shutil.which(command[0], path=env["PATH"]) is None:
         raise DockerError(f'OCI runtime exec failed: exec failed: unable to start container process: exec: '

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from typing import TextIO
 
 from aiohttp import web
@@ -34,12 +35,12 @@ from sparktop.twin.host import TwinHost
 from sparktop.twin.multinode import HEAD_WAIT_SECONDS, MultiNode
 from sparktop.twin.openai_api import VLLM_VERSION, OpenAIRoutes
 from sparktop.twin.rendezvous import HeadRendezvous
-from sparktop.twin.startup import StartupError, StartupPlan, fitted_constants, plan_startup
+from sparktop.twin.startup import StartupError, StartupPlan, container_labels, plan_startup, twin_basis, twin_card
 from sparktop.twin.text import load_tokenizer
 
 # node.py, cli.py and tests import these from here, though most are defined next door.
-__all__ = ["HEAD_WAIT_SECONDS", "VLLM_VERSION", "StartupError", "StartupPlan", "TwinServer", "fitted_constants",
-           "plan_startup", "serve_main"]
+__all__ = ["HEAD_WAIT_SECONDS", "VLLM_VERSION", "StartupError", "StartupPlan", "TwinServer", "plan_startup",
+           "serve_main"]
 
 
 
@@ -48,13 +49,15 @@ class TwinServer(MultiNode, OpenAIRoutes):
     `await stop()` shuts down. `run()` does both and waits for a signal."""
 
     def __init__(self, args: ServeArgs, log: TextIO | None = None, host: TwinHost | None = None,
-                 dialect: Dialect | None = None, clock: Clock = SYSTEM):
+                 dialect: Dialect | None = None, clock: Clock = SYSTEM, environ: Mapping[str, str] | None = None):
         self.args = args
         # Every time the twin keeps (its steps, the request log, the stats line) is on this clock: a test
         # gives it a virtual-time loop's (sparktop.clock.loop_clock) to serve on simulated time.
         self.clock = clock
         self.dialect = dialect or dialect_for(DEFAULT)  # whose words it speaks
-        self.card = find_card(args.model)
+        # The container's labels (a plan's card, its format and stack) and image, when it runs in one.
+        self.labels, self.image = container_labels(environ)
+        self.card = twin_card(find_card(args.model), self.labels)
         if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
             self.card = dataclasses.replace(self.card, quant=Quantization.of(args.quantization))
         self.log = self.dialect.logger(log, clock)
@@ -123,7 +126,8 @@ class TwinServer(MultiNode, OpenAIRoutes):
             return
         self._bind()
         other = self.host.used_mib(exclude_pid=os.getpid()) if self.host else 0
-        self.plan = plan = plan_startup(card, args, other, engine=self.dialect.id)
+        self.basis = twin_basis(card, self.dialect.id, self.labels, self.image)
+        self.plan = plan = plan_startup(card, args, other, engine=self.dialect.id, basis=self.basis)
         say.planned(self, plan)
         if say.own_distribution:
             await say.join(self)

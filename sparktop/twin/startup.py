@@ -9,14 +9,26 @@ the message vLLM would log last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sparktop import engine_ids
 from sparktop.engine_ids import DEFAULT
+from sparktop.errors import SparktopError
 from sparktop.model.cards import GIB, ModelCard
+from sparktop.model.forecast import Basis, Subject, resolve
 from sparktop.model.perf import PerfModel
 from sparktop.twin.args import ServeArgs
 from sparktop.twin.host import BASE_USED_KB
+
+
+def engine_perf(basis: Basis, args: ServeArgs) -> PerfModel:
+    """The engine's performance model as its argv lays it out, on the resolved card and constants."""
+    kv_dtype = 1 if args.kv_cache_dtype.startswith("fp8") else None
+    return PerfModel(basis.card, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
+                     kv_dtype_bytes=kv_dtype, ray=args.ray, enforce_eager=args.enforce_eager, k=basis.constants)
 
 
 class StartupError(Exception):
@@ -32,30 +44,62 @@ class StartupPlan:
     max_num_batched_tokens: int
 
 
-def fitted_constants(engine: str = DEFAULT):
-    """The constants fitted to the published figures: the twin runs what
-    `sparktop predict` predicts, for its engine (another runtime's factors
-    applied where it has published figures; vLLM's where it has none)."""
-    from sparktop.model.fit import load_constants
-    from sparktop.model.predict import runtime_constants
-
-    k = load_constants()
-    return runtime_constants(engine, k) or k
+CARD_LABEL, QUANT_LABEL, STACK_LABEL, FIT_LABEL = "sparktop.card", "sparktop.quant", "sparktop.stack", "sparktop.fit"
 
 
-def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0, engine: str = DEFAULT) -> StartupPlan:
+def container_labels(environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], str | None]:
+    """(the labels, the image) of the twin container this process runs in (twin/containers.py sets them)."""
+    env = os.environ if environ is None else environ
+    try:
+        labels = json.loads(env.get("SPARKTOP_TWIN_LABELS") or "{}")
+    except ValueError:
+        labels = {}
+    return ({str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+            env.get("SPARKTOP_TWIN_IMAGE") or None)
+
+
+def twin_card(card: ModelCard, labels: Mapping[str, str]) -> ModelCard:
+    """The card a plan labelled its engine with (a recipe's `quantization:` is no flag of the engine's, so it
+    reaches the twin only this way); `card` where there is no label."""
+    from sparktop.model.cards import UnknownModel, find_card
+    from sparktop.model.quant import Quantization
+
+    if labels.get(CARD_LABEL) and labels[CARD_LABEL] != card.name:
+        with contextlib.suppress(UnknownModel):
+            card = find_card(labels[CARD_LABEL])
+    scheme = labels.get(QUANT_LABEL)
+    if scheme and scheme != card.quant.scheme:
+        with contextlib.suppress(SparktopError):
+            quant = Quantization.of(scheme)
+            if (quant.experts, quant.linear) != (card.quant.experts, card.quant.linear):
+                card = dataclasses.replace(card, quant=quant)
+    return card
+
+
+def twin_subject(card: ModelCard, engine: str = DEFAULT, labels: Mapping[str, str] | None = None,
+                 image: str | None = None) -> Subject:
+    """What the twin serves, as `sparktop predict` would predict it: its engine, the stack its label (or its
+    image) names, the fit its label names; at a GB10's pace (the engine divides by its own --speed)."""
+    labels = labels or {}
+    return Subject(card=card, runtime=engine, image=image, stack=labels.get(STACK_LABEL) or None,
+                   fitted_path=labels.get(FIT_LABEL) or None, speed=1.0, source=f"twin {card.name}")
+
+
+def twin_basis(card: ModelCard, engine: str = DEFAULT, labels: Mapping[str, str] | None = None,
+               image: str | None = None) -> Basis:
+    """The card and constants the twin runs with: `forecast.resolve` of its subject. An engine the model has
+    no figures of runs vLLM's constants and card."""
+    return resolve(twin_subject(card, engine, labels, image))
+
+
+def plan_startup(card: ModelCard, args: ServeArgs, other_used_mib: int = 0, engine: str = DEFAULT,
+                 basis: Basis | None = None) -> StartupPlan:
     """Size everything vLLM sizes at startup; raise StartupError where vLLM would. `engine`: whose speed
-    (and weight layout) the twin takes."""
-    row = engine_ids.lookup(engine)
-    if row is None or not row.base_model:  # the model's base constants are vLLM's; others have cards of their own
-        from sparktop.model.runtimes import CannotModel, runtime_card
-
-        with contextlib.suppress(CannotModel):  # an engine with no figures runs vLLM's card
-            card = runtime_card(engine, card)
-    kv_dtype = 1 if args.kv_cache_dtype.startswith("fp8") else None
-    perf = PerfModel(card, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size, kv_dtype_bytes=kv_dtype,
-                     ray=args.ray, enforce_eager=args.enforce_eager, k=fitted_constants(engine))
+    (and weight layout) the twin takes; `basis`: what it runs with (default: `twin_basis` of the card)."""
+    basis = basis or twin_basis(card, engine)
+    perf = engine_perf(basis, args)
     hw = perf.hw
+    card = perf.card
     max_len = args.max_model_len or card.max_model_len
     batched = args.max_num_batched_tokens or 8192
     want = args.gpu_memory_utilization * hw.memory_gib

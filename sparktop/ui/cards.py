@@ -427,36 +427,36 @@ class NodeCard(Card):
         return lines
 
 
-_ROOFLINE_CACHE: dict[tuple, PerfModel | None] = {}
+_ROOFLINE_CACHE: dict[tuple, PerfModel | None] = {}  # the model's byte counts walk every layer: once per engine
 _ROOFLINE_TPS: dict[tuple, float] = {}
 
 
-def perf_for(snap) -> PerfModel | None:
-    """The performance model of an engine's model in its own layout (cached per model, layout and
-    engine), or None for a model sparktop has no card for."""
-    key = (snap.model, snap.topology, snap.kind)
+def _engine_key(snap, inventory=None) -> tuple:
+    return (snap.model, snap.topology, snap.kind, getattr(snap, "image", None),
+            None if inventory is None else (inventory.defaults.image, inventory.defaults.twin_speed,
+                                            tuple(n.name for n in inventory.nodes)))
+
+
+def perf_for(snap, inventory=None) -> PerfModel | None:
+    """The performance model of an engine's model in its own layout, as `sparktop predict` resolves it (its
+    card as its runtime lays the weights out, the stack its image names, the inventory's fit), or None for a
+    model sparktop has no card for."""
+    key = _engine_key(snap, inventory)
     if key in _ROOFLINE_CACHE:
         return _ROOFLINE_CACHE[key]
     from sparktop.errors import SparktopError
+    from sparktop.launch.prediction import subject_for_engine
     from sparktop.layouts import layout_of
-    from sparktop.model.cards import UnknownModel, find_card
-    from sparktop.model.gguf import gguf_card
-    from sparktop.model.perf import PerfModel
-    from sparktop.model.predict import card_for_runtime
+    from sparktop.model.forecast import resolve
 
     layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
-    card = None
-    for find in (find_card, gguf_card):  # a card's name, or a GGUF's (`ggml-org/gpt-oss-120b-GGUF`)
-        try:
-            card = find(snap.model)
-            break
-        except UnknownModel:
-            continue
-    if card is not None:
-        # The bytes that engine reads: its own layout of the weights (llama.cpp's GGUF tensors).
-        with contextlib.suppress(SparktopError):
-            card = card_for_runtime(card, snap.kind)
-    perf = PerfModel(card, tp=layout.tp if layout else 1, pp=layout.pp if layout else 1) if card else None
+    topology = f"tp={layout.tp},pp={layout.pp}" if layout is not None and layout.pp > 1 else \
+        (f"tp={layout.tp}" if layout is not None and layout.tp > 1 else "solo")
+    perf = None
+    with contextlib.suppress(SparktopError):
+        subject = subject_for_engine(snap, inventory)
+        if subject is not None:
+            perf = resolve(subject, topology).perf(topology)
     _ROOFLINE_CACHE[key] = perf
     return perf
 
@@ -478,21 +478,23 @@ def expected_link_gbps(engines) -> float | None:
     return total
 
 
-def roofline_share(snap) -> float | None:
+def roofline_share(snap, inventory=None) -> float | None:
     """Generation tokens/s as a fraction of the bandwidth roofline for the
     batch running now (every weight and KV byte read once per step at the
-    full 273 GB/s): how close the engine runs to what the memory allows."""
+    full 273 GB/s): how close the engine runs to what the memory allows; on
+    twins at ×S (`defaults.twin_speed`), of S times the roofline."""
     if not snap.gen_tps or not snap.running or not snap.model:
         return None
-    perf = perf_for(snap)
+    perf = perf_for(snap, inventory)
     if perf is None:
         return None
-    key = (snap.model, snap.topology, snap.kind)
+    speed = inventory.defaults.twin_speed if inventory is not None else 1.0
+    key = _engine_key(snap, inventory)
     batch = max(1, round(snap.running))
     roof = _ROOFLINE_TPS.get((key, batch))
     if roof is None:  # the model's byte count walks every layer: once per batch size, not every second
         roof = _ROOFLINE_TPS[(key, batch)] = perf.roofline_decode_tps(batch, ctx=1024)
-    return snap.gen_tps / roof
+    return snap.gen_tps / (roof * speed)
 
 
 def bandwidth_roofline_gbs() -> float:
@@ -643,6 +645,13 @@ class EngineCard(Card):
         self.set_class(snap.state == "starting", "-starting")
         self._paint(title, badge, self._lines(snap, history, width, notice, energy, nodes))
 
+    def _inventory(self):
+        """The app's inventory (its nodes' pace), None outside an app."""
+        try:
+            return getattr(self.app, "inventory", None)
+        except Exception:  # noqa: BLE001 - no active app: a card drawn alone
+            return None
+
     def _lines(self, snap: EngineSnapshot, history: History | None, width: int, notice: Notice | None = None,
                energy: Energy | None = None, nodes: list[str] | None = None) -> list[Text]:
         lines = []
@@ -738,7 +747,7 @@ class EngineCard(Card):
                 rates[-1].append_text(shown)
             else:
                 rates.append(shown)
-        share = roofline_share(snap)
+        share = roofline_share(snap, self._inventory())
         roof = f"  {share:.0%} of roofline" if share is not None else ""
         if roof and rates[-1].cell_len + len(roof) <= width:
             rates[-1].append(roof, style="dim")

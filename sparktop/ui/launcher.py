@@ -117,31 +117,30 @@ def preflight_text(preflight: Preflight | None, error: str | None = None, runnin
     return text
 
 
-_PREDICTED: dict[tuple[str, str, str], list] = {}
-
-
-def prediction_text(recipe: Recipe, topology: str, inventory: Inventory | None = None) -> Text | None:
-    """What `sparktop predict` says for this recipe and topology (pp1024 tg128),
-    with the constants fitted to this inventory's own studies when there are some."""
-    from sparktop.model.fit import constants_for, fitted_summary, inventory_key
-    from sparktop.model.predict import rows_for
+def prediction_text(recipe: Recipe, topology: str, inventory: Inventory | None = None,
+                    plan: Plan | None = None) -> Text | None:
+    """What `sparktop predict` says for this recipe and topology (pp1024 tg128): `forecast` of the plan as
+    launched (the form's overrides and image), with the constants fitted to this inventory's own studies
+    when there are some, at the nodes' pace."""
+    from sparktop.launch.prediction import subject_for_plan, subject_for_recipe
+    from sparktop.model.forecast import forecast
+    from sparktop.settings import Inventory as _Inventory
 
     card = recipe.twin_card()
     if card is None:
         return None
-    fitted = inventory_key(inventory) if inventory is not None else None
-    if fitted is not None and fitted_summary(fitted) is None:
-        fitted = None
-    key = (str(recipe.path), topology, fitted or "")
-    if key not in _PREDICTED:
-        _PREDICTED[key] = rows_for(card, [topology], [1, 8, 64], 1024, 128, recipe.serving(topology),
-                                   constants_for(fitted), runtime=recipe.runtime)
-    rows = _PREDICTED[key]
+    inv = inventory if inventory is not None else _Inventory(nodes=[])
+    subject = subject_for_plan(plan, recipe, inv) if plan is not None else subject_for_recipe(recipe, inv)
+    fc = forecast(subject, [topology], [1, 8, 64], 1024, 128)
+    fitted = fc.basis[topology].fitted is not None
+    rows = fc.rows
     if not rows:
         return Text(f"predicted: sparktop cannot model {recipe.runtime} (no published Spark figures of it)",
                     style="dim")
     text = Text("predicted ", style="bold cyan")
     source = "fitted to your studies" if fitted else "sparktop predict"
+    if fc.speed != 1:
+        source += f", twins at ×{fc.speed:g}"
     text.append(f"(pp1024 tg128, {source}): ", style="dim")
     for i, r in enumerate(rows):
         text.append(("" if i == 0 else " · ") + f"c{r.concurrency} ")
@@ -373,7 +372,7 @@ class LaunchScreen(LiveScreen):
         self._show_preflight(preflight_text(result))
         try:
             predicted = await asyncio.to_thread(prediction_text, recipe, plan.topology,
-                                                  self.launcher.inventory)
+                                                  self.launcher.inventory, plan)
         except Exception:  # noqa: BLE001 - a prediction is a hint; never in the way of a launch
             return
         if plan is self.plan and predicted is not None:

@@ -541,7 +541,9 @@ class StudyScreen(LiveScreen):
             else:
                 head.append(" · time left: known once a topology is measured", style="dim")
             if study.estimate_s:
-                head.append(f" · planned {ago(study.estimate_s)} at GB10 speed", style="dim")
+                head.append(f" · planned {ago(study.estimate_s)} "
+                            + ("at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"),
+                            style="dim")
         else:
             head.append_text(run.outcome())
         self.query_one("#study-head", Static).update(head)
@@ -711,7 +713,8 @@ def estimate_table(study: Study, estimates: dict[str, Estimate | None]) -> Group
     total = Text()
     if study.estimate_s:
         total.append(f"about {ago(study.estimate_s)}", style="bold")
-        total.append(" at GB10 speed (each topology's start-up, sweep and stop)")
+        total.append((" at GB10 speed" if study.speed == 1 else f" with the twins at ×{study.speed:g}")
+                     + " (each topology's start-up, sweep and stop)")
     else:
         total.append("no estimate: the recipe's model has no card for the performance model", style="dim")
     total.append(f"\nresults in {study.dir}", style="dim")

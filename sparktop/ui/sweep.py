@@ -257,6 +257,7 @@ class SweepScreen(LiveScreen):
         if url in (Select.NULL, None):
             raise SparktopError("no endpoint to sweep: start an engine first (l launches one)")
         engine = next((e for e in self.engines if e.url == url), None)
+        self.swept_engine = engine  # what the prediction beside each level is of
 
         def number(wid: str) -> int:
             text = self.query_one(f"#{wid}", Input).value.strip()
@@ -487,25 +488,29 @@ class SweepScreen(LiveScreen):
     async def _predict_level(self, c: int) -> None:
         """The prediction beside the measurement (the twin's model, fitted)."""
         import asyncio
+        from types import SimpleNamespace
 
+        from sparktop.launch.prediction import subject_for_engine
         from sparktop.layouts import layout_of
-        from sparktop.model.cards import UnknownModel, find_card
-        from sparktop.model.fit import load_constants
-        from sparktop.model.simulate import predict
+        from sparktop.model.forecast import forecast
 
         if self.sweep is None:
             return
         s = self.sweep.s
         table = self.query_one("#levels-table", DataTable)
-        try:
-            card = find_card(self.model or "")
-        except UnknownModel:
+        engine = getattr(self, "swept_engine", None)
+        # The swept engine's card, kind and image; the served name where the engine is not known.
+        snap = engine if engine is not None and getattr(engine, "model", None) else SimpleNamespace(
+            model=self.model or "", kind=getattr(engine, "kind", None) or "vllm", image=None)
+        subject = subject_for_engine(snap, getattr(self.app, "inventory", None))
+        if subject is None:
             table.update_cell(str(c), "predicted", "—")
             return
         topology = s.topology if s.topology and layout_of(s.topology) is not None else "solo"
-        p = await asyncio.to_thread(predict, card, topology, c, s.pp, s.tg, load_constants())
+        fc = await asyncio.to_thread(forecast, subject, [topology], [c], s.pp, s.tg)
+        row = fc.at(topology, c)
         if str(c) in table.rows:
-            table.update_cell(str(c), "predicted", fmt(p.stats.tg_tps_total))
+            table.update_cell(str(c), "predicted", fmt(row.decode_tps) if row is not None else "—")
 
     def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
         """Up to three earlier runs of the same model and kind (rate runs beside a rate run), newest first."""

@@ -46,7 +46,8 @@ from tests.benchmarks.common import ROOT, Bench, Row, markdown, say, text_table
 
 # In the order they run: predict's cost and the twin's first (nothing to start), then the real vLLM's (one server
 # for all), then llama.cpp's.
-BENCHMARKS = ["predict_cost", "benchy_twin", "twin_vs_predict", "twin_decode", "sweep_client_cost", "sweep_energy_twin",
+BENCHMARKS = ["predict_cost", "demo_study_speed",
+              "benchy_twin", "twin_vs_predict", "twin_decode", "sweep_client_cost", "sweep_energy_twin",
               "node_death", "monitor_vs_vllm_htop", "sweep_vs_vllm", "benchy_vllm", "status_window", "rate_vs_tools",
               "llamacpp_timings"]
 

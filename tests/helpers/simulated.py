@@ -34,12 +34,13 @@ def sim_clock() -> Clock:
 
 @contextlib.asynccontextmanager
 async def sim_twin(model: str = "gpt-oss-120b", *flags: str, speed: float = 1.0,
-                   clock: Clock | None = None) -> AsyncIterator[TwinServer]:
+                   clock: Clock | None = None, environ: dict[str, str] | None = None) -> AsyncIterator[TwinServer]:
     """A started in-process twin serving `model` on the loop's virtual clock
     (start-up takes no simulated time worth waiting for); stopped after."""
     args = parse_serve_args([model, "--host", "127.0.0.1", "--port", "0", "--speed", str(speed),
                              "--startup-speed", "1e6", *flags])
-    server = TwinServer(args, log=io.StringIO(), clock=clock or sim_clock())
+    # environ: what its container would set (twin/containers.py: SPARKTOP_TWIN_IMAGE, SPARKTOP_TWIN_LABELS)
+    server = TwinServer(args, log=io.StringIO(), clock=clock or sim_clock(), environ=environ or {})
     await server.start()
     try:
         yield server

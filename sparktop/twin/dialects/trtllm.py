@@ -288,13 +288,12 @@ class Memory:
 
 
 def size_memory(server: TwinServer) -> Memory:
-    from sparktop.model.perf import PerfModel
     from sparktop.twin.host import BASE_USED_KB
-    from sparktop.twin.startup import fitted_constants
+    from sparktop.twin.startup import engine_perf, twin_basis
 
     args = server.args
-    perf = PerfModel(server.card, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
-                     kv_dtype_bytes=1 if args.kv_cache_dtype.startswith("fp8") else None, k=fitted_constants())
+    # Memory is sized as vLLM's model sizes it, on the card and the fit the container's labels name.
+    perf = engine_perf(twin_basis(server.card, "vllm", server.labels), args)
     other = server.host.used_mib(exclude_pid=os.getpid()) if server.host else 0
     batched = args.max_num_batched_tokens or 8192
     return Memory(perf, perf.hw.memory_gib, BASE_USED_KB / 1024**2 + other / 1024, perf.weights_bytes_per_node / GIB,

@@ -1,0 +1,216 @@
+"""The one prediction entry point: what a recipe, a card or a running engine
+would give, the same figure wherever sparktop shows it.
+
+A `Subject` is everything a prediction depends on, as plain values: the card
+(the checkpoint's format, a recipe's `quantization:` applied), the runtime,
+the engine's settings, its image (which names the vLLM stack), the
+inventory's own fit, and the nodes' pace (`speed`: a twin at x4 runs four
+times a GB10's). `resolve` turns it into a `Basis` (the card as the runtime
+lays it out, the stack, the constants fully applied) without simulating
+anything: the twin and the cards time their engines with it. `forecast`
+simulates llama-benchy levels on it, scaled by the speed.
+
+`predict`, the launcher, the sweep screen, the cards, studies and the twin
+all come through here (the adapters from recipes, plans and engines are in
+`sparktop.launch.prediction`), so one question has one answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparktop.model.cards import ModelCard
+from sparktop.model.perf import Constants, PerfModel
+from sparktop.model.predict import Row
+from sparktop.model.serving import Serving
+
+VLLM = "vllm"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What is predicted: everything a prediction depends on, as plain values."""
+
+    card: ModelCard  # in the checkpoint's format (a recipe's quantization, --quant applied)
+    runtime: str = VLLM  # a runtime id or alias (model.runtimes.runtime_id)
+    serving: Serving | Callable[[str], Serving] = field(default_factory=Serving)  # or per topology
+    image: str | Callable[[str], str | None] | None = None  # the engine's image (per topology): names the stack
+    stack: str | None = None  # explicit (--stack, a twin's label); None: from the image
+    inventory_key: str | None = None  # model.fit.inventory_key(inventory): its own fit, if saved
+    fitted_path: str | None = None  # an inventory fit's file, read directly (a twin's label)
+    speed: float = 1.0  # the nodes' pace: rates times it, times divided by it
+    source: str = ""  # what it is, for text: "recipe gpt-oss-120b", "card gpt-oss-120b"
+
+    def serving_for(self, topology: str) -> Serving:
+        return self.serving(topology) if callable(self.serving) else self.serving
+
+    def image_for(self, topology: str | None) -> str | None:
+        if callable(self.image):
+            return self.image(topology or "solo")
+        return self.image
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a prediction rests on, resolved once (no simulation)."""
+
+    card: ModelCard  # as the runtime lays the checkpoint out
+    runtime: str
+    stack: str | None  # vLLM's build; None for other runtimes (and a twin told of no image)
+    stack_note: str | None  # why the stack was assumed, when it was
+    constants: Constants  # fully applied: inventory's or shipped -> stack (vLLM) or runtime factors
+    speed: float
+    fitted: dict | None  # the inventory's own fit (its summary), None: the published constants
+    cannot: str | None = None  # why the model cannot say (TGI, an unfitted runtime): no rows
+
+    def perf(self, topology: str, serving: Serving | None = None) -> PerfModel:
+        from sparktop.model.simulate import perf_for
+
+        return perf_for(self.card, topology, self.constants, serving or Serving())
+
+
+@dataclass
+class Forecast:
+    basis: dict[str, Basis]  # per topology (an image per topology may change the stack)
+    rows: list[Row]  # scaled by the speed
+    pp: int
+    tg: int
+    speed: float
+
+    def at(self, topology: str, c: int) -> Row | None:
+        return next((r for r in self.rows if r.topology == topology and r.concurrency == c), None)
+
+
+def _runtime_id(runtime: str | None) -> str:
+    if runtime in (None, "", VLLM):
+        return VLLM
+    from sparktop.model.runtimes import CannotModel, runtime_id
+
+    try:
+        return runtime_id(str(runtime))
+    except CannotModel:
+        return str(runtime)
+
+
+def base_constants(inventory_key: str | None = None, fitted_path: str | None = None) -> tuple[Constants, dict | None]:
+    """The shared constants: an inventory's own fit where there is one, else the shipped ones; with the fit's
+    summary (None for the shipped ones)."""
+    import json
+
+    from sparktop.model import fit
+
+    if fitted_path and Path(fitted_path).exists():
+        try:
+            return fit.load_constants(Path(fitted_path)), json.loads(Path(fitted_path).read_text())
+        except ValueError:
+            pass
+    summary = fit.fitted_summary(inventory_key)
+    if summary is not None and inventory_key:
+        return fit.load_constants(fit.fitted_path(inventory_key)), summary
+    return fit.load_constants(), None
+
+
+def constants_for(runtime: str, stack: str | None, inventory_key: str | None = None,
+                  fitted_path: str | None = None) -> Constants:
+    """The constants an engine runs with: the inventory's fit (or the shipped one), then the stack's factors for
+    vLLM, the runtime's factors for another (CannotModel where it has none)."""
+    base, _ = base_constants(inventory_key, fitted_path)
+    return _apply(base, _runtime_id(runtime), stack)
+
+
+def _apply(base: Constants, runtime: str, stack: str | None) -> Constants:
+    if runtime == VLLM:
+        return base.for_stack(stack)
+    from sparktop.model.runtimes import constants_for as runtime_constants
+
+    return runtime_constants(runtime, base.for_stack(None))
+
+
+def pick_stack(subject: Subject, runtime: str, fitted: dict | None,
+               topology: str | None = None) -> tuple[str | None, str | None]:
+    """(the vLLM stack, a note when it is assumed): the subject's own, else the inventory's fitted `yours`, else
+    the one its image names; none for another runtime, or when neither a stack nor an image is known."""
+    from sparktop.model.fit import YOURS
+    from sparktop.model.stacks import load_stacks
+
+    if runtime != VLLM:
+        return None, None
+    stacks = load_stacks()
+    if subject.stack:
+        if subject.stack != YOURS:
+            stacks.get(subject.stack)  # an unknown id: one line naming the known ones
+        return subject.stack, None
+    if YOURS in ((fitted or {}).get("stacks") or {}):
+        return YOURS, None  # `twin fit --runs` measured this inventory's own stack
+    image = subject.image_for(topology)
+    if image is None:
+        return None, None
+    return stacks.for_image(image)
+
+
+def card_for_runtime(card: ModelCard, runtime: str) -> ModelCard:
+    """The card as `runtime` runs the checkpoint: its own layout of the tensors (llama.cpp's gpt-oss GGUF keeps
+    all but the experts in Q8_0), not the kernel path of vLLM's Spark image (`mxfp4-spark`)."""
+    if runtime == VLLM:
+        return card
+    from sparktop.model.runtimes import runtime_card
+
+    return runtime_card(runtime, card, card.quant.scheme.lower().removesuffix("-spark"))
+
+
+def resolve(subject: Subject, topology: str | None = None) -> Basis:
+    """The card, stack and constants a subject's engine runs with (on `topology`, whose image may differ)."""
+    from sparktop.model.runtimes import CannotModel
+
+    runtime = _runtime_id(subject.runtime)
+    base, fitted = base_constants(subject.inventory_key, subject.fitted_path)
+    stack, note = pick_stack(subject, runtime, fitted, topology)
+    try:
+        card = card_for_runtime(subject.card, runtime)
+        k = _apply(base, runtime, stack)
+        cannot = None
+    except CannotModel as exc:
+        card, k, cannot = subject.card, base.for_stack(None), str(exc)
+    return Basis(card, runtime, stack, note, k, subject.speed, fitted, cannot)
+
+
+def scaled(row: Row, speed: float) -> Row:
+    """A row as nodes `speed` times a GB10's would give it: rates times the speed, times divided by it."""
+    if speed == 1:
+        return row
+
+    def mul(v: float | None) -> float | None:
+        return None if v is None else v * speed
+
+    def div(v: float | None) -> float | None:
+        return None if v is None else v / speed
+
+    return dataclasses.replace(row, decode_tps=mul(row.decode_tps), per_request_tps=mul(row.per_request_tps),
+                               prefill_tps=mul(row.prefill_tps), ttft_ms=div(row.ttft_ms),
+                               e2e_tps_total=mul(row.e2e_tps_total), e2e_tps_req=mul(row.e2e_tps_req),
+                               wall_s_mean=div(row.wall_s_mean))
+
+
+def forecast(subject: Subject, topologies: Sequence[str], levels: Sequence[int], pp: int = 1024,
+             tg: int = 128) -> Forecast:
+    """llama-benchy levels (lockstep batches of c requests of pp prompt and tg output tokens) per topology, as
+    the subject's engine would measure them on nodes of its speed. No rows where the model cannot say."""
+    from sparktop.model.simulate import predict
+
+    bases: dict[str, Basis] = {}
+    rows: list[Row] = []
+    for topology in topologies:
+        basis = bases[topology] = resolve(subject, topology)
+        if basis.cannot:
+            continue
+        sv = subject.serving_for(topology)
+        for c in levels:
+            p = predict(basis.card, topology, c, pp, tg, basis.constants, sv)
+            s = p.stats
+            rows.append(scaled(Row(basis.card.name, topology, c, pp, tg, s.tg_tps_total, s.tg_tps_req,
+                                   s.pp_tps_total, s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits,
+                                   s.e2e_tps_total, s.e2e_tps_req, s.wall_s_mean, p.preempted), subject.speed))
+    return Forecast(bases, rows, pp, tg, subject.speed)
