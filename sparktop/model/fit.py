@@ -961,7 +961,7 @@ def expected_error(metric: str = "decode_tps") -> float | None:
 # import it) measured a recipe in several topologies on the user's nodes.
 # Its levels become cells like the published ones, and a fit over both gives
 # constants for that inventory only, kept beside the user's data; `predict`
-# and the study's planner use them for that inventory (`constants_for`).
+# and the study's planner use them for that inventory (`inventory_constants`).
 
 STUDY = "study.json"
 
@@ -1004,7 +1004,7 @@ def fitted_summary(key: str | None) -> dict | None:
         return None
 
 
-def constants_for(key: str | None) -> Constants:
+def inventory_constants(key: str | None) -> Constants:
     """The constants fitted to this inventory's own measurements, where there
     are any; else the shipped ones."""
     if fitted_summary(key) is not None:
@@ -1229,5 +1229,5 @@ def fit_studies(refs: Sequence[str | Path], key: str | None = None, iterations: 
     return StudyFit(key, k, sources, path, len(mine), before, after, stacked)
 
 
-__all__ = ["Cell", "TOPOLOGIES", "constants_for", "cross_validate", "evaluate", "fit_studies", "inventory_key",
+__all__ = ["Cell", "TOPOLOGIES", "cross_validate", "evaluate", "fit_studies", "inventory_constants", "inventory_key",
            "load_constants", "prediction_error", "published_cells", "refit", "report", "study_cells"]

@@ -22,12 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparktop import engine_ids
 from sparktop.model.cards import ModelCard
 from sparktop.model.perf import Constants, PerfModel
 from sparktop.model.predict import Row
 from sparktop.model.serving import Serving
 
-VLLM = "vllm"
+# The engine the shared constants (and the stacks) are fitted to: vLLM, by its row.
+BASE = next(r.id for r in engine_ids.ROWS if r.base_model)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Subject:
     """What is predicted: everything a prediction depends on, as plain values."""
 
     card: ModelCard  # in the checkpoint's format (a recipe's quantization, --quant applied)
-    runtime: str = VLLM  # a runtime id or alias (model.runtimes.runtime_id)
+    runtime: str = engine_ids.DEFAULT  # a runtime id or alias (model.runtimes.runtime_id)
     serving: Serving | Callable[[str], Serving] = field(default_factory=Serving)  # or per topology
     image: str | Callable[[str], str | None] | None = None  # the engine's image (per topology): names the stack
     stack: str | None = None  # explicit (--stack, a twin's label); None: from the image
@@ -85,8 +87,8 @@ class Forecast:
 
 
 def _runtime_id(runtime: str | None) -> str:
-    if runtime in (None, "", VLLM):
-        return VLLM
+    if runtime in (None, "", BASE):
+        return BASE
     from sparktop.model.runtimes import CannotModel, runtime_id
 
     try:
@@ -122,9 +124,9 @@ def constants_for(runtime: str, stack: str | None, inventory_key: str | None = N
 
 
 def _apply(base: Constants, runtime: str, stack: str | None) -> Constants:
-    if runtime == VLLM:
+    if runtime == BASE:
         return base.for_stack(stack)
-    from sparktop.model.runtimes import constants_for as runtime_constants
+    from sparktop.model.runtimes import apply_runtime as runtime_constants
 
     return runtime_constants(runtime, base.for_stack(None))
 
@@ -136,7 +138,7 @@ def pick_stack(subject: Subject, runtime: str, fitted: dict | None,
     from sparktop.model.fit import YOURS
     from sparktop.model.stacks import load_stacks
 
-    if runtime != VLLM:
+    if runtime != BASE:
         return None, None
     stacks = load_stacks()
     if subject.stack:
@@ -154,7 +156,7 @@ def pick_stack(subject: Subject, runtime: str, fitted: dict | None,
 def card_for_runtime(card: ModelCard, runtime: str) -> ModelCard:
     """The card as `runtime` runs the checkpoint: its own layout of the tensors (llama.cpp's gpt-oss GGUF keeps
     all but the experts in Q8_0), not the kernel path of vLLM's Spark image (`mxfp4-spark`)."""
-    if runtime == VLLM:
+    if runtime == BASE:
         return card
     from sparktop.model.runtimes import runtime_card
 

@@ -270,7 +270,7 @@ def _stored() -> dict:
 TRAITS: dict[str, dict[str, Any]] = {"llama.cpp": {"pipeline_overlap": False}, "ollama": {"pipeline_overlap": False}}
 
 
-def constants_for(runtime: str, k: Constants) -> Constants:
+def apply_runtime(runtime: str, k: Constants) -> Constants:
     """The constants of `runtime`: vLLM's (`k`) scaled by its fitted factors;
     `k` itself for vLLM. CannotModel for a runtime with no published figures."""
     rt = runtime_id(runtime)

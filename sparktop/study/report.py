@@ -286,7 +286,7 @@ def _learned(study: Study) -> dict | None:
         return None
     try:
         before = fit.prediction_error(study.dir, fit.load_constants())
-        after = fit.prediction_error(study.dir, fit.constants_for(study.inventory_key))  # both at a GB10's pace
+        after = fit.prediction_error(study.dir, fit.inventory_constants(study.inventory_key))  # both at a GB10's pace
     except Exception:  # noqa: BLE001 - a report never fails for want of a refit
         return None
     return {"before": before, "after": after, "sources": summary.get("sources") or []}

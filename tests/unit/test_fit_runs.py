@@ -114,7 +114,7 @@ def test_fit_learns_the_offset_per_inventory(tmp_path, few_published, capsys):
 
     d = make_study(data_dir() / "studies")
     key = fit.inventory_key(inventory())
-    before = fit.prediction_error(d, fit.constants_for(key))
+    before = fit.prediction_error(d, fit.inventory_constants(key))
     assert cmd_fit(fit_args([d.name])) == 0  # by id, under the data dir
     out = capsys.readouterr().out
     assert "your measurements decode" in out and "published figures decode" in out
@@ -124,10 +124,10 @@ def test_fit_learns_the_offset_per_inventory(tmp_path, few_published, capsys):
     assert saved["sources"] == [d.name] and saved["inventory_key"] == key
     assert set(fit.GLOBAL) <= set(saved)
 
-    k = fit.constants_for(key)
+    k = fit.inventory_constants(key)
     assert k != fit.load_constants()
-    assert fit.constants_for("someone-else") == fit.load_constants()
-    assert fit.constants_for(None) == fit.load_constants()
+    assert fit.inventory_constants("someone-else") == fit.load_constants()
+    assert fit.inventory_constants(None) == fit.load_constants()
     after = fit.prediction_error(d, k)
     print("before", before, "after", after)
     assert after["decode_tps"] < 0.6 * before["decode_tps"]

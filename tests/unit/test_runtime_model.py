@@ -19,7 +19,7 @@ from sparktop.model import runtimes
 from sparktop.model.cards import find_card
 from sparktop.model.constants import CAPPED
 from sparktop.model.fit import load_constants
-from sparktop.model.runtimes import CannotModel, Figure, constants_for, describe, load_figures
+from sparktop.model.runtimes import CannotModel, Figure, apply_runtime, describe, load_figures
 from sparktop.model.simulate import predict
 
 FITTED_RUNTIMES = tuple(runtimes.KNOBS)
@@ -38,7 +38,7 @@ def base():
 
 @pytest.fixture(scope="module")
 def rows(base) -> dict[str, list[runtimes.Row]]:
-    return {rt: runtimes.evaluate(load_figures(rt), constants_for(rt, base)) for rt in FITTED_RUNTIMES}
+    return {rt: runtimes.evaluate(load_figures(rt), apply_runtime(rt, base)) for rt in FITTED_RUNTIMES}
 
 
 def _figure(runtime: str, **want) -> Figure:
@@ -51,7 +51,7 @@ def _decode(runtime: str, card: str, scheme: str, k, c: int = 1, pp: int = 2048,
             topology: str = "solo") -> float:
     """The model's aggregate decode rate for `runtime` serving `card` in `scheme`."""
     value = predict(runtimes.runtime_card(runtime, find_card(card), scheme), topology, c, pp, tg,
-                    constants_for(runtime, k)).stats.tg_tps_total
+                    apply_runtime(runtime, k)).stats.tg_tps_total
     assert value is not None
     return value
 
@@ -69,12 +69,12 @@ def test_runtime_ids_and_aliases():
 
 def test_vllm_is_the_fitted_constants_themselves():
     k = load_constants()
-    assert constants_for("vllm", k) is k
+    assert apply_runtime("vllm", k) is k
 
 
 def test_a_runtime_without_figures_cannot_be_modelled():
     with pytest.raises(CannotModel) as exc:
-        constants_for("tgi", load_constants())
+        apply_runtime("tgi", load_constants())
     assert isinstance(exc.value, SparktopError)
     assert str(exc.value) == ("no published DGX Spark figures for TGI: predict models vLLM, SGLang, llama.cpp, "
                               "TensorRT-LLM and Ollama")
@@ -107,7 +107,7 @@ def test_stored_factors_are_what_each_runtime_may_fit(stored, base):
         assert entry["sources"]
     # Efficiencies stay physical: at most the nominal bandwidth, the measured GEMM rate, the link's line rate.
     for rt in FITTED_RUNTIMES:
-        k = constants_for(rt, base)
+        k = apply_runtime(rt, base)
         for f in CAPPED:
             assert 0 < getattr(k, f) <= 1.0
 
@@ -133,7 +133,7 @@ def test_the_factors_still_hold_on_the_shipped_vllm_constants(stored):
     (`python -m sparktop.model.runtimes --fit`)."""
     current = load_constants()
     for rt in FITTED_RUNTIMES:
-        errs = runtimes.mean_errors(runtimes.evaluate(load_figures(rt), constants_for(rt, current)))
+        errs = runtimes.mean_errors(runtimes.evaluate(load_figures(rt), apply_runtime(rt, current)))
         for kind in ("decode", "prefill"):
             if kind in stored["runtimes"][rt]["mean_error"]:
                 assert errs[kind] <= stored["runtimes"][rt]["mean_error"][kind] + 0.03, (
@@ -145,7 +145,7 @@ def test_the_factors_still_hold_on_the_shipped_vllm_constants(stored):
 
 def test_no_predicted_decode_is_above_the_bandwidth_roofline(rows, base):
     for rt, mine in rows.items():
-        k = constants_for(rt, base)
+        k = apply_runtime(rt, base)
         for r in mine:
             if r.figure.kind == "decode":
                 assert r.predicted is not None
@@ -159,7 +159,7 @@ def test_no_predicted_decode_is_above_the_bandwidth_roofline(rows, base):
                                                  ("trtllm", "llama-3.3-70b", "nvfp4")])
 def test_batched_decode_stays_under_the_roofline(runtime, card, scheme, base):
     """Beyond the figures: lockstep batches up to 64, where the overheads shrink per token."""
-    k = constants_for(runtime, base)
+    k = apply_runtime(runtime, base)
     c_ = runtimes.runtime_card(runtime, find_card(card), scheme)
     from sparktop.model.simulate import perf_for
 
@@ -175,13 +175,13 @@ def test_single_stream_figures_are_under_the_roofline_of_the_layout_they_ran(bas
     layout is wrong. llama.cpp's gpt-oss GGUF is one: with BF16 attention and
     unembedding (the HF checkpoint's layout) its 58.7 t/s would be impossible."""
     for rt in FITTED_RUNTIMES:
-        k = constants_for(rt, base)
+        k = apply_runtime(rt, base)
         for f in load_figures(rt):
             if f.kind == "decode" and f.concurrency == 1:
                 assert runtimes.decode_rate(f, f.value) <= runtimes.decode_roofline(f, k), f.label()
     f = _figure("llama-cpp", card="gpt-oss-120b", tool="llama-bench", depth=0, metric="decode_tps")
     hf_layout = replace(f, runtime="ollama")  # Ollama keeps the checkpoint's layout
-    assert f.value > runtimes.decode_roofline(hf_layout, constants_for("ollama", base))
+    assert f.value > runtimes.decode_roofline(hf_layout, apply_runtime("ollama", base))
 
 
 def test_gguf_layouts_weigh_what_llama_bench_says():
@@ -226,7 +226,7 @@ def test_every_figure_names_its_source_card_and_quote():
 def test_llama_cpp_gpt_oss_120b_tg32_matches_its_published_figure(stored, base):
     f = _figure("llama-cpp", card="gpt-oss-120b", tool="llama-bench", depth=0, metric="decode_tps")
     assert f.value == pytest.approx(58.72)
-    value, _ = runtimes.predicted(f, constants_for("llama-cpp", base))
+    value, _ = runtimes.predicted(f, apply_runtime("llama-cpp", base))
     assert value is not None
     assert abs(value / f.value - 1) <= stored["runtimes"]["llama.cpp"]["mean_error"]["decode"]
 
