@@ -30,11 +30,21 @@ from sparktop.units import ago
 SETTLE_S = 30.0  # past the window, at most, for every node to answer once (an SSH command's own timeout)
 
 
+async def _until(ready, limit: float = SETTLE_S) -> None:
+    waited = 0.0
+    while not ready() and waited < limit:
+        await asyncio.sleep(0.1)
+        waited += 0.1
+
+
 async def collect(poller: Poller, seconds: float) -> ClusterState:
     """What `poller` saw over `seconds`, to one last poll at the end of them (the poll at `seconds`
     lands before the watch ends, so rates span the whole of it)."""
     state = ClusterState()
-    await poller.start()
+    # Nodes slower than a poll (a busy host, a slow link): the engines' watch begins once each node has
+    # answered and its containers are read (or SETTLE_S has passed), so what is printed is whole, each engine
+    # with where it runs and its layout, and its rates span the `seconds` asked, not a node's wait.
+    await poller.start(settle_nodes=SETTLE_S)
 
     async def consume():
         async for event in poller.events():
@@ -43,12 +53,7 @@ async def collect(poller: Poller, seconds: float) -> ClusterState:
     task = asyncio.create_task(consume())
     try:
         await asyncio.sleep(seconds + min(0.5, poller.interval / 2))
-        # Nodes slower than the window (a busy host, a slow link): what is printed is whole, each engine
-        # with where it runs and its layout, or every node has had its SETTLE_S to answer.
-        waited = 0.0
-        while not poller.settled() and waited < SETTLE_S:
-            await asyncio.sleep(0.1)
-            waited += 0.1
+        await _until(poller.settled, poller.interval * 2)  # an engine found on a node's first listing, late
         await asyncio.sleep(0)  # the last poll's events into the state
     finally:
         task.cancel()

@@ -140,7 +140,7 @@ class _NodeWorker:
     last: NodeSnapshot | None = None
     shown_state: str = "connecting"
     task: asyncio.Task | None = None
-    listed_at: float | None = None  # when its containers and processes were last read (the slow tier)
+    listed_at: float | None = None  # when its containers and processes were first read (the slow tier)
 
 
 @dataclass
@@ -198,16 +198,22 @@ class Poller:
 
     # -- control --------------------------------------------------------------
 
-    def settled(self) -> bool:
-        """Whether what has been shown is whole: every node has answered once (or failed), its containers
-        and processes read where it answered, and every engine polled since its node's were, so each shows
-        where it runs and its layout. What a one-shot reader (`status`) waits for past its window when the
-        nodes are slow to answer (a busy host, a slow link)."""
+    def nodes_settled(self) -> bool:
+        """Whether every node has answered once (or failed), its containers and processes read where it
+        answered: the engines it runs are known."""
         for n in self._nodes.values():
             if n.last is None and n.health.failures == 0:
                 return False  # not answered yet
             if n.last is not None and n.health.failures == 0 and self.discover and n.listed_at is None:
                 return False  # answered, but its containers are still to be read
+        return True
+
+    def settled(self) -> bool:
+        """Whether what has been shown is whole: the nodes settled (`nodes_settled`) and every engine polled
+        since its node's containers were first read, so each shows where it runs and its layout. What a
+        one-shot reader (`status`) waits for when the nodes are slow to answer (a busy host, a slow link)."""
+        if not self.nodes_settled():
+            return False
         for e in self._engines.values():
             node = self._nodes.get(e.target.node or "")
             listed = node.listed_at if node is not None else None
@@ -242,10 +248,17 @@ class Poller:
             if nodes is None or name in nodes:
                 worker.probe.refresh_docker()
 
-    async def start(self) -> Poller:
+    async def start(self, settle_nodes: float = 0.0) -> Poller:
+        """Start polling. With `settle_nodes`, engines are polled only once every node has answered and its
+        containers are read (`nodes_settled`), or that many seconds have passed: a one-shot reader's window
+        (`status --seconds N`) is then N seconds of engines placed on their nodes, not a slow node's wait."""
         self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=30))
         for node in self._node_targets:
             self._add_node(node)
+        waited = 0.0
+        while settle_nodes and waited < settle_nodes and not self.nodes_settled():
+            await asyncio.sleep(0.05)
+            waited += 0.05
         for engine in self._engine_targets:
             self._add_engine(engine)
         if self.default_port:
@@ -294,7 +307,10 @@ class Poller:
                 for attr in ("container", "topology", "kind", "model", "argv"):
                     if getattr(target, attr):
                         setattr(existing.target, attr, getattr(target, attr))
-                if existing.target.origin == "candidate":
+                if target.origin == "given":
+                    # What the user named stays theirs, however it was found first: as if named from the start.
+                    existing.target.origin, existing.target.node, existing.target.process = "given", target.node, None
+                elif existing.target.origin == "candidate":
                     existing.target.origin = target.origin
                 existing.probe.hint = existing.target.kind
                 existing.probe.argv = existing.target.argv
@@ -367,7 +383,8 @@ class Poller:
                 self._emit_node(w)
                 if self.discover and w.probe.read_slow_tier:  # between, the same lists: the same engines
                     self._discover(w, snap)
-                    w.listed_at = self.clock.now()
+                    if w.listed_at is None:
+                        w.listed_at = self.clock.now()
                 delay = self._interval
             await self._sleep_until(started + delay)
 
