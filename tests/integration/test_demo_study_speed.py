@@ -21,6 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_demo_study_at_speed_4_predicts_its_own_twins(tmp_path):
+    """A real-time study on the demo's twin nodes (a launch, three levels of two runs, the stop) and its
+    report: about a minute on two cores."""
     env = dict(os.environ)  # the isolated XDG dirs of this test (conftest), for the subprocess too
     done = subprocess.run(
         [sys.executable, "-m", "sparktop", "study", "gpt-oss-120b", "--demo", "--speed", "4", "--topologies",
