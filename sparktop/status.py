@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -138,8 +139,17 @@ def node_json(n: NodeSnapshot, state: ClusterState | None = None, prefs: Prefere
     }
 
 
-def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Preferences | None = None) -> dict:
+def _predicted(e: EngineSnapshot, inventory: Inventory | None) -> Any:
+    """The model's figures for this engine under its load now (`launch.prediction.predicted_now`)."""
+    from sparktop.launch.prediction import predicted_now
+
+    return predicted_now(e, inventory) if e.state == "ready" and not is_router(e.kind) else None
+
+
+def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Preferences | None = None,
+                inventory: Inventory | None = None) -> dict:
     energy = state.engine_energy(e) if state is not None else None
+    row = _predicted(e, inventory)
     return {
         "url": e.url, "state": e.state, "reason": e.reason, "error": e.error, "stage": e.stage, "node": e.node,
         "kind": e.kind, "engine": e.engine, "recognised": e.recognised, "found": e.found,
@@ -181,6 +191,11 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "peaks": None if state is None else state.peaks.get(e.key),
         "energy": None if energy is None else energy.to_dict(prefs.energy_price_per_kwh if prefs else None),
         "events": notices_json(state, e.key),
+        # what the model predicts under the load it has now (the requests running, the mean prompt and output
+        # of those finished), as `sparktop predict` would: null while it runs nothing or without a model card
+        "predicted": None if row is None else {
+            "concurrency": row.concurrency, "prompt_tokens": row.pp, "output_tokens": row.tg,
+            "gen_tps": _r(row.decode_tps, 1), "ttft_ms": _r(row.ttft_ms, 1)},
     }
 
 
@@ -229,12 +244,18 @@ def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
 
 
 def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None,
-                prefs: Preferences | None = None, window_s: float | None = None) -> dict:
+                prefs: Preferences | None = None, window_s: float | None = None,
+                inventory: Inventory | None = None) -> dict:
     now = time.time()
     # window_s: the seconds token rates and latency percentiles were taken over (status --seconds)
     return {"window_s": window_s, "nodes": [node_json(n, state, prefs) for n in state.ordered_nodes()],
-            "engines": [engine_json(e, state, prefs) for e in state.ordered_engines()],
+            "engines": [engine_json(e, state, prefs, inventory) for e in state.ordered_engines()],
             "launches": [launch_json(r, state, now) for r in launches or []]}
+
+
+def _pred_cell(row: Any) -> str:
+    """The gen t/s the model predicts for the load an engine has now: `sparktop predict`'s figure."""
+    return "—" if row is None or row.decode_tps is None else f"{row.decode_tps:.1f}"
 
 
 def _waiting(e: EngineSnapshot) -> str:
@@ -243,7 +264,8 @@ def _waiting(e: EngineSnapshot) -> str:
     return f"{e.waiting:.0f} ({e.deferred:.0f} deferred)" if e.deferred > 0 else f"{e.waiting:.0f}"
 
 
-def print_tables(state: ClusterState, console: Console, launches: list[LaunchRecord] | None = None) -> None:
+def print_tables(state: ClusterState, console: Console, launches: list[LaunchRecord] | None = None,
+                 inventory: Inventory | None = None) -> None:
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "mem used / total", "avail", "gpu", "temp", "power", "cpu", "containers"):
         nodes.add_column(col)
@@ -268,7 +290,8 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
     # The endpoint is how a user tells engines apart: it is the last column to be cut.
     longest = max((len(e.url.removeprefix("http://")) for e in state.engines.values()), default=8)
     engines.add_column("endpoint", no_wrap=True, min_width=min(21, longest))
-    for col in ("engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "TTFT p50", "ITL p50"):
+    for col in ("engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "pred", "TTFT p50",
+                "ITL p50"):
         engines.add_column(col)
     notes: list[str] = []
     for e in state.ordered_engines():
@@ -286,6 +309,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             cell("waiting", _waiting(e)),
             cell("prompt_tps", f"{e.prompt_tps:.1f}" if e.prompt_tps is not None else "—"),
             cell("gen_tps", f"{e.gen_tps:.1f}" if e.gen_tps is not None else "—"),
+            _pred_cell(_predicted(e, inventory)),
             cell("ttft", f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—"),
             cell("itl", f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—"),
         )
@@ -318,8 +342,8 @@ def main_status(inventory: Inventory, engines: list[str], as_json: bool = False,
     state = asyncio.run(collect(poller, seconds))
     launches = LaunchState(inventory).active()
     if as_json:
-        json.dump(status_json(state, launches, prefs, window_s=seconds), sys.stdout, indent=2)
+        json.dump(status_json(state, launches, prefs, window_s=seconds, inventory=inventory), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_tables(state, Console(), launches)
+        print_tables(state, Console(), launches, inventory)
     return 0

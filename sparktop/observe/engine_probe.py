@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
+from sparktop.masking import mask_argv
 from sparktop.observe.engines import Answer, Engine, EngineUnreachable, NotAnEngine, recognise
 from sparktop.observe.engines.base import MODEL_REFRESH_S
 from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
@@ -85,6 +86,7 @@ class EngineProbe:
     api_key: str | None = None
     hint: str | None = None  # the engine its container or process suggests (`Engine.id`): asked first
     argv: list[str] | None = None  # its server's command line, where discovery read it
+    image: str | None = None  # its container's image, where it runs in one
     rate_window: float = RATE_WINDOW_S  # token rates over this many seconds
     latency_window: float = LATENCY_WINDOW_S  # percentiles over this many
     histogram_every: float = HISTOGRAM_EVERY_S
@@ -178,6 +180,7 @@ class EngineProbe:
                 await engine.details(self.get)
         snap = EngineSnapshot(key=self.url, url=self.url, t=now, state="ready")
         engine.fill(snap, derived)
+        snap.argv, snap.image = (mask_argv(self.argv) if self.argv else []), self.image
         snap.poll_ms = (clock.now() - started) * 1000
         return snap
 

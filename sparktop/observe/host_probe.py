@@ -589,6 +589,7 @@ class DiscoveredEngine:
     topology: str | None = None
     model: str | None = None
     argv: list[str] | None = None
+    image: str | None = None  # the container's image: names the engine's build (the stack a prediction uses)
 
 
 def _split(command: str) -> list[str]:
@@ -624,7 +625,8 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
         return DiscoveredEngine(url=url, port=port, host=None, container=container.name,
                                 kind=labels.get("sparktop.kind", DEFAULT),
                                 topology=from_label(labels.get("sparktop.topology")),
-                                model=labels.get("sparktop.model"), argv=container_argv(container))
+                                model=labels.get("sparktop.model"), argv=container_argv(container),
+                                image=container.image or None)
     args = container_argv(container)
     if not args:
         return None
@@ -645,4 +647,5 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
     return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
                             kind=ROUTER if engine.router else engine.id,
                             topology=None if engine.router else engine.layout(args).name,
-                            model=None if engine.router else engine.served_model(args), argv=args)
+                            model=None if engine.router else engine.served_model(args), argv=args,
+                            image=container.image or None)

@@ -76,6 +76,7 @@ class EngineTarget:
     model: str | None = None  # as launched, until the engine says
     process: str | None = None  # discovered in the process list: "process 4242 (vllm serve, port 8000)"
     argv: list[str] | None = None  # its server's command line, where it was read
+    image: str | None = None  # its container's image
 
     @property
     def found(self) -> str:
@@ -304,7 +305,7 @@ class Poller:
             existing = self._engines[key]
             # A candidate that turns out to be a known container gains its details.
             if target.origin != "candidate":
-                for attr in ("container", "topology", "kind", "model", "argv"):
+                for attr in ("container", "topology", "kind", "model", "argv", "image"):
                     if getattr(target, attr):
                         setattr(existing.target, attr, getattr(target, attr))
                 if target.origin == "given":
@@ -313,7 +314,7 @@ class Poller:
                 elif existing.target.origin == "candidate":
                     existing.target.origin = target.origin
                 existing.probe.hint = existing.target.kind
-                existing.probe.argv = existing.target.argv
+                existing.probe.argv, existing.probe.image = existing.target.argv, existing.target.image
             return
         node = self._nodes.get(target.node) if target.node else None
         api_key = self.api_key
@@ -322,7 +323,8 @@ class Poller:
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
-                            argv=target.argv, rate_window=self.rate_window, latency_window=self.latency_window,
+                            argv=target.argv, image=target.image, rate_window=self.rate_window,
+                            latency_window=self.latency_window,
                             histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
         worker = _EngineWorker(target, probe, Health(self.clock.now))
         self._engines[key] = worker
@@ -427,7 +429,7 @@ class Poller:
             if container.state == "running":
                 self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered",
                                               container=found.container, topology=found.topology, kind=found.kind,
-                                              model=found.model, argv=found.argv))
+                                              model=found.model, argv=found.argv, image=found.image))
                 self._engines[key].exited = None
             elif key in self._engines and self._engines[key].target.container == container.name:
                 # A crashed engine stays on screen, with why, until its container is removed.

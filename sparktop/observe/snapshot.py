@@ -207,6 +207,10 @@ class EngineSnapshot:
     # how it was found: "given (--engine)", "container vllm-solo", "process 4242 (vllm serve, port 8000)",
     # "default port 8000"
     found: str | None = None
+    # its server's command line where discovery read it (a process's, a container's), secrets masked: what
+    # a prediction for it reads its serving flags from (`launch.prediction.subject_for_engine`)
+    argv: list[str] = field(default_factory=list)
+    image: str | None = None  # its container's image (names its build: the stack a prediction uses)
 
     @property
     def label(self) -> str:

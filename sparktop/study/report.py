@@ -34,7 +34,7 @@ from sparktop.bench.results import load_run
 from sparktop.bench.run import Run
 from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
-from sparktop.study.masking import mask  # the report masks again (the runner did first)
+from sparktop.masking import mask  # the report masks again (the runner did first)
 from sparktop.study.state import CANCELLED, DONE, FAILED, Study, TopologyState
 from sparktop.units import ago, fmt
 

@@ -35,6 +35,7 @@ from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import overrides_for, stop_launches
 from sparktop.launch.state import LaunchState
 from sparktop.launch.topology import make_plan
+from sparktop.masking import mask
 from sparktop.observe.engine_log import strip_prefix
 from sparktop.observe.power import NodesPower
 from sparktop.remote import Transport, TransportError, transport_for
@@ -49,7 +50,6 @@ from sparktop.study.events import (
     TopologyFinished,
     TopologyStarted,
 )
-from sparktop.study.masking import mask
 from sparktop.study.state import (
     CANCELLED,
     DONE,

@@ -432,7 +432,7 @@ _ROOFLINE_TPS: dict[tuple, float] = {}
 
 
 def _engine_key(snap, inventory=None) -> tuple:
-    return (snap.model, snap.topology, snap.kind, getattr(snap, "image", None),
+    return (snap.model, snap.topology, snap.kind, getattr(snap, "image", None), tuple(getattr(snap, "argv", ())),
             None if inventory is None else (inventory.defaults.image, inventory.defaults.twin_speed,
                                             tuple(n.name for n in inventory.nodes)))
 
@@ -445,18 +445,15 @@ def perf_for(snap, inventory=None) -> PerfModel | None:
     if key in _ROOFLINE_CACHE:
         return _ROOFLINE_CACHE[key]
     from sparktop.errors import SparktopError
-    from sparktop.launch.prediction import subject_for_engine
-    from sparktop.layouts import layout_of
+    from sparktop.launch.prediction import engine_topology, subject_for_engine
     from sparktop.model.forecast import resolve
 
-    layout = layout_of(snap.topology)  # an engine's own layout: its replicas are other engines
-    topology = f"tp={layout.tp},pp={layout.pp}" if layout is not None and layout.pp > 1 else \
-        (f"tp={layout.tp}" if layout is not None and layout.tp > 1 else "solo")
+    topology = engine_topology(snap)
     perf = None
     with contextlib.suppress(SparktopError):
         subject = subject_for_engine(snap, inventory)
         if subject is not None:
-            perf = resolve(subject, topology).perf(topology)
+            perf = resolve(subject, topology).perf(topology, subject.serving_for(topology))
     _ROOFLINE_CACHE[key] = perf
     return perf
 

@@ -490,25 +490,20 @@ class SweepScreen(LiveScreen):
         import asyncio
         from types import SimpleNamespace
 
-        from sparktop.launch.prediction import subject_for_engine
+        from sparktop.launch.prediction import predicted_for_engine
         from sparktop.layouts import layout_of
-        from sparktop.model.forecast import forecast
 
         if self.sweep is None:
             return
         s = self.sweep.s
         table = self.query_one("#levels-table", DataTable)
         engine = getattr(self, "swept_engine", None)
-        # The swept engine's card, kind and image; the served name where the engine is not known.
+        # The swept engine (its card, kind, image, flags); the served name where the engine is not known.
         snap = engine if engine is not None and getattr(engine, "model", None) else SimpleNamespace(
-            model=self.model or "", kind=getattr(engine, "kind", None) or "vllm", image=None)
-        subject = subject_for_engine(snap, getattr(self.app, "inventory", None))
-        if subject is None:
-            table.update_cell(str(c), "predicted", "—")
-            return
-        topology = s.topology if s.topology and layout_of(s.topology) is not None else "solo"
-        fc = await asyncio.to_thread(forecast, subject, [topology], [c], s.pp, s.tg)
-        row = fc.at(topology, c)
+            model=self.model or "", kind=getattr(engine, "kind", None), image=None)
+        topology = s.topology if s.topology and layout_of(s.topology) is not None else None
+        row = await asyncio.to_thread(predicted_for_engine, snap, getattr(self.app, "inventory", None), c, s.pp,
+                                      s.tg, topology)
         if str(c) in table.rows:
             table.update_cell(str(c), "predicted", fmt(row.decode_tps) if row is not None else "—")
 

@@ -15,7 +15,8 @@ import sparktop
 PACKAGE = Path(sparktop.__file__).parent
 
 # What each part of sparktop may import (besides itself and the foundation).
-FOUNDATION = {"errors", "yamlfile", "units", "events", "settings", "layouts", "clock", "engine_ids", "__init__"}
+FOUNDATION = {"errors", "yamlfile", "units", "events", "settings", "layouts", "clock", "engine_ids", "masking",
+              "__init__"}
 ALLOWED = {
     "remote": set(),
     "observe": {"remote"},

@@ -63,6 +63,8 @@ class Runtime:
     model_flags: ClassVar[tuple[str, ...]] = ()
     served_flags: ClassVar[tuple[str, ...]] = ()
     short_flags: ClassVar[dict[str, str]] = {}
+    value_prefix: ClassVar[str] = "-"  # a token after a flag starting with this is a flag (`--`: `-1` is a value)
+    verbatim: ClassVar[bool] = False  # dotted and unknown single-dash flags kept as written (vLLM's -O3, -cc.x)
     sparkrun_defaults: ClassVar[dict[str, str]] = {}
     # sparkrun's `defaults:` keys that go in its options file (TensorRT-LLM): key -> (section, name).
     sparkrun_config: ClassVar[dict[str, tuple[str, str]]] = {}
@@ -74,9 +76,12 @@ class Runtime:
     # -- someone else's recipe (sparkrun's, eugr's) ------------------------------------
 
     def split_command(self, argv: list[str]) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
-        """Its server's command line -> (model, served name, its own flags, extra args), for SGLang's
-        `python3 -m sglang.launch_server ...`, `llama-server ...` and `trtllm-serve MODEL ...`; flags the
-        layout decides are dropped."""
+        """Its server's command line -> (model, served name, its own flags, extra args): `vllm serve MODEL ...`,
+        SGLang's `python3 -m sglang.launch_server ...`, `llama-server ...`, `trtllm-serve MODEL ...`; flags the
+        layout decides are dropped. One parser for every runtime; what differs is data: its `programs`, whether
+        the model comes first, its model, served-name and short flags, `value_prefix` (a token starting with it
+        is the next flag, not a value, unless it is a number) and `verbatim` (dotted and unknown single-dash
+        flags are kept as written)."""
         while argv and (argv[0] in self.programs or argv[0].rsplit("/", 1)[-1] in self.programs):
             argv = argv[1:]
         model = None
@@ -93,7 +98,7 @@ class Runtime:
                 i += 1
                 continue
             name, eq, inline = arg.lstrip("-").partition("=")
-            takes_value = not eq and i + 1 < len(argv) and not (argv[i + 1].startswith("-") and
+            takes_value = not eq and i + 1 < len(argv) and not (argv[i + 1].startswith(self.value_prefix) and
                                                                 not is_number(argv[i + 1]))
             value: Any = inline if eq else (argv[i + 1] if takes_value else True)
             i += 1 if eq or not takes_value else 2
@@ -105,6 +110,10 @@ class Runtime:
                 served = str(value)
                 continue
             if key in self.reserved:
+                continue
+            if self.verbatim and ("." in name or not arg.startswith("--")):
+                # vLLM's -cc.cudagraph_mode=..., -O3: kept as written, no recipe key names them.
+                extra += [arg] if eq or value is True else [arg, str(value)]
                 continue
             flags[key] = number(value)
         return model, served, flags, extra

@@ -46,48 +46,17 @@ class VllmRuntime(Runtime):
         "linear_backend", "async_scheduling")}
     router_provider = "hosted_vllm"
     ray = True
+    # `vllm serve MODEL ...` or `python -m vllm.entrypoints.openai.api_server --model MODEL ...`
+    programs = ("vllm", "serve", "python", "python3", "-m", "vllm.entrypoints.openai.api_server")
+    model_first = True
+    model_flags = ("model",)
+    served_flags = ("served_model_name",)
+    short_flags: ClassVar[dict[str, str]] = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}
+    value_prefix = "--"
+    verbatim = True
 
     def serving_flags(self, args: dict) -> dict:
         return dict(args)  # vLLM's own names
-
-    def split_command(self, argv: list[str]) -> tuple[str | None, str | None, dict[str, Any], list[str]]:
-        """`vllm serve MODEL --flag value --switch ...` (or `python -m vllm.entrypoints.openai.api_server`) ->
-        (model, served name, flags, extra args). Flags the topology decides are dropped. A flag followed by
-        another flag (or nothing) is a switch."""
-        if len(argv) >= 2 and argv[0].endswith("vllm") and argv[1] == "serve":
-            argv = argv[2:]
-        elif argv and "api_server" in " ".join(argv[:3]):
-            argv = [a for a in argv if "api_server" not in a and a not in ("python", "python3", "-m")]
-        model = None
-        if argv and not argv[0].startswith("-"):
-            model, argv = argv[0], argv[1:]
-        reserved = {r.replace("_", "-") for r in self.reserved}
-        flags: dict[str, Any] = {}
-        extra: list[str] = []
-        i = 0
-        while i < len(argv):
-            arg = argv[i]
-            if not arg.startswith("-"):
-                extra.append(arg)
-                i += 1
-                continue
-            name, eq, inline = arg.lstrip("-").partition("=")
-            takes_value = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            value: Any = inline if eq else (argv[i + 1] if takes_value else True)
-            i += 1 if eq or not takes_value else 2
-            flag = name.replace("_", "-")
-            if flag == "model" and isinstance(value, str):
-                model = model or value
-                continue
-            if flag in reserved or name in ("tp", "pp"):
-                continue
-            if "." in name or arg.startswith("-") and not arg.startswith("--"):
-                # -cc.cudagraph_mode=... and other short/dotted forms stay verbatim.
-                extra += [arg] if eq or value is True else [arg, str(value)]
-                continue
-            flags[name.replace("-", "_")] = number(value)
-        served = flags.pop("served_model_name", None)
-        return model, str(served) if served else None, flags, extra
 
     def sparkrun_flags(self, defaults: dict[str, Any]) -> dict[str, Any]:
         """sparkrun's built-in `defaults:` -> flags table, for its vLLM recipes without a command."""

@@ -20,3 +20,22 @@ def mask(command: str) -> str:
         return m.group("key") + ("***" if value.strip("'\"") != "***" else value)
 
     return _BARE.sub("***", _SECRET.sub(hide, command))
+
+
+_URL_SECRET = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@")  # http://user:pw@host
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A server's command line, token by token, with its secrets replaced by *** (the value after
+    `--api-key`, `--api-key=X`, `HF_TOKEN=X`, credentials in a URL): what a snapshot may carry and show."""
+    out: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next and not token.startswith("--"):
+            out.append("***")
+            hide_next = False
+            continue
+        hide_next = bool(_SECRET.fullmatch(token + " x")) and "=" not in token  # a flag whose value follows
+        token = _URL_SECRET.sub(lambda m: m.group("scheme") + "***@", token)
+        out.append(mask(token) if "=" in token or _BARE.search(token) else token)
+    return out
