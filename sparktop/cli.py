@@ -34,11 +34,22 @@ def _inventory(args):
     return load_inventory(args.inventory)
 
 
+def _history_file(args, inventory=None) -> str | None:
+    """--file, else the inventory's `defaults.history_file` (the demo's names its own), else the default."""
+    if getattr(args, "file", None):
+        return args.file
+    if inventory is None and getattr(args, "inventory", None):
+        inventory = _inventory(args)
+    return inventory.defaults.history_file if inventory is not None else None
+
+
 def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
-    return main_monitor(_inventory(args), args.engine or [], args.interval, args.record, args.recipes,
-                        study=args.study, read_only=args.read_only, rate_window=args.rate_window)
+    inventory = _inventory(args)
+    return main_monitor(inventory, args.engine or [], args.interval, args.record, args.recipes,
+                        study=args.study, read_only=args.read_only, rate_window=args.rate_window,
+                        history_path=inventory.defaults.history_file)
 
 
 def cmd_web(args) -> int:
@@ -127,9 +138,10 @@ def cmd_study(args) -> int:
 
     demo = args.demo
     if args.resume and not demo:
+        from sparktop.settings import DEMO_INVENTORY
         from sparktop.study.state import load_study
 
-        demo = load_study(args.resume).inventory == "demo"
+        demo = load_study(args.resume).inventory == DEMO_INVENTORY
     if demo:
         from sparktop.demo import demo_inventory
 
@@ -177,7 +189,7 @@ def cmd_history(args) -> int:
     from sparktop.history.commands import main_history
 
     return main_history(args.since, args.until, args.engine, "json" if args.json else "csv" if args.csv else "table",
-                        args.file)
+                        _history_file(args))
 
 
 def cmd_collect(args) -> int:
@@ -193,7 +205,9 @@ def cmd_collect(args) -> int:
         # The web's rules: loopback needs no token; any other address one (SPARKTOP_METRICS_TOKEN, or a new one).
         token, generated = resolve_metrics_token(host)
         metrics = (host, port, token, generated)
-    return main_collect(_inventory(args), args.engine or [], args.interval, args.rate_window, args.file, metrics)
+    inventory = _inventory(args)
+    return main_collect(inventory, args.engine or [], args.interval, args.rate_window,
+                        _history_file(args, inventory), metrics)
 
 
 def cmd_replay(args) -> int:
@@ -345,8 +359,10 @@ def _add_history(add, watch_options) -> None:
     out = history.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON for scripts")
     out.add_argument("--csv", action="store_true", help="print CSV (a section column first)")
-    history.add_argument("--file", metavar="PATH", help="the history file (default: "
-                         "$XDG_DATA_HOME/sparktop/history.sqlite)")
+    history.add_argument("--file", metavar="PATH", help="the history file (default: the inventory's "
+                         "defaults.history_file, else $XDG_DATA_HOME/sparktop/history.sqlite)")
+    history.add_argument("--inventory", metavar="FILE", help="the cluster whose history to read (its "
+                         "defaults.history_file; `demo`: the demo's)")
     collect = add("collect", "write the history without a screen (and serve metrics to Prometheus)", cmd_collect)
     watch_options(collect)
     collect.add_argument("--file", metavar="PATH", help="the history file (default: "

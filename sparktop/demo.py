@@ -26,12 +26,43 @@ from sparktop.engine_ids import DEFAULT, is_router
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
-from sparktop.settings import Defaults, load_preferences, state_dir
+from sparktop.settings import Defaults, data_dir, demo_inventory_path, load_preferences, state_dir
 from sparktop.twin.cluster import DEFAULT_IMAGE, RUNTIME_IMAGES, TwinCluster, wait_ready
 
 
 def demo_root():
     return state_dir() / "demo"
+
+
+def demo_history_path():
+    """The demo's history: kept across demos (the nodes' folder is made afresh each time), apart from yours."""
+    return data_dir() / "demo-history.sqlite"
+
+
+LOAD_PID = "load.pid"  # the background load of a demo left running (--no-wait), for --stop
+
+
+def write_demo_inventory(cluster: TwinCluster) -> None:
+    """The demo's nodes as an inventory file other commands reach with `--inventory demo` (`status`, `sweep`,
+    `history`, `launch --dry-run`, `study`), with the demo's history file and pace."""
+    import yaml
+
+    inventory = cluster.inventory()
+    doc = {
+        "nodes": [{"name": n.name, "host": n.host, "fabric_ip": n.fabric_ip, "eth_if": n.eth_if, "ib_if": n.ib_if,
+                   "bind": n.bind, "env": n.env} for n in inventory.nodes],
+        "defaults": {"image": inventory.defaults.image, "twin_speed": inventory.defaults.twin_speed,
+                     "history_file": str(demo_history_path())},
+    }
+    path = demo_inventory_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# Written by `sparktop demo` for its twin nodes on this machine; other commands reach them\n"
+                    "# with `--inventory demo`. Removed by `sparktop demo --stop`.\n"
+                    + yaml.safe_dump(doc, sort_keys=False))
+
+
+def forget_demo_inventory() -> None:
+    demo_inventory_path().unlink(missing_ok=True)
 
 
 def node_names(count: int) -> tuple[str, ...]:
@@ -65,11 +96,13 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
     root = demo_root()
     if root.exists():  # a demo left running: its engines go before its directories do
         left = tuple(sorted(p.name for p in root.glob("spark-*") if p.is_dir()))
+        stop_detached_load(root)
         if left:
             await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
     cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image,
                                   *RUNTIME_IMAGES.values()]).setup()
+    write_demo_inventory(cluster)
     if not engines:
         return cluster, []
     urls = await cluster.run_solo(model=model, startup_speed=startup_speed, engines=kinds)
@@ -87,6 +120,7 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image, *RUNTIME_IMAGES.values()])
     cluster.setup(fresh=not root.exists())
     _link_litellm(cluster)
+    write_demo_inventory(cluster)
     return cluster.inventory()
 
 
@@ -134,13 +168,27 @@ async def launch_layout(cluster: TwinCluster, recipe_id: str, layout: str, say=p
         raise
 
 
-def start_load(urls: list[str], low: int = 1, high: int = 6, key: str | None = None) -> subprocess.Popen:
-    # Same process group as the app, and it exits when its parent does, so a
-    # closed terminal never leaves load running against the next demo.
+def start_load(urls: list[str], low: int = 1, high: int = 6, key: str | None = None,
+               detached: bool = False) -> subprocess.Popen:
+    # Same process group as the app, and it exits when its parent does, so a closed terminal never leaves
+    # load running against the next demo; `detached` (--no-wait): its own session, stopped by --stop.
     env = {**os.environ, "SPARKTOP_LOAD_API_KEY": key} if key else None  # a router's key: never on argv
+    parent = [] if detached else ["--parent", str(os.getpid())]
     return subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", str(low),
-                             "--max", str(high), "--parent", str(os.getpid())],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                             "--max", str(high), *parent],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=detached)
+
+
+def stop_detached_load(root) -> None:
+    """The load a demo left running (--no-wait) goes with its engines."""
+    pid_file = root / LOAD_PID
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    pid_file.unlink(missing_ok=True)
 
 
 async def stop_everything(cluster: TwinCluster) -> int:
@@ -171,7 +219,9 @@ async def run_demo(args) -> int:
         # As many nodes as the demo left running had.
         names = tuple(sorted(p.name for p in demo_root().glob("spark-*") if p.is_dir())) or node_names(2)
         cluster = TwinCluster(demo_root(), names=names).setup(fresh=False)
+        stop_detached_load(cluster.root)
         removed = await stop_everything(cluster)
+        forget_demo_inventory()
         print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed).")
         return 0
     count = getattr(args, "nodes", 2) or 2
@@ -207,7 +257,12 @@ async def run_demo(args) -> int:
         else:
             for node, url in zip(cluster.nodes, urls, strict=False):
                 print(f"  {node.name:8} {url}/v1   (metrics: {url}/metrics)")
-        print(f"Left running; stop with: sparktop demo --stop  (state in {cluster.root})")
+        # The light load goes on without the screen (a sweep still gets the node to itself), so figures move.
+        load = start_load(urls, key=key, detached=True)
+        (cluster.root / LOAD_PID).write_text(str(load.pid))
+        print("Left running under a light load; from any shell: sparktop status --inventory demo "
+              "(and sweep, history, launch --dry-run, study with --inventory demo)")
+        print(f"Stop with: sparktop demo --stop  (state in {cluster.root})")
         return 0
 
     from sparktop.launch.state import api_key_for
@@ -223,8 +278,9 @@ async def run_demo(args) -> int:
     try:
         await run_monitor(cluster.inventory(), [], label=f"demo: twin cluster serving {args.model}",
                           poller=poller, record=args.record,
-                          # The twins' history stays with the twins (h shows it), out of the user's own.
-                          history_path=str(cluster.root / "history.sqlite"))
+                          # The twins' history stays apart from the user's own (h shows it; `sparktop
+                          # history --inventory demo` reads it), and outlives the demo's nodes.
+                          history_path=str(demo_history_path()))
     finally:
         load.send_signal(signal.SIGTERM)
         try:
@@ -232,4 +288,5 @@ async def run_demo(args) -> int:
         except subprocess.TimeoutExpired:
             load.kill()
         await stop_everything(cluster)
+        forget_demo_inventory()
     return 0

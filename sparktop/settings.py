@@ -94,6 +94,9 @@ class Defaults:
     # The nodes' pace against a GB10's: twin hosts started with --speed S run S times as fast, and every
     # prediction for this inventory is scaled the same (1 for real Sparks).
     twin_speed: float = 1.0
+    # This cluster's history file (`sparktop history`, `collect` and the app read and write it); None:
+    # $XDG_DATA_HOME/sparktop/history.sqlite. The demo's inventory names its own, so twins stay out of yours.
+    history_file: str | None = None
 
     def image_for(self, runtime: str) -> str:
         """The image a runtime's engine runs in where a recipe names none: `image` for DEFAULT's (vLLM's),
@@ -297,10 +300,24 @@ def _read_node(raw, raw_nodes: list, index: int, path: Path) -> Node:
     return node
 
 
+DEMO_INVENTORY = "demo"  # `--inventory demo`: the inventory `sparktop demo` writes for the cluster it runs
+
+
+def demo_inventory_path() -> Path:
+    """Where `sparktop demo` writes the inventory of the twin cluster it runs (`--inventory demo` reads it)."""
+    return state_dir() / "demo" / "inventory.yaml"
+
+
 def load_inventory(path: str | Path | None = None) -> Inventory:
     """Read cluster.yaml (or a sparkrun cluster file, or eugr's .env); with no
-    file, sparkrun's default cluster if there is one, else this node only."""
+    file, sparkrun's default cluster if there is one, else this node only.
+    `demo` (with no file of that name here): the inventory of the demo that runs."""
     explicit = path is not None
+    if explicit and str(path) == DEMO_INVENTORY and not Path(DEMO_INVENTORY).exists():
+        if not demo_inventory_path().exists():
+            raise ConfigError(DEMO_INVENTORY, None, None, "no demo cluster is running; start one with `sparktop "
+                              "demo` (or `sparktop demo --no-wait` to leave it running for other commands)")
+        path = demo_inventory_path()
     path = Path(path).expanduser() if path else inventory_path()
     if not path.exists():
         if explicit:

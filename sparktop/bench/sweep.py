@@ -61,6 +61,7 @@ from sparktop.bench.stats import EngineWatch, LevelKey, LevelStats, level_stats,
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT
 from sparktop.events import emitting
+from sparktop.measuring import measuring
 
 if TYPE_CHECKING:
     from sparktop.observe.engines import Answer, Engine
@@ -762,7 +763,13 @@ class Sweep:
         """The sweep, as its events; the last is SweepFinished. Closing the
         iterator (or cancelling its consumer) cancels the sweep: finished
         requests stay in requests.jsonl and the run is marked cancelled."""
-        return emitting(self._sweep)
+        return emitting(self._measured)
+
+    async def _measured(self, emit: Callable[[SweepEvent], None]) -> SweepFinished:
+        # Other load on this machine (the demo's) steps aside from the node measured while the sweep runs
+        # (`sparktop.measuring`); a rate sweep (`load.RateSweep`) is measured the same way.
+        with measuring(self.s.endpoint):
+            return await self._sweep(emit)
 
     async def run(self) -> SweepFinished:
         """The sweep without watching it: its last event."""

@@ -25,7 +25,7 @@ from sparktop.launch.catalog import find_recipe, load_recipe_file, runtime_recip
 from sparktop.launch.events import Stage
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.session import overrides_for
-from sparktop.settings import Inventory, inventory_from_hosts, load_inventory
+from sparktop.settings import DEMO_INVENTORY, Inventory, inventory_from_hosts, load_inventory
 from sparktop.study.events import (
     LaunchUpdate,
     StageChanged,
@@ -168,7 +168,7 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
             extra_body=parse_extra_body(args.extra_body), overrides=overrides,
             nodes=nodes, recipes=recipes, load=_load_options(args),
-            inventory_path="demo" if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
+            inventory_path=DEMO_INVENTORY if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
         pace = "at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"

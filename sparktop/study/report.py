@@ -34,7 +34,8 @@ from sparktop.bench.results import load_run
 from sparktop.bench.run import Run
 from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
-from sparktop.masking import mask  # the report masks again (the runner did first)
+from sparktop.masking import mask
+from sparktop.settings import DEMO_INVENTORY  # the report masks again (the runner did first)
 from sparktop.study.state import CANCELLED, DONE, FAILED, Study, TopologyState
 from sparktop.units import ago, fmt
 
@@ -345,7 +346,10 @@ def reproduce(study: Study) -> str:
         args += ["--set", f"{k}={val}"]
     for k, v in (study.extra_body or {}).items():
         args += ["--extra-body", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
-    if study.inventory:
+    if study.inventory == DEMO_INVENTORY:
+        # The demo's twin nodes: `--demo` sets them up again (and at the pace this one ran at).
+        args += ["--demo"] + (["--speed", f"{study.speed:g}"] if study.speed and study.speed != 1 else [])
+    elif study.inventory:
         args += ["--inventory", study.inventory]
     if study.nodes:
         args += ["--nodes", ",".join(study.nodes)]

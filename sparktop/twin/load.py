@@ -7,6 +7,9 @@ cache has something to hit. Run it as its own process:
 
     python -m sparktop.twin.load http://127.0.0.2:8000 http://127.0.0.3:8000
 
+While a sweep (or a study) on this machine measures one of the nodes (`sparktop.measuring`), the load
+sends that node nothing new, so the sweep measures the engine, not this load.
+
 A LiteLLM router in front wants its master key: `$SPARKTOP_LOAD_API_KEY`
 (from the environment, never the command line, which `ps` shows).
 """
@@ -21,6 +24,8 @@ import os
 import random
 
 import httpx
+
+from sparktop.measuring import host_of, measured_hosts
 
 SHARED = "You are a careful assistant for a team that runs vLLM on two DGX Spark nodes. " * 40
 WORDS = ["memory", "bandwidth", "decode", "prefill", "expert", "cache", "token", "batch", "latency", "node", "cluster",
@@ -71,6 +76,8 @@ async def drive(url: str, low: int, high: int, period: float, seed: int) -> None
                     continue
             t = loop.time() - start
             target = round(low + (high - low) * (0.5 + 0.5 * math.sin(2 * math.pi * t / period + phase)))
+            if host_of(url) in measured_hosts():
+                target = 0  # a sweep measures this node: step aside (what is in flight finishes) until it ends
             while len(inflight) < target:
                 task = asyncio.create_task(one_request(client, url, model, rng))
                 inflight.add(task)

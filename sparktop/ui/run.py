@@ -92,9 +92,10 @@ def _exit_on_signals(app: SparktopApp) -> None:
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
                  recipe_dirs: list[str] | None = None, study: str | None = None, read_only: bool = False,
-                 rate_window: float | None = None) -> int:
+                 rate_window: float | None = None, history_path: str | None = None) -> int:
     """`study`: an id or directory to attach to (`sparktop --study ID`); a
-    wrong one is an error before the screen opens."""
+    wrong one is an error before the screen opens. `history_path`: the inventory's history file (None: the
+    default one)."""
     study_dir = None
     if study:
         from sparktop.study.state import load_study
@@ -102,7 +103,7 @@ def main_monitor(inventory: Inventory, engines: list[str], interval: float, reco
         study_dir = load_study(study).dir
     return asyncio.run(run_monitor(inventory, engines, interval, record, label="read-only" if read_only else "",
                                    recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only,
-                                   rate_window=rate_window))
+                                   rate_window=rate_window, history_path=history_path))
 
 
 def main_replay(path: str, speed: float) -> int:
