@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -163,8 +164,11 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         overrides = parse_sets(args.set, recipe.runtime)
         for other in recipes.values():  # each runtime takes the overrides in its own names, or says why not
             overrides_for(overrides, recipe.runtime, other.runtime)
+        entries = study_entries(recipes, args.topologies, count)
+        if demo:
+            entries = _demo_entries(entries, console)
         study, estimates = new_study(
-            recipe, inventory, study_entries(recipes, args.topologies, count),
+            recipe, inventory, entries,
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
             extra_body=parse_extra_body(args.extra_body), overrides=overrides,
             nodes=nodes, recipes=recipes, load=_load_options(args),
@@ -173,6 +177,9 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
         pace = "at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"
         console.print(f"estimated wall time {pace}: {total}; results in {study.dir}", highlight=False)
+        quick = _quick_variant(args, study)
+        if quick:
+            console.print(f"a quicker look: {quick}", highlight=False)
         if not args.yes:
             if not sys.stdin.isatty():
                 raise SparktopError("not starting without confirmation: add --yes (or run in a terminal)")
@@ -192,7 +199,47 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
     console.print(f"study {study.id}: {len(study.topologies) - len(failed)} measured, {len(failed)} failed, "
                   f"in {_duration((study.ended or time.time()) - study.created)}", highlight=False)
     _write_reports(study, console)
-    return 0 if len(failed) < len(study.topologies) else 1
+    if failed:  # a layout that failed is an answer missing: scripts and CI must see it
+        console.print("failed: " + "; ".join(f"{t.name}: {t.reason or 'failed'}" for t in failed), highlight=False)
+        return 1
+    return 0
+
+
+def _demo_entries(entries: list, console: Console) -> list:
+    """The demo's layouts that can run here: those with replicas put the real LiteLLM proxy in front of them,
+    and without one on PATH they are left out up front, with how to add it (not launched to fail)."""
+    import shutil
+
+    from sparktop.layouts import layout_of
+
+    if shutil.which("litellm"):
+        return entries
+    layouts = {t.name: layout_of(t.layout_name) or layout_of(t.name) for t in entries}
+    routed = [t for t in entries if (layout := layouts[t.name]) is not None and layout.replicas > 1]
+    if not routed:
+        return entries
+    kept = [t for t in entries if t not in routed]
+    console.print(f"left out: {', '.join(t.name for t in routed)} (replicas behind LiteLLM, and this machine has "
+                  "no `litellm`: pip install 'litellm[proxy]' to measure them)", highlight=False, markup=False)
+    if not kept:
+        raise SparktopError("study --demo: every layout asked for puts LiteLLM in front of replicas, and this "
+                            "machine has no `litellm`: pip install 'litellm[proxy]'")
+    return kept
+
+
+def _quick_variant(args, study: Study) -> str | None:
+    """The same study at two levels and two runs each, as a command, when this one asks for more."""
+    if getattr(args, "rate", None) or (len(study.levels) <= 2 and study.runs <= 2):
+        return None
+    levels = sorted({study.levels[0], study.levels[min(len(study.levels) - 1, len(study.levels) // 2)]})
+    words = ["sparktop", "study", args.recipe, "-c", ",".join(map(str, levels)), "--runs", "2"]
+    if study.inventory == DEMO_INVENTORY:
+        words += ["--demo"] + (["--speed", f"{study.speed:g}"] if study.speed != 1 else [])
+    elif args.inventory:
+        words += ["--inventory", args.inventory]
+    if args.topologies and args.topologies != "all":
+        words += ["--topologies", args.topologies]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def cmd_studies(args) -> int:
