@@ -107,11 +107,21 @@ _SERVERS_READ = (
 )
 
 
+# Twin nodes share this machine's process table: on one (`$SPARKTOP_TWIN_HOME` set), only the processes started
+# on that node (its containers', which carry the same variable) are its own, as a real node's are. Not set on
+# a real node: nothing runs.
+_TWIN_NODE_ONLY = (
+    'if [ -n "$SPARKTOP_TWIN_HOME" ]; then k=; for p in $c; do '
+    'grep -qszxF "SPARKTOP_TWIN_HOME=$SPARKTOP_TWIN_HOME" "${p%/cmdline}/environ" && k="$k $p"; done; '
+    'c=${k# }; fi; '
+)
+
+
 def servers_script(previous: str | None = None) -> str:
     """The `@@servers` section; `previous`: the candidates the last read
     printed (`candidates /proc/1/cmdline ...`), whose answer is kept when the
     same processes are there."""
-    find = f"echo @@servers; c=$(grep -lszE '{SERVER_ARG}' /proc/[0-9]*/cmdline); "
+    find = f"echo @@servers; c=$(grep -lszE '{SERVER_ARG}' /proc/[0-9]*/cmdline); {_TWIN_NODE_ONLY}"
     if previous:
         return find + f"set -- $c; if [ \"$*\" = {shlex.quote(previous)} ]; then echo unchanged; {_SERVERS_MEMORY}" \
             f'elif [ -n "$c" ]; then {_SERVERS_READ}fi; '
@@ -303,6 +313,7 @@ class HostProbe:
                            shutil.which("docker", path=path) is not None)
         gpu, docker = self._tools
         root = env.get("SPARKTOP_PROC_ROOT") or "/proc"
+        twin_home = env.get("SPARKTOP_TWIN_HOME") or None  # a twin node: its own processes only
         try:
             with open(f"{root}/meminfo") as f:
                 meminfo = f.read()
@@ -327,10 +338,11 @@ class HostProbe:
         if docker_due and not docker:
             text += "@@docker\n@@missing\n"
         if not script:
-            return text + (read_servers_here() if servers_due else "") + "@@end\n", True, ""
+            return text + (read_servers_here(twin_home=twin_home) if servers_due else "") + "@@end\n", True, ""
         result = await self.transport.run(script + "echo @@end", timeout=self.timeout)
         # After `docker ps`: a container's process seen here was in the list docker printed.
-        return text + result.stdout + (read_servers_here() if servers_due else ""), "@@end" in result.stdout, \
+        return text + result.stdout + (read_servers_here(twin_home=twin_home) if servers_due else ""), \
+            "@@end" in result.stdout, \
             f"exit {result.exit_status}: {result.first_error_line()}"
 
 
@@ -341,9 +353,19 @@ _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR, _NLMSG_DONE = 4, 20, 2, 
 _TCP_LISTEN = 10
 
 
-def read_servers_here(proc: str = "/proc") -> str:
+def _on_twin_node(base: str, twin_home: str) -> bool:
+    """Whether the process at `base` was started on the twin node whose home is `twin_home` (`_TWIN_NODE_ONLY`)."""
+    try:
+        with open(f"{base}/environ", "rb") as f:
+            return f"SPARKTOP_TWIN_HOME={twin_home}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def read_servers_here(proc: str = "/proc", twin_home: str | None = None) -> str:
     """The `@@servers` section for the machine sparktop runs on, read
-    in-process: what the probe script prints on a remote node."""
+    in-process: what the probe script prints on a remote node. `twin_home`: on a twin node, only the
+    processes started on it (`_TWIN_NODE_ONLY`)."""
     out = ["@@servers"]
     fds = []
     try:
@@ -369,6 +391,8 @@ def read_servers_here(proc: str = "/proc") -> str:
                 not any(engines.engine_argument(a) or _SPARKTOP_ARG.search(a) for a in args):
             continue
         base = f"{proc}/{pid}"
+        if twin_home and not _on_twin_node(base, twin_home):
+            continue
         out += [f"{base}/cmdline:{a}" for a in args]
         with contextlib.suppress(OSError), open(f"{base}/cgroup") as f:
             out += [f"{base}/cgroup:{line.rstrip()}" for line in f]

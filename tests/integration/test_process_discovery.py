@@ -131,3 +131,59 @@ async def test_without_a_gpu_process_list_the_engines_memory_is_what_their_proce
     finally:
         if core.poll() is None:
             core.kill()
+
+
+class _Shell:
+    """A twin node reached through its shell, as over SSH: the probe sends it the script."""
+
+    def __init__(self, transport):
+        self.name, self._local = transport.name, transport
+
+    async def run(self, cmd, timeout: float | None = 30.0, input: str | None = None) -> CommandResult:
+        return await self._local.run(cmd, timeout=timeout, input=input)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_twin_nodes_share_this_machines_processes_but_each_lists_only_its_own(tmp_path):
+    """A twin started by hand on this machine is on no demo node; one started on spark-a's shell is on
+    spark-a only, read in-process and through the script alike (the demo once showed a hand-started twin
+    under both nodes)."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from sparktop.twin.cluster import TwinCluster
+    from tests.conftest import free_port
+
+    cluster = TwinCluster(tmp_path / "demo").setup()
+    a, b = cluster.nodes
+    by_hand, _ = await asyncio.to_thread(start_twin_process, "llama-3.1-8b", speed=4)
+    port = free_port()
+    on_a = subprocess.Popen([sys.executable, "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--host", "127.0.0.1",
+                             "--port", str(port), "--speed", "4", "--startup-speed", "1000000"],
+                            env={**os.environ, "SPARKTOP_TWIN_HOME": str(a.host.home)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        async def healthy() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        for _ in range(600):
+            if await healthy():
+                break
+            await asyncio.sleep(0.1)
+        for node in (a, b):
+            for transport in (node.transport(), _Shell(node.transport())):
+                snap = await HostProbe(node.name, transport, docker_every=0.0).poll()
+                pids = {s.pid for s in snap.servers}
+                assert by_hand.pid not in pids, (node.name, type(transport).__name__)
+                assert (on_a.pid in pids) == (node is a), (node.name, type(transport).__name__)
+    finally:
+        for proc in (by_hand, on_a):
+            proc.kill()
+            proc.wait(10)
