@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 
 from sparktop import __version__, engine_ids
@@ -43,11 +45,18 @@ def _history_file(args, inventory=None) -> str | None:
     return inventory.defaults.history_file if inventory is not None else None
 
 
+def _engines(args) -> list[str]:
+    """`--engine` as given, each an address (a bare word is refused here, before anything is watched)."""
+    from sparktop.observe.targets import check_engine_url
+
+    return [check_engine_url(url) for url in args.engine or []]
+
+
 def cmd_monitor(args) -> int:
     from sparktop.ui.run import main_monitor
 
     inventory = _inventory(args)
-    return main_monitor(inventory, args.engine or [], args.interval, args.record, args.recipes,
+    return main_monitor(inventory, _engines(args), args.interval, args.record, args.recipes,
                         study=args.study, read_only=args.read_only, rate_window=args.rate_window,
                         history_path=inventory.defaults.history_file)
 
@@ -57,7 +66,7 @@ def cmd_web(args) -> int:
 
     token = resolve_token(args.host, args.no_token)
     _inventory(args)  # a broken inventory is an error now, not in every browser session
-    command = session_command(args.inventory, args.engine or [], args.interval, read_only=not args.allow_control,
+    command = session_command(args.inventory, _engines(args), args.interval, read_only=not args.allow_control,
                               rate_window=args.rate_window)
     return main_web(args.host, args.port, command, token, read_only=not args.allow_control)
 
@@ -65,7 +74,7 @@ def cmd_web(args) -> int:
 def cmd_status(args) -> int:
     from sparktop.status import main_status
 
-    return main_status(_inventory(args), args.engine or [], as_json=args.json, seconds=args.seconds)
+    return main_status(_inventory(args), _engines(args), as_json=args.json, seconds=args.seconds)
 
 
 def _launch_inventory(args):
@@ -195,6 +204,7 @@ def cmd_history(args) -> int:
 def cmd_collect(args) -> int:
     from sparktop.history.collect import install, main_collect
 
+    engines = _engines(args)  # a unit that watches a bare word is refused before it is written
     if args.install:
         return install([a for a in args.argv[args.argv.index("collect") + 1:] if a != "--install"])
     metrics = None
@@ -206,8 +216,8 @@ def cmd_collect(args) -> int:
         token, generated = resolve_metrics_token(host)
         metrics = (host, port, token, generated)
     inventory = _inventory(args)
-    return main_collect(inventory, args.engine or [], args.interval, args.rate_window,
-                        _history_file(args, inventory), metrics)
+    return main_collect(inventory, engines, args.interval, args.rate_window, _history_file(args, inventory),
+                        metrics)
 
 
 def cmd_replay(args) -> int:
@@ -320,8 +330,9 @@ def _add_launching(add) -> None:
     stop = add("stop", "stop what sparktop launched (containers, Ray, the router) on every node", cmd_stop)
     stop.add_argument("launch", nargs="?", help="the launch id (default: the one running)")
     stop.add_argument("--all", action="store_true", help="stop every launch")
-    stop.add_argument("--inventory", metavar="FILE")
-    stop.add_argument("--nodes", metavar="A,B")
+    stop.add_argument("--inventory", metavar="FILE", help="the inventory it was launched on (default: "
+                      "$XDG_CONFIG_HOME/sparktop/cluster.yaml)")
+    stop.add_argument("--nodes", metavar="A,B", help="the ssh hosts of a one-off launch (`launch --nodes A,B`)")
 
 
 def _add_status(add, watch_options) -> None:
@@ -456,15 +467,15 @@ def _add_sweeping(add) -> None:
                          help="a run id, a run directory, or a llama-benchy JSON file")
     compare.add_argument("--label", action="append", help="column name per run, in order (repeatable)")
     cout = compare.add_mutually_exclusive_group()
-    cout.add_argument("--json", action="store_true")
+    cout.add_argument("--json", action="store_true", help="print JSON for scripts")
     cout.add_argument("--md", action="store_true", help="Markdown, like the articles' tables")
-    cout.add_argument("--csv", action="store_true")
+    cout.add_argument("--csv", action="store_true", help="print CSV")
     runs = add("runs", "list sweep runs, or import a llama-benchy JSON result or Spark Arena files as a run",
                cmd_runs)
     runs.add_argument("--import", dest="import_file", metavar="FILE|DIR", help="a llama-benchy --format json "
                       "output, or a directory of Spark Arena files (recipe.yaml, benchmark.csv, metadata.json)")
     runs.add_argument("--label", help="name for the imported run")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help="print JSON for scripts")
     export = add("export", "write a run as Spark Arena's submission files (nothing is uploaded)", cmd_export)
     export.add_argument("run", metavar="RUN", help="a run id, a run directory, or a llama-benchy JSON file")
     export.add_argument("--arena", metavar="DIR", required=True,
@@ -494,7 +505,8 @@ def _add_studying(add) -> None:
     load.add_argument("--slo", metavar="TARGETS", help="e.g. ttft_p95=2s,itl_p95=100ms: goodput per topology")
     load.add_argument("--find-max-rate", action="store_true", help="find each topology's highest rate meeting "
                       "--slo: the report ranks them by it")
-    load.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
+    load.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson",
+                      help="how requests arrive at a rate (default poisson: exponential gaps, seeded)")
     load.add_argument("--requests", type=int, metavar="N", help="requests per rate level (default: --duration's)")
     load.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds per rate level (30)")
     load.add_argument("--depth", default="0", metavar="TOKENS", help="context depths to sweep (0,4096,16384)")
@@ -522,20 +534,20 @@ def _add_studying(add) -> None:
                        "left running first; nothing measured is measured again)")
     study.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     studies = add("studies", "list studies and their state", cmd_studies)
-    studies.add_argument("--json", action="store_true")
+    studies.add_argument("--json", action="store_true", help="print JSON for scripts")
     report = add("report", "a study's report: tables per metric, winners, crossovers, charts, what ran", cmd_report)
     report.add_argument("study", help="a study id (see `sparktop studies`) or directory")
     rout = report.add_mutually_exclusive_group()
     rout.add_argument("--md", action="store_true", help="Markdown with chart files (the default)")
     rout.add_argument("--html", metavar="FILE", help="one self-contained HTML file")
-    rout.add_argument("--json", action="store_true")
+    rout.add_argument("--json", action="store_true", help="print the report as JSON for scripts")
 
 
 def _add_recipes_and_predict(add) -> None:
     """`sparktop recipes and predict`."""
     recipes = add("recipes", "list the recipes sparktop can launch (shipped, yours, and --recipes DIR)", cmd_recipes)
     recipes.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
-    recipes.add_argument("--json", action="store_true")
+    recipes.add_argument("--json", action="store_true", help="print JSON for scripts")
     pred = add("predict", "predict decode, prefill and TTFT per topology before launching", cmd_predict)
     pred.add_argument("recipe", nargs="?", help="a recipe (name or YAML file), a model card, or a config.json")
     pred.add_argument("--model", help="a model card instead of a recipe (see `sparktop twin cards`), or a path "
@@ -544,11 +556,13 @@ def _add_recipes_and_predict(add) -> None:
                       help="layouts, comma-separated (solo,cluster-mp or tp=4,2x tp=2), or all: every layout "
                            "the inventory's nodes allow (default: what the recipe allows "
                       "on the inventory's nodes)")
-    pred.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS")
-    pred.add_argument("--pp", type=int, default=1024)
-    pred.add_argument("--tg", type=int, default=128)
-    pred.add_argument("--inventory", metavar="FILE")
-    pred.add_argument("--recipes", action="append", metavar="DIR")
+    pred.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
+                      help="concurrency levels (default 1,2,4,8,16,32,64)")
+    pred.add_argument("--pp", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    pred.add_argument("--tg", type=int, default=128, help="tokens to generate per request (default 128)")
+    pred.add_argument("--inventory", metavar="FILE", help="the nodes to predict for: how many (the layouts), "
+                      "the constants fitted to them, defaults.twin_speed (default: sparktop's cluster.yaml)")
+    pred.add_argument("--recipes", action="append", metavar="DIR", help="also read recipes from DIR")
     pred.add_argument("--set", action="append", metavar="FLAG=VALUE",
                       help="a vLLM flag as launch takes it (max_num_seqs=64, kv_cache_dtype=fp8, "
                            "gpu_memory_utilization=0.8, enforce_eager=true ...); the recipe's own by default")
@@ -563,7 +577,7 @@ def _add_recipes_and_predict(add) -> None:
     pred.add_argument("--speed", type=float, default=None, metavar="S",
                       help="nodes S times a GB10's pace (twins at --speed S): rates times S, times divided by it "
                            "(default: the inventory's defaults.twin_speed, 1 for real nodes)")
-    pred.add_argument("--json", action="store_true")
+    pred.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
 def _add_replay(add) -> None:
@@ -582,7 +596,8 @@ def _add_twin(sub) -> None:
     serve = twin_sub.add_parser("serve", help=f"serve a model like `vllm serve` (or --engine {_TWIN_OTHERS} "
                                 "and that engine's flags) on a simulated GB10",
                                 add_help=False)
-    serve.add_argument("rest", nargs=argparse.REMAINDER)
+    serve.add_argument("rest", nargs=argparse.REMAINDER, help="the engine's own flags (`sparktop twin serve --help` "
+                       "lists them)")
     serve.set_defaults(func=cmd_twin_serve)
     node = twin_sub.add_parser("node", help="set up a simulated host: state dir and stand-in commands")
     node.add_argument("--home", required=True, help="the host's state directory")
@@ -590,7 +605,8 @@ def _add_twin(sub) -> None:
     node.add_argument("--address", default="127.0.0.1", help="the host's address")
     node.add_argument("--bin", help="where to write vllm/docker/ray/nvidia-smi (default HOME/bin)")
     node.add_argument("--images", help="comma-separated images the host already has")
-    node.add_argument("--speed", type=float, default=1.0)
+    node.add_argument("--speed", type=float, default=1.0, help="run the host's engines this many times faster than "
+                      "a GB10 (default 1)")
     node.set_defaults(func=cmd_twin_node)
     fitp = twin_sub.add_parser("fit", help="the performance model fitted to the published Spark figures")
     fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
@@ -612,7 +628,7 @@ def _add_twin(sub) -> None:
                       help="also fit to these studies' measurements (weighted above the published figures) and "
                            "save the constants for their inventory")
     fitp.add_argument("--inventory", metavar="FILE", help="the inventory the fitted constants are for")
-    fitp.add_argument("--json", action="store_true")
+    fitp.add_argument("--json", action="store_true", help="print JSON for scripts")
     fitp.set_defaults(func=cmd_twin_fit)
     cards = twin_sub.add_parser("cards", help="list the model cards the twin knows")
     cards.set_defaults(func=cmd_twin_cards)
@@ -635,7 +651,21 @@ def _twin_serve(argv: list[str]) -> int:
         engine = engine_ids.runtime_id(asked)
     # what its usage lines say
     prog = "sparktop twin serve" if engine == engine_ids.DEFAULT else dialect_for(engine).prog
-    return serve_main(argv, prog=prog, engine=engine)
+    try:
+        return serve_main(argv, prog=prog, engine=engine)
+    except SystemExit as exc:
+        if exc.code in (0, None) and {"-h", "--help"} & set(argv):  # the engine's parser printed its flags
+            print("\n" + _twin_serve_own_help(), end="")
+        raise
+
+
+def _twin_serve_own_help() -> str:
+    """What `twin serve --help` adds under the engine's own flags: sparktop's --engine, which comes first."""
+    own = argparse.ArgumentParser(usage=argparse.SUPPRESS, add_help=False)
+    group = own.add_argument_group("sparktop's own option (first, before the engine's flags)")
+    group.add_argument("--engine", metavar="ENGINE", help=f"serve as the twin of another engine ({_TWIN_OTHERS}) "
+                       "instead of vLLM, with that engine's own flags after it (`--engine sglang --help` lists them)")
+    return own.format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -666,7 +696,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141  # what a shell reports for a command killed by SIGPIPE (128 + 13), as `yes | head -1` gives
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command; one whose reader went away (`sparktop twin cards | head -2`) stops quietly."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # what is still buffered fails here (after --help too), not in the interpreter's exit
+    except BrokenPipeError:
+        # Python's "Note on SIGPIPE": what is left to write goes nowhere, so the exit's own flush cannot fail.
+        with contextlib.suppress(OSError, ValueError):  # a stdout that is no file (captured) has nothing to redirect
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return SIGPIPE_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["twin", "serve"]:
         # Everything after `twin serve` belongs to the engine's own parser (vLLM's unless --engine names another).

@@ -152,7 +152,8 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
     row = _predicted(e, inventory)
     return {
         "url": e.url, "state": e.state, "reason": e.reason, "error": e.error, "stage": e.stage, "node": e.node,
-        "kind": e.kind, "engine": e.engine, "recognised": e.recognised, "found": e.found,
+        # kind null: an address given that has not answered (what it is, nothing says yet)
+        "kind": e.kind or None, "engine": e.engine, "recognised": e.recognised, "found": e.found,
         # figures this engine does not export (kv, running, waiting, prompt_tps, gen_tps, prefix, preemptions,
         # finished, ttft, itl, queue, e2e, spec): null in this object because the engine has none, not 0
         "not_exported": e.not_exported,
@@ -302,7 +303,7 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
         if why and e.state != "sleeping":
             notes.append(f"({len(notes) + 1}) {e.url}: {why}")
         engines.add_row(
-            e.url.removeprefix("http://"), f"{e.engine or e.kind} {e.version or ''}".strip(), e.model or "—",
+            e.url.removeprefix("http://"), f"{e.engine or e.kind} {e.version or ''}".strip() or "—", e.model or "—",
             engine_state(e, len(notes) if why and e.state != "sleeping" else None),
             cell("kv", f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—"),
             cell("running", f"{e.running:.0f}" if e.running is not None else "—"),

@@ -14,6 +14,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -211,10 +212,12 @@ def _predict_subject(args) -> tuple[Recipe | None, ModelCard]:
     if args.recipe:
         try:
             recipe = find_recipe(args.recipe, args.recipes)
-        except ConfigError:
+        except ConfigError as exc:
             try:  # a model card's name works as well as a recipe's
                 find_card(args.recipe)
             except UnknownModel:
+                if args.recipe.endswith((".yaml", ".yml")) or Path(args.recipe).expanduser().is_file():
+                    raise exc from None  # a file: what is wrong in it (its YAML at its line, a key), or its absence
                 raise SparktopError(f"predict: {args.recipe!r} is neither a recipe nor a model card "
                                     "(see `sparktop recipes` and `sparktop twin cards`)") from None
             args.model = args.recipe

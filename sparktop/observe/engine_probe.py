@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -63,6 +64,10 @@ def describe(exc: BaseException) -> tuple[str, bool]:
         return "no answer (timed out)", True
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "connection closed", True
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):  # the name resolves to no address: nothing to reach
+        cause = exc.os_error
+        why = "" if cause.errno == socket.EAI_NONAME else f" ({(cause.strerror or str(cause)).lower()})"
+        return f"cannot resolve {exc.host}{why}", False
     if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ClientOSError, OSError)):
         errors = _os_errors(exc)
         if any(isinstance(e, ConnectionRefusedError) for e in errors) or "refused" in str(exc).lower():

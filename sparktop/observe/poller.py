@@ -9,7 +9,8 @@ Results come out of `events()` as plain dataclasses: `NodeSnapshot`,
 A target that stops answering keeps its last figures and changes state:
 stale after two missed polls (or two intervals without an answer), then
 down / unreachable after `down_after` seconds, or at once when the failure
-is definite (connection refused twice). Retries back off from one interval
+is definite (connection refused twice, a name that resolves to no address
+once). Retries back off from one interval
 to at most 3 s, so a returning node is seen within a few seconds; recovery
 needs nothing from the user.
 
@@ -92,6 +93,12 @@ class EngineTarget:
         return self.origin
 
 
+def unresolved(reason: str) -> bool:
+    """Whether a failure is a name that resolves to no address (the transports' and probes' "cannot resolve
+    HOST"): nothing will answer there until the name or the inventory changes."""
+    return reason.startswith("cannot resolve ")
+
+
 @dataclass
 class Health:
     """Success/failure bookkeeping that decides ok / stale / down, on the
@@ -101,6 +108,7 @@ class Health:
     last_ok: float | None = None
     failures: int = 0
     definite: int = 0  # consecutive failures that leave no doubt (refused)
+    final: bool = False  # the last failure will not pass by itself (its name resolves to no address)
     reason: str | None = None
     started: float = field(init=False)  # when watching began
 
@@ -110,11 +118,13 @@ class Health:
     def ok(self) -> None:
         self.last_ok = self.now()
         self.failures = self.definite = 0
+        self.final = False
         self.reason = None
 
     def fail(self, reason: str, definite: bool = False) -> None:
         self.failures += 1
         self.definite = self.definite + 1 if definite else 0
+        self.final = unresolved(reason)
         self.reason = reason
 
     def state(self, interval: float, down_after: float, now: float | None = None) -> str:
@@ -122,7 +132,7 @@ class Health:
         if self.failures == 0 and self.last_ok is not None and now - self.last_ok <= 2 * interval + 0.1:
             return "ok"
         since = now - (self.last_ok if self.last_ok is not None else self.started)
-        if self.definite >= 2 or since >= down_after:
+        if self.final or self.definite >= 2 or since >= down_after:
             return "down"
         # A refused connection leaves no doubt: show it at once.
         if self.definite >= 1 or self.failures >= 2 or (self.last_ok is not None and since > 2 * interval + 0.1):
@@ -548,10 +558,12 @@ class Poller:
             else:
                 state = {"ok": "ready", "connecting": "connecting", "stale": "stale", "down": "unreachable"}[health]
         engine = w.probe.engine  # recognised, though this poll's read failed: say what it is
+        # Never recognised: what its container or process suggests, or, for an address given that never
+        # answered, nothing ("": what it is is not known, it is not called a vLLM).
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
             key=w.probe.url, url=w.probe.url, t=self.clock.wall(), node=w.target.node, container=w.target.container,
             topology=w.target.topology, kind=(ROUTER if engine.router else engine.id) if engine is not None
-            else w.target.kind or DEFAULT, model=w.target.model or (engine.model if engine is not None else None),
+            else w.target.kind or "", model=w.target.model or (engine.model if engine is not None else None),
             engine=engine.name if engine is not None else None,
             recognised=engine.how if engine is not None else None)
         snap.found = w.target.found

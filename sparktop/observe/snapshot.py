@@ -154,7 +154,8 @@ class EngineSnapshot:
     reason: str | None = None
     node: str | None = None
     # What answers: the engine's id (vllm | sglang | llama.cpp | trtllm | ollama | tgi | openai, the last any
-    # other OpenAI-compatible server) or `router` (LiteLLM: its tokens are its engines')
+    # other OpenAI-compatible server) or `router` (LiteLLM: its tokens are its engines'); "" for an address
+    # given that has not answered (what it is, nothing says yet)
     kind: str = DEFAULT
     engine: str | None = None  # the engine's name for people: "vLLM", "SGLang", "llama.cpp", "TensorRT-LLM", ...
     recognised: str | None = None  # how it was recognised: "owned_by sglang in /v1/models", "Server: llama.cpp header"

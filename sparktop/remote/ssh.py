@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -140,6 +141,9 @@ class SSHTransport:
                 raise TransportError(self.name, f"ssh connect timed out after {self._connect_timeout:g}s") from None
             except ConnectionRefusedError:
                 raise TransportError(self.name, "cannot connect: connection refused (is sshd running?)") from None
+            except socket.gaierror as exc:  # the name (an inventory node's host, or its name) has no address
+                why = "" if exc.errno == socket.EAI_NONAME else f" ({(exc.strerror or str(exc)).lower()})"
+                raise TransportError(self.name, f"cannot resolve {self.host}{why}") from None
             except OSError as exc:
                 reason = exc.strerror or str(exc) or type(exc).__name__
                 raise TransportError(self.name, f"cannot connect: {reason}") from None

@@ -37,7 +37,7 @@ def test_without_litellm_the_demo_study_leaves_the_router_layouts_out_up_front_a
 
 
 def test_a_demo_studys_run_it_again_line_is_the_demo_at_its_pace():
-    done = Study(id="x", recipe="gpt-oss-120b", model="openai/gpt-oss-120b", topologies=[TopologyState("solo")], levels=[1, 8], runs=2,
-                 inventory="demo", speed=4.0)
+    done = Study(id="x", recipe="gpt-oss-120b", model="openai/gpt-oss-120b", topologies=[TopologyState("solo")],
+                 levels=[1, 8], runs=2, inventory="demo", speed=4.0)
     line = reproduce(done)
     assert "--demo --speed 4" in line and "--inventory" not in line
