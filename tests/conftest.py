@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sparktop.twin.args import parse_serve_args
+from sparktop.twin.dialects.vllm_args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from tests.helpers import venvs
 from tests.helpers.netns import enter_own_network, isolated_python

@@ -1,23 +1,28 @@
-"""The twin's OpenAI-compatible HTTP API, as vLLM 0.32's API server answers it.
-
-Routes: /health, /ping, /version, /load, /metrics, /v1/models,
+"""The OpenAI-compatible API every dialect serves: /v1/models,
 /v1/chat/completions and /v1/completions (SSE streaming with
-`stream_options.include_usage` and `continuous_usage_stats`, and not), and
-with `--enable-sleep-mode` under `VLLM_SERVER_DEV_MODE=1` (as vLLM registers
-its development routes) /sleep, /wake_up and /is_sleeping. Bodies have
-vLLM's keys, in its order: a streamed chat opens with a role chunk carrying
-`prompt_token_ids` and `prompt_text`, every choice carries `token_ids`
-(null unless `return_token_ids`), the last one `stop_reason`, and
-`system_fingerprint` rides on the usage chunk (or on the finish chunk when
-there is none); errors are vLLM's JSON with its messages, parameters and
-statuses (unknown model 404, prompt too long 400 on `input_tokens`,
-admission limits 503). `OpenAIRoutes` is a mixin for TwinServer: the
-handlers read the server's args, card, tokenizer, plan, engine, metrics and
-log, which exist once start-up has reached the API server stage.
+`stream_options.include_usage` and `continuous_usage_stats`, and not),
+in its dialect's words.
 
-`/version` answers what vLLM 0.32.0 answers, so a version check passes; every
-response carries an `X-Sparktop-Twin` header (sparktop's version) to tell the
-twin apart.
+`OpenAIRoutes` is a mixin for TwinServer: the handlers read the server's
+args, card, tokenizer, plan, engine, metrics and log, which exist once
+start-up has reached the API server stage. The dialect adds its own routes
+first (`Dialect.routes`: health, metrics, version, vLLM's sleep routes,
+SGLang's and llama.cpp's native ones) and says what is its own: the model
+list, the errors (`too_long`, `invalid`, `unparsable`, `unknown_model`),
+the admission check (`admit`: vLLM's queue limits), the completion default
+(`completion_max_tokens`), the fingerprint and what usage objects and last
+chunks carry beyond OpenAI's. llama.cpp answers chat and completions with
+its own handlers (its dialect's middleware), so what reaches these is vLLM,
+SGLang and TensorRT-LLM.
+
+What is not yet any dialect's: the bodies' keys and their order, and the
+order of the checks (`_max_tokens`), are vLLM 0.32's (a streamed chat opens
+with a role chunk carrying `prompt_token_ids` and `prompt_text`, every
+choice carries `token_ids`, the last one `stop_reason`, `system_fingerprint`
+rides on the usage chunk or on the finish chunk when there is none), and
+the SGLang and TensorRT-LLM twins answer with them too. Every response
+carries an `X-Sparktop-Twin` header (sparktop's version) to tell the twin
+apart.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import secrets
 import zlib
 from dataclasses import dataclass
@@ -35,9 +39,8 @@ from aiohttp import web
 
 from sparktop import __version__
 from sparktop.clock import Clock
-from sparktop.model.cards import GIB
-from sparktop.twin.dialects.base import TWIN
-from sparktop.twin.engine import BLOCK, PAUSE_MODES, FinishEvent, Sequence, TokenEvent
+from sparktop.twin.dialects.base import TWIN, openai_error
+from sparktop.twin.engine import BLOCK, FinishEvent, Sequence, TokenEvent
 from sparktop.twin.text import OutputText, Tokenizer, chat_prompt_ids, natural_lengths
 
 if TYPE_CHECKING:
@@ -48,38 +51,7 @@ if TYPE_CHECKING:
     from sparktop.twin.server import TwinServer
     from sparktop.twin.startup import StartupPlan
 
-VLLM_VERSION = "0.32.0"
 TWIN_HEADER = "X-Sparktop-Twin"
-BUSY = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance."
-BACKLOG = ("The engine has reached its prefill token backlog limit. Please try again later or on a different "
-           "instance.")
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status
-    )
-
-
-def _invalid(message: str, param: str, value: object) -> web.Response:
-    """vLLM's VLLMValidationError: a 400 that names the parameter and its value."""
-    return _error(400, f"{message} (parameter={param}, value={value})", "BadRequestError", param)
-
-
-def _unparsable(loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
-    """FastAPI's request validation error as vLLM's handler words it."""
-    detail: dict[str, object] = {"type": kind, "loc": loc, "msg": msg, "input": value}
-    if ctx is not None:
-        detail["ctx"] = ctx
-    return _error(400, f"1 validation error:\n  {detail}", "Bad Request", loc)
-
-
-def dev_mode() -> bool:
-    """vLLM's VLLM_SERVER_DEV_MODE: development routes (sleep among them) on."""
-    try:
-        return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or 0))
-    except ValueError:
-        return False
 
 
 @dataclass
@@ -115,7 +87,6 @@ class OpenAIRoutes:
     _ids: itertools.count[int]
     _created: int
     clock: Clock
-    _sleep_level: int = 0  # the level of the last /sleep, until a full wake-up
     _request_log: TextIO | None = None  # --request-log, opened at the first request
 
     @property
@@ -126,19 +97,11 @@ class OpenAIRoutes:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app[TWIN] = self
         app.on_response_prepare.append(self._mark_twin)
-        self.dialect.routes(app, self._twin)  # its own: health, metrics, version, info routes
+        self.dialect.routes(app, self._twin)  # its own: health, metrics, version, info, sleep routes
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
-        if self.sleep_routes:
-            app.router.add_post("/sleep", self.sleep_route)
-            app.router.add_post("/wake_up", self.wake_up_route)
-            app.router.add_get("/is_sleeping", self.is_sleeping_route)
         return app
-
-    @property
-    def sleep_routes(self) -> bool:
-        return self.args.enable_sleep_mode and dev_mode() and self.dialect.sleep_mode
 
     async def _mark_twin(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[TWIN_HEADER] = __version__
@@ -167,76 +130,6 @@ class OpenAIRoutes:
         self._access(request, 200)
         return web.json_response(self.dialect.models_body(self._twin))
 
-    # -- sleep mode (vLLM's development routes) -------------------------------------
-
-    async def sleep_route(self, request: web.Request) -> web.Response:
-        engine, metrics = self.engine, self.metrics
-        assert engine is not None and metrics is not None, "the API server starts after the engine"
-        raw = request.query.get("level", "1")
-        try:
-            level = int(raw)
-        except ValueError:
-            return _unparsable("query.level", "int_parsing", "Input should be a valid integer, unable to parse "
-                               "string as an integer", raw)
-        if not 0 <= level <= 2:
-            bound, kind = ("ge", "greater_than_equal") if level < 0 else ("le", "less_than_equal")
-            limit = 0 if level < 0 else 2
-            words = "greater than or equal to" if level < 0 else "less than or equal to"
-            return _unparsable("query.level", kind, f"Input should be {words} {limit}", raw, {bound: limit})
-        mode = request.query.get("mode", "abort")
-        if mode not in PAUSE_MODES:
-            return _unparsable("query.mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode,
-                               {"expected": "'abort', 'wait' or 'keep'"})
-        started = self.clock.now()
-        with metrics.sleep_operation("sleep"):
-            await engine.sleep(level, mode)
-            if level >= 1:
-                await asyncio.sleep(self._offload_seconds(level) / self.speed)
-                self._log_sleep(self.clock.now() - started)
-        metrics.record_sleep_state(True, level)
-        self._sleep_level = level
-        self._access(request, 200)
-        return web.json_response({"status": "sleeping", "level": level})
-
-    async def wake_up_route(self, request: web.Request) -> web.Response:
-        engine, metrics = self.engine, self.metrics
-        assert engine is not None and metrics is not None, "the API server starts after the engine"
-        tags: list[str] | None = request.query.getall("tags", []) or None
-        self.log.info("api_router.py:49", f"wake up the engine with tags: {tags}")
-        with metrics.sleep_operation("wake"):
-            if engine.sleeping_tags:
-                await asyncio.sleep(self._offload_seconds(self._sleep_level) / self.speed)
-            awake = engine.wake_up(tags)
-        if awake:
-            metrics.record_sleep_state(False, 0)
-            self._sleep_level = 0
-        self._access(request, 200)
-        return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
-
-    async def is_sleeping_route(self, request: web.Request) -> web.Response:
-        engine = self.engine
-        assert engine is not None, "the API server starts after the engine"
-        self._access(request, 200)
-        return web.json_response({"is_sleeping": engine.is_sleeping})
-
-    def _log_sleep(self, took: float) -> None:
-        """vLLM's two lines: the time asleep took, and the memory it freed
-        (weights and KV cache; the CUDA context stays)."""
-        assert self.plan is not None, "the API server starts after the plan"
-        freed = self.plan.perf.weights_bytes_per_node / GIB + self.plan.kv_budget_gib
-        self.log.engine("gpu_worker.py:326", f"Sleep mode freed {freed:.2f} GiB memory, 0.50 GiB memory is still "
-                                             "in use.")
-        self.log.engine("abstract.py:390", f"It took {took:.6f} seconds to fall asleep.")
-
-    def _offload_seconds(self, level: int) -> float:
-        """Level 1 copies the weights to host memory and back (one pass over
-        them at the node's bandwidth); level 2 only frees and reallocates."""
-        assert self.plan is not None, "the API server starts after the plan"
-        perf = self.plan.perf
-        if level != 1:
-            return 0.05
-        return perf.weights_bytes_per_node / (perf.hw.bandwidth_gbs * 1e9 * perf.k.bandwidth_efficiency)
-
     # -- generation -------------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -247,12 +140,13 @@ class OpenAIRoutes:
 
     def _prompt(self, body: dict, chat: bool) -> tuple[list[int], bool, str] | web.Response:
         """(token ids, whether they were tokenized from text, seed text), or an error."""
+        say = self.dialect
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list):
-                return _unparsable("body.messages", "list_type", "Input should be a valid list", messages)
+                return say.unparsable("body.messages", "list_type", "Input should be a valid list", messages)
             if not messages:
-                return _error(400, "messages must be a non-empty list", "BadRequestError", "messages")
+                return openai_error(400, "messages must be a non-empty list", "BadRequestError", "messages")
             return (chat_prompt_ids(messages, self.tokenizer, self.card.chat_overhead_tokens), True,
                     json.dumps(messages, sort_keys=True))
         prompt = body.get("prompt")
@@ -260,48 +154,32 @@ class OpenAIRoutes:
             return list(prompt), False, str(prompt)
         if isinstance(prompt, str):
             return [1] + self.tokenizer.encode(prompt), True, prompt
-        return _error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
+        return openai_error(400, "prompt must be a string or a list of token ids", "BadRequestError", "prompt")
 
     def _max_tokens(self, body: dict, prompt_len: int, from_text: bool, chat: bool = True) -> int | web.Response:
-        """vLLM 0.32's checks, in its order: the max_tokens parameter, then the
-        prompt's length; then max_tokens is clamped to what the context leaves."""
+        """vLLM 0.32's checks, in its order (the dialects that reach here keep it; each words its errors): the
+        max_tokens parameter, then the prompt's length; then max_tokens is clamped to what the context leaves."""
+        say = self.dialect
         max_len = self.plan.max_model_len if self.plan else 0
         requested = body.get("max_completion_tokens")
         if requested is None:
             requested = body.get("max_tokens")
         if requested is None and not chat:
-            requested = self.dialect.completion_max_tokens
+            requested = say.completion_max_tokens
         if requested is not None:
             if not isinstance(requested, int) or isinstance(requested, bool):
-                return _unparsable("body.max_tokens", "int_type", "Input should be a valid integer", requested)
+                return say.unparsable("body.max_tokens", "int_type", "Input should be a valid integer", requested)
             if requested < 1:
-                return _invalid(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested)
+                return say.invalid(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested)
             if requested > max_len:
-                return _invalid(f"max_tokens={requested} cannot be greater than max_model_len={max_len}. "
-                                "Please request fewer output tokens.", "max_tokens", requested)
+                return say.invalid(f"max_tokens={requested} cannot be greater than max_model_len={max_len}. "
+                                   "Please request fewer output tokens.", "max_tokens", requested)
         if prompt_len > max_len:
-            return self.dialect.too_long(self._twin, prompt_len, max_len, from_text)
+            return say.too_long(self._twin, prompt_len, max_len, from_text)
         room = max_len - prompt_len
         if room < 1:
-            return _invalid(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
+            return say.invalid(f"max_tokens must be at least 1, got {room}.", "max_tokens", room)
         return room if requested is None else min(requested, room)
-
-    def _admission(self, request: web.Request) -> web.Response | None:
-        """vLLM's check_admission: the queue limits, each a 503 and a count in
-        `vllm:admission_rejections_total`."""
-        engine, metrics, args = self.engine, self.metrics, self.args
-        assert engine is not None and metrics is not None, "the API server starts after the engine"
-        if args.max_num_queued_reqs is not None and \
-                len(engine.running) + len(engine.waiting) + 1 > args.max_num_queued_reqs:
-            metrics.record_admission_rejection("max_num_queued_reqs")
-            return _error(503, BUSY, "Service Unavailable")
-        if args.max_num_queued_tokens is not None:
-            # Every request still in prefill counts its whole prompt, as in vLLM.
-            backlog = sum(s.prompt_len for s in list(engine.running) + list(engine.waiting) if s.output_count == 0)
-            if backlog >= args.max_num_queued_tokens:
-                metrics.record_admission_rejection("max_num_queued_tokens")
-                return _error(503, BACKLOG, "Service Unavailable")
-        return None
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         engine, plan = self.engine, self.plan
@@ -313,10 +191,11 @@ class OpenAIRoutes:
             body = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "msg", "Invalid JSON")
-            return _unparsable("body.0", "json_invalid", "JSON decode error", "<dict of 0 items>", {"error": reason})
+            return self.dialect.unparsable("body.0", "json_invalid", "JSON decode error", "<dict of 0 items>",
+                                           {"error": reason})
         if not isinstance(body, dict):
-            return _unparsable("body", "model_attributes_type", "Input should be a valid dictionary or object to "
-                               "extract fields from", body)
+            return self.dialect.unparsable("body", "model_attributes_type", "Input should be a valid dictionary or "
+                                           "object to extract fields from", body)
         model = body.get("model")
         if model not in (None, self.args.name):
             refused = self.dialect.unknown_model(self._twin, str(model))
@@ -324,7 +203,7 @@ class OpenAIRoutes:
                 return refused
         failure = self.failure or engine.failed
         if failure:
-            return _error(500, failure, "InternalServerError")
+            return openai_error(500, failure, "InternalServerError")
         prompt = self._prompt(body, chat)
         if isinstance(prompt, web.Response):
             return prompt
@@ -332,7 +211,7 @@ class OpenAIRoutes:
         max_tokens = self._max_tokens(body, len(prompt_ids), from_text, chat)
         if isinstance(max_tokens, web.Response):
             return max_tokens
-        rejected = self._admission(request)
+        rejected = self.dialect.admit(self._twin)
         if rejected is not None:
             return rejected
         effort = body.get("reasoning_effort") or (body.get("chat_template_kwargs") or {}).get("reasoning_effort")
@@ -442,7 +321,7 @@ class OpenAIRoutes:
         return usage
 
     def _delta(self, text: str, reasoning: bool) -> dict:
-        # vLLM 0.32 names it `reasoning`; see differences.py for why the stream
+        # vLLM 0.32 names it `reasoning`; see dialects/vllm_differences.py for why the stream
         # still says `reasoning_content`.
         return {"reasoning_content": text} if reasoning else {"content": text}
 
@@ -534,7 +413,7 @@ class OpenAIRoutes:
             if isinstance(event, FinishEvent):
                 break
         if event.reason == "error":
-            return _error(500, event.message, "InternalServerError")
+            return openai_error(500, event.message, "InternalServerError")
         texts = [out.token(i) for i in range(event.completion_tokens)]
         token_ids = [tid for _, tid, _ in texts] if req.token_ids else None
         prompt_ids = req.prompt_ids if req.token_ids else None

@@ -1,11 +1,15 @@
-"""A vLLM stand-in's life: bind, start up, serve, stop.
+"""A twin server's life, whichever engine it imitates: bind, start up, serve, stop.
 
-It starts the way vLLM does: the port is bound first, then weights load,
-memory is profiled, the KV cache is sized and graphs are captured, each stage
-taking modeled time and logged in vLLM's words; only then does the API answer.
-A model that does not fit fails the way vLLM fails: an error in the log and a
-non-zero exit. The pieces live next door: startup.py sizes memory and decides
-failure, openai_api.py answers HTTP, multinode.py joins tensor-parallel peers.
+Every engine's stand-in starts the same way: the port is bound first, then
+weights load, memory is profiled, the KV cache is sized and graphs are
+captured, each stage taking modeled time and logged in its dialect's words
+(`twin/dialects/`, one per engine; `engine_ids.DEFAULT`'s when none is
+named); only then does the API answer. A model that does not fit fails as
+its engine fails: an error in the log and a non-zero exit. The pieces live
+next door: startup.py sizes memory and decides failure, openai_api.py
+answers the OpenAI routes, the dialect its own routes and words,
+multinode.py joins tensor-parallel peers (where the dialect does not join
+its own, `Dialect.own_distribution`).
 """
 
 from __future__ import annotations
@@ -30,22 +34,21 @@ from sparktop.model.quant import Quantization
 from sparktop.twin.args import ServeArgs
 from sparktop.twin.dialects import dialect_for
 from sparktop.twin.dialects.base import Dialect, TwinMetrics
-from sparktop.twin.engine import BLOCK, Engine, EngineConfig
+from sparktop.twin.engine import Engine, EngineConfig
 from sparktop.twin.host import TwinHost
 from sparktop.twin.multinode import HEAD_WAIT_SECONDS, MultiNode
-from sparktop.twin.openai_api import VLLM_VERSION, OpenAIRoutes
+from sparktop.twin.openai_api import OpenAIRoutes
 from sparktop.twin.rendezvous import HeadRendezvous
 from sparktop.twin.startup import StartupError, StartupPlan, container_labels, plan_startup, twin_basis, twin_card
 from sparktop.twin.text import load_tokenizer
 
-# node.py, cli.py and tests import these from here, though most are defined next door.
-__all__ = ["HEAD_WAIT_SECONDS", "VLLM_VERSION", "StartupError", "StartupPlan", "TwinServer", "plan_startup",
-           "serve_main"]
+# cli.py and tests import these from here, though most are defined next door.
+__all__ = ["HEAD_WAIT_SECONDS", "StartupError", "StartupPlan", "TwinServer", "plan_startup", "serve_main"]
 
 
 
 class TwinServer(MultiNode, OpenAIRoutes):
-    """One vLLM stand-in. `await start()` runs startup and begins serving;
+    """One engine's stand-in, in its dialect's words. `await start()` runs startup and begins serving;
     `await stop()` shuts down. `run()` does both and waits for a signal."""
 
     def __init__(self, args: ServeArgs, log: TextIO | None = None, host: TwinHost | None = None,
@@ -96,9 +99,9 @@ class TwinServer(MultiNode, OpenAIRoutes):
         await asyncio.sleep(max(0.0, modeled / self.startup_speed))
 
     def _bind(self) -> None:
-        # vLLM binds its port before building the engine (so the port is
-        # taken for the whole startup) but listens only once the API server
-        # starts: until then a connection is refused.
+        # The port is bound before the engine is built (so it is taken for
+        # the whole startup, as vLLM takes it) but listens only once the API
+        # server starts: until then a connection is refused.
         host = self.args.host or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -154,7 +157,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         await self._sleep(stages["memory profiling"])
         say.profiled(self, plan)
         self.metrics = metrics = say.metrics(self, plan)
-        # vLLM estimates each step's FLOPs and bytes only with --enable-mfu-metrics.
+        # Each step's FLOPs and bytes are estimated only when asked (vLLM's and SGLang's --enable-mfu-metrics).
         traffic = (lambda t: metrics.on_traffic(t.flops, t.read_bytes, t.write_bytes)) \
             if args.enable_mfu_metrics else None
         self.engine = Engine(plan.perf, EngineConfig(
@@ -163,7 +166,6 @@ class TwinServer(MultiNode, OpenAIRoutes):
             enable_prefix_caching=args.enable_prefix_caching, speed=self.speed,
             kv_tokens=say.kv_tokens(self, plan),
         ), metrics, clock=self.clock.now, traffic=traffic)
-        metrics.log_cache_config(self._cache_config(plan, self.engine))
         say.kv_sized(self, self.engine.kv_capacity_tokens, plan.max_model_len,
                      self.engine.max_concurrency(plan.max_model_len))
         if self.host:
@@ -183,18 +185,6 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self._tasks.append(asyncio.create_task(self._heartbeat()))
         self._tasks.append(asyncio.create_task(self._stats_log()))
         self.ready.set()
-
-    def _cache_config(self, plan: StartupPlan, engine: Engine) -> dict[str, str]:
-        """What vLLM's cache_config_info says about the KV cache the twin sized."""
-        args = self.args
-        return {
-            "block_size": str(BLOCK), "effective_attention_block_size": str(BLOCK),
-            "cache_dtype": args.kv_cache_dtype, "enable_prefix_caching": str(args.enable_prefix_caching),
-            "gpu_memory_utilization": str(args.gpu_memory_utilization),
-            "num_gpu_blocks": str(engine.num_blocks), "kv_cache_size_tokens": str(engine.kv_capacity_tokens),
-            "kv_cache_memory_bytes": str(int(engine.num_blocks * BLOCK * plan.perf.kv_bytes_per_token)),
-            "kv_cache_max_concurrency": str(round(engine.max_concurrency(plan.max_model_len), 2)),
-        }
 
     async def _serve_http(self) -> None:
         self._runner = web.AppRunner(self._application(), access_log=None, handle_signals=False)
@@ -303,11 +293,12 @@ class TwinServer(MultiNode, OpenAIRoutes):
         return code
 
 
-def serve_main(argv: list[str], prog: str = "vllm serve", engine: str = DEFAULT) -> int:
-    """A twin server from its engine's command line (`vllm serve ...`, `llama-server ...`)."""
+def serve_main(argv: list[str], prog: str | None = None, engine: str = DEFAULT) -> int:
+    """A twin server from its engine's command line (`vllm serve ...`, `llama-server ...`). `prog`: the command
+    its usage lines name, where its dialect takes one (`sparktop twin serve`); by default its dialect's own."""
     dialect = dialect_for(engine)
     try:
-        args = dialect.parse(argv, prog)
+        args = dialect.parse(argv, prog or dialect.prog)
         server = TwinServer(args, dialect=dialect)
     except UnknownModel as exc:
         print(f"ValueError: {exc}", file=sys.stderr)

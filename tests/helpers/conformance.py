@@ -9,7 +9,7 @@ fixture test (`tests/unit/test_twin_conformance_fixtures.py`, against
 `tests/fixtures/vllm-0.32.0/`) and the live comparison with a running vLLM.
 
 The differences the twin keeps on purpose are in
-`sparktop.twin.differences.DIFFERENCES`; `ignored(scope)` gives the patterns
+`sparktop.twin.dialects.vllm_differences.DIFFERENCES`; `ignored(scope)` gives the patterns
 `compare` skips for one scope ("metrics", "sse", "json").
 
 Prometheus' text format declares each counter's `_created` series with a
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparktop.twin.differences import DIFFERENCES
+from sparktop.twin.dialects.vllm_differences import DIFFERENCES
 
 # Label names a histogram or summary adds to its own samples.
 _SAMPLE_LABELS = {"le", "quantile"}

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sparktop.clock import Clock, loop_clock
-from sparktop.twin.args import parse_serve_args
+from sparktop.twin.dialects.vllm_args import parse_serve_args
 from sparktop.twin.server import TwinServer
 
 simulated = pytest.mark.looptime

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparktop.model.fit import load_constants
 from sparktop.model.perf import PerfModel
-from sparktop.twin.args import parse_serve_args
-from sparktop.twin.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from sparktop.twin.dialects.vllm_args import parse_serve_args
+from sparktop.twin.dialects.vllm_metrics import ITL_BUCKETS, TTFT_BUCKETS
 from sparktop.twin.server import TwinServer
 from tests.conftest import free_port
 from tests.helpers.simulated import sim_clock, sim_twin, simulated

@@ -3,7 +3,7 @@
 have the same status codes, the same shapes (keys and JSON types, chunk by
 chunk kind in a stream) and the same `vllm:` metric families with their
 types, label names and buckets — less the differences the twin keeps on
-purpose, each with its reason, in `sparktop/twin/differences.py`.
+purpose, each with its reason, in `sparktop/twin/dialects/vllm_differences.py`.
 
 The offline twin of this test (tests/unit/test_twin_conformance_fixtures.py)
 replays what vLLM 0.32 answered once; this one asks the installed vLLM now,

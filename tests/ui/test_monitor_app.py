@@ -8,7 +8,7 @@ import io
 import pytest
 
 from sparktop.observe.poller import EngineTarget, Poller
-from sparktop.twin.args import parse_serve_args
+from sparktop.twin.dialects.vllm_args import parse_serve_args
 from sparktop.twin.server import TwinServer
 from sparktop.ui.app import SparktopApp
 from sparktop.ui.cards import EngineCard, NodeCard

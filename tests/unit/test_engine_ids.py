@@ -11,7 +11,7 @@ from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, ROWS, EngineId, Unknow
 from sparktop.launch.runtimes import RUNTIMES
 from sparktop.observe import engines
 from sparktop.observe.engines import ENGINES, by_id, for_command, for_image
-from sparktop.twin.dialects import DIALECTS, dialect_for, speaks
+from sparktop.twin.dialects import DIALECTS, dialect_for, programs_of, speaks
 
 # The alias maps each layer kept before the table (at f5119bf), written out so that a row losing a name fails here:
 # launch/runtimes/__init__.ALIASES, twin/dialects/__init__.RUNTIME_ALIASES, model/runtimes.ALIASES, and the
@@ -153,7 +153,10 @@ def test_twin_dialects_read_their_identity_from_the_row():
     assert not speaks("ollama") and not speaks("mlc")
     with pytest.raises(KeyError):
         dialect_for("ollama")
-    assert [d for d in DIALECTS if dialect_for(d).sleep_mode] == [DEFAULT]
+    # The programs it answers on a test host: its row's, then the helpers the registry lists beside it.
+    for engine_id in DIALECTS:
+        row, programs = engine_ids.get(engine_id), dialect_for(engine_id).programs
+        assert programs[:len(row.programs)] == row.programs and programs == programs_of(engine_id)
 
 
 def test_process_titles_make_the_same_process_pattern():

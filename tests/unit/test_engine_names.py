@@ -18,12 +18,7 @@ PACKAGE = Path(sparktop.__file__).parent
 SEAMS = ("observe/engines/", "launch/runtimes/", "twin/dialects/")
 TABLE = "engine_ids.py"
 # Files that may still decide by an engine's name, and why. Each must still need it (a stale entry fails).
-ALLOWED = {
-    # The twin's container stand-in dispatches on the program a container runs (`vllm`, `sglang serve`,
-    # `llama-server`, `trtllm-serve`), the way a shell finds an executable: data, not an engine decision.
-    # (Optional part of issue 36, step 9: dispatch via the rows' `programs` and a `Dialect.tool_main`.)
-    "twin/node.py": "the container stand-in's program dispatch",
-}
+ALLOWED: dict[str, str] = {}
 # Every name that stands for an engine, in lower case: ids, aliases ("llama-cpp", "trt-llm") and the names
 # people read ("vLLM", "TensorRT-LLM").
 NAMES = frozenset(n.lower() for r in engine_ids.ROWS for n in (r.id, *r.aliases, r.name))

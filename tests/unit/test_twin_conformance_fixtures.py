@@ -6,7 +6,7 @@ serving as `tiny-llama` with the same context length, and holds each answer
 to the recorded one by shape (`tests/helpers/conformance.py`): status, keys
 and JSON types, the kinds of SSE chunks in order, every `vllm:` metric
 family with its type, label names and buckets. What the twin keeps different
-on purpose is in `sparktop.twin.differences`.
+on purpose is in `sparktop.twin.dialects.vllm_differences`.
 
 The second part checks that what vLLM 0.32 added is the twin's own
 simulation, not constants: requests waiting by reason under a queue, prompt
@@ -28,9 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparktop.model.cards import find_card
 from sparktop.model.fit import load_constants
 from sparktop.model.perf import PerfModel
-from sparktop.twin.differences import DIFFERENCES
+from sparktop.twin.dialects.vllm import VLLM_VERSION
+from sparktop.twin.dialects.vllm_differences import DIFFERENCES
 from sparktop.twin.engine import step_traffic
-from sparktop.twin.openai_api import TWIN_HEADER, VLLM_VERSION
+from sparktop.twin.openai_api import TWIN_HEADER
 from tests.helpers import conformance as c
 from tests.helpers.simulated import sim_clock, sim_twin, simulated
 

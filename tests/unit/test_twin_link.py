@@ -21,9 +21,9 @@ import pytest
 
 from sparktop.observe import hostparse
 from sparktop.twin import link
-from sparktop.twin.args import parse_serve_args
 from sparktop.twin.cluster import DEFAULT_IMAGE, TwinCluster, wait_ready
 from sparktop.twin.containers import Containers
+from sparktop.twin.dialects.vllm_args import parse_serve_args
 from sparktop.twin.host import PRODUCT_FAMILY, VARIANTS, TwinHost
 from sparktop.twin.nvidia_smi import query_apps
 from sparktop.twin.server import TwinServer

@@ -9,27 +9,34 @@ routes, their model list and their errors. A dialect holds exactly that,
 read from each engine's own source (the facts and their commits are in
 tests/fixtures/SOURCES.md), and the conformance tests hold it there.
 
+The base `Dialect` is no engine's: its defaults are neutral (derived from
+the subclass's row where there is a neutral answer: `prog` and
+`process_name` its first program, `owned_by` its id), and what only an
+engine can say (its command line, its demo command, its errors) it leaves
+to the subclass. vLLM's words are `dialects/vllm.py`'s, as SGLang's are
+`sglang.py`'s.
+
 Adding an engine to the twin: a module here with a `Dialect` subclass naming
-its `engine_ids` row (its id and name), listed in `dialects.DIALECTS`, and
-its stand-in command in `twin/node.py`.
+its `engine_ids` row (its id, name and programs), listed in
+`dialects.DIALECTS` (with the helper programs its images run beside the
+server, if any); its `tool_main` is what those programs do on a test host.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from aiohttp import web
 
-from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import EngineId
+from sparktop.twin.dialects import programs_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -41,9 +48,10 @@ if TYPE_CHECKING:
 
 class TwinLog:
     """Log lines in one engine's format; `info`/`warning`/`error`/`engine`
-    take the source location vLLM prints (others ignore it or print their own)."""
+    take a source location, which a log that prints one prints (vLLM's
+    `[model.py:555]`); others ignore it or print their own."""
 
-    def __init__(self, stream: TextIO | None = None, process: str = "APIServer", clock: Clock = SYSTEM):
+    def __init__(self, stream: TextIO | None = None, process: str = "", clock: Clock = SYSTEM):
         self.stream = stream or sys.stdout
         self.process = process
         self.pid = os.getpid()
@@ -73,7 +81,8 @@ class TwinLog:
         self.line("ERROR", where, message, process)
 
     def engine(self, where: str, message: str) -> None:
-        self.info(where, message, "EngineCore")
+        """A line of the engine's core, where a log tells it from the API server's (vLLM's `EngineCore`)."""
+        self.info(where, message)
 
     def raw(self, message: str, process: str | None = None) -> None:
         self._write(message)
@@ -102,19 +111,6 @@ class TwinMetrics:
     def on_traffic(self, flops: float, read_bytes: float, write_bytes: float) -> None:
         pass
 
-    def record_sleep_state(self, sleeping: bool, level: int) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def sleep_operation(self, operation: str) -> Iterator[None]:
-        yield
-
-    def record_admission_rejection(self, reason: str) -> None:
-        pass
-
-    def log_cache_config(self, info: dict[str, str]) -> None:
-        pass
-
     def set_idle(self, running: int, waiting: int, kv_usage: float) -> None:
         pass
 
@@ -135,6 +131,9 @@ def twin_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return {"speed": speed, "startup_speed": ns.startup_speed, "twin_home": ns.twin_home}
 
 
+# What a dialect's `tool_main` runs a twin server of its engine with: its command line -> the exit code.
+Serve = Callable[[list[str]], int]
+
 # Where a dialect's route handlers find their server (`request.app[TWIN]`).
 TWIN: web.AppKey[Any] = web.AppKey("twin")
 
@@ -143,34 +142,73 @@ def error_json(status: int, body: dict) -> web.Response:
     return web.json_response(body, status=status)
 
 
-class Dialect:
-    """One engine's words. The defaults are the OpenAI-compatible parts every
-    engine shares; subclasses say what is theirs."""
+def openai_error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    """An error in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`."""
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                             status=status)
 
-    # The engine it imitates: its row of `engine_ids`, which sets `id` and `name` (a subclass names its own).
-    row: ClassVar[EngineId] = engine_ids.get(engine_ids.DEFAULT)
-    id: ClassVar[str] = row.id
-    name: ClassVar[str] = row.name
+
+# vLLM's wording of two errors, shared: vLLM's dialect answers `invalid` and `unparsable` so, and so do SGLang's
+# and TensorRT-LLM's, whose requests the OpenAI routes check in vLLM 0.32's order (their engines' own words
+# for these are not imitated); llama.cpp answers its own.
+
+def parameter_error(message: str, param: str, value: object) -> web.Response:
+    """vLLM's VLLMValidationError: a 400 that names the parameter and its value."""
+    return openai_error(400, f"{message} (parameter={param}, value={value})", "BadRequestError", param)
+
+
+def validation_error(loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
+    """FastAPI's request validation error as vLLM's handler words it."""
+    detail: dict[str, object] = {"type": kind, "loc": loc, "msg": msg, "input": value}
+    if ctx is not None:
+        detail["ctx"] = ctx
+    return openai_error(400, f"1 validation error:\n  {detail}", "Bad Request", loc)
+
+
+class Dialect:
+    """One engine's words. The defaults are what no engine would say otherwise
+    (no extra route but /health, no metrics, nothing logged, no fingerprint);
+    what only an engine can answer (its command line, its errors) a subclass
+    says, and the base raises NotImplementedError."""
+
+    # The engine it imitates: its row of `engine_ids`, which sets `id` and `name`. Every subclass names its own.
+    row: ClassVar[EngineId]
+    id: ClassVar[str]
+    name: ClassVar[str]
+    # The programs it answers as a test host's stand-in (`tool_main`): its row's and the helpers the registry
+    # lists (`dialects.DIALECTS`).
+    programs: ClassVar[tuple[str, ...]]
     version: ClassVar[str] = ""  # the release whose words it speaks
-    prog: ClassVar[str] = "vllm serve"  # its command, for usage lines
-    owned_by: ClassVar[str] = "vllm"
-    process_name: ClassVar[str] = "VLLM::EngineCore"  # how nvidia-smi lists its GPU process
+    prog: ClassVar[str] = ""  # its command, for usage lines; unset: its row's first program
+    owned_by: ClassVar[str] = ""  # /v1/models' owned_by; unset: its row's id
+    process_name: ClassVar[str] = ""  # how nvidia-smi lists its GPU process; unset: its row's first program
     server_header: ClassVar[str | None] = None
     log_class: ClassVar[type[TwinLog]] = TwinLog
-    # Over several nodes it joins its own workers (`join`), not through vLLM's rendezvous or Ray.
+    # Over several nodes it joins its own workers (`join`), not through the twin's rendezvous or Ray (multinode.py).
     own_distribution: ClassVar[bool] = False
-    # A /v1/completions request without max_tokens gets this many (vLLM's and
-    # SGLang's protocol default 16); None lets it run to the end of the context.
-    completion_max_tokens: ClassVar[int | None] = 16
-    # vLLM compiles the model with torch.compile before capturing graphs; SGLang
-    # and llama.cpp do not by default, so their twins skip that wait.
-    compiles: ClassVar[bool] = True
-    # vLLM's sleep mode: /sleep, /wake_up and /is_sleeping with --enable-sleep-mode in its dev mode.
-    sleep_mode: ClassVar[bool] = False
+    # A /v1/completions request without max_tokens gets this many; None lets it run to the end of the context.
+    completion_max_tokens: ClassVar[int | None] = None
+    # Whether start-up takes the model's `torch.compile` stage (vLLM's torch.compile, TensorRT-LLM's autotuning).
+    compiles: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.id, cls.name = cls.row.id, cls.row.name
+        row = cls.row
+        cls.id, cls.name = row.id, row.name
+        cls.programs = programs_of(row.id)
+        first = row.programs[0] if row.programs else row.id
+        cls.prog = cls.prog or first
+        cls.owned_by = cls.owned_by or row.id
+        cls.process_name = cls.process_name or first
+
+    # -- the stand-in programs --------------------------------------------------------
+
+    def tool_main(self, program: str, argv: list[str], serve: Serve) -> int:
+        """Run `program` (one of `programs`) with `argv`, as a test host's stand-in for it (`twin/node.py`); its
+        exit code. `serve(argv)` runs a twin server of this engine from its command line (`server.serve_main`,
+        which node.py hands over: a dialect sits below the server and never imports it). The default: the
+        program is the server and `argv` its command line."""
+        return serve(argv)
 
     # -- the command line ---------------------------------------------------------
 
@@ -182,9 +220,8 @@ class Dialect:
     def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
         """What follows `docker run ... --network host` in the twin's demo to serve `model` from `image`, as
         the engine's own images start it (`where`: --host and --port; `twin`: the twin's own flags; `root`:
-        the demo cluster's folder, for a file the command needs). The default is vLLM's image, whose
-        entrypoint is `vllm serve`."""
-        return [image, model, *where, "--gpu-memory-utilization", "0.7", *twin]
+        the demo cluster's folder, for a file the command needs)."""
+        raise NotImplementedError
 
     # -- start-up -----------------------------------------------------------------
 
@@ -200,7 +237,7 @@ class Dialect:
 
     def kv_tokens(self, server: TwinServer, plan: StartupPlan) -> int | None:
         """The KV cache's size in tokens where the engine sizes it its own way
-        (llama.cpp's -c); None: as vLLM does, from its share of memory."""
+        (llama.cpp's -c); None: from its share of memory (`gpu_memory_utilization`)."""
         return None
 
     def begin(self, server: TwinServer) -> None:
@@ -277,9 +314,21 @@ class Dialect:
 
     def too_long(self, server: TwinServer, prompt: int, max_len: int, from_text: bool) -> web.Response:
         """The error for a prompt longer than the context."""
-        return error_json(400, {"object": "error", "message": f"The input ({prompt} tokens) is longer than the "
-                                f"model's context length ({max_len} tokens).", "type": "BadRequestError",
-                                "param": None, "code": 400})
+        raise NotImplementedError
+
+    def invalid(self, message: str, param: str, value: object) -> web.Response:
+        """The error for a request parameter out of range (`max_tokens` below 1 or past the context),
+        naming the parameter and its value."""
+        raise NotImplementedError
+
+    def unparsable(self, loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
+        """The error for a request its schema refuses (a body that is not JSON, a field of the wrong type),
+        as pydantic words it (`loc` "body.max_tokens", `kind` "int_type", `msg`, the input, pydantic's ctx)."""
+        raise NotImplementedError
+
+    def admit(self, server: TwinServer) -> web.Response | None:
+        """The refusal of a generation request its queue limits turn away, or None: admitted (no limits)."""
+        return None
 
     def unknown_model(self, server: TwinServer, model: str) -> web.Response | None:
         """The error for a request naming another model; None: the engine serves it anyway."""

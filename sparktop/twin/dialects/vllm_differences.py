@@ -1,4 +1,4 @@
-"""Where the twin knowingly answers differently from vLLM 0.32, and why.
+"""Where the vLLM dialect knowingly answers differently from vLLM 0.32, and why.
 
 The twin is held to what a real vLLM 0.32.0 answers
 (`tests/fixtures/vllm-0.32.0/`, and a live server in the real-vLLM tests):

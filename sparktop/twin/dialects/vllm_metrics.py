@@ -1,4 +1,4 @@
-"""The twin's /metrics: vLLM 0.32's metric names, types, labels and buckets.
+"""The vLLM dialect's /metrics: vLLM 0.32's metric names, types, labels and buckets.
 
 Built with prometheus-client, as vLLM is, in a registry of its own so that
 several twins can live in one process (tests). Counters are declared without
@@ -24,8 +24,10 @@ The figures follow the twin's simulation, with vLLM's definitions
   the tokens scheduled);
 - estimated FLOPs and bytes per GPU: from the performance model's account of
   each step (`engine.step_traffic`), only with `--enable-mfu-metrics`;
-- the sleep state and admission rejections: set by the API server's
-  handlers, as vLLM's AsyncLLM sets them.
+- the sleep state and admission rejections: set by the vLLM dialect's sleep
+  routes and admission check (`dialects/vllm.py`), as vLLM's AsyncLLM sets
+  them; the cache config's info by its start-up, from the KV cache the twin
+  sized.
 """
 
 from __future__ import annotations
