@@ -649,6 +649,10 @@ def _twin_serve(argv: list[str]) -> int:
                   file=sys.stderr)
             return 2
         engine = engine_ids.runtime_id(asked)
+    if not any(a == "--host" or a.startswith("--host=") for a in argv) and not {"-h", "--help"} & set(argv):
+        # A twin started by hand stays on this machine unless told (the engines' own default, 0.0.0.0, puts it
+        # on every address, where every demo node would find it).
+        argv = [*argv, "--host", "127.0.0.1"]
     # what its usage lines say
     prog = "sparktop twin serve" if engine == engine_ids.DEFAULT else dialect_for(engine).prog
     try:
@@ -665,6 +669,8 @@ def _twin_serve_own_help() -> str:
     group = own.add_argument_group("sparktop's own option (first, before the engine's flags)")
     group.add_argument("--engine", metavar="ENGINE", help=f"serve as the twin of another engine ({_TWIN_OTHERS}) "
                        "instead of vLLM, with that engine's own flags after it (`--engine sglang --help` lists them)")
+    own.add_argument_group("where it listens", "127.0.0.1 unless --host is given (the engines' own default, "
+                           "0.0.0.0, would serve on every address of this machine)")
     return own.format_help()
 
 
