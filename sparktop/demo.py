@@ -72,6 +72,42 @@ def node_names(count: int) -> tuple[str, ...]:
     return tuple(f"spark-{chr(ord('a') + i)}" for i in range(count))
 
 
+def demo_recipes(model: str, kinds: list[str]) -> list:
+    """The recipe of `model` each node's engine runs (the runtime's own recipe of it, in turn); [] when the
+    model has no recipe for every one of them (a bare model card: its twins start from the card)."""
+    from sparktop.launch.catalog import find_recipe, runtime_recipes
+
+    try:
+        base = find_recipe(model)
+        return [runtime_recipes(base, kind)[kind] for kind in kinds]
+    except (SparktopError, KeyError):
+        return []
+
+
+def recipe_images(recipes: list) -> list[str]:
+    """The images the recipes' solo engines run (the recipe's own, else the default for its runtime)."""
+    defaults = Defaults()
+    return [r.settings("solo")[3] or defaults.image_for(r.runtime) for r in recipes]
+
+
+async def start_recipe_solos(cluster: TwinCluster, recipes: list) -> list[str]:
+    """On each node, its recipe as `sparktop launch RECIPE --topology solo --nodes NODE` starts it (the plan's
+    `docker run`, with its image, flags and prediction labels), not waited for: the demo serves what
+    `sparktop predict RECIPE` says for it, at the twins' pace."""
+    from sparktop.launch.topology import make_plan
+
+    inventory = cluster.inventory()  # the nodes run at the cluster's pace and start-up speed (their hosts')
+    urls = []
+    for i, node in enumerate(cluster.nodes):
+        plan = make_plan(recipes[i % len(recipes)], "solo", inventory, node_names=[node.name])
+        for step in plan.steps:
+            result = await node.transport().run(step.command, timeout=60, input=step.stdin_text)
+            if not result.ok:
+                raise SparktopError(f"{node.name}: {step.title}: {result.first_error_line()}")
+        urls += [e.url for e in plan.endpoints]
+    return urls
+
+
 def demo_engines(runtime: str | None) -> list[str]:
     """`--runtime sglang`, `--runtime vllm,llama-cpp` (the nodes take them in turn) -> engine ids."""
     from sparktop.launch.runtimes import UnknownRuntime, runtime_for
@@ -91,6 +127,7 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
     """The demo's nodes, fresh, and (`engines`) a solo engine on each, in `runtime` (vLLM; or
     `sglang`, `llama-cpp`, `trtllm`, or several the nodes take in turn)."""
     kinds = demo_engines(runtime)
+    recipes = demo_recipes(model, kinds)
     # The images the inventory's recipes use are "pulled" too, so the launcher works in the demo.
     defaults = Defaults()
     root = demo_root()
@@ -101,11 +138,14 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
             await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
     cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image,
-                                  *RUNTIME_IMAGES.values()]).setup()
+                                  *RUNTIME_IMAGES.values(), *recipe_images(recipes)]).setup()
     write_demo_inventory(cluster)
     if not engines:
         return cluster, []
-    urls = await cluster.run_solo(model=model, startup_speed=startup_speed, engines=kinds)
+    if recipes:
+        urls = await start_recipe_solos(cluster, recipes)
+    else:  # a model card with no recipe: its twin from the card, on the engine's default image
+        urls = await cluster.run_solo(model=model, startup_speed=startup_speed, engines=kinds)
     if wait:
         await wait_ready(urls, timeout=180)
     return cluster, urls

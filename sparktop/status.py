@@ -26,6 +26,7 @@ from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
 from sparktop.settings import Inventory, Preferences, load_preferences
+from sparktop.tables import Column, fitted
 from sparktop.units import ago
 
 SETTLE_S = 30.0  # past the window, at most, for every node to answer once (an SSH command's own timeout)
@@ -265,14 +266,20 @@ def _waiting(e: EngineSnapshot) -> str:
     return f"{e.waiting:.0f} ({e.deferred:.0f} deferred)" if e.deferred > 0 else f"{e.waiting:.0f}"
 
 
+NODE_COLUMNS = (Column("node", 0), Column("state", 0), Column("mem used / total", 1), Column("avail", 4),
+                Column("gpu", 2), Column("temp", 5), Column("power", 3), Column("cpu", 4), Column("containers", 6))
+# The endpoint is how a user tells engines apart, its state and generation rate what they came for.
+ENGINE_COLUMNS = (Column("endpoint", 0), Column("engine", 3), Column("model", 2), Column("state", 0),
+                  Column("KV", 4), Column("run", 2), Column("wait", 4), Column("prompt t/s", 5),
+                  Column("gen t/s", 1), Column("pred", 3), Column("TTFT p50", 4), Column("ITL p50", 6))
+
+
 def print_tables(state: ClusterState, console: Console, launches: list[LaunchRecord] | None = None,
                  inventory: Inventory | None = None) -> None:
-    nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "state", "mem used / total", "avail", "gpu", "temp", "power", "cpu", "containers"):
-        nodes.add_column(col)
+    rows: list[list[object]] = []
     for n in state.ordered_nodes():
         mem = n.memory
-        nodes.add_row(
+        rows.append([
             n.name, n.state if not n.reason else f"{n.state}: {n.reason}",
             f"{mem.used / GIB:.1f} / {mem.total / GIB:.1f} GiB" if mem else "—",
             f"{mem.available / GIB:.1f} GiB" if mem else "—",
@@ -280,21 +287,14 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             f"{n.gpu.temp:.0f}°C" if n.gpu and n.gpu.temp is not None else "—",
             f"{n.gpu.power:.0f} W" if n.gpu and n.gpu.power is not None else "—",
             f"{n.cpu_pct:.0f}%" if n.cpu_pct is not None else "—",
-            ", ".join(c.name for c in n.containers if c.state == "running") or "—",
-        )
-    console.print(nodes)
+            "\n".join(c.name for c in n.containers if c.state == "running") or "—",
+        ])
+    console.print(fitted("nodes", NODE_COLUMNS, rows, console.width))
     columns = {"kv", "running", "waiting", "prompt_tps", "gen_tps", "ttft", "itl"}  # the figures it shows
-    engines = Table(title="engines", title_justify="left",
-                    caption="n/e: not exported by that engine" if any(
-                        columns.intersection(e.not_exported) for e in state.engines.values() if not is_router(e.kind))
-                    else None, caption_justify="left")
-    # The endpoint is how a user tells engines apart: it is the last column to be cut.
-    longest = max((len(e.url.removeprefix("http://")) for e in state.engines.values()), default=8)
-    engines.add_column("endpoint", no_wrap=True, min_width=min(21, longest))
-    for col in ("engine", "model", "state", "KV", "run", "wait", "prompt t/s", "gen t/s", "pred", "TTFT p50",
-                "ITL p50"):
-        engines.add_column(col)
+    caption = "n/e: not exported by that engine" if any(
+        columns.intersection(e.not_exported) for e in state.engines.values() if not is_router(e.kind)) else None
     notes: list[str] = []
+    rows = []
     for e in state.ordered_engines():
         def cell(figure: str, value: str, e: EngineSnapshot = e) -> str:
             return value if e.exports(figure) or is_router(e.kind) else "n/e"
@@ -302,8 +302,9 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
         why = e.error or e.reason
         if why and e.state != "sleeping":
             notes.append(f"({len(notes) + 1}) {e.url}: {why}")
-        engines.add_row(
-            e.url.removeprefix("http://"), f"{e.engine or e.kind} {e.version or ''}".strip() or "—", e.model or "—",
+        rows.append([
+            e.url.removeprefix("http://"), f"{e.engine or e.kind} {e.version or ''}".strip() or "—",
+            (e.model or "—").rsplit("/", 1)[-1],
             engine_state(e, len(notes) if why and e.state != "sleeping" else None),
             cell("kv", f"{e.kv_usage * 100:.1f}%" if e.kv_usage is not None else "—"),
             cell("running", f"{e.running:.0f}" if e.running is not None else "—"),
@@ -313,7 +314,8 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             _pred_cell(_predicted(e, inventory)),
             cell("ttft", f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—"),
             cell("itl", f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—"),
-        )
+        ])
+    engines = fitted("engines", ENGINE_COLUMNS, rows, console.width, caption)
     console.print(engines)
     for note in notes:
         console.print(note, highlight=False, soft_wrap=False)

@@ -52,6 +52,10 @@ class LocalTransport:
             raise CommandTimeout(self.name, line, timeout or 0) from None
         except asyncio.CancelledError:
             _kill_group(proc)
+            # Reaped before the cancel goes on: a command left to the garbage collector after its loop has
+            # closed prints "Event loop is closed" tracebacks (`status` ending while a poll runs).
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
             raise
         return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 

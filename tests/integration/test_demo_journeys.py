@@ -54,6 +54,9 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
         assert [n["node"] if "node" in n else n["name"] for n in doc["nodes"]] == ["spark-a", "spark-b"]
         assert sorted(e["url"] for e in doc["engines"]) == ["http://127.0.0.2:8000", "http://127.0.0.3:8000"]
         assert {e["state"] for e in doc["engines"]} == {"ready"}
+        # Each node runs the recipe as `sparktop launch gpt-oss-120b --topology solo` starts it (its image, flags
+        # and prediction labels), so the demo serves what `sparktop predict gpt-oss-120b` says.
+        assert all(e["container"].startswith("sparktop-gpt-oss-120b-solo-") for e in doc["engines"]), doc["engines"]
         # Under load, each engine has the figure predict gives for it.
         assert all(e["predicted"] is None or e["predicted"]["gen_tps"] > 0 for e in doc["engines"])
 
