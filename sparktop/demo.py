@@ -215,7 +215,7 @@ def start_load(urls: list[str], low: int = 1, high: int = 6, key: str | None = N
     env = {**os.environ, "SPARKTOP_LOAD_API_KEY": key} if key else None  # a router's key: never on argv
     parent = [] if detached else ["--parent", str(os.getpid())]
     return subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", *urls, "--min", str(low),
-                             "--max", str(high), *parent],
+                             "--max", str(high), "--step-aside", *parent],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=detached)
 

@@ -7,8 +7,9 @@ cache has something to hit. Run it as its own process:
 
     python -m sparktop.twin.load http://127.0.0.2:8000 http://127.0.0.3:8000
 
-While a sweep (or a study) on this machine measures one of the nodes (`sparktop.measuring`), the load
-sends that node nothing new, so the sweep measures the engine, not this load.
+With `--step-aside` (the demo's), while a sweep (or a study) on this machine measures one of the nodes
+(`sparktop.measuring`), the load sends that node nothing new, so the sweep measures the engine, not this
+load. Without it, it is any other client's traffic, which a sweep's guard must catch.
 
 A LiteLLM router in front wants its master key: `$SPARKTOP_LOAD_API_KEY`
 (from the environment, never the command line, which `ps` shows).
@@ -58,7 +59,7 @@ async def model_of(client: httpx.AsyncClient, url: str) -> str | None:
         return None
 
 
-async def drive(url: str, low: int, high: int, period: float, seed: int) -> None:
+async def drive(url: str, low: int, high: int, period: float, seed: int, step_aside: bool = False) -> None:
     rng = random.Random(seed)
     phase = rng.random() * 2 * math.pi
     loop = asyncio.get_running_loop()
@@ -76,7 +77,7 @@ async def drive(url: str, low: int, high: int, period: float, seed: int) -> None
                     continue
             t = loop.time() - start
             target = round(low + (high - low) * (0.5 + 0.5 * math.sin(2 * math.pi * t / period + phase)))
-            if host_of(url) in measured_hosts():
+            if step_aside and host_of(url) in measured_hosts():
                 target = 0  # a sweep measures this node: step aside (what is in flight finishes) until it ends
             while len(inflight) < target:
                 task = asyncio.create_task(one_request(client, url, model, rng))
@@ -93,8 +94,10 @@ async def orphan_watch(parent: int | None) -> None:
         await asyncio.sleep(1.0)
 
 
-async def main_async(urls: list[str], low: int, high: int, period: float, parent: int | None = None) -> None:
-    drivers = [asyncio.create_task(drive(u.rstrip("/"), low, high, period, i)) for i, u in enumerate(urls)]
+async def main_async(urls: list[str], low: int, high: int, period: float, parent: int | None = None,
+                     step_aside: bool = False) -> None:
+    drivers = [asyncio.create_task(drive(u.rstrip("/"), low, high, period, i, step_aside))
+               for i, u in enumerate(urls)]
     if parent:
         await orphan_watch(parent)
         for task in drivers:
@@ -111,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max", type=int, default=6)
     ap.add_argument("--period", type=float, default=90.0, help="seconds per load cycle")
     ap.add_argument("--parent", type=int, help="exit when this process is no longer our parent")
+    ap.add_argument("--step-aside", action="store_true", help="send nothing new to a node a sweep on this "
+                    "machine is measuring (the demo's load)")
     args = ap.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main_async(args.urls, args.min, args.max, args.period, args.parent))
+        asyncio.run(main_async(args.urls, args.min, args.max, args.period, args.parent, args.step_aside))
     return 0
 
 

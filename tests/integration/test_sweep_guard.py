@@ -262,7 +262,8 @@ async def test_guard_urls_watch_the_engine_behind_a_router_without_metrics(tmp_p
 
 @pytest.mark.slow
 def test_the_demo_engine_with_background_load_is_reported_contaminated(tmp_path, capsys):
-    """`sparktop sweep` at c1 on a twin that the demo's load generator keeps busy."""
+    """`sparktop sweep` at c1 on a twin another client keeps busy (the load generator without the demo's
+    --step-aside: it goes on sending while the sweep measures)."""
     engine, url = start_twin_process(MODEL, speed=1)
     load = subprocess.Popen([sys.executable, "-m", "sparktop.twin.load", url, "--min", "1", "--max", "6",
                              "--period", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
