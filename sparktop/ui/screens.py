@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable
 
 from rich.text import Span, Text
 from textual.app import ComposeResult
@@ -264,12 +265,14 @@ class MonitorScreen(LiveScreen):
         if list(cards) != list(items):
             # Membership, order or view changed: rebuild in order (rare; keeps focus simple).
             focused = self.focused.key if isinstance(self.focused, Card) else None
-            grid.remove_children()
+            removed = grid.remove_children()
             rows = cls in (NodeRow, EngineRow)
             grid.set_class(rows, "-rows")
             new = [cls(key, classes="row" if rows else "card") for key in items]
-            grid.mount_all(new)
-            self.call_after_refresh(self._layout_columns)
+            mounted = grid.mount_all(new)
+            # Laid out as a resize lays it out, once the old cards are gone and the new ones in: a card
+            # removed is pruned later, and counted before that it kept the columns of the cards that were.
+            self.call_after_refresh(self._relayout, removed, mounted)
             for card in new:
                 self.call_after_refresh(card.show, items[card.key], histories.get(card.key), *extras(card.key))
                 if card.key == focused:
@@ -277,6 +280,14 @@ class MonitorScreen(LiveScreen):
             return
         for key, snap in items.items():
             cards[key].show(snap, histories.get(key), *extras(key))
+
+    async def _relayout(self, *changes: Awaitable) -> None:
+        """The columns and sparkline heights for the cards now in the grids, once `changes` (a removal, a
+        mount) are done: what a resize does."""
+        for change in changes:
+            await change
+        if self.is_mounted:
+            self._layout_columns()
 
     def action_open_detail(self) -> None:
         focused = self.focused
