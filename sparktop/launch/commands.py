@@ -71,13 +71,40 @@ def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | 
         json.dump([recipe_json(r) for r in recipes.values()], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = Table(title="recipes", title_justify="left")
-    for col in ("recipe", "runtime", "model", "quant", "weights", "topologies (2 nodes)", "from"):
-        table.add_column(col)
+    from rich.cells import cell_len
+
+    rows = []
     for r in sorted(recipes.values(), key=lambda r: r.id):
         weights = r.estimated_weights_gib()
-        table.add_row(r.id, r.runtime, r.model, r.quantization or "—", f"{weights:.1f} GiB" if weights else "—",
-                      ", ".join(r.allowed_topologies(2)), f"{r.format}: {r.path}")
+        # The quant as the launcher's list shows it (ui/launcher.py): the checkpoint's where the recipe names none.
+        card = r.twin_card()
+        rows.append({"recipe": r.id, "runtime": r.runtime, "model": r.model,
+                     "quant": r.quantization or (card.quant.scheme if card is not None else "—"),
+                     "weights": f"{weights:.1f} GiB" if weights else "—",
+                     "topologies (2 nodes)": ", ".join(r.allowed_topologies(2)), "from": f"{r.format}: {r.path}"})
+    heads = ("recipe", "runtime", "model", "quant", "weights", "topologies (2 nodes)", "from")
+    wraps = ("topologies (2 nodes)", "from")  # a name a line, a path folded; the others whole or left out
+
+    def needs(col: str) -> int:
+        if col == "topologies (2 nodes)":
+            return max(cell_len(word) + 1 for text in [col, *(row[col] for row in rows)] for word in text.split())
+        return max(cell_len(col), *(cell_len(row[col]) for row in rows)) if col != "from" else 24
+    # What does not fit the terminal goes, least needed first (as the sweep screen's tables drop theirs): the
+    # recipe stays whole, then its runtime, quant, weights and topologies; the model's full name and the file
+    # go first (--json has them).
+    shown = ["recipe", "runtime", "quant", "weights", "topologies (2 nodes)", "model", "from"]
+    while len(shown) > 1 and sum(needs(c) for c in shown) + 2 * (len(shown) - 1) > console.width:
+        shown.pop()
+    table = Table(title="recipes", title_justify="left", header_style="bold underline", box=None, pad_edge=False)
+    for col in heads:
+        if col in shown:
+            table.add_column(col, no_wrap=col not in wraps, overflow="fold" if col == "from" else "ellipsis")
+    for row in rows:
+        table.add_row(*(row[col] for col in heads if col in shown))
+    if len(shown) < len(heads):
+        table.caption = f"left out at {console.width} columns: {', '.join(c for c in heads if c not in shown)} " \
+                        "(--json has every field)"
+        table.caption_justify = "left"
     console.print(table)
     for error in errors:
         console.print(f"[yellow]skipped[/] {error}", highlight=False)

@@ -67,22 +67,28 @@ def _settle_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
+SPEED = Binding.Group("Speed")  # + and -: polls (in a replay, playback) faster or slower
+
+
 class SparktopApp(App):
     CSS_PATH = "sparktop.tcss"
     TITLE = "sparktop"
+    # In the footer's order, which is their priority (ui/footer.py): what a new user needs first (quit, help,
+    # the three things sparktop does, the history), then what tunes the watching (pause, the pace: + and -
+    # as one key group).
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
-        Binding("p,space", "pause", "Pause"),
-        Binding("plus,equals_sign", "faster", "Faster"),
-        Binding("minus", "slower", "Slower"),
-        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
-        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
         Binding("l", "launch", "Launch"),
         Binding("x", "stop", "Stop"),
         Binding("s", "sweep", "Sweep"),
-        Binding("y,b", "study", "Study", show=False),
         Binding("h", "history", "History"),
+        Binding("p,space", "pause", "Pause"),
+        Binding("plus,equals_sign", "faster", "Faster", group=SPEED),
+        Binding("minus", "slower", "Slower", group=SPEED),
+        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
+        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
+        Binding("y,b", "study", "Study", show=False),
     ]
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",

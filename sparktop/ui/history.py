@@ -29,11 +29,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from sparktop.errors import SparktopError
 from sparktop.history.query import Event, HistoryReader, Session, count_text, energy_text, short_key, when_text
 from sparktop.settings import Preferences
+from sparktop.ui.footer import KeyFooter
 from sparktop.ui.screens import HEIGHTS, WIDTHS
 from sparktop.units import ago
 
@@ -444,7 +445,7 @@ class HistoryScreen(Screen):
             yield Static(id="history-cost-hint")
             yield Static(id="history-events-title", classes="history-title")
             yield Static(id="history-events")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         for table in self.query(DataTable):

@@ -20,7 +20,6 @@ from textual.screen import ModalScreen
 from textual.widgets import (
     Button,
     DataTable,
-    Footer,
     Input,
     Label,
     OptionList,
@@ -49,6 +48,7 @@ from sparktop.launch.session import (
 from sparktop.layouts import describe, layout_of
 from sparktop.observe.engine_log import strip_prefix
 from sparktop.settings import Inventory
+from sparktop.ui.footer import KeyFooter
 from sparktop.ui.messages import LaunchProgress, LaunchRequested, LaunchSeen, StopRequested, StudyPlanRequested
 from sparktop.ui.screens import LiveScreen, StatusLine
 from sparktop.units import ago, fmt
@@ -158,7 +158,7 @@ class LaunchScreen(LiveScreen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("enter", "launch", "Launch"),
         Binding("ctrl+r", "recheck", "Re-check"),
-        Binding("b", "study", "Study all topologies"),
+        Binding("b", "study", "Study all"),  # every topology in turn
     ]
     # Below 90 columns the list goes above the form (-tiny).
     HORIZONTAL_BREAKPOINTS = [(0, "-tiny"), (90, "-narrow"), (110, "-medium"), (150, "-wide")]
@@ -200,7 +200,7 @@ class LaunchScreen(LiveScreen):
                     yield Static(id="preflight")
                 with VerticalScroll(id="plan-box"):
                     yield Static(id="plan")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#preflight-box").border_title = "preflight"
@@ -431,8 +431,8 @@ class ProgressScreen(LiveScreen):
     """One launch as it starts: steps, each container's stage, the log tail."""
 
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Back to monitor"),
-        Binding("x", "stop", "Stop this launch"),
+        Binding("escape", "app.pop_screen", "Back"),  # to the monitor
+        Binding("x", "stop", "Stop launch"),
     ]
 
     def __init__(self, launcher: Launcher, run: LaunchRun):
@@ -450,7 +450,7 @@ class ProgressScreen(LiveScreen):
             yield RichLog(id="log", max_lines=1000, wrap=True, markup=False, highlight=False,
                           min_width=20)  # wrapped to the box, however narrow
         yield Static(id="outcome")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#steps").border_title = "steps"

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from sparktop.ui.screens import HELP, HelpScreen
+from sparktop.ui.screens import HELP, HelpScreen, help_text
 
 # The app's actions a read-only session refuses, and how the notice names them.
 READ_ONLY_ACTIONS = {"launch": "launching", "stop": "stopping", "sweep": "sweeping", "study": "studying"}
@@ -46,4 +46,4 @@ def read_only_help(text: str = HELP) -> str:
 class ReadOnlyHelpScreen(HelpScreen):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
-            yield Static(read_only_help())
+            yield Static(help_text(read_only_help()))

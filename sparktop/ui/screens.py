@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
+from collections.abc import Awaitable
 
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
 from rich.text import Span, Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,7 +18,7 @@ from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import ModalScreen, Screen
 from textual.strip import Strip
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from sparktop.engine_ids import KNOWN_ENGINES, is_router, listing
 from sparktop.observe.snapshot import EngineSnapshot
@@ -22,6 +27,7 @@ from sparktop.ui import charts
 from sparktop.ui import render as r
 from sparktop.ui.cards import Card, EngineCard, NodeCard, engine_facts, line_segments, link_of
 from sparktop.ui.detail_text import engine_details, node_details
+from sparktop.ui.footer import KeyFooter
 from sparktop.ui.messages import RepaintRequested, StateChanged
 from sparktop.ui.rows import EngineRow, NodeRow, summary_line
 
@@ -142,7 +148,7 @@ class MonitorScreen(LiveScreen):
         yield Grid(id="engines")
         yield Static("", id="cluster-chart")  # under the lines of a big cluster, where the screen has room
         yield Static("", id="empty")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#cluster").display = False
@@ -264,12 +270,14 @@ class MonitorScreen(LiveScreen):
         if list(cards) != list(items):
             # Membership, order or view changed: rebuild in order (rare; keeps focus simple).
             focused = self.focused.key if isinstance(self.focused, Card) else None
-            grid.remove_children()
+            removed = grid.remove_children()
             rows = cls in (NodeRow, EngineRow)
             grid.set_class(rows, "-rows")
             new = [cls(key, classes="row" if rows else "card") for key in items]
-            grid.mount_all(new)
-            self.call_after_refresh(self._layout_columns)
+            mounted = grid.mount_all(new)
+            # Laid out as a resize lays it out, once the old cards are gone and the new ones in: a card
+            # removed is pruned later, and counted before that it kept the columns of the cards that were.
+            self.call_after_refresh(self._relayout, removed, mounted)
             for card in new:
                 self.call_after_refresh(card.show, items[card.key], histories.get(card.key), *extras(card.key))
                 if card.key == focused:
@@ -277,6 +285,14 @@ class MonitorScreen(LiveScreen):
             return
         for key, snap in items.items():
             cards[key].show(snap, histories.get(key), *extras(key))
+
+    async def _relayout(self, *changes: Awaitable) -> None:
+        """The columns and sparkline heights for the cards now in the grids, once `changes` (a removal, a
+        mount) are done: what a resize does."""
+        for change in changes:
+            await change
+        if self.is_mounted:
+            self._layout_columns()
 
     def action_open_detail(self) -> None:
         focused = self.focused
@@ -299,7 +315,7 @@ class DetailScreen(LiveScreen):
         yield StatusLine(id="status")
         with VerticalScroll(id="detail"):
             yield Static(id="charts")
-        yield Footer()
+        yield KeyFooter()
 
     def show_state(self, state: ClusterState, status: Text) -> None:
         self.query_one(StatusLine).update(status)
@@ -404,6 +420,8 @@ HELP = """\
 
   [b]q[/b]        quit
   [b]?[/b]        this help
+  [b]ctrl+p[/b]   the command palette: every action by its name (its key is
+           in the footer from 100 columns on)
   [b]p[/b]        pause or resume (polling; in a replay, playback)
   [b]+ / -[/b]    poll (in a replay, play) faster or slower
   [b]← / →[/b]    move between cards (in a replay, [b][ / ][/b] seek 10 s)
@@ -443,6 +461,51 @@ llama.cpp"), and is [b]n/e[/b] in the one-line rows of a big cluster.
 """
 
 
+HELP_KEY = re.compile(r"^ {2}\[b\](.+?)\[/b\] +(.*)$")  # a key's line: "  [b]q[/b]        quit"
+
+
+def help_text(text: str = HELP) -> Group:
+    """The help laid out for any width: each key beside what it does, its
+    description wrapped under itself (in the text, a key's indented lines
+    continue its description), the paragraphs wrapped as they are; a blank
+    line between blocks, as in the text."""
+    blocks: list[list] = []  # each a paragraph's lines, or a list of [key, description] pairs
+    kinds: list[str] = []
+    block_open = False
+    for line in text.rstrip("\n").split("\n"):
+        key = HELP_KEY.match(line)
+        if not line.strip():
+            block_open = False
+        elif key:
+            if not (block_open and kinds[-1] == "keys"):
+                blocks.append([])
+                kinds.append("keys")
+            blocks[-1].append([key.group(1), key.group(2)])
+            block_open = True
+        elif block_open and kinds[-1] == "keys" and line.startswith("   "):
+            blocks[-1][-1][1] += " " + line.strip()
+        elif block_open and kinds[-1] == "text":
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+            kinds.append("text")
+            block_open = True
+    parts: list[RenderableType] = []
+    for kind, block in zip(kinds, blocks, strict=True):
+        if parts:
+            parts.append(Text(""))
+        if kind == "text":
+            parts.append(Text.from_markup("\n".join(block)))
+            continue
+        keys = Table.grid(padding=(0, 2))
+        keys.add_column(no_wrap=True)
+        keys.add_column()
+        for name, description in block:
+            keys.add_row(Text.from_markup(name, style="bold"), Text.from_markup(description))
+        parts.append(Padding(keys, (0, 0, 0, 2)))
+    return Group(*parts)
+
+
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
     HORIZONTAL_BREAKPOINTS = WIDTHS
@@ -450,7 +513,7 @@ class HelpScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):  # scrolls when the terminal is shorter than the help
-            yield Static(HELP)
+            yield Static(help_text())
 
 
 def clock(t: float | None = None) -> str:

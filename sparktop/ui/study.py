@@ -26,7 +26,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Input, Label, Sparkline, Static
+from textual.widgets import DataTable, Input, Label, Sparkline, Static
 
 from sparktop.bench.events import (
     EngineSample,
@@ -56,6 +56,8 @@ from sparktop.study.events import (
 )
 from sparktop.study.planning import Estimate, choose_topologies, new_study
 from sparktop.study.state import CANCELLED, DONE, FAILED, PENDING, SWEEPING, Study
+from sparktop.ui.charts import empty_chart
+from sparktop.ui.footer import KeyFooter
 from sparktop.ui.launcher import short_log_line
 from sparktop.ui.messages import StudyCancelRequested, StudyProgress, StudyRequested, StudySeen
 from sparktop.ui.screens import LiveScreen, StatusLine
@@ -360,20 +362,22 @@ def decode_chart(runs: list[tuple[str, list[LevelStats]]], current: str | None, 
     """Decode t/s against concurrency, a line per topology (the one under way
     in half blocks). As `ui.sweep.level_chart` draws a sweep's runs, sized to
     the box rather than to the terminal plotext sees."""
+    title = "decode t/s (total) by concurrency, a line per topology"
+    levels = sorted({lv.concurrency for _, lvs in runs for lv in lvs})
+    pos = {c: i for i, c in enumerate(levels)}
+    lines = [(name, pts) for name, lvs in runs
+             if (pts := [(pos[lv.concurrency], lv.tg_tps_total) for lv in lvs if lv.tg_tps_total is not None])]
+    if not lines:
+        return empty_chart(title, width, height, "no level measured yet")
     import plotext as plt
 
     plt.clear_figure()
     plt.limit_size(False, False)
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("pro")
-    plt.title("decode t/s (total) by concurrency, a line per topology")
-    levels = sorted({lv.concurrency for _, lvs in runs for lv in lvs})
-    pos = {c: i for i, c in enumerate(levels)}
-    for name, lvs in runs:
-        pts = [(pos[lv.concurrency], lv.tg_tps_total) for lv in lvs if lv.tg_tps_total is not None]
-        if pts:
-            plt.plot([x for x, _ in pts], [y for _, y in pts], label=name,
-                     marker="hd" if name == current else "braille")
+    plt.title(title)
+    for name, pts in lines:
+        plt.plot([x for x, _ in pts], [y for _, y in pts], label=name, marker="hd" if name == current else "braille")
     if levels:
         plt.xticks(list(range(len(levels))), [f"c{c}" for c in levels])
     return Text.from_ansi(plt.build())
@@ -448,7 +452,7 @@ class StudyScreen(LiveScreen):
                         yield DataTable(id="study-levels", cursor_type="none")
                     yield Static(id="study-notes")
             yield Static(id="study-chart")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         study = self.run.study

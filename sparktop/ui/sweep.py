@@ -13,6 +13,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from rich.cells import cell_len
 from rich.markdown import Markdown
 from rich.text import Text
 from textual import on, work
@@ -21,7 +22,7 @@ from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Select, Sparkline, Static
+from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Sparkline, Static
 
 from sparktop.bench import compare as cmp
 from sparktop.bench.events import (
@@ -44,7 +45,10 @@ from sparktop.bench.stats import LevelStats, RateLevelStats, knee
 from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body
 from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
+from sparktop.ui.charts import empty_chart
+from sparktop.ui.footer import KeyFooter
 from sparktop.ui.messages import SweepProgress, pump
+from sparktop.ui.render import fit_columns
 from sparktop.ui.screens import LiveScreen, StatusLine
 from sparktop.units import eta_text, fmt
 
@@ -60,12 +64,42 @@ MODES = (("concurrency", "concurrency"), ("rate poisson", "poisson"), ("rate con
 # The rate table's columns: load.rate_texts' keys (times in ms), then the SLO verdict.
 RATE_COLUMNS = ("rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50", "ITL95", "busy", "good/s", "met",
                 "SLO")
-# Under this many columns the client's own figures go (as in the CLI's table), so the verdict stays in view.
-RATE_WIDE = 110
+# The lockstep table's: bench.export's (key, header), the prediction beside the measurement, the energy.
+LOCKSTEP_COLUMNS = (*((key, head) for key, head, _ in COLUMNS), ("predicted", "pred tg"), ("j_per_token", "J/tok"))
+# What a table too narrow for all its columns keeps, longest first (render.fit_columns): the level, what was
+# served and how fast the first token came; the client's own figures (sent/s, busy) and the figures another
+# column nearly says (peak beside tg t/s, p50 beside the mean) go first. At 80 columns the rate table keeps its
+# verdict, the lockstep table its decode, TTFT, the prediction and the errors.
+RATE_KEEP = ("rate", "SLO", "met", "good/s", "req/s", "tok/s", "TTFT95", "ITL95", "TTFT50", "ITL50", "busy", "sent/s")
+LOCKSTEP_KEEP = ("concurrency", "tg_tps_total", "ttft_ms_mean", "pp_tps_total", "tg_tps_req", "predicted",
+                 "ttft_ms_p95", "kv_cache_usage_max", "errors", "j_per_token", "waiting_max", "pp_tps_req",
+                 "peak_tps", "ttft_ms_p50")
 
 
-def rate_columns(width: int) -> tuple[str, ...]:
-    return RATE_COLUMNS if width >= RATE_WIDE else tuple(c for c in RATE_COLUMNS if c not in ("sent/s", "busy"))
+# The form's boxes: the label in each box's top edge (the long one where it fits, else the short one), and its
+# tooltip. The levels box's follow the mode.
+FIELDS = {
+    "runs": ("runs per level", "runs", "measured batches per concurrency level (after one warm-up batch)"),
+    "seconds": ("seconds per level", "s/level", "seconds each rate level sends requests for"),
+    "pp": ("prompt tokens", "prompt", "prompt tokens per request (pp1024: a 1024-token prompt)"),
+    "tg": ("output tokens", "output", "tokens generated per request (tg128: 128 tokens out)"),
+    "extra": ("extra request body", "extra body", "JSON fields added to every request, e.g. reasoning_effort=low"),
+    "slo": ("SLO", "SLO", "what a request must meet to count as good, e.g. ttft_p95=2s,itl_p95=100ms"),
+}
+LEVELS_FIELD = {
+    "concurrency": ("concurrency levels", "concurrency", "concurrent requests per level, e.g. 1,2,4,8"),
+    "rate": ("rates (requests/s)", "rates", "requests per second per level, e.g. 1,2,4,8"),
+    "max-rate": ("start rate (requests/s)", "start rate",
+                 "the rate the search starts from (it doubles, then halves the bracket)"),
+}
+TITLE_EDGE = 6  # a box's border title leaves this many of its cells to the edge
+
+
+def endpoint_text(engine) -> str:
+    """An endpoint as the form's select shows it: where it answers first (what tells two engines of one model
+    apart, and what a narrow box keeps), then what it serves and how."""
+    where = engine.url.removeprefix("http://").removeprefix("https://").rstrip("/")
+    return f"{where} · {engine.model or '?'} · {engine.topology or engine.kind}"
 
 
 def rate_value(lv: RateLevelStats, key: str) -> float | None:
@@ -104,15 +138,13 @@ def level_chart(title: str, key: str, runs: list[tuple[str, list]], width: int, 
             return pos[lv.concurrency]
     else:
         where = x
-    drawn = False
-    for label, lvs in reversed(runs):  # this run (first) drawn last, on top
-        pts = sorted((where(lv), v) for lv in lvs if (v := value(lv, key)) is not None)
-        if pts:
-            plt.plot([p for p, _ in pts], [y for _, y in pts], label=label[:24],
-                     marker="hd" if label == "this run" else "braille")
-            drawn = True
-    if not drawn:
-        plt.plot([0], [0])
+    lines = [(label, pts) for label, lvs in reversed(runs)  # this run (first) drawn last, on top
+             if (pts := sorted((where(lv), v) for lv in lvs if (v := value(lv, key)) is not None))]
+    if not lines:
+        return empty_chart(title, width, height, "no level measured yet")
+    for label, pts in lines:
+        plt.plot([p for p, _ in pts], [y for _, y in pts], label=label[:24],
+                 marker="hd" if label == "this run" else "braille")
     if x is None and levels:
         plt.xticks(list(range(len(levels))), [f"c{c}" for c in levels])
     elif x is not None:
@@ -133,6 +165,16 @@ def monitored_power(state: ClusterState, engine) -> Callable[[], Awaitable[float
         return None if any(w is None for w in watts) else sum(w for w in watts if w is not None)
 
     return power
+
+
+class LevelsTable(DataTable):
+    """The levels' table: says when its size changes, so its columns are fitted to its new width."""
+
+    class Resized(Message):
+        pass
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
 
 
 class ChartBox(Static):
@@ -178,6 +220,7 @@ class SweepScreen(LiveScreen):
         self.rate_levels: list[RateLevelStats] = []
         self.max_rate: MaxRate | None = None
         self._charts_due = False  # a redraw is scheduled (three boxes resize at once: one redraw)
+        self._predicted: dict[int, str] = {}  # the prediction beside each level, by concurrency
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
@@ -189,8 +232,8 @@ class SweepScreen(LiveScreen):
             yield Input(id="seconds", value="30", placeholder="s/level", type="number", classes="small rate-only")
             yield Input(id="pp", value="1024", placeholder="pp", type="integer", classes="small")
             yield Input(id="tg", value="128", placeholder="tg", type="integer", classes="small")
-            yield Input(id="extra", placeholder="extra body, e.g. reasoning_effort=low", classes="wide")
-            yield Input(id="slo", placeholder="SLO ttft_p95=2s,itl_p95=100ms", classes="wide rate-only")
+            yield Input(id="extra", placeholder="e.g. reasoning_effort=low", classes="wide")
+            yield Input(id="slo", placeholder="ttft_p95=2s,itl_p95=100ms", classes="wide rate-only")
             yield Button("Start", id="start", variant="success")
         with Horizontal(id="sweep-progress-row"):
             yield Static("", id="sweep-progress")
@@ -202,20 +245,25 @@ class SweepScreen(LiveScreen):
         # the charts below the table (side by side when they fit), scrolling.
         with VerticalScroll(id="sweep-body"):
             with Vertical(id="sweep-left"):
-                yield DataTable(id="levels-table", cursor_type="row", zebra_stripes=True)
+                yield LevelsTable(id="levels-table", cursor_type="row", zebra_stripes=True)
                 yield Static("", id="sweep-summary")
             with Container(id="sweep-charts"):
                 for key, _ in CHARTS:
                     yield ChartBox("", id=f"chart-{key}", classes="chart")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._set_table_mode("concurrency")
-        options = [(f"{e.model or '?'} · {e.topology or e.kind} · {e.url}", e.url) for e in self.engines]
+        options = [(endpoint_text(e), e.url) for e in self.engines]
         select = self.query_one("#sweep-engine", Select)
         select.set_options(options)
         if options:
             select.value = self.default_url if self.default_url in [u for _, u in options] else options[0][1]
+        # Each box says what it holds in its top edge, filled or not (a placeholder goes once it is filled).
+        select.query_one("SelectCurrent").border_title = "endpoint"
+        self.query_one("#sweep-mode", Select).query_one("SelectCurrent").border_title = "mode"
+        for wid, (_, _, tip) in FIELDS.items():
+            self.query_one(f"#{wid}", Input).tooltip = tip
         self.query_one("#live-tps").border_title = "tokens/s as requests finish"
         self.query_one("#sweep-progress", Static).update(
             "Enter starts the sweep · Esc cancels it (finished requests are kept) · ctrl+r past runs")
@@ -242,9 +290,20 @@ class SweepScreen(LiveScreen):
             levels.value = self._LEVELS[kind]  # the user's own list is kept
         levels.placeholder = {"concurrency": "concurrency", "rate": "requests/s",
                               "max-rate": "start at req/s"}[kind]
-        levels.tooltip = {"concurrency": "concurrent requests per level, e.g. 1,2,4,8",
-                          "rate": "requests per second per level, e.g. 1,2,4,8",
-                          "max-rate": "the rate the search starts from (it doubles, then halves the bracket)"}[kind]
+        levels.tooltip = LEVELS_FIELD[kind][2]
+        self._label_boxes()
+        self.call_after_refresh(self._label_boxes)  # the boxes shown moved: their widths too
+
+    def _label_boxes(self) -> None:
+        """Each box's label, as long as its width allows."""
+        mode = self._mode()
+        kind = "max-rate" if mode == "max-rate" else "rate" if mode != "concurrency" else "concurrency"
+        for wid, (long, short, _) in [*FIELDS.items(), ("levels", LEVELS_FIELD[kind])]:
+            box = self.query_one(f"#{wid}", Input)
+            box.border_title = long if box.outer_size.width - TITLE_EDGE >= len(long) else short
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._label_boxes)
 
     # -- starting ----------------------------------------------------------------
 
@@ -313,6 +372,7 @@ class SweepScreen(LiveScreen):
             return
         self.sweep, self.running, self.finished = sweep, True, None
         self.levels, self.tps, self.rate_levels, self.max_rate = [], [], [], None
+        self._predicted = {}
         self._set_table_mode("rate" if rate else "concurrency")
         self.query_one("#sweep-summary", Static).update("")
         self.query_one("#start", Button).disabled = True
@@ -339,20 +399,59 @@ class SweepScreen(LiveScreen):
         self.query_one("#sweep-mode", Select).disabled = False
 
     def _set_table_mode(self, mode: str) -> None:
-        """The table's columns for lockstep levels or rate levels (the first sweep of a mode changes them)."""
-        table = self.query_one("#levels-table", DataTable)
-        if self.mode == mode and table.columns:
-            table.clear()
-            return
+        """The table for lockstep levels or rate levels, empty (the first sweep of a mode changes its columns)."""
         self.mode = mode
-        table.clear(columns=True)
-        if mode == "rate":
-            self._rate_header(table)
-            return
-        for key, head, _ in COLUMNS:
-            table.add_column(head, key=key)
-        table.add_column("pred tg", key="predicted")  # sparktop predict's decode for this level
-        table.add_column("J/tok", key="j_per_token")  # the nodes' GPU power over the level's tokens/s
+        self._fill_table(force=True)
+
+    def _table_rows(self) -> list[tuple[str, dict[str, str | Text]]]:
+        """The table's rows as (key, cells by column key), in the order they came."""
+        if self.mode == "rate":
+            return [(lv.label, dict(zip(RATE_COLUMNS, rate_cells(lv), strict=True))) for lv in self.rate_levels]
+        return [(str(lv.concurrency), self._lockstep_cells(lv)) for lv in self.levels]
+
+    def _lockstep_cells(self, stats: LevelStats) -> dict[str, str | Text]:
+        cells: dict[str, str | Text] = {key: cell(stats, key) for key, _, _ in COLUMNS}
+        if stats.contaminated:  # foreign traffic on the engine during the level (bench.sweep's guard)
+            cells["concurrency"] = f"{cells['concurrency']} ⚠"
+        cells["predicted"] = self._predicted.get(stats.concurrency, "…")  # sparktop predict's decode for it
+        cells["j_per_token"] = cell(stats, "j_per_token")  # the nodes' GPU power over the level's tokens/s
+        return cells
+
+    def _fitted_columns(self, table: DataTable, rows: list[tuple[str, dict[str, str | Text]]]) -> tuple[str, ...]:
+        """The columns that fit the table's width (all of them before it is laid out)."""
+        heads = dict.fromkeys(RATE_COLUMNS, "") if self.mode == "rate" else dict(LOCKSTEP_COLUMNS)
+        room = table.scrollable_content_region.width
+        if room <= 0:
+            return tuple(heads)
+        pad = 2 * table.cell_padding
+        widths = {key: pad + max([cell_len(head or key), *(cell_len(c) if isinstance(c, str) else c.cell_len
+                                                           for _, cells in rows if (c := cells[key]) is not None)])
+                  for key, head in heads.items()}
+        return fit_columns(widths, RATE_KEEP if self.mode == "rate" else LOCKSTEP_KEEP, room)
+
+    def _fill_table(self, force: bool = False) -> None:
+        """The table's rows, under the columns that fit its width now: the header built again when those
+        change (a resize, a wider figure), else only the rows."""
+        table = self.query_one("#levels-table", DataTable)
+        rows = self._table_rows()
+        columns = self._fitted_columns(table, rows)
+        have = tuple(str(c.key.value) for c in table.columns.values())
+        row = table.cursor_row  # where the user had it
+        if force or columns != have:
+            table.clear(columns=True)
+            heads = dict(LOCKSTEP_COLUMNS)
+            for key in columns:
+                table.add_column(key if self.mode == "rate" else heads[key], key=key)
+        else:
+            table.clear()
+        for key, cells in rows:
+            table.add_row(*(cells[c] for c in columns), key=key)
+        if 0 < row < table.row_count:
+            table.move_cursor(row=row, animate=False)
+
+    def on_levels_table_resized(self, message: LevelsTable.Resized) -> None:
+        message.stop()
+        self._fill_table()
 
     def action_cancel_or_back(self) -> None:
         if self.running:
@@ -426,35 +525,17 @@ class SweepScreen(LiveScreen):
         # Rows in order of rate, as a search's levels come in any order.
         self.rate_levels = sorted([lv for lv in self.rate_levels if lv.rate != stats.rate] + [stats],
                                   key=lambda lv: lv.rate if lv.rate is not None else math.inf)
-        self._fill_rate_table()
+        self._fill_table()
         self._draw_charts()
-
-    def _rate_header(self, table: DataTable) -> None:
-        """The rate table's columns for the screen's width (none of its rows)."""
-        table.clear(columns=True)
-        for head in rate_columns(self.size.width):
-            table.add_column(head, key=head)
-
-    def _fill_rate_table(self) -> None:
-        table = self.query_one("#levels-table", DataTable)
-        table.clear()
-        columns = tuple(str(c.key.value) for c in table.columns.values())
-        for lv in self.rate_levels:
-            table.add_row(*rate_cells(lv, columns), key=lv.label)
 
     def _engine_sample(self, e: EngineSample) -> None:
         self.query_one("#engine-line", Static).update(Text("engine  " + e.describe(), style="cyan"))
 
     def _level_done(self, stats: LevelStats) -> None:
+        # A level measured again (the contamination guard) replaces its row, at the end.
         self.levels = [lv for lv in self.levels if lv.concurrency != stats.concurrency] + [stats]
-        table = self.query_one("#levels-table", DataTable)
-        key = str(stats.concurrency)
-        if key in table.rows:
-            table.remove_row(key)
-        cells = [cell(stats, k) for k, _, _ in COLUMNS]
-        if stats.contaminated:  # foreign traffic on the engine during the level (bench.sweep's guard)
-            cells[0] = f"{cells[0]} ⚠"
-        table.add_row(*cells, "…", cell(stats, "j_per_token"), key=key)
+        self._predicted.pop(stats.concurrency, None)
+        self._fill_table()
         self._draw_charts()
         self._predict_level(stats.concurrency)
 
@@ -504,8 +585,9 @@ class SweepScreen(LiveScreen):
         topology = s.topology if s.topology and layout_of(s.topology) is not None else None
         row = await asyncio.to_thread(predicted_for_engine, snap, getattr(self.app, "inventory", None), c, s.pp,
                                       s.tg, topology)
-        if str(c) in table.rows:
-            table.update_cell(str(c), "predicted", fmt(row.decode_tps) if row is not None else "—")
+        self._predicted[c] = fmt(row.decode_tps) if row is not None else "—"
+        if str(c) in table.rows and any(str(col.key.value) == "predicted" for col in table.columns.values()):
+            table.update_cell(str(c), "predicted", self._predicted[c])
 
     def _earlier_runs(self, model: str, run_id: str) -> list[tuple[str, list]]:
         """Up to three earlier runs of the same model and kind (rate runs beside a rate run), newest first."""
@@ -521,13 +603,6 @@ class SweepScreen(LiveScreen):
                 break
         return out
 
-    def on_resize(self) -> None:
-        table = self.query_one("#levels-table", DataTable)
-        have = tuple(str(c.key.value) for c in table.columns.values())
-        if self.mode == "rate" and have != rate_columns(self.size.width):
-            self._rate_header(table)
-            self._fill_rate_table()
-
     def on_chart_box_resized(self, message: ChartBox.Resized) -> None:
         """The charts drawn again when their boxes change size (the screen's or a scrollbar's doing), once
         for the three, after the layout has given them their new size."""
@@ -540,8 +615,6 @@ class SweepScreen(LiveScreen):
         """Each chart drawn to exactly the size of its box (plotext draws to
         the size it is given; a wider chart would wrap)."""
         self._charts_due = False
-        if not self.levels and not self.rate_levels and not self.earlier and self.sweep is None:
-            return
         rate = self.mode == "rate"
         if rate:
             runs = [("this run", [lv for lv in self.rate_levels if lv.rate is not None]), *self.earlier]
@@ -577,7 +650,7 @@ class RunsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(Text(" past sweep runs · space marks · Enter compares ", style="bold reverse"))
         yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         t = self.query_one(DataTable)
@@ -622,4 +695,4 @@ class CompareScreen(Screen):
         yield Static(Text(f" compare · {len(self.runs)} run(s) ", style="bold reverse"))
         with VerticalScroll():
             yield Static(Markdown(cmp.markdown(self.runs)), id="compare-text")
-        yield Footer()
+        yield KeyFooter()
