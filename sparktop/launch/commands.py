@@ -73,13 +73,12 @@ def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | 
         return 0
     from rich.cells import cell_len
 
+    from sparktop.tables import fit_columns
+
     rows = []
     for r in sorted(recipes.values(), key=lambda r: r.id):
         weights = r.estimated_weights_gib()
-        # The quant as the launcher's list shows it (ui/launcher.py): the checkpoint's where the recipe names none.
-        card = r.twin_card()
-        rows.append({"recipe": r.id, "runtime": r.runtime, "model": r.model,
-                     "quant": r.quantization or (card.quant.scheme if card is not None else "—"),
+        rows.append({"recipe": r.id, "runtime": r.runtime, "model": r.model, "quant": r.quant_shown(),
                      "weights": f"{weights:.1f} GiB" if weights else "—",
                      "topologies (2 nodes)": ", ".join(r.allowed_topologies(2)), "from": f"{r.format}: {r.path}"})
     heads = ("recipe", "runtime", "model", "quant", "weights", "topologies (2 nodes)", "from")
@@ -92,9 +91,9 @@ def cmd_recipes(extra_dirs: list[str] | None, as_json: bool, console: Console | 
     # What does not fit the terminal goes, least needed first (as the sweep screen's tables drop theirs): the
     # recipe stays whole, then its runtime, quant, weights and topologies; the model's full name and the file
     # go first (--json has them).
-    shown = ["recipe", "runtime", "quant", "weights", "topologies (2 nodes)", "model", "from"]
-    while len(shown) > 1 and sum(needs(c) for c in shown) + 2 * (len(shown) - 1) > console.width:
-        shown.pop()
+    shown = fit_columns({c: needs(c) for c in heads},
+                        ("recipe", "runtime", "quant", "weights", "topologies (2 nodes)", "model", "from"),
+                        console.width, gap=2)
     table = Table(title="recipes", title_justify="left", header_style="bold underline", box=None, pad_edge=False)
     for col in heads:
         if col in shown:

@@ -185,6 +185,12 @@ class Recipe:
         return Serving.from_flags({k: v for k, v in flags.items() if k != "kv_cache_free_fraction"},
                                   where=str(self.path))
 
+    def quant_shown(self) -> str:
+        """The weights' format as `recipes` and the launcher show it: the recipe's `quantization`, else its
+        card's ("—" with no card)."""
+        card = self.twin_card()
+        return self.quantization or (card.quant.scheme if card is not None else "—")
+
     def twin_card(self):
         """The model card this recipe serves (None: sparktop has no card for
         it), in the weight format the recipe's `quantization` names when that

@@ -217,10 +217,9 @@ class LaunchScreen(LiveScreen):
         for rid in sorted(recipes):
             r = recipes[rid]
             weights = r.estimated_weights_gib()
-            card = r.twin_card()  # the checkpoint's format where the recipe does not name one
             table.add_row(rid, runtime_for(r.runtime).name, f"{weights:.0f} GiB" if weights else "—",
                           nodes_text(self.launcher.topologies(r)),
-                          r.quantization or (card.quant.scheme if card is not None else "—"), key=rid)
+                          r.quant_shown(), key=rid)
         for error in errors:
             self.notify(error, title="recipe skipped", severity="warning", timeout=8)
         nodes = [(n.name, n.name) for n in self.launcher.inventory.nodes]

@@ -5,8 +5,6 @@ Rich `Text` only, so cards stay single widgets that repaint cheaply.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Span, Text
@@ -266,13 +264,3 @@ def state_badge(state: str) -> Text:
     return Text(f"● {state}", style=STATE_STYLES.get(state, "white"))
 
 
-def fit_columns(widths: Mapping[str, int], keep: Sequence[str], room: int, gap: int = 0) -> tuple[str, ...]:
-    """The columns of a table that fit `room` cells, in the table's order: `widths` is each column's width
-    (its padding in it) in that order, `keep` the columns by priority, the first kept longest (one not named
-    goes before any named); `gap` is what the table puts between two columns. The first column of `keep`
-    stays, whatever the room."""
-    order = [c for c in keep if c in widths] + [c for c in widths if c not in keep]
-    shown = order
-    while len(shown) > 1 and sum(widths[c] for c in shown) + gap * (len(shown) - 1) > room:
-        shown = shown[:-1]
-    return tuple(c for c in widths if c in shown)

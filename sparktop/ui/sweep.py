@@ -45,10 +45,10 @@ from sparktop.bench.stats import LevelStats, RateLevelStats, knee
 from sparktop.bench.sweep import Sweep, SweepSettings, parse_extra_body
 from sparktop.errors import SparktopError
 from sparktop.observe.state import ClusterState
+from sparktop.tables import fit_columns
 from sparktop.ui.charts import empty_chart
 from sparktop.ui.footer import KeyFooter
 from sparktop.ui.messages import SweepProgress, pump
-from sparktop.ui.render import fit_columns
 from sparktop.ui.screens import LiveScreen, StatusLine
 from sparktop.units import eta_text, fmt
 
@@ -66,7 +66,7 @@ RATE_COLUMNS = ("rate", "sent/s", "req/s", "tok/s", "TTFT50", "TTFT95", "ITL50",
                 "SLO")
 # The lockstep table's: bench.export's (key, header), the prediction beside the measurement, the energy.
 LOCKSTEP_COLUMNS = (*((key, head) for key, head, _ in COLUMNS), ("predicted", "pred tg"), ("j_per_token", "J/tok"))
-# What a table too narrow for all its columns keeps, longest first (render.fit_columns): the level, what was
+# What a table too narrow for all its columns keeps, longest first (tables.fit_columns): the level, what was
 # served and how fast the first token came; the client's own figures (sent/s, busy) and the figures another
 # column nearly says (peak beside tg t/s, p50 beside the mean) go first. At 80 columns the rate table keeps its
 # verdict, the lockstep table its decode, TTFT, the prediction and the errors.
