@@ -475,6 +475,11 @@ def expected_link_gbps(engines) -> float | None:
     return total
 
 
+# Above this share of the roofline a reading is a measurement problem, not a figure (rounding and the
+# roofline's own 1,024-token context leave a few percent).
+ROOFLINE_SLACK = 1.05
+
+
 def roofline_share(snap, inventory=None) -> float | None:
     """Generation tokens/s as a fraction of the bandwidth roofline for the
     batch running now (every weight and KV byte read once per step at the
@@ -745,9 +750,13 @@ class EngineCard(Card):
             else:
                 rates.append(shown)
         share = roofline_share(snap, self._inventory())
-        roof = f"  {share:.0%} of roofline" if share is not None else ""
+        roof, style = (f"  {share:.0%} of roofline", "dim") if share is not None else ("", "dim")
+        if share is not None and share > ROOFLINE_SLACK:
+            # Not physics but the reading: the rate averages its window, the batch is the count now (one that
+            # just fell makes the window's tokens look impossible), or the nodes' pace is not the inventory's.
+            roof, style = "  above roofline: rate window vs batch now", "yellow"
         if roof and rates[-1].cell_len + len(roof) <= width:
-            rates[-1].append(roof, style="dim")
+            rates[-1].append(roof, style=style)
         if rates[-1].cell_len:
             lines += rates
         latency_parts = [r.field(label, f"{r.ms(p50)}/{r.ms(p95)}") for label, p50, p95 in

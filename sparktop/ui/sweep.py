@@ -27,6 +27,7 @@ from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Spark
 from sparktop.bench import compare as cmp
 from sparktop.bench.events import (
     EngineSample,
+    LevelContaminated,
     LevelDone,
     LevelStarted,
     MaxRateFound,
@@ -35,6 +36,7 @@ from sparktop.bench.events import (
     RequestDone,
     SweepFinished,
     SweepStarted,
+    WaitingForIdle,
 )
 from sparktop.bench.export import COLUMNS, cell
 from sparktop.bench.levels import parse_levels
@@ -490,6 +492,16 @@ class SweepScreen(LiveScreen):
                 self._request_done(e, line)
             case EngineSample() as e:
                 self._engine_sample(e)
+            case WaitingForIdle() as e:
+                # The guard waits for the engine to finish other work, live: what and how long, and what then.
+                line.update(Text.assemble(
+                    (f"c{e.concurrency} ", "bold yellow"),
+                    f"waiting for the engine to finish what it serves ({e.running:.0f} running, "
+                    f"{e.waiting:.0f} waiting) · {e.waited_s:.0f} of {e.timeout_s:.0f} s; then it measures anyway, "
+                    "and a level with other traffic is marked ⚠"))
+            case LevelContaminated() as e:
+                line.update(Text.assemble((f"c{e.concurrency} ⚠ ", "bold yellow"), e.reason,
+                                          " · measuring it again" if e.remeasuring else " · kept, marked ⚠"))
             case LevelDone(stats=stats):
                 self._level_done(stats)
             case SweepFinished() as e:
@@ -550,6 +562,11 @@ class SweepScreen(LiveScreen):
                         else "bold red")]
         if k and len(e.levels) > 1:
             summary.append(Text(k.describe("decode")))
+        for lv in self.levels:
+            if lv.contaminated:  # what the table's ⚠ means, level by level
+                summary.append(Text(f"⚠ c{lv.concurrency}: measured with other traffic on the engine "
+                                    f"({lv.contamination or 'the engine was busy before it'}); its figures are "
+                                    "not the engine's alone", style="yellow"))
         for lv in self.rate_levels:
             if lv.behind:
                 summary.append(Text(f"⚠ {lv.label}: the client fell behind its schedule ({lv.behind})",
