@@ -474,7 +474,10 @@ class SweepScreen(LiveScreen):
                 self.model = e.model
                 self.query_one("#overall", ProgressBar).update(total=e.total_requests, progress=e.resumed_requests)
                 self.earlier = self._earlier_runs(e.model, e.run_id)
-                line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}"))
+                line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}", (
+                    # The demo's background load runs with --step-aside (sparktop.measuring): say so.
+                    " · the demo's load steps aside from this node until the sweep ends", "dim")
+                    if str(getattr(self.app, "label", "")).startswith("demo") else ""))
                 self._draw_charts()
             case LevelStarted(concurrency=c, warmup=warmup):
                 line.update(Text.assemble((f"c{c} ", "bold yellow"), "warm-up" if warmup else "measuring",

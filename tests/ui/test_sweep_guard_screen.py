@@ -22,7 +22,10 @@ async def test_the_guard_says_what_it_waits_for_and_what_the_warning_means(tmp_p
         screen = await open_sweep(pilot, results)
         run = load_run(list_runs(results)[-1].path)
         settings = SweepSettings(screen.engines[0].url, levels=[1, 2], runs=2, pp=1024, tg=64)
+        app.label = "demo: twin cluster serving gpt-oss-120b"  # the demo's app, whose load steps aside
         screen.on_sweep_progress(SweepProgress(SweepStarted("x", run.path, "gpt-oss-120b", settings, 8, 0)))
+        await until(pilot, lambda: "steps aside" in "\n".join(screen_lines(app)), what="the demo's load's word")
+        assert "the demo's load steps aside from this node until the sweep ends" in "\n".join(screen_lines(app))
         screen.on_sweep_progress(SweepProgress(WaitingForIdle(2, 3.0, 1.0, 12.4, 60.0)))
         await until(pilot, lambda: "waiting for the engine" in "\n".join(screen_lines(app)), what="the wait")
         text = "\n".join(screen_lines(app))
