@@ -38,8 +38,12 @@ def _inventory(args):
 
 def _history_file(args, inventory=None) -> str | None:
     """--file, else the inventory's `defaults.history_file` (the demo's names its own), else the default."""
+    from sparktop.settings import DEMO_INVENTORY, demo_history_path
+
     if getattr(args, "file", None):
         return args.file
+    if inventory is None and getattr(args, "inventory", None) == DEMO_INVENTORY:
+        return str(demo_history_path())  # the demo's, whether a demo runs now or not
     if inventory is None and getattr(args, "inventory", None):
         inventory = _inventory(args)
     return inventory.defaults.history_file if inventory is not None else None

@@ -26,17 +26,12 @@ from sparktop.engine_ids import DEFAULT, is_router
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
-from sparktop.settings import Defaults, data_dir, demo_inventory_path, load_preferences, state_dir
+from sparktop.settings import Defaults, demo_history_path, demo_inventory_path, load_preferences, state_dir
 from sparktop.twin.cluster import DEFAULT_IMAGE, RUNTIME_IMAGES, TwinCluster, wait_ready
 
 
 def demo_root():
     return state_dir() / "demo"
-
-
-def demo_history_path():
-    """The demo's history: kept across demos (the nodes' folder is made afresh each time), apart from yours."""
-    return data_dir() / "demo-history.sqlite"
 
 
 LOAD_PID = "load.pid"  # the background load of a demo left running (--no-wait), for --stop

@@ -308,6 +308,12 @@ def demo_inventory_path() -> Path:
     return state_dir() / "demo" / "inventory.yaml"
 
 
+def demo_history_path() -> Path:
+    """The demo's history: kept across demos (its nodes' folder is made afresh each time), apart from yours;
+    `--inventory demo` reads it whether a demo runs or not."""
+    return data_dir() / "demo-history.sqlite"
+
+
 def load_inventory(path: str | Path | None = None) -> Inventory:
     """Read cluster.yaml (or a sparkrun cluster file, or eugr's .env); with no
     file, sparkrun's default cluster if there is one, else this node only.

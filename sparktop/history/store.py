@@ -111,8 +111,12 @@ class HistoryStore:
         path = Path(path).expanduser() if path else default_path()
         lock_fd = _take_lock(path) if write else None
         if lock_fd is None and not write and not path.exists():
+            from sparktop.settings import demo_history_path
+
+            demo = " (the demo keeps its own: `sparktop history --inventory demo`)" \
+                if demo_history_path().exists() and path != demo_history_path() else ""
             raise HistoryError(f"{path}: no history yet (the app writes it while open; `sparktop collect` "
-                               "writes it without a screen)")
+                               f"writes it without a screen){demo}")
         try:
             if lock_fd is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,12 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
     gone = sparktop("status", "--inventory", "demo")
     assert gone.returncode != 0 and "Traceback" not in gone.stderr
     assert "no demo cluster is running" in gone.stderr.strip().splitlines()[-1]
+    # Its history is still there for `history --inventory demo`, with no demo running, and plain `history`
+    # (the user's own, empty) points to it.
+    after = json.loads(sparktop("history", "--inventory", "demo", "--json").stdout)
+    assert {s["url"] for s in after["sessions"]} >= {"http://127.0.0.2:8000", "http://127.0.0.3:8000"}
+    own = sparktop("history")
+    assert own.returncode != 0 and "`sparktop history --inventory demo`" in own.stderr
     # The next demo starts its nodes afresh but keeps the history of the last.
     again = sparktop("demo", "--no-wait", "--speed", "8")
     try:
