@@ -26,6 +26,8 @@ from textual.binding import Binding
 from textual.timer import Timer
 
 from sparktop.errors import SparktopError
+from sparktop.observe.alerts import AlertWatch
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.study.events import LaunchUpdate, StudyEvent
 from sparktop.ui.messages import (
@@ -129,6 +131,7 @@ class SparktopApp(App):
         self._start_source = start_source
         self.recorder = recorder
         self.history = history
+        self.alerts = AlertWatch()
         self.history_note = history_note
         self.replay = replay
         self.label = label
@@ -168,12 +171,20 @@ class SparktopApp(App):
             self._paint(force=True)
         self.set_timer(GC_SETTLE_S, _settle_gc)
         async for event in self.source.events():
-            self.state.apply(event)
-            if self.recorder is not None:
-                self.recorder.write(event)
-            if self.history is not None:
-                self.history.observe(event, self.state)
+            self._apply(event)
+            if isinstance(event, NodeSnapshot | EngineSnapshot) and not self.replay:
+                # Alerts (observe.alerts) are notices like any other: on screen, in the history and a recording
+                # (a replay has them from its recording).
+                for alert in self.alerts.check(self.state):
+                    self._apply(alert)
             self._schedule_paint()
+
+    def _apply(self, event) -> None:
+        self.state.apply(event)
+        if self.recorder is not None:
+            self.recorder.write(event)
+        if self.history is not None:
+            self.history.observe(event, self.state)
 
     def _schedule_paint(self) -> None:
         """Paint once the last paint is `repaint` seconds old: a burst of
@@ -225,6 +236,10 @@ class SparktopApp(App):
             problem = self.history.status if self.history is not None else None
             if problem and problem.startswith("history paused"):
                 text.append(f" · {problem}", style="bold yellow")
+        firing = self.alerts.firing()
+        if firing:
+            text.append(f" · ⚠ {len(firing)} alert{'s' * (len(firing) != 1)}: {firing[0][0]}"
+                        + (" …" if len(firing) > 1 else ""), style="bold red")
         if self.source.paused:
             text.append("  PAUSED ", style="bold black on yellow")
         run = self._launcher.run if self._launcher else None

@@ -1,0 +1,211 @@
+"""Alerts: conditions worth a message to a phone, each firing once when it has held for a while and
+resolving once when it has clearly ended.
+
+Where `notices` says what changed (every restart, every preemption burst), an alert says what needs someone:
+a node lost, memory running out, an engine down or hung, a KV cache full with a queue that grows,
+preemptions that go on, the link fallen to sockets or half a cable, the GPU's clocks held down, the history
+paused (a full disk). Each `Rule` reads the cluster's latest snapshots (`ClusterState`) and says, per node or
+engine, whether its condition holds now and in what words. `AlertWatch.check` keeps, per rule and subject,
+since when the condition has held or stopped holding: an alert fires after it has held `after_s` (the rule's
+own, or the watch's default) and resolves after it has not held for `clear_s`, so a figure hovering at a
+threshold sends one message, not one a poll. Firing and resolving are `Notice`s (`kind` "alert" and
+"alert_resolved", the rule's name first in the text), so the app's event log, the history's events and a
+recording carry them as every other notice; `sparktop collect --notify` delivers them
+(`history/notify.py`).
+
+Time is the snapshots' (`ClusterState.now`), so a replay raises the same alerts at the same moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
+
+if TYPE_CHECKING:
+    from sparktop.observe.state import ClusterState
+
+AFTER_S = 30.0  # a condition must hold this long before it fires (a rule may say otherwise)
+CLEAR_S = 30.0  # ... and be gone this long before it resolves
+MEMORY_WARN, MEMORY_CRITICAL = 0.20, 0.10  # the card's thresholds: MemAvailable under this share of MemTotal
+KV_FULL = 0.95  # KV cache usage that, with a queue that grows, means requests wait for memory
+FIRE, RESOLVE = "alert", "alert_resolved"
+
+
+# A rule's test: the cluster, one node or engine, and a dict the watch keeps for the rule and that subject
+# (what a rule must remember between polls: a counter's recent values).
+Check = Callable[["ClusterState", "NodeSnapshot | EngineSnapshot", dict], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # node_lost, engine_down ... (the alert's name in messages and in Prometheus' rules)
+    subject: str  # node | engine
+    severity: str  # warning | critical
+    # What holds now, in words (None: the condition does not hold), from the cluster and one node or engine.
+    check: Check
+    after_s: float | None = None  # None: the watch's default
+    clear_s: float | None = None
+
+
+def _node_lost(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(n, NodeSnapshot)
+    return f"node {n.name} {n.state}: {n.reason or 'not answering'}" if n.state in ("down", "stale") else None
+
+
+def _memory(share: float) -> Check:
+    def check(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+        assert isinstance(n, NodeSnapshot)
+        m = n.memory
+        if n.state != "ok" or m is None or not m.total:
+            return None
+        avail = m.available / m.total
+        return (f"{n.name}: {avail:.0%} of memory available ({m.available / 2**30:.1f} of "
+                f"{m.total / 2**30:.1f} GiB), under {share:.0%}") if avail < share else None
+    return check
+
+
+def _throttled(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(n, NodeSnapshot)
+    reasons = [r for r in (n.gpu.throttle or []) if r] if n.gpu is not None and n.state == "ok" else []
+    return f"{n.name}: GPU clocks held down ({', '.join(reasons)})" if reasons else None
+
+
+def _link(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(n, NodeSnapshot)
+    view = state.links.get(n.name)
+    return f"{n.name}: {view.warning}" if view is not None and view.warning else None
+
+
+def _history_paused(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    return None  # fed by the collector (`AlertWatch.history`), not by a snapshot
+
+
+def _engine_down(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(e, EngineSnapshot)
+    if e.state in ("unreachable", "failed"):
+        return f"engine {e.label} ({e.url}) {e.state}: {e.error or e.reason or 'not answering'}"
+    return None
+
+
+def _engine_hung(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(e, EngineSnapshot)
+    return f"engine {e.label} ({e.url}) hung: {e.reason or 'no tokens while requests wait'}" \
+        if e.state == "hung" else None
+
+
+def _kv_full(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(e, EngineSnapshot)
+    if e.state != "ready" or e.kv_usage is None or e.kv_usage < KV_FULL or not e.waiting:
+        return None
+    return f"engine {e.label} ({e.url}): KV cache {e.kv_usage:.0%} full, {e.waiting:.0f} requests waiting"
+
+
+def _preempting(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(e, EngineSnapshot)
+    if e.state != "ready" or e.preemptions is None:
+        return None
+    # Preemptions since the engine started, over the last minute: still growing means still preempting.
+    seen = mem.setdefault("seen", [])
+    seen.append((state.now, e.preemptions))
+    seen[:] = [(t, v) for t, v in seen if t >= state.now - 60.0]
+    grew = seen[-1][1] - seen[0][1]
+    return f"engine {e.label} ({e.url}): {grew:.0f} preemptions in the last minute" if grew > 0 else None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("node_lost", "node", "critical", _node_lost),
+    Rule("memory_low", "node", "warning", _memory(MEMORY_WARN)),
+    Rule("memory_critical", "node", "critical", _memory(MEMORY_CRITICAL), after_s=10.0),
+    Rule("gpu_throttled", "node", "warning", _throttled, after_s=60.0),
+    Rule("link_degraded", "node", "warning", _link),
+    Rule("engine_down", "engine", "critical", _engine_down),
+    Rule("engine_hung", "engine", "critical", _engine_hung, after_s=0.0),  # the state already waited
+    Rule("kv_saturated", "engine", "warning", _kv_full, after_s=60.0),
+    Rule("preempting", "engine", "warning", _preempting, after_s=60.0),
+)
+HISTORY_RULE = Rule("history_paused", "node", "warning", _history_paused, after_s=0.0)
+
+
+@dataclass
+class _Track:
+    since: float | None = None  # when the condition began to hold (None: it does not)
+    memory: dict = field(default_factory=dict)  # the rule's own, for this subject
+    gone_since: float | None = None  # when it stopped holding, while firing
+    firing: bool = False
+    text: str = ""
+
+
+@dataclass
+class AlertWatch:
+    """Rules over the cluster, with hysteresis in time; one per app or collector."""
+
+    after_s: float = AFTER_S
+    clear_s: float = CLEAR_S
+    rules: tuple[Rule, ...] = RULES
+    _tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
+    _history: tuple[float, str] | None = None  # the collector's history pause, since when and why
+
+    def history(self, paused: str | None, now: float) -> None:
+        """The collector's history file: paused (why: "disk full") or writing (None)."""
+        if paused and self._history is None:
+            self._history = (now, paused)
+        elif not paused:
+            self._history = None
+
+    def firing(self) -> list[tuple[str, str, str]]:
+        """(rule, subject key, text) of every alert firing now."""
+        return [(rule, key, t.text) for (rule, key), t in self._tracks.items() if t.firing]
+
+    def check(self, state: ClusterState) -> list[Notice]:
+        """The alerts that fire or resolve at `state.now`, as notices (to apply to the state and record)."""
+        now = state.now
+        out: list[Notice] = []
+        subjects: dict[str, Iterable[NodeSnapshot | EngineSnapshot]] = {
+            "node": list(state.nodes.values()), "engine": list(state.engines.values())}
+        seen: set[tuple[str, str]] = set()
+        for rule in self.rules:
+            for snap in subjects[rule.subject]:
+                key = snap.name if isinstance(snap, NodeSnapshot) else snap.key
+                seen.add((rule.name, key))
+                track = self._tracks.setdefault((rule.name, key), _Track())
+                self._step(rule, rule.subject, key, rule.check(state, snap, track.memory), now, out)
+        if self._history is not None or (HISTORY_RULE.name, "history") in self._tracks:
+            seen.add((HISTORY_RULE.name, "history"))
+            text = f"history paused: {self._history[1]}" if self._history is not None else None
+            self._step(HISTORY_RULE, "node", "history", text, now, out)
+        for (name, key), track in list(self._tracks.items()):
+            if (name, key) not in seen:  # its node or engine is gone from the cluster: nothing to alert on
+                if track.firing:
+                    out.append(Notice(now, "engine" if key.startswith("http") else "node", key, RESOLVE, "info",
+                                      f"{name} resolved: no longer watched"))
+                del self._tracks[(name, key)]
+        return out
+
+    def _step(self, rule: Rule, subject: str, key: str, text: str | None, now: float, out: list[Notice]) -> None:
+        track = self._tracks.setdefault((rule.name, key), _Track())
+        after = self.after_s if rule.after_s is None else rule.after_s
+        clear = self.clear_s if rule.clear_s is None else rule.clear_s
+        if text is not None:
+            track.gone_since = None
+            if track.since is None:
+                track.since = now
+            track.text = text
+            if not track.firing and now - track.since >= after:
+                track.firing = True
+                held = f" (for {now - track.since:.0f} s)" if now - track.since >= 1 else ""
+                out.append(Notice(now, subject, key, FIRE, "error" if rule.severity == "critical" else "warn",
+                                  f"{rule.name} [{rule.severity}]: {text}{held}"))
+        else:
+            track.since = None
+            if track.firing:
+                if track.gone_since is None:
+                    track.gone_since = now
+                if now - track.gone_since >= clear:
+                    track.firing = False
+                    track.gone_since = None
+                    out.append(Notice(now, subject, key, RESOLVE, "info", f"{rule.name} resolved: {track.text}"))
+            if not track.firing and not track.memory:
+                del self._tracks[(rule.name, key)]
