@@ -22,6 +22,7 @@ from rich.text import Text
 from sparktop.engine_ids import is_router
 from sparktop.launch.state import LaunchRecord, LaunchState, api_key_for
 from sparktop.observe.poller import Poller
+from sparktop.observe.replicas import replica_of
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
@@ -193,6 +194,9 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "peaks": None if state is None else state.peaks.get(e.key),
         "energy": None if energy is None else energy.to_dict(prefs.energy_price_per_kwh if prefs else None),
         "events": notices_json(state, e.key),
+        # a replica behind a router: its share of the requests finished, and why it lags the others (or null)
+        "replica": None if (rep := replica_of(state.engines.values(), e.key) if state is not None else None) is None
+        else {"share": _r(rep.share, 3), "lagging": rep.lagging},
         # what the model predicts under the load it has now (the requests running, the mean prompt and output
         # of those finished), as `sparktop predict` would: null while it runs nothing or without a model card
         "predicted": None if row is None else {

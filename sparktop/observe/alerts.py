@@ -1,17 +1,16 @@
-"""Alerts: conditions worth a message to a phone, each firing once when it has held for a while and
-resolving once when it has clearly ended.
+"""Alerts: conditions worth a message to a phone, each firing once when it has held for a while and resolving once
+when it has clearly ended.
 
-Where `notices` says what changed (every restart, every preemption burst), an alert says what needs someone:
-a node lost, memory running out, an engine down or hung, a KV cache full with a queue that grows,
-preemptions that go on, the link fallen to sockets or half a cable, the GPU's clocks held down, the history
+Where `notices` says what changed (every restart, every preemption burst), an alert says what needs someone: a node
+lost, memory running out, an engine down or hung, a KV cache full with a queue that grows, preemptions that go on,
+a replica that lags the others, the link fallen to sockets or half a cable, the GPU's clocks held down, the history
 paused (a full disk). Each `Rule` reads the cluster's latest snapshots (`ClusterState`) and says, per node or
-engine, whether its condition holds now and in what words. `AlertWatch.check` keeps, per rule and subject,
-since when the condition has held or stopped holding: an alert fires after it has held `after_s` (the rule's
-own, or the watch's default) and resolves after it has not held for `clear_s`, so a figure hovering at a
-threshold sends one message, not one a poll. Firing and resolving are `Notice`s (`kind` "alert" and
-"alert_resolved", the rule's name first in the text), so the app's event log, the history's events and a
-recording carry them as every other notice; `sparktop collect --notify` delivers them
-(`history/notify.py`).
+engine, whether its condition holds now and in what words. `AlertWatch.check` keeps, per rule and subject, since
+when the condition has held or stopped holding: an alert fires after it has held `after_s` (the rule's own, or the
+watch's default) and resolves after it has not held for `clear_s`, so a figure hovering at a threshold sends one
+message, not one a poll. Firing and resolving are `Notice`s (`kind` "alert" and "alert_resolved", the rule's name
+first in the text), so the app's event log, the history's events and a recording carry them as every other notice;
+`sparktop collect --notify` delivers them (`history/notify.py`).
 
 Time is the snapshots' (`ClusterState.now`), so a replay raises the same alerts at the same moments.
 """
@@ -115,6 +114,14 @@ def _preempting(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict
     return f"engine {e.label} ({e.url}): {grew:.0f} preemptions in the last minute" if grew > 0 else None
 
 
+def _replica_lagging(state: ClusterState, e: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    from sparktop.observe.replicas import replica_of
+
+    assert isinstance(e, EngineSnapshot)
+    replica = replica_of(state.engines.values(), e.key)
+    return f"replica {e.url} of {e.label} lags: {replica.lagging}" if replica and replica.lagging else None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("node_lost", "node", "critical", _node_lost),
     Rule("memory_low", "node", "warning", _memory(MEMORY_WARN)),
@@ -125,6 +132,7 @@ RULES: tuple[Rule, ...] = (
     Rule("engine_hung", "engine", "critical", _engine_hung, after_s=0.0),  # the state already waited
     Rule("kv_saturated", "engine", "warning", _kv_full, after_s=60.0),
     Rule("preempting", "engine", "warning", _preempting, after_s=60.0),
+    Rule("replica_lagging", "engine", "warning", _replica_lagging, after_s=120.0),
 )
 HISTORY_RULE = Rule("history_paused", "node", "warning", _history_paused, after_s=0.0)
 

@@ -79,3 +79,23 @@ def test_the_collectors_history_pause_is_an_alert_and_its_end_resolves_it():
         if fired:
             break
     assert [n.kind for n in fired] == [RESOLVE] and t == 31  # 30 s after the first poll that wrote again
+
+
+def replica(n: int, t: float, ttft_p95: float, finished: float, kv: float = 0.3) -> EngineSnapshot:
+    return EngineSnapshot(key=f"http://127.0.0.{n}:8000", url=f"http://127.0.0.{n}:8000", t=t, state="ready",
+                          model="gpt-oss-120b", topology="2x tp=2", ttft_p95=ttft_p95, itl_p95=0.02,
+                          finished_rate=finished, kv_usage=kv)
+
+
+def test_a_replica_that_lags_the_others_is_named_with_why_and_its_share_of_the_requests():
+    from sparktop.observe.replicas import groups, replicas
+
+    ones = [replica(2, 0, 0.4, 3.0), replica(4, 0, 1.3, 1.0)]
+    (group,) = groups(ones).values()
+    shares = {r.key: (r.share, r.lagging) for r in replicas(group)}
+    assert shares == {"http://127.0.0.2:8000": (0.75, None),
+                      "http://127.0.0.4:8000": (0.25, "TTFT p95 1300 ms, 3.2× the other replicas'")}
+    events = [e for t in range(0, 130) for e in (replica(2, t, 0.4, 3.0), replica(4, t, 1.3, 1.0))]
+    assert run(events) == [(120, FIRE, "replica_lagging")]
+    # Two solo engines are not replicas of one layout: nothing to compare.
+    assert groups([engine(0), engine(0)]) == {}
