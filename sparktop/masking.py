@@ -39,3 +39,17 @@ def mask_argv(argv: list[str]) -> list[str]:
         token = _URL_SECRET.sub(lambda m: m.group("scheme") + "***@", token)
         out.append(mask(token) if "=" in token or _BARE.search(token) else token)
     return out
+
+
+def without_credentials(url: str) -> str:
+    """`url` without the `user:password@` it may carry (`http://user:pw@host:8000` -> `http://host:8000`, a
+    scheme or not, an `@` in the password too): what names an engine wherever it is shown, kept or exported
+    (a label, the history, a log)."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        head, rest = "", url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc = rest[:end]
+    if "@" not in netloc:
+        return url
+    return head + sep + netloc.rpartition("@")[2] + rest[end:]

@@ -117,7 +117,7 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             host, port, token, generated = metrics
             # Started before polling: a port in use or a refused token is an error now, not a silent task.
             server = await start_metrics(state, host, port, token, price_per_kwh=prefs.energy_price_per_kwh,
-                                         currency=prefs.currency)
+                                         currency=prefs.currency, history=writer)
             say(f"serving Prometheus metrics on {server.url}" + (" (bearer token required)" if token else ""))
             say("add to prometheus.yml:")
             for line in scrape_config(host, server.port, token, show_token=generated):

@@ -7,11 +7,18 @@ J/token, a queue by reason or latency percentiles over a window are sparktop's o
 
 - `SparktopCollector`: a prometheus-client custom collector. At every scrape it reads the state and
   yields metric families named in Prometheus' conventions: base units (bytes, seconds, joules, hertz,
-  ratios 0..1), `_total` on counters, `_info` for identities, labels `node`, `engine` (the engine's URL,
-  sparktop's key for it), `model`, `port` (the RDMA device). `METRICS` lists every name it can export.
-  A figure that is unknown is left out, never exported as 0; a node or engine that stopped answering
-  keeps its `_up`, `_state` and `_info` series but not its last figures (the poller re-emits a stale
-  copy of them, which Prometheus would take for current values).
+  ratios 0..1), `_total` on counters, `_info` for identities, summaries for latency percentiles (a
+  `quantile` label, over a `window`), labels `node`, `engine` (the engine's URL, sparktop's key for it:
+  one name per engine however it was given, never its credentials), `model`, `port` (the RDMA device).
+  `METRICS` lists every name it can export. A figure that is unknown is left out, never exported as 0;
+  a node or engine that stopped answering keeps its `_up`, `_state` and `_info` series but not its last
+  figures (the poller re-emits a stale copy of them, which Prometheus would take for current values).
+  Series do not multiply while an engine starts: its `_up` and `_state` are labelled by `engine` alone
+  (its model may be known only once it answers), its figures by `engine` and `model` (they exist only
+  once it answers); an `_info` series has the same label names always, "" for a value not known, and an
+  engine's appears once it has answered (what it is, it says itself), not once per value learnt.
+  `promtool check metrics` passes it clean (tests/integration/test_prometheus.py); the alerting rules
+  beside the dashboard (docs/grafana/sparktop-alerts.yml) query it.
 - `start_metrics` (returns the running server) and `serve_metrics` (serves until cancelled): the aiohttp
   server of `/metrics`, behind `sparktop web`'s token rules: a loopback bind needs no token, any other
   needs one (Prometheus sends it as `Authorization: Bearer`).
@@ -44,6 +51,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sparktop import __version__
 from sparktop.errors import SparktopError
+from sparktop.masking import without_credentials
 from sparktop.observe.energy import Energy
 from sparktop.observe.link import LinkView
 from sparktop.observe.machine import THROTTLE_REASONS, is_clock_limited
@@ -64,13 +72,14 @@ MIB = 1024**2
 
 # The states an engine and a node can be in (`EngineSnapshot.state`, `NodeSnapshot.state`): each gets a
 # 0/1 series so a panel can count them without knowing the current one.
-ENGINE_STATES = ("connecting", "starting", "ready", "sleeping", "unreachable", "stale", "failed")
+ENGINE_STATES = ("connecting", "starting", "ready", "sleeping", "hung", "unreachable", "stale", "failed")
 NODE_STATES = ("connecting", "ok", "stale", "down")
 # An engine whose figures are current: asleep it answers (at zero), as the state's charts go on.
 ENGINE_LIVE = ("ready", "sleeping")
 
-# `EngineSnapshot.latency`'s keys, with the metric each becomes, and its percentiles' names with their
+# `EngineSnapshot.latency`'s keys, with the summary each becomes, and its percentiles' names with their
 # quantile and window labels: p50/p95/p99 over the monitor's latency window, p95 also over the last minute.
+# Summaries of quantiles alone: the engine's own histograms hold its counts and sums.
 LATENCIES = {
     "ttft": "sparktop_engine_time_to_first_token_seconds",
     "itl": "sparktop_engine_inter_token_latency_seconds",
@@ -128,7 +137,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_node_docker_ok": ("gauge", "1 when docker answered, 0 when it is missing or failed"),
     "sparktop_node_energy_joules_per_token": (
         "gauge", "GPU energy per token generated on the node (an engine on k nodes counts 1/k of its tokens)"),
-    "sparktop_node_energy_watt_hours_per_million_tokens": ("gauge", "The same, in Wh per million tokens"),
     "sparktop_node_energy_cost_per_million_tokens": (
         "gauge", "The same at the energy price of settings.yaml, in its currency"),
     "sparktop_node_energy_power_watts": ("gauge", "The node's GPU power averaged over the energy window"),
@@ -171,12 +179,14 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge", "1 while a warning has held: NCCL on TCP sockets (nccl_on_sockets), one half of the cable "
         "carrying everything (one_half), another (other)"),
     # -- engines ---------------------------------------------------------------------------------------
-    "sparktop_engine_info": ("info", "An engine: its kind, name, version, layout, node and container"),
+    "sparktop_engine_info": ("info", "An engine once it has answered: its kind, name, version, layout, node and "
+                                     "container (\"\" where not known)"),
     "sparktop_engine_node_info": ("info", "A node an engine runs on (several for tensor or pipeline parallel)"),
-    "sparktop_engine_up": ("gauge", "1 when the engine answers with its model loaded (ready or sleeping)"),
+    "sparktop_engine_up": ("gauge", "1 when the engine answers with its model loaded (ready or sleeping); by "
+                                    "engine alone, as its state (its model: sparktop_engine_info)"),
     "sparktop_engine_state": (
-        "gauge", "1 for the engine's current state (connecting, starting, ready, sleeping, unreachable, stale, "
-        "failed), else 0"),
+        "gauge", "1 for the engine's current state (connecting, starting, ready, sleeping, hung, unreachable, "
+        "stale, failed), else 0"),
     "sparktop_engine_last_poll_timestamp_seconds": ("gauge", "Unix time of the engine's last snapshot"),
     "sparktop_engine_poll_duration_seconds": ("gauge", "How long the engine's last read took"),
     "sparktop_engine_start_time_seconds": ("gauge", "Unix time the engine started (its counters' creation)"),
@@ -208,8 +218,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_engine_rejections_per_second": ("gauge", "Requests refused per second, last few seconds"),
     "sparktop_engine_recent_rejections": ("gauge", "Requests refused over the recent window"),
     "sparktop_engine_recent_rejections_window_seconds": ("gauge", "The window recent rejections cover"),
-    **{name: ("gauge", f"{what} percentile (quantile), over the monitor's latency window (window=recent) or "
-                       "the last minute (window=1m)")
+    **{name: ("summary", f"{what}: percentiles (quantile) over the monitor's latency window (window=recent) "
+                         "or the last minute (window=1m)")
        for name, what in zip(LATENCIES.values(), ("Time to first token", "Inter-token latency",
                                                   "Time waiting in the queue", "Request latency end to end"),
                              strict=True)},
@@ -224,10 +234,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_engine_memory_write_bytes_per_second": ("gauge", "Memory written per second per GPU, vLLM's estimate"),
     "sparktop_engine_energy_joules_per_token": (
         "gauge", "GPU energy per generated token: its nodes' GPU power over its tokens per second"),
-    "sparktop_engine_energy_watt_hours_per_million_tokens": ("gauge", "The same, in Wh per million tokens"),
     "sparktop_engine_energy_cost_per_million_tokens": (
         "gauge", "The same at the energy price of settings.yaml, in its currency"),
     "sparktop_engine_energy_power_watts": ("gauge", "The engine's nodes' GPU power over the energy window"),
+    # -- the history ----------------------------------------------------------------------------------
+    "sparktop_history_paused": (
+        "gauge", "1 while the history writes nothing (a full disk: its rows wait in memory), else 0"),
 }
 
 # The base unit a metric's name ends in, declared to OpenMetrics scrapers (prometheus-client appends
@@ -257,6 +269,8 @@ class _Families:
                 family = CounterMetricFamily(name, doc, labels=list(labels), unit=_unit(name))
             elif declared == "info":
                 family = InfoMetricFamily(name.removesuffix("_info"), doc, labels=list(labels))
+            elif declared == "summary":
+                family = Metric(name, doc, "summary", unit=_unit(name))
             else:
                 family = GaugeMetricFamily(name, doc, labels=list(labels), unit=_unit(name))
             self.families[name] = family
@@ -268,6 +282,15 @@ class _Families:
         if value is None or math.isnan(value):
             return
         self._family(name, labels, GaugeMetricFamily).add_metric(list(labels.values()), float(value))
+
+    def quantile(self, name: str, labels: Mapping[str, str], quantile: str, value: float | None) -> None:
+        """One quantile of a summary (its count and sum are left out: sparktop has only the percentiles)."""
+        if value is None or math.isnan(value):
+            return
+        family = self._family(name, labels, Metric)
+        if family.type != "summary":
+            raise TypeError(f"{name} is declared a {METRICS[name][0]} in METRICS")
+        family.add_sample(name, {**labels, "quantile": quantile}, float(value))
 
     def counter(self, name: str, labels: Mapping[str, str], value: float | None,
                 created: float | None = None) -> None:
@@ -330,10 +353,13 @@ class SparktopCollector(Collector):
     """Reads a `ClusterState` at every scrape (in the event loop that applies its events, so a scrape
     never sees half an update) and yields one family per figure that some node or engine has."""
 
-    def __init__(self, state: ClusterState, *, price_per_kwh: float | None = None, currency: str = ""):
+    def __init__(self, state: ClusterState, *, price_per_kwh: float | None = None, currency: str = "",
+                 history: object | None = None):
+        """`history`: the `HistoryWriter` beside the state, whose `paused` says why it writes nothing."""
         self.state = state
         self.price_per_kwh = price_per_kwh
         self.currency = currency
+        self.history = history
 
     def collect(self) -> Iterator[Metric]:
         out = _Families()
@@ -345,6 +371,8 @@ class SparktopCollector(Collector):
             self._node(out, node)
         for engine in self.state.ordered_engines():
             self._engine(out, engine)
+        if self.history is not None and hasattr(self.history, "paused"):
+            out.gauge("sparktop_history_paused", {}, float(bool(self.history.paused)))
         yield from out.families.values()
 
     # -- the cluster ----------------------------------------------------------------------------------
@@ -467,14 +495,23 @@ class SparktopCollector(Collector):
     # -- an engine ------------------------------------------------------------------------------------
 
     def _engine(self, out: _Families, e: EngineSnapshot) -> None:
-        at = {"engine": e.key, "model": e.model or ""}
-        out.info("sparktop_engine_info", at, {"kind": e.kind, "name": e.engine, "version": e.version,
-                                              "topology": e.topology, "node": e.node, "container": e.container})
+        # Its key has no credentials (the poller's `targets.engine_key`); a recording or a key made elsewhere
+        # may, and a label is the last place a password may reach.
+        engine = {"engine": without_credentials(e.key)}
+        at = {**engine, "model": e.model or ""}
+        if e.recognised is not None or e.state in ENGINE_LIVE:
+            # Once it has answered: before, its kind, name and version are not its own yet, and each value
+            # learnt would be another series.
+            out.info("sparktop_engine_info", at, {"kind": e.kind, "name": e.engine, "version": e.version,
+                                                  "topology": e.topology, "node": e.node,
+                                                  "container": e.container})
         for node in self.state.engine_nodes(e):
-            out.info("sparktop_engine_node_info", {**at, "node": node}, {})
-        out.gauge("sparktop_engine_up", at, float(e.state in ENGINE_LIVE))
-        out.one_of("sparktop_engine_state", at, "state", ENGINE_STATES, e.state)
-        out.gauge("sparktop_engine_last_poll_timestamp_seconds", at, e.t)
+            out.info("sparktop_engine_node_info", {**engine, "node": node}, {})
+        # Whether it is there, by its name alone: the same series from its first poll, before its model is
+        # known (an address given answers it only once started), to after it has gone.
+        out.gauge("sparktop_engine_up", engine, float(e.state in ENGINE_LIVE))
+        out.one_of("sparktop_engine_state", engine, "state", ENGINE_STATES, e.state)
+        out.gauge("sparktop_engine_last_poll_timestamp_seconds", engine, e.t)
         for figure in e.not_exported:
             out.gauge("sparktop_engine_figure_not_exported", {**at, "figure": figure}, 1.0)
         if e.state not in ENGINE_LIVE:
@@ -528,13 +565,12 @@ class SparktopCollector(Collector):
             for key, value in (latency.get(short) or {}).items():
                 if key in PERCENTILES:
                     quantile, window = PERCENTILES[key]
-                    out.gauge(name, {**at, "quantile": quantile, "window": window}, value)
+                    out.quantile(name, {**at, "window": window}, quantile, value)
 
     def _energy(self, out: _Families, subject: str, at: dict[str, str], energy: Energy | None) -> None:
         if energy is None:
             return
         out.gauge(f"sparktop_{subject}_energy_joules_per_token", at, energy.j_per_token)
-        out.gauge(f"sparktop_{subject}_energy_watt_hours_per_million_tokens", at, energy.wh_per_million)
         out.gauge(f"sparktop_{subject}_energy_power_watts", at, energy.watts)
         if subject == "node":
             out.gauge("sparktop_node_energy_generation_tokens_per_second", at, energy.tokens_per_s)
@@ -543,11 +579,12 @@ class SparktopCollector(Collector):
             out.gauge(f"sparktop_{subject}_energy_cost_per_million_tokens", {**at, "currency": self.currency}, cost)
 
 
-def registry_for(state: ClusterState, *, price_per_kwh: float | None = None, currency: str = "") -> CollectorRegistry:
+def registry_for(state: ClusterState, *, price_per_kwh: float | None = None, currency: str = "",
+                 history: object | None = None) -> CollectorRegistry:
     """A registry holding only sparktop's collector (not prometheus-client's process and GC metrics:
     this process's own are not what a fleet is watched for)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SparktopCollector(state, price_per_kwh=price_per_kwh, currency=currency))
+    registry.register(SparktopCollector(state, price_per_kwh=price_per_kwh, currency=currency, history=history))
     return registry
 
 
@@ -690,13 +727,14 @@ class MetricsServer:
 
 
 async def start_metrics(state: ClusterState, host: str, port: int, token: str | None, *,
-                        price_per_kwh: float | None = None, currency: str = "") -> MetricsServer:
+                        price_per_kwh: float | None = None, currency: str = "",
+                        history: object | None = None) -> MetricsServer:
     """Start serving `/metrics` of `state` on host:port (port 0: any free one, see `.port`) and return at
     once, so a refusal or a port in use is known before polling starts: the caller goes on polling into
     `state` in the same event loop, and closes the server at the end. Refused (SparktopError) on an
-    address other machines reach without a long enough token."""
+    address other machines reach without a long enough token. `history`: the writer beside the state."""
     check_token(host, token)
-    registry = registry_for(state, price_per_kwh=price_per_kwh, currency=currency)
+    registry = registry_for(state, price_per_kwh=price_per_kwh, currency=currency, history=history)
     # No access log: Prometheus scrapes every few seconds all day; refusals are logged by `_refusals`.
     runner = web.AppRunner(make_app(registry, token, cookie=f"sparktop_metrics_{port}"), access_log=None,
                            handle_signals=False, shutdown_timeout=1.0)
@@ -712,11 +750,12 @@ async def start_metrics(state: ClusterState, host: str, port: int, token: str | 
 
 
 async def serve_metrics(state: ClusterState, host: str, port: int, token: str | None, *,
-                        price_per_kwh: float | None = None, currency: str = "",
+                        price_per_kwh: float | None = None, currency: str = "", history: object | None = None,
                         started: Callable[[MetricsServer], None] | None = None) -> None:
     """Serve `/metrics` of `state` until cancelled (run it as a task beside the poller); `started` is told
     the server once it listens. A refusal or a port in use raises from the task at once."""
-    server = await start_metrics(state, host, port, token, price_per_kwh=price_per_kwh, currency=currency)
+    server = await start_metrics(state, host, port, token, price_per_kwh=price_per_kwh, currency=currency,
+                                 history=history)
     try:
         if started is not None:
             started(server)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -92,6 +92,8 @@ class EngineProbe:
     hint: str | None = None  # the engine its container or process suggests (`Engine.id`): asked first
     argv: list[str] | None = None  # its server's command line, where discovery read it
     image: str | None = None  # its container's image, where it runs in one
+    address: str | None = None  # where it is read, when not at `url` (its name): a given URL as typed
+    auth: str | None = field(default=None, repr=False)  # that URL's user and password: `Basic ...`
     rate_window: float = RATE_WINDOW_S  # token rates over this many seconds
     latency_window: float = LATENCY_WINDOW_S  # percentiles over this many
     histogram_every: float = HISTOGRAM_EVERY_S
@@ -107,7 +109,7 @@ class EngineProbe:
     @property
     def direct(self) -> str:
         """The engine's own address, without /v1 (what `base` is unless reached through a forward)."""
-        return self.url.rstrip("/").removesuffix("/v1")
+        return (self.address or self.url).rstrip("/").removesuffix("/v1")
 
     @property
     def base(self) -> str:
@@ -117,7 +119,9 @@ class EngineProbe:
 
     async def _get(self, path: str) -> Answer:
         # Every path: llama-server's key guards /metrics and /slots too; the others ignore it there.
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        # A key is the engine's own gate, sent alone; else the user and password its URL was given with.
+        auth = f"Bearer {self.api_key}" if self.api_key else self.auth
+        headers = {"Authorization": auth} if auth else None
         timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.timeout / 2)
         async with self.client.get(self.base + path, timeout=timeout, headers=headers) as r:
             body = await r.read()

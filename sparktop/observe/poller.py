@@ -29,6 +29,10 @@ which are shown only once they have answered. Each says how
 (`EngineSnapshot.found`); what it is, it says by what it answers
 (`observe.engines.recognise`, `EngineSnapshot.recognised`). An address
 that answers as no engine is shown as such, with why (`unrecognised`).
+An engine is keyed by one name however it is reached: an address given is
+named as its node would find it (`targets.engine_key`: no credentials,
+`localhost` as 127.0.0.1), so given and found it is one engine, the user's,
+read at the address as typed with the credentials it carried.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ class EngineTarget:
     process: str | None = None  # discovered in the process list: "process 4242 (vllm serve, port 8000)"
     argv: list[str] | None = None  # its server's command line, where it was read
     image: str | None = None  # its container's image
+    # Given: where it is read when that is not `url` (its name, `targets.engine_key`), the address as typed
+    # (`localhost`), and the credentials the typed URL carried (an `Authorization: Basic` value), never shown
+    address: str | None = None
+    auth: str | None = field(default=None, repr=False)
 
     @property
     def found(self) -> str:
@@ -321,6 +329,8 @@ class Poller:
                 if target.origin == "given":
                     # What the user named stays theirs, however it was found first: as if named from the start.
                     existing.target.origin, existing.target.node, existing.target.process = "given", target.node, None
+                    existing.target.address, existing.target.auth = target.address, target.auth
+                    existing.probe.address, existing.probe.auth = target.address, target.auth
                 elif existing.target.origin == "candidate":
                     existing.target.origin = target.origin
                 existing.probe.hint = existing.target.kind
@@ -333,7 +343,8 @@ class Poller:
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
-                            argv=target.argv, image=target.image, rate_window=self.rate_window,
+                            argv=target.argv, image=target.image, address=target.address, auth=target.auth,
+                            rate_window=self.rate_window,
                             latency_window=self.latency_window,
                             histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
         worker = _EngineWorker(target, probe, Health(self.clock.now))

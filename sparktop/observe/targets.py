@@ -3,9 +3,11 @@ engines given on the command line."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import base64
+from urllib.parse import unquote, urlsplit
 
 from sparktop.errors import SparktopError
+from sparktop.masking import without_credentials
 from sparktop.observe.poller import EngineTarget, NodeTarget
 from sparktop.remote import transport_for
 from sparktop.settings import Inventory
@@ -15,7 +17,7 @@ def check_engine_url(url: str) -> str:
     """`url` when it is an engine's address: http(s)://HOST[:PORT][/v1], or HOST:PORT[/v1] (http is
     assumed); else a one-line SparktopError naming the value and what is expected."""
     text = url.strip()
-    expected = f"--engine {url!r}: expected a URL like http://HOST:PORT (or HOST:PORT)"
+    expected = f"--engine {without_credentials(url)!r}: expected a URL like http://HOST:PORT (or HOST:PORT)"
     scheme = "://" in text
     try:
         parts = urlsplit(text if scheme else "http://" + text)
@@ -44,9 +46,44 @@ def normalize_url(url: str) -> str:
     return url.removesuffix("/v1")
 
 
+# This machine's names: an engine on it is found (in its node's containers and processes) at 127.0.0.1.
+LOOPBACK = "127.0.0.1"
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "::1", "0.0.0.0", "::",
+                   LOOPBACK}
+
+
+def engine_key(url: str) -> str:
+    """The one name an engine goes by however it was typed: without credentials, and this machine by one
+    name (`localhost`, `[::1]` and `0.0.0.0` are 127.0.0.1, where the local node finds its engines), so an
+    engine given as `http://user:pw@localhost:8000` and found as `http://127.0.0.1:8000` is one engine."""
+    parts = urlsplit(normalize_url(without_credentials(url)))
+    if (parts.hostname or "") not in _LOOPBACK_NAMES:
+        return parts.geturl()
+    netloc = LOOPBACK if parts.port is None else f"{LOOPBACK}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def basic_auth(url: str) -> str | None:
+    """The `user:password@` of a URL as an HTTP basic `Authorization` header's value (the probe sends it;
+    nothing shows it)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode()
+
+
 def node_targets(inventory: Inventory) -> list[NodeTarget]:
     return [NodeTarget(node.name, transport_for(node), node.address) for node in inventory.nodes]
 
 
 def engine_targets(urls: list[str]) -> list[EngineTarget]:
-    return [EngineTarget(normalize_url(check_engine_url(url)), origin="given") for url in urls]
+    """The engines given (`--engine`), each named by `engine_key` and read at the address as typed, with
+    the credentials it carried."""
+    targets = []
+    for url in urls:
+        given = normalize_url(check_engine_url(url))
+        address, key = without_credentials(given), engine_key(given)
+        targets.append(EngineTarget(key, origin="given", address=None if address == key else address,
+                                    auth=basic_auth(given)))
+    return targets

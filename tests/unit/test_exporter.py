@@ -32,7 +32,7 @@ from sparktop.observe.fabric import parse_ip_br_addr
 from sparktop.observe.linkparse import LinkRate
 from sparktop.observe.machine import THROTTLE_REASONS, identify, throttle_reasons
 from sparktop.observe.record import Recording
-from sparktop.observe.snapshot import Memory, NodeSnapshot
+from sparktop.observe.snapshot import EngineSnapshot, Memory, NodeSnapshot
 from sparktop.observe.state import ClusterState
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -198,11 +198,12 @@ def test_an_engines_figures_carry_its_url_and_model_and_its_kv_is_a_ratio(export
     assert value(text, "sparktop_engine_requests_running", **at) == e.running
     assert value(text, "sparktop_engine_requests_waiting_by_reason", **at, reason="capacity") == 0
     assert value(text, "sparktop_engine_prefix_cache_hit_ratio", **at) == e.prefix_hit_rate
-    assert value(text, "sparktop_engine_up", **at) == 1
-    assert value(text, "sparktop_engine_state", **at, state="ready") == 1
+    # Whether it is there and how, by its URL alone; what it serves and is, in its info.
+    assert value(text, "sparktop_engine_up", engine=VLLM) == 1
+    assert value(text, "sparktop_engine_state", engine=VLLM, state="ready") == 1
     assert value(text, "sparktop_engine_info", **at, kind="vllm", name="vLLM", version="0.32.0", topology="solo",
                  node="spark-a") == 1
-    assert value(text, "sparktop_engine_node_info", **at, node="spark-a") == 1
+    assert value(text, "sparktop_engine_node_info", engine=VLLM, node="spark-a") == 1
 
 
 def test_counters_end_in_total_and_hold_the_engines_own_counts(exported):
@@ -223,8 +224,12 @@ def test_counters_end_in_total_and_hold_the_engines_own_counts(exported):
     assert value(text, "sparktop_engine_generation_tokens_created", **at) == e.started_at
 
 
-def test_latency_percentiles_are_seconds_with_a_quantile_label(exported):
+def test_latency_percentiles_are_summaries_in_seconds_with_a_quantile_label(exported):
     state, text = exported
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("sparktop_engine_time_to_first_token_seconds", "sparktop_engine_inter_token_latency_seconds",
+                 "sparktop_engine_queue_time_seconds", "sparktop_engine_e2e_request_latency_seconds"):
+        assert families[name].type == "summary", name
     e = state.engines[VLLM]
     at = {"engine": VLLM, "model": "gpt-oss-120b"}
     assert value(text, "sparktop_engine_time_to_first_token_seconds", **at, quantile="0.95",
@@ -243,8 +248,6 @@ def test_energy_per_token_is_the_states_own_for_engines_and_nodes(exported):
     assert energy is not None and energy.j_per_token is not None and energy.wh_per_million is not None
     at = {"engine": VLLM, "model": "gpt-oss-120b"}
     assert value(text, "sparktop_engine_energy_joules_per_token", **at) == pytest.approx(energy.j_per_token)
-    assert value(text, "sparktop_engine_energy_watt_hours_per_million_tokens", **at) == pytest.approx(
-        energy.wh_per_million)
     assert value(text, "sparktop_engine_energy_cost_per_million_tokens", **at, currency="EUR") == pytest.approx(
         energy.wh_per_million / 1000 * 0.32)
     node = state.node_energy("spark-b")
@@ -297,10 +300,11 @@ def test_an_engine_that_stopped_answering_keeps_its_state_but_not_its_last_figur
     down.state = "down"
     state.apply(down)
     text = export(state)
-    at = {"engine": VLLM, "model": "gpt-oss-120b"}
-    assert value(text, "sparktop_engine_up", **at) == 0
-    assert value(text, "sparktop_engine_state", **at, state="unreachable") == 1
-    assert value(text, "sparktop_engine_state", **at, state="ready") == 0
+    assert value(text, "sparktop_engine_up", engine=VLLM) == 0
+    assert value(text, "sparktop_engine_state", engine=VLLM, state="unreachable") == 1
+    assert value(text, "sparktop_engine_state", engine=VLLM, state="ready") == 0
+    # What it is, it said before it stopped answering: its info stays as it was.
+    assert value(text, "sparktop_engine_info", engine=VLLM, model="gpt-oss-120b", version="0.32.0") == 1
     got = samples(text)
     for name in ("sparktop_engine_kv_cache_usage_ratio", "sparktop_engine_generation_tokens_per_second",
                  "sparktop_engine_generation_tokens_total", "sparktop_engine_energy_joules_per_token"):
@@ -308,7 +312,7 @@ def test_an_engine_that_stopped_answering_keeps_its_state_but_not_its_last_figur
     assert value(text, "sparktop_node_up", node="spark-b") == 0
     assert not [labels for labels, _ in got["sparktop_node_memory_available_bytes"] if labels["node"] == "spark-b"]
     # The other engine goes on.
-    assert value(text, "sparktop_engine_up", engine=LLAMA, model="gpt-oss-120b") == 1
+    assert value(text, "sparktop_engine_up", engine=LLAMA) == 1
 
 
 def test_a_sleeping_engine_says_its_level():
@@ -318,7 +322,85 @@ def test_a_sleeping_engine_says_its_level():
     state.apply(asleep)
     text = export(state)
     assert value(text, "sparktop_engine_sleep_level", engine=VLLM, model="gpt-oss-120b") == 1
-    assert value(text, "sparktop_engine_up", engine=VLLM, model="gpt-oss-120b") == 1
+    assert value(text, "sparktop_engine_up", engine=VLLM) == 1
+
+
+def test_an_engine_starting_is_one_series_and_its_info_comes_once_it_says_what_it_is():
+    """An address given before its engine listens: there, by its URL alone, from the first poll; what it
+    is (kind, name, version, model) is exported once it answers, in one info series whose label names are
+    those of every other engine's."""
+    state = recorded()
+    url = "http://127.0.0.9:8000"
+    t = state.now
+    series: dict[str, set[tuple]] = {}
+
+    def scrape() -> str:
+        text = export(state)
+        for name, found in samples(text).items():
+            for labels, _ in found:
+                if labels.get("engine") == url and name in ("sparktop_engine_up", "sparktop_engine_info"):
+                    series.setdefault(name, set()).add(tuple(sorted(labels.items())))
+        return text
+
+    for step, how in enumerate(("connecting", "unreachable", "unreachable")):  # no model, no kind yet
+        state.apply(EngineSnapshot(key=url, url=url, t=t + step, state=how, kind=""))
+        text = scrape()
+        assert value(text, "sparktop_engine_up", engine=url) == 0
+        assert value(text, "sparktop_engine_state", engine=url, state=how) == 1
+    assert "sparktop_engine_info" not in series
+    ready = copy.deepcopy(state.engines[VLLM])
+    ready.key = ready.url = url
+    for step in range(3):
+        ready.t = t + 10 + step
+        state.apply(copy.deepcopy(ready))
+        text = scrape()
+    assert value(text, "sparktop_engine_up", engine=url) == 1
+    assert len(series["sparktop_engine_up"]) == 1 and len(series["sparktop_engine_info"]) == 1
+    (info,) = series["sparktop_engine_info"]
+    assert dict(info) == {"engine": url, "model": "gpt-oss-120b", "kind": "vllm", "name": "vLLM",
+                          "version": "0.32.0", "topology": "solo", "node": "spark-a", "container": "sparktop-vllm"}
+    # Every engine's info has the same label names, known or not.
+    names = {tuple(sorted(labels)) for labels, _ in samples(text)["sparktop_engine_info"]}
+    assert len(names) == 1
+
+
+def test_credentials_in_an_engines_url_never_reach_a_label():
+    state = recorded()
+    snap = copy.deepcopy(state.engines[VLLM])
+    snap.key = snap.url = "http://admin:hunter2@127.0.0.9:8000"
+    state.apply(snap)
+    text = export(state)
+    assert "hunter2" not in text and "admin" not in text
+    assert value(text, "sparktop_engine_up", engine="http://127.0.0.9:8000") == 1
+
+
+def test_a_hung_engine_is_a_state_of_its_own():
+    state = recorded()
+    assert value(export(state), "sparktop_engine_state", engine=VLLM, state="hung") == 0  # a series to alert on
+    hung = copy.copy(state.engines[VLLM])
+    hung.state, hung.t = "hung", hung.t + 1
+    state.apply(hung)
+    text = export(state)
+    assert value(text, "sparktop_engine_state", engine=VLLM, state="hung") == 1
+    assert value(text, "sparktop_engine_state", engine=VLLM, state="ready") == 0
+
+
+def test_a_paused_history_is_exported_as_its_writer_says(tmp_path):
+    from sparktop.history.store import HistoryStore
+    from sparktop.history.writer import HistoryWriter
+
+    state = recorded()
+    writer = HistoryWriter(HistoryStore.open(tmp_path / "history.sqlite"))
+    try:
+        registry = registry_for(state, history=writer)
+        assert value(generate_latest(registry).decode(), "sparktop_history_paused") == 0
+        writer.paused = "history paused: disk full"  # what a full disk makes it say
+        assert value(generate_latest(registry).decode(), "sparktop_history_paused") == 1
+    finally:
+        writer.paused = None
+        writer.close()
+    # Without a history (the app's own /metrics, a writer that cannot say), no series: not a 0.
+    assert "sparktop_history_paused" not in samples(export(state))
 
 
 # -- naming ---------------------------------------------------------------------------------------------
@@ -330,12 +412,12 @@ def test_every_name_follows_prometheus_conventions(exported):
     _, text = exported
     for name, (kind, doc) in METRICS.items():
         assert re.fullmatch(r"sparktop_[a-z0-9_]+", name), name
-        # Wh per million tokens is the one figure asked for in its own unit (the issue's, as the cards show
-        # it); J/token beside it is the base-unit one.
-        assert not NOT_BASE_UNITS.search(name.replace("_watt_hours_per_million_tokens", "")), name
-        assert doc and kind in ("gauge", "counter", "info"), name
+        assert not NOT_BASE_UNITS.search(name), name
+        assert doc and kind in ("gauge", "counter", "info", "summary"), name
         assert (kind == "info") == name.endswith("_info"), name
         assert (kind == "counter") == name.endswith("_total"), name
+    assert "quantile" not in {label for f in text_string_to_metric_families(text) if f.type != "summary"
+                              for s in f.samples for label in s.labels}
     families = {f.name for f in text_string_to_metric_families(text)}
     # Every family exported is one listed (counters' `_created` companions aside).
     listed = {n.removesuffix("_total") for n in METRICS}
