@@ -39,3 +39,12 @@ def mask_argv(argv: list[str]) -> list[str]:
         token = _URL_SECRET.sub(lambda m: m.group("scheme") + "***@", token)
         out.append(mask(token) if "=" in token or _BARE.search(token) else token)
     return out
+
+
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+
+
+def strip_url_credentials(text: str) -> str:
+    """`text` with the credentials of every URL in it removed (http://user:pw@host:8000 -> http://host:8000):
+    what a file that outlives the command (the history) may keep."""
+    return _URL_USERINFO.sub(lambda m: m.group("scheme"), text) if "@" in text else text
