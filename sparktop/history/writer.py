@@ -324,6 +324,8 @@ class HistoryWriter:
                 self._start_writing()
             except (sqlite3.Error, OSError, HistoryError) as exc:
                 self._fault(exc, t)
+                return
+            self._tell(f"writing history to {self.store.path}: the sparktop that wrote it stopped")
 
     def _note(self, t: float, subject: str, key: str, kind: str, level: str, text: str) -> None:
         self._events.append((t, subject, key, kind, level, text))

@@ -154,6 +154,45 @@ def test_kill_9_restarts_keep_every_token_in_the_day(tmp_path, engine):
 # -- two collectors, one file --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+def test_a_collector_taking_over_keeps_every_token_of_the_minute_it_took_over(tmp_path, engine):
+    """A second collector waits while the first writes; the first stops (its minute in progress written),
+    requests are served while nobody writes, the second takes the file over (within a minute: often in the
+    minute the first one left, which it merges): one session, and the day's tokens are the engine's count
+    since the first collector read it (the issue: the second one's partial minute replaced the first
+    one's). Slow: a waiting collector asks for the file once a minute."""
+    path = tmp_path / "history.sqlite"
+    port, port2 = free_port(), free_port()
+    before = ask(engine, 2)
+    first = Collector(tmp_path, "--engine", engine, "-i", "0.5", "--file", str(path), "--serve-metrics",
+                      f"127.0.0.1:{port}", name="first")
+    second = None
+    try:
+        first.wait_for("writing history to")
+        wait_served(port, REQUESTS, engine, 2)
+        second = Collector(tmp_path, "--engine", engine, "-i", "0.5", "--file", str(path), "--serve-metrics",
+                           f"127.0.0.1:{port2}", name="second")
+        second.wait_for("is written by")
+        tokens = ask(engine, 3)
+        wait_served(port, REQUESTS, engine, 5)
+        code1, _, err1 = first.stop()
+        tokens += ask(engine, 3)  # while nobody writes
+        second.wait_for("the sparktop that wrote it stopped", timeout=120)
+        tokens += ask(engine, 3)
+        wait_served(port2, REQUESTS, engine, 11)
+        code2, _, err2 = second.stop()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert (code1, code2) == (0, 0), err1 + err2
+    found = history_json(path)
+    (session,) = [x for x in found["sessions"] if x["url"] == engine]
+    assert session["gen_tokens"] == before + tokens
+    assert sum(d["gen_tokens"] for d in found["daily"] if d["url"] == engine) == tokens
+    assert sum(d["requests"] for d in found["daily"] if d["url"] == engine) == 9
+
+
 def test_two_collectors_through_a_symlink_are_one_writer(tmp_path, engine):
     real = tmp_path / "data" / "history.sqlite"
     real.parent.mkdir()
