@@ -134,6 +134,8 @@ class HistoryError(SparktopError):
 
 
 def damaged_text(path: Path, detail: str) -> str:
+    detail = " ".join(detail.split())  # one line, whatever SQLite's check said
+    detail = detail if len(detail) <= 160 else detail[:157] + "..."
     p = shlex.quote(str(path))
     return (f"{path} is damaged ({detail}): move it aside: mv {p} {shlex.quote(str(path) + '.damaged')}; "
             "sparktop starts a new one")
