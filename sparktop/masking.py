@@ -41,15 +41,20 @@ def mask_argv(argv: list[str]) -> list[str]:
     return out
 
 
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+
+
+def strip_url_credentials(text: str) -> str:
+    """`text` with the credentials of every URL in it removed (http://user:pw@host:8000 -> http://host:8000):
+    what a file that outlives the command (the history) may keep."""
+    return _URL_USERINFO.sub(lambda m: m.group("scheme"), text) if "@" in text else text
+
+
 def without_credentials(url: str) -> str:
-    """`url` without the `user:password@` it may carry (`http://user:pw@host:8000` -> `http://host:8000`, a
-    scheme or not, an `@` in the password too): what names an engine wherever it is shown, kept or exported
-    (a label, the history, a log)."""
-    head, sep, rest = url.partition("://")
-    if not sep:
-        head, rest = "", url
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    netloc = rest[:end]
-    if "@" not in netloc:
+    """One URL without the `user:password@` it may carry, a scheme or not (`user:pw@host:8000` ->
+    `host:8000`, an `@` in the password too): what names an engine wherever it is shown, kept or exported."""
+    if "@" not in url:
         return url
-    return head + sep + netloc.rpartition("@")[2] + rest[end:]
+    if "://" in url:
+        return strip_url_credentials(url)
+    return strip_url_credentials("x://" + url)[len("x://"):]

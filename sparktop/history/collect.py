@@ -3,7 +3,12 @@ history (and, with `--serve-metrics`, serving every figure to Prometheus),
 so there is history for the nights nobody had the app open.
 
 `--install` writes a systemd user unit that runs it at boot (with lingering
-enabled, without anyone logged in).
+enabled, without anyone logged in): ordered as a user manager can order it
+(no system units), with the XDG directories it was installed with.
+
+A history that cannot be written (a full disk, a damaged file) does not stop
+it: it says so in one line, keeps polling and serving metrics, holds the
+minutes in memory and writes them when it can (`HistoryWriter.open`).
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparktop.clock import SYSTEM, Clock
-from sparktop.history.store import HistoryStore, writer_pid
+from sparktop.history.store import HistoryError, writer_pid
 from sparktop.history.writer import HistoryWriter
-from sparktop.settings import Inventory, load_preferences
+from sparktop.settings import Inventory, config_dir, load_preferences
 
 UNIT_NAME = "sparktop-collect.service"
 COLLECT_HISTORY = 900  # points kept in memory per series: the energy's averaging needs a few seconds only
+
+
+XDG_VARS = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
 
 
 def unit_path() -> Path:
@@ -39,25 +47,62 @@ def _systemd_word(word: str) -> str:
     return f'"{escaped}"'
 
 
-def unit_text(argv: list[str]) -> str:
+def _systemd_path(path: Path) -> str:
+    """A path in a unit: %h for the home directory (the unit's user's), specifiers escaped."""
+    home = Path.home()
+    text = str(path)
+    if path == home or home in path.parents:
+        return "%h" + _systemd_escape(text[len(str(home)):])
+    return _systemd_escape(text)
+
+
+def _systemd_escape(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+def _assignment(name: str, value: str) -> str:
+    """NAME=value for Environment=, double-quoted (with escapes) when the value has spaces or quotes."""
+    if all(c.isalnum() or c in "/._-:,@+%" for c in value):
+        return f"{name}={value}"
+    return '"' + f"{name}={value}".replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def env_file() -> Path:
+    """Where the unit reads its secrets from (SPARKTOP_METRICS_TOKEN): the config directory of the install."""
+    return config_dir() / "collect.env"
+
+
+def unit_text(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The unit for a user manager: it starts with the user's session or at boot with lingering
+    (`default.target`; system units such as the network or docker are not a user manager's to wait for:
+    the collector retries what it cannot reach), with the XDG directories in `env` (the install's), so it
+    writes the history and reads the settings the user's shell does."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k in XDG_VARS and v}
     command = " ".join(_systemd_word(w) for w in argv)
-    return (
-        "[Unit]\n"
-        "Description=sparktop collector: history of the Spark nodes and their engines\n"
-        "After=network-online.target docker.service\n"
-        "Wants=network-online.target\n\n"
-        "[Service]\n"
+    lines = [
+        "[Unit]",
+        "Description=sparktop collector: history of the Spark nodes and their engines",
+        "",
+        "[Service]",
+    ]
+    for name in XDG_VARS:
+        if name in env:
+            lines.append(f"Environment={_assignment(name, _systemd_path(Path(env[name])))}")
+    config = Path(env["XDG_CONFIG_HOME"]) / "sparktop" if "XDG_CONFIG_HOME" in env else Path.home() / ".config/sparktop"
+    lines += [
         # Secrets stay out of the unit: SPARKTOP_METRICS_TOKEN (to serve metrics beyond loopback) goes here.
-        "EnvironmentFile=-%h/.config/sparktop/collect.env\n"
-        f"ExecStart={command}\n"
-        "Restart=on-failure\n"
-        "RestartSec=10\n"
+        f"EnvironmentFile=-{_systemd_path(config / 'collect.env')}",
+        f"ExecStart={command}",
+        "Restart=on-failure",
+        "RestartSec=10",
         # SIGTERM: the collector writes the minute in progress and exits.
-        "KillSignal=SIGTERM\n"
-        "TimeoutStopSec=20\n\n"
-        "[Install]\n"
-        "WantedBy=default.target\n"
-    )
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=20",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def install(argv: list[str], say: Callable[[str], None] = print) -> int:
@@ -71,8 +116,12 @@ def install(argv: list[str], say: Callable[[str], None] = print) -> int:
     say("  systemctl --user daemon-reload && systemctl --user enable --now sparktop-collect")
     say("  loginctl enable-linger \"$USER\"")
     if "--serve-metrics" in argv:
-        say("a token for a non-loopback --serve-metrics: SPARKTOP_METRICS_TOKEN=... in "
-            "~/.config/sparktop/collect.env (chmod 600), or a new one at every start")
+        say(f"a token for a non-loopback --serve-metrics: SPARKTOP_METRICS_TOKEN=... in {env_file()} "
+            "(chmod 600), or a new one at every start")
+    default = Path.home() / ".config" / "systemd" / "user"
+    if path.parent != default:
+        say(f"  (a user manager started without XDG_CONFIG_HOME looks in {default}: "
+            f"systemctl --user link {path} if it does not find the unit)")
     say("then: systemctl --user status sparktop-collect; sparktop history")
     return 0
 
@@ -96,11 +145,13 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     prefs = load_preferences()
-    store = HistoryStore.open(path)
-    writer = HistoryWriter(store, prefs.history_retention_days, clock=clock)
-    if store.writer:
+    # A history that cannot be written now (a full disk, a damaged file) pauses it, in a line that says what
+    # to do; the collector goes on (polling, serving metrics) and writes what it held when it can.
+    writer = HistoryWriter.open(path, prefs.history_retention_days, clock=clock, say=say)
+    store = writer.store
+    if store is not None and store.writer and not writer.paused:
         say(f"writing history to {store.path} (kept {prefs.history_retention_days:g} days)")
-    else:
+    elif store is not None and not store.writer:
         pid = writer_pid(store.path)
         say(f"{store.path} is written by {'pid ' + str(pid) if pid else 'another sparktop'}: collecting waits "
             "and takes over when it stops")
@@ -144,7 +195,10 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    say(f"history written to {store.path}")
+    if writer.unwritten:
+        raise HistoryError(f"{writer.path}: {writer.unwritten} minute rows were never written "
+                           f"({writer.pause_reason}); the collector stopped with them in memory")
+    say(f"history written to {writer.path}")
     return 0
 
 

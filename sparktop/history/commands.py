@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sqlite3
 import sys
 import time
 from typing import TextIO
@@ -25,7 +26,7 @@ from sparktop.history.query import (
     short_key,
     when_text,
 )
-from sparktop.history.store import HistoryStore
+from sparktop.history.store import HistoryStore, history_error
 from sparktop.settings import Preferences, load_preferences
 
 GIB = 1024**3
@@ -157,8 +158,12 @@ def main_history(since: str, until: str | None, engine: str | None, fmt: str, pa
     store = HistoryStore.open(path, write=False)
     try:
         reader = HistoryReader(store)
-        found = gather(reader, start, end, engine, prefs)
-        if engine and not reader.engine_ids(engine):
+        try:
+            found = gather(reader, start, end, engine, prefs)
+            known_engines = reader.engine_ids(engine) if engine else None
+        except sqlite3.DatabaseError as exc:  # a damaged page met on the way: one line, and what to do
+            raise history_error(exc, store.path) from None
+        if engine and not known_engines:
             known = ", ".join(reader.keys("engine")) or "none yet"
             raise SparktopError(f"--engine {engine!r}: no engine in the history matches (engines: {known})")
         if fmt == "json":

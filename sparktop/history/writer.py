@@ -5,9 +5,14 @@ per node and engine, serving sessions and the event log.
 yields, after `ClusterState.apply` (the state gives the derived figures:
 an engine's power over its nodes). It only adds numbers in memory; once a
 minute (on the data's own clock) the finished minutes, the sessions that
-changed and the new events go to SQLite in one transaction, so a killed
-process loses at most the minute in progress and a slow disk costs one
-commit a minute, not one per poll.
+changed and the new events go to SQLite in one transaction, and the minute
+in progress goes too every `PARTIAL_EVERY_S` (on the monotonic clock), so a
+killed process loses a few seconds of samples and a slow disk costs a few
+commits a minute, not one per poll. A minute written twice (a restart or a
+handover within it, the minute in progress written early) is merged into
+the row already there. The tokens an engine served between the last commit
+and the next writer's first poll (a kill, a restart, a handover) go into
+that first minute: a day's tokens are the engine's own count.
 
 A serving session is one engine serving one model without a break: it
 starts the first time the engine answers ready, and ends when the engine
@@ -16,26 +21,55 @@ answered for `SESSION_GAP_S` (stopped, failed or lost: the reason is what
 the poller last said). A session the last sparktop left open goes on if the
 engine is the same process (its start time) or came back within the gap.
 
-When the disk is full (or the file cannot be written), the writer keeps the
-rows in memory (the newest `PENDING_MAX`), says `history paused: ...` in
-`status`, and tries again a minute later; the monitor is not disturbed.
+When the file cannot be written (a full disk; a damaged file; one that
+could not be opened at all, `HistoryWriter.open`), the writer keeps the
+rows in memory (the newest `PENDING_MAX`), says so once (`paused`, its
+`pause_reason`, the `say` line, and a "history paused (...)" event written
+with the rows), tries again every `RETRY_S`, and says "history resumed"
+when the rows are written; the monitor is not disturbed. A damaged file is
+never written into: once it has been moved aside, a new one is started.
 
-Its own time is the `Clock` it is given (`sparktop.clock`, the system's by
-default): its `now()` paces asking for the writer's lock again and tells a
-jump of the data's clock from time passing; its `wall()` stamps what it says
-itself. Minutes, sessions and pruning follow the events' own times.
+Time. Rows are stamped with the events' own (wall) times, which is what
+people read. What the writer measures (when to prune, retry, ask for the
+lock) is its own time: anchored once, when it becomes the writer, at the
+file's newest row, and moved on by the time that passes, which is the data
+clock's steps where they agree with the monotonic clock within
+`CLOCK_JUMP_S` (so a simulation may compress days), and the monotonic
+clock's where they do not (a jump of the wall clock, which is logged).
+So a clock set ahead, at start or while running, never prunes anything:
+retention counts the time sparktop wrote, and the days before a start age
+only as time passes after it. A start whose clock reads far before the
+file's newest row, or implausibly far after it (`START_AHEAD_S`), and an
+engine that says it started in this clock's future, are logged as clock
+events.
+
+Credentials never reach the file: engine URLs are kept without them, and
+so is every text written (events, how a session ended).
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import is_router
-from sparktop.history.store import ENGINE_FIGURES, NODE_FIGURES, HistoryStore, writer_pid
+from sparktop.history.store import (
+    ENGINE_FIGURES,
+    NODE_FIGURES,
+    HistoryError,
+    HistoryStore,
+    history_error,
+    minute_upsert,
+    resolve_path,
+    set_aside_journal,
+    writer_pid,
+)
+from sparktop.masking import strip_url_credentials
 from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterState
 
@@ -45,8 +79,11 @@ PRUNE_EVERY_S = 600.0
 RETENTION_DAYS = 30.0
 PENDING_MAX = 20_000  # rows held while the disk is full (two weeks of a minute row for two nodes, two engines)
 CLOCK_JUMP_S = 120.0  # the data's clock moved this much more (or less) than the monotonic clock: say so
+START_AHEAD_S = 2 * 86400.0  # a start this long after the file's newest row: a clock set ahead, or a long gap
 LOADED_GRACE_S = 60.0  # a session the last sparktop left open waits this long for its engine to answer
 RETAKE_EVERY_S = 60.0  # a reader asks for the writer's lock again this often
+RETRY_S = 60.0  # while paused: how often to try writing (or opening the file) again
+PARTIAL_EVERY_S = 15.0  # the minute in progress goes to the file this often (monotonic seconds)
 READY = ("ready", "sleeping")
 
 
@@ -135,14 +172,42 @@ def _delta(counter: float | None, before: float | None) -> float | None:
     return counter - before
 
 
+def _key(key: str) -> str:
+    """An engine's key as the history keeps it: its URL without credentials."""
+    return strip_url_credentials(key)
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 60:.0f} min"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
 class HistoryWriter:
     """Folds observe events into the history file. One per process; only the
-    store's writer writes (a second sparktop on the same file reads)."""
+    store's writer writes (a second sparktop on the same file reads).
 
-    def __init__(self, store: HistoryStore, retention_days: float = RETENTION_DAYS, clock: Clock = SYSTEM):
+    `store` None: the file could not be opened (`HistoryWriter.open`); the
+    writer holds what it gathers and opens it when it can. `say`: where the
+    one-line news goes (paused, resumed, a wrong clock): the collector's
+    output; the app shows `status` instead."""
+
+    def __init__(self, store: HistoryStore | None, retention_days: float = RETENTION_DAYS, clock: Clock = SYSTEM,
+                 *, path: str | Path | None = None, say: Callable[[str], None] | None = None,
+                 check: bool = False):
         self.store = store
+        self._path = store.path if store is not None else resolve_path(path)
         self.retention_s = retention_days * 86400.0
         self.clock = clock
+        self._say = say
+        self._check = check  # reopening: read the whole file first, as the collector's open does
         self._nodes: dict[str, _Minute] = {}
         self._engines: dict[str, _Minute] = {}
         self._node_t: dict[str, float] = {}
@@ -152,18 +217,44 @@ class HistoryWriter:
         self._rows: list[tuple[str, str, _Minute]] = []  # (kind, key, minute) finished, not yet written
         self._counters: dict[str, dict[str, float]] = {}  # per engine: preemptions, rejections last seen
         self._last_end: dict[str, float] = {}  # per engine: when its last session ended
+        self._carried: dict[str, float] = {}  # per engine: when the last writer last saw its open session
+        self._clock_said: set[str] = set()  # engines whose start time was found in this clock's future
         self._first_t: float | None = None  # the data time of the first event this writer saw
         self._events: list[tuple[float, str, str, str, str, str]] = []
         self._minute: int | None = None
         self._seen: tuple[float, float] | None = None  # (data time, the clock's now()) at the last event
-        self._pruned_at: float | None = None  # data time of the last prune
-        self._cutoff: float | None = None
+        self._measured: float | None = None  # the writer's own time (see the module's docstring)
+        self._latest: float | None = None  # the newest data time since the last jump
+        self._anchor: float | None = None  # set when the writer starts writing a file: its newest row's time
+        self._anchor_due = False
+        self._pruned_at: float | None = None  # the writer's own time at the last prune
         self._retake_at = 0.0
-        self._retry_at: float | None = None  # while paused: when to try writing again
-        self.paused: str | None = None  # why nothing is written now (disk full), for the status line
+        self._partial_at: float | None = None  # the monotonic time to write the minute in progress
+        self._new_session = False  # a session began: written at once, so the next writer counts on from it
+        self._retry_at: float | None = None  # while paused: the writer's own time to try again
+        self.paused: str | None = None  # "history paused (disk full)": nothing is written now, for the status line
+        self.pause_reason: str | None = None  # why, in a word (store.REASONS), for a metric
         self.rows_written = 0
-        if store.writer:
-            self._load_open_sessions()
+        self.unwritten = 0  # rows that were never written, when it closed paused
+        if store is not None and store.writer:
+            try:
+                self._start_writing()
+            except (sqlite3.Error, OSError, HistoryError) as exc:
+                self._fault(exc, None)
+
+    @classmethod
+    def open(cls, path: str | Path | None = None, retention_days: float = RETENTION_DAYS, clock: Clock = SYSTEM,
+             *, say: Callable[[str], None] | None = None, check: bool = True) -> HistoryWriter:
+        """A writer on the history file, whatever state the file is in: one that cannot be opened (a full
+        disk, a damaged file, a newer sparktop's) gives a paused writer that said why and opens it when it
+        can. `check`: look for damage in the whole file first."""
+        try:
+            store = HistoryStore.open(path, check=check)
+        except HistoryError as exc:
+            writer = cls(None, retention_days, clock, path=path, say=say, check=check)
+            writer._fault(exc, None)
+            return writer
+        return cls(store, retention_days, clock, say=say, check=check)
 
     # -- what the screen says ------------------------------------------------------
 
@@ -172,25 +263,30 @@ class HistoryWriter:
         """A few words for the status line when history is not being written as usual."""
         if self.paused:
             return self.paused
-        if not self.store.writer:
+        if self.store is not None and not self.store.writer:
             pid = writer_pid(self.store.path)
             return f"history written by pid {pid}" if pid else "history written by another sparktop"
         return None
 
     @property
     def path(self) -> Path:
-        return self.store.path
+        return self.store.path if self.store is not None else self._path
+
+    @property
+    def writing(self) -> bool:
+        """Whether this writer gathers (and writes, when it can): it holds the lock, or holds what it
+        gathers until it can open the file."""
+        return self.store is None or self.store.writer
 
     # -- events ---------------------------------------------------------------------
 
     def observe(self, event, state: ClusterState) -> None:
-        if not self.store.writer:
+        if not self.writing:
             now = self.clock.now()
             if now >= self._retake_at:
                 self._retake_at = now + RETAKE_EVERY_S
-                if self.store.try_take_writer():
-                    self._load_open_sessions()
-            if not self.store.writer:
+                self._try_take_over(getattr(event, "t", None))
+            if not self.writing:
                 return
         if isinstance(event, NodeSnapshot):
             self._tick(event.t)
@@ -200,12 +296,43 @@ class HistoryWriter:
             self._tick(event.t)
             self._engine(event, state)
         elif isinstance(event, EngineGone):
-            s = self._sessions.get(event.key)
+            s = self._sessions.get(_key(event.key))
             if s is not None and s.down is None:
                 s.down = "stopped"
         elif isinstance(event, Notice):
             self._tick(event.t)
-            self._events.append((event.t, event.subject, event.key, event.kind, event.level, event.text))
+            key = _key(event.key) if event.subject == "engine" else event.key
+            self._note(event.t, event.subject, key, event.kind, event.level, event.text)
+        else:
+            return
+        self._write_partial(getattr(event, "t", None))
+
+    def _try_take_over(self, t: float | None) -> None:
+        """A reader asks for the lock again: the writer before it may have gone."""
+        assert self.store is not None
+        try:
+            took = self.store.try_take_writer()
+        except HistoryError as exc:
+            # The file it would take over cannot be written (damaged, say): gather and hold, as a writer
+            # that could not open it.
+            self.store.close()
+            self.store = None
+            self._fault(exc, t)
+            return
+        if took:
+            try:
+                self._start_writing()
+            except (sqlite3.Error, OSError, HistoryError) as exc:
+                self._fault(exc, t)
+                return
+            self._tell(f"writing history to {self.store.path}: the sparktop that wrote it stopped")
+
+    def _note(self, t: float, subject: str, key: str, kind: str, level: str, text: str) -> None:
+        self._events.append((t, subject, key, kind, level, text))
+
+    def _tell(self, line: str) -> None:
+        if self._say is not None:
+            self._say(line)
 
     def _tick(self, t: float) -> None:
         if self._first_t is None:
@@ -234,18 +361,42 @@ class HistoryWriter:
 
     def _watch_clock(self, t: float) -> None:
         now = self.clock.now()
-        if self._seen is not None:
+        if self._seen is None or self._measured is None or self._latest is None:
+            self._measured = self._latest = t
+        else:
             then_t, then_mono = self._seen
             drift = (t - then_t) - (now - then_mono)
             if abs(drift) > CLOCK_JUMP_S:
                 way = "forward" if drift > 0 else "back"
-                self._events.append((t, "sparktop", "clock", "clock", "warn",
-                                     f"the clock jumped {way} by {abs(drift) / 60:.0f} min"))
-                if drift > 0 and self._cutoff is not None:
-                    # Pruning follows the data's clock, but not a jump of it: a clock set a year ahead
-                    # must not empty the file. The cutoff moves on from where it was.
-                    self._pruned_at = t
+                self._note(t, "sparktop", "clock", "clock", "warn",
+                           f"the clock jumped {way} by {abs(drift) / 60:.0f} min")
+                # Not time passing: the writer's own time moves on by what the monotonic clock measured.
+                self._measured += max(0.0, now - then_mono)
+                self._latest = t
+            elif t > self._latest:
+                self._measured += t - self._latest
+                self._latest = t
         self._seen = (t, now)
+        if self._anchor_due:
+            self._anchor_due = False
+            self._check_start(t)
+
+    def _check_start(self, t: float) -> None:
+        """A writer starting on a file: its clock against the file's newest row, and its own time from it."""
+        newest = self._anchor
+        if newest is None:
+            return
+        self._measured, self._pruned_at = newest, None  # retention counts from the file's newest row on
+        if t < newest - CLOCK_JUMP_S:
+            text = (f"the clock reads {_span(newest - t)} before the history's newest row ({_when(newest)}): it is "
+                    "behind, or the last writer's was ahead; nothing is pruned for the difference")
+        elif t > newest + START_AHEAD_S:
+            text = (f"the clock reads {_span(t - newest)} after the history's newest row ({_when(newest)}): it is "
+                    "ahead, or nothing was written for that long; the rows before are not pruned for that gap")
+        else:
+            return
+        self._note(t, "sparktop", "clock", "clock", "warn", text)
+        self._tell(f"{self.path}: {text}")
 
     def _minute_of(self, kind: str, key: str, t: float) -> _Minute:
         """The subject's minute of `t`; the one before it, when `t` starts another, goes to be written."""
@@ -290,18 +441,23 @@ class HistoryWriter:
     def _engine(self, e: EngineSnapshot, state: ClusterState) -> None:
         if is_router(e.kind):
             return  # a router's tokens are its engines'
-        s = self._sessions.get(e.key)
+        key = _key(e.key)
+        s = self._sessions.get(key)
         if e.state not in READY:
             if s is not None and e.state in ("unreachable", "failed"):
                 s.down = f"failed: {e.error}" if e.state == "failed" and e.error else e.state
             return
         s = self._session_for(e, s)
-        before = self._engine_t.get(e.key)
+        before = self._engine_t.get(key)
         dt = e.t - before if before is not None and 0 < e.t - before <= MAX_DT_S else None
         # Tokens served while sparktop was closed count in the session (its counters say so) but not
-        # in any minute: they would all land in the first minute after the gap.
-        watched = before is not None and 0 < e.t - before <= SESSION_GAP_S
-        self._engine_t[e.key] = e.t
+        # in any minute: they would all land in the first minute after the gap. A short gap (the last
+        # writer killed or stopped, this one started or taking over) is no such gap: what was served since
+        # the last writer's last commit (its session's counters) goes into this minute.
+        carried = self._carried.pop(key, None) if before is None else None
+        watched = (before is not None and 0 < e.t - before <= SESSION_GAP_S) or (
+            carried is not None and -CLOCK_JUMP_S <= e.t - carried <= SESSION_GAP_S)
+        self._engine_t[key] = e.t
         gen = _delta(e.gen_tokens_total, s.gen_counter)
         prompt = _delta(e.prompt_tokens_total, s.prompt_counter)
         requests = _delta(e.requests, s.requests_counter)
@@ -326,7 +482,7 @@ class HistoryWriter:
         s.peak("peak_gen_tps", e.gen_tps)
         s.last_seen, s.down, s.changed = e.t, None, True
 
-        m = self._minute_of("engine", e.key, e.t)
+        m = self._minute_of("engine", key, e.t)
         m.session = s
         m.mean("kv", e.kv_usage)
         m.high("kv_max", e.kv_usage)
@@ -347,17 +503,23 @@ class HistoryWriter:
         m.last("itl_p95", e.pct("itl", "p95_1m") or e.pct("itl", "p95"))
         m.last("e2e_p95", e.pct("e2e", "p95_1m") or e.pct("e2e", "p95"))
         m.last("queue_p95", e.pct("queue", "p95_1m") or e.pct("queue", "p95"))
-        self._counter_deltas(e, m)
+        self._counter_deltas(key, e, m)
 
-    def _counter_deltas(self, e: EngineSnapshot, m: _Minute) -> None:
+    def _counter_deltas(self, key: str, e: EngineSnapshot, m: _Minute) -> None:
         """Preemptions and rejections added this poll (the counters since the engine started)."""
-        last = self._counters.setdefault(e.key, {})
+        last = self._counters.setdefault(key, {})
         for name, value in (("preemptions", e.preemptions), ("rejections", e.rejections)):
             m.add(name, _delta(value, last.get(name)))
             if value is not None:
                 last[name] = value
 
     def _session_for(self, e: EngineSnapshot, s: _Session | None) -> _Session:
+        key = _key(e.key)
+        if e.started_at is not None and e.started_at - e.t > CLOCK_JUMP_S and key not in self._clock_said:
+            self._clock_said.add(key)
+            self._note(e.t, "engine", key, "clock", "warn",
+                       f"the engine says it started {_span(e.started_at - e.t)} after this clock's time: this "
+                       "clock (or the engine's node's) is behind")
         if s is not None:
             reason = None
             if e.model and s.model and e.model != s.model:
@@ -374,19 +536,20 @@ class HistoryWriter:
                 if s.engine_started is None:
                     s.engine_started = e.started_at
                 return s
-            self._end(e.key, s.last_seen, reason)
+            self._end(key, s.last_seen, reason)
         # An engine process seen for the first time: its session began when it started, and its counters
         # hold what it served since. One that was there before (back after a gap): from now, and from now on.
-        previous = self._last_end.get(e.key)
+        previous = self._last_end.get(key)
         fresh = e.started_at is not None and e.started_at <= e.t and (previous is None or e.started_at > previous)
-        s = _Session(key=e.key, model=e.model, engine=e.engine or e.kind, node=e.node, topology=e.topology,
+        s = _Session(key=key, model=e.model, engine=e.engine or e.kind, node=e.node, topology=e.topology,
                      started=e.started_at if fresh and e.started_at is not None else e.t, last_seen=e.t,
                      engine_started=e.started_at, gen_counter=e.gen_tokens_total,
                      prompt_counter=e.prompt_tokens_total, requests_counter=e.requests)
         if fresh:
             s.gen_tokens, s.prompt_tokens, s.requests = (e.gen_tokens_total or 0.0, e.prompt_tokens_total or 0.0,
                                                          e.requests or 0.0)
-        self._sessions[e.key] = s
+        self._sessions[key] = s
+        self._new_session = True
         return s
 
     def _end(self, key: str, at: float, reason: str) -> None:
@@ -397,15 +560,40 @@ class HistoryWriter:
 
     # -- writing ----------------------------------------------------------------------
 
-    def flush(self, now: float | None = None) -> None:
-        """Write what is finished (and, at close, the minutes in progress)."""
-        if not self.store.writer:
+    def _write_partial(self, t: float | None) -> None:
+        """Every `PARTIAL_EVERY_S` the minutes in progress go to the file too (merged into their rows later),
+        so a killed writer loses seconds, not its minute."""
+        if self.store is None or not self.store.writer or self.paused or t is None:
             return
-        if self.paused and now is not None and self._retry_at is not None and now < self._retry_at:
-            return  # a full disk stays full for a while: once a minute at most
+        now = self.clock.now()
+        if self._partial_at is None:
+            self._partial_at = now + PARTIAL_EVERY_S
+        if now < self._partial_at and not self._new_session:
+            return
+        self._new_session = False
+        self._partial_at = now + PARTIAL_EVERY_S
+        for kind, table in (("node", self._nodes), ("engine", self._engines)):
+            self._rows += [(kind, key, m) for key, m in table.items()]
+            table.clear()
+        self.flush(t)
+
+    def flush(self, now: float | None = None) -> None:
+        """Write what is finished (and, at close, the minutes in progress). `now`: the data time (None at
+        close: no pruning, and a paused writer tries once more whatever the time)."""
+        if self.paused is not None:
+            if now is not None and self._retry_at is not None and (self._measured or 0.0) < self._retry_at:
+                self._hold()
+                return  # a full disk stays full for a while: once a minute at most
+            self._retry_at = None if self._measured is None else self._measured + RETRY_S
+            if not self._reopen():
+                self._hold()
+                return
+        store = self.store
+        if store is None or not store.writer:
+            return
         inserted: list[_Session] = []
         try:
-            with self.store.transaction() as db:
+            with store.transaction() as db:
                 # Sessions first: a minute row names its session's id.
                 for s in [*self._ended, *self._sessions.values()]:
                     if s.changed:
@@ -416,44 +604,104 @@ class HistoryWriter:
                     self._write_minute(db, kind, key, m)
                 if self._events:
                     db.executemany("INSERT INTO events (t, subject, kind, level, text) VALUES (?, ?, ?, ?, ?)",
-                                   [(t, self.store.subject(subject, key), kind, level, text)
+                                   [(t, store.subject(subject, key), kind, level, strip_url_credentials(text))
                                     for t, subject, key, kind, level, text in self._events])
-                if now is not None and (self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY_S):
-                    self._prune(db, now)
-        except sqlite3.Error as exc:
+                measured = self._measured
+                if now is not None and measured is not None and (
+                        self._pruned_at is None or measured - self._pruned_at >= PRUNE_EVERY_S):
+                    # The writer's own time, never ahead of the data's: a jump of the clock is not time passing.
+                    self._prune(db, min(now, measured))
+                    self._pruned_at = measured
+        except (sqlite3.Error, OSError) as exc:
             for s in inserted:
                 s.id = None  # its row went with the rolled-back transaction
-            self.store.forget_subjects()  # ... and so may have the names it added
-            self._pause(exc, now)
+            store.forget_subjects()  # ... and so may have the names it added
+            self._fault(exc, now)
             return
-        self.rows_written += len(self._rows)
+        written = len(self._rows)
+        self.rows_written += written
         for s in [*self._ended, *self._sessions.values()]:
             s.changed = False
         self._rows, self._ended, self._events = [], [], []
         if self.paused:
-            self.paused = None
-            self._events.append((now if now is not None else self.clock.wall(), "sparktop", "history", "history",
-                                 "info", "history resumed"))
+            self.paused = self.pause_reason = None
+            self._retry_at = None
+            self._note(now if now is not None else self.clock.wall(), "sparktop", "history", "history", "info",
+                       "history resumed")
+            self._tell(f"history resumed: {written} minute rows held in memory written to {store.path}")
 
-    def _pause(self, exc: sqlite3.Error, now: float | None) -> None:
-        text = str(exc)
-        self.paused = "history paused: disk full" if "full" in text else f"history paused: {text}"
-        self._retry_at = (now if now is not None else self.clock.wall()) + 60.0
+    def _fault(self, exc: BaseException, now: float | None) -> None:
+        """The file could not be opened or written: pause (saying so once), hold the rows, try again later."""
+        error = history_error(exc, self.path)
+        reason = error.reason
+        self._retry_at = None if self._measured is None else self._measured + RETRY_S  # None: at the next minute
+        if reason != self.pause_reason:
+            self.paused, self.pause_reason = f"history paused ({reason})", reason
+            level = "error" if reason == "damaged file" else "warn"
+            self._note(now if now is not None else self.clock.wall(), "sparktop", "history", "history", level,
+                       self.paused)
+            self._tell(f"history paused ({reason}): {error}")
+        self._hold()
+
+    def _hold(self) -> None:
         if len(self._rows) > PENDING_MAX:
             del self._rows[: len(self._rows) - PENDING_MAX]  # the oldest go first
         if len(self._events) > PENDING_MAX:
             del self._events[: len(self._events) - PENDING_MAX]
 
+    def _reopen(self) -> bool:
+        """Before a paused writer tries again: open the file if it never was, or a new one where a damaged
+        one was moved aside (a damaged file is not written into). False: nothing to write to yet."""
+        store = self.store
+        if store is not None and self.pause_reason != "damaged file":
+            return store.writer  # the same file, written again (a full disk may have room now)
+        if store is not None:
+            if store.same_file():
+                return False  # still the damaged file: it waits to be moved aside
+            store.close()
+            self.store = None
+        set_aside_journal(self._path)
+        try:
+            new = HistoryStore.open(self._path, check=self._check)
+        except HistoryError as exc:
+            self._fault(exc, None)
+            return False
+        self.store = new
+        if not new.writer:  # another sparktop writes it now: what this one held is its to write
+            self._rows, self._events, self._ended = [], [], []
+            self._sessions.clear()
+            self.paused = self.pause_reason = None
+            self._tell(f"{new.path} is written by {writer_pid(new.path) or 'another sparktop'} now")
+            return False
+        for s in [*self._ended, *self._sessions.values()]:
+            s.id, s.changed = None, True  # a new file: every session is written anew
+        try:
+            self._start_writing()
+        except (sqlite3.Error, OSError, HistoryError) as exc:
+            self._fault(exc, None)
+            return False
+        return True
+
+    def _start_writing(self) -> None:
+        """This writer has the file to itself now: the sessions the last one left open, and the time the
+        writer's own clock starts from (checked at the next event)."""
+        assert self.store is not None
+        self._load_open_sessions()
+        self._anchor = self.store.newest()
+        self._anchor_due = True
+        self._partial_at = None
+
     def _write_minute(self, db: sqlite3.Connection, kind: str, key: str, m: _Minute) -> None:
+        assert self.store is not None
         figures = NODE_FIGURES if kind == "node" else ENGINE_FIGURES
         columns = ["subject", "minute", "samples", *figures]
         values: list = [self.store.subject(kind, key), m.minute, m.samples, *m.row(figures).values()]
         if kind == "engine":
             columns.insert(3, "session")
             values.insert(3, m.session.id if m.session is not None else None)
-        # A minute written twice (the clock went back, or sparktop restarted within it): the later wins.
-        db.execute(f"INSERT OR REPLACE INTO {kind}_minutes ({', '.join(columns)}) "
-                   f"VALUES ({', '.join('?' * len(columns))})", values)
+        # A minute written twice (the minute in progress written early, a restart or a handover within it,
+        # the clock set back): merged into the row there, never replacing it.
+        db.execute(minute_upsert(kind, columns), values)
 
     _SESSION_FIELDS = ("model", "engine", "node", "topology", "started", "last_seen", "ended", "end_reason",
                        "gen_tokens", "prompt_tokens", "requests", "energy_j", "peak_kv", "peak_running",
@@ -461,8 +709,9 @@ class HistoryWriter:
                        "requests_counter")
 
     def _write_session(self, db: sqlite3.Connection, s: _Session) -> None:
+        assert self.store is not None
         fields = self._SESSION_FIELDS
-        values = [getattr(s, f) for f in fields]
+        values = [strip_url_credentials(v) if isinstance(v, str) else v for v in (getattr(s, f) for f in fields)]
         if s.id is None:
             s.id = db.execute(f"INSERT INTO sessions (subject, {', '.join(fields)}) "
                               f"VALUES ({', '.join('?' * (len(fields) + 1))})",
@@ -472,43 +721,75 @@ class HistoryWriter:
 
     def _prune(self, db: sqlite3.Connection, now: float) -> None:
         cutoff = now - self.retention_s
-        if self._cutoff is not None and self._pruned_at is not None:
-            # Never further than the time that passed since the last prune (plus a prune period):
-            # a jump of the clock is not time passing.
-            cutoff = min(cutoff, self._cutoff + max(0.0, now - self._pruned_at) + PRUNE_EVERY_S)
         minute = int(cutoff // 60)
         db.execute("DELETE FROM node_minutes WHERE minute < ?", (minute,))
         db.execute("DELETE FROM engine_minutes WHERE minute < ?", (minute,))
         db.execute("DELETE FROM events WHERE t < ?", (cutoff,))
         db.execute("DELETE FROM sessions WHERE ended IS NOT NULL AND ended < ?", (cutoff,))
-        self._cutoff, self._pruned_at = cutoff, now
+
+    _LOADED = ("id", "subject", "model", "engine", "node", "topology", "started", "last_seen", "engine_started",
+               "gen_tokens", "prompt_tokens", "requests", "energy_j", "peak_kv", "peak_running", "peak_waiting",
+               "peak_gen_tps", "gen_counter", "prompt_counter", "requests_counter")
 
     def _load_open_sessions(self) -> None:
-        """Sessions the last writer left open: they go on if their engine answers as the same process."""
+        """Sessions the last writer left open: they go on if their engine answers as the same process. One
+        this writer already follows (it gathered before it could open the file) is the same session when
+        its engine is the same process, else the file's ended when the writer before last saw it."""
+        assert self.store is not None
         db = self.store.db
         keys = self.store.subjects("engine")
-        names = ("id", "subject", "model", "engine", "node", "topology", "started", "last_seen", "engine_started",
-                 "gen_tokens", "prompt_tokens", "requests", "energy_j", "peak_kv", "peak_running", "peak_waiting",
-                 "peak_gen_tps", "gen_counter", "prompt_counter", "requests_counter")
-        for row in db.execute(f"SELECT {', '.join(names)} FROM sessions WHERE ended IS NULL"):
-            values = dict(zip(names, row, strict=True))
+        for row in db.execute(f"SELECT {', '.join(self._LOADED)} FROM sessions WHERE ended IS NULL").fetchall():
+            values = dict(zip(self._LOADED, row, strict=True))
             key = keys.get(values.pop("subject"))
             if key is None:
                 continue
             s = _Session(key=key, **values)
             s.changed = False
-            self._sessions[key] = s
+            mine = self._sessions.get(key)
+            if mine is None:
+                self._sessions[key] = s
+                if key not in self._engine_t:
+                    self._carried[key] = s.last_seen
+            elif (mine.engine_started is not None and s.engine_started is not None
+                  and abs(mine.engine_started - s.engine_started) <= 1.0):
+                _adopt(mine, s)
+            else:
+                s.ended, s.end_reason, s.changed = s.last_seen, "restarted", True
+                self._ended.append(s)
         for subject, ended in db.execute("SELECT subject, MAX(ended) FROM sessions WHERE ended IS NOT NULL "
-                                         "GROUP BY subject"):
+                                         "GROUP BY subject").fetchall():
             if subject in keys:
-                self._last_end[keys[subject]] = ended
+                self._last_end[keys[subject]] = max(ended, self._last_end.get(keys[subject], ended))
 
     def close(self) -> None:
-        """Write the minutes in progress (sessions stay open: the next writer decides how they went on)."""
-        if self.store.writer:
+        """Write the minutes in progress (sessions stay open: the next writer decides how they went on).
+        What could not be written is counted in `unwritten` and said."""
+        if self.writing:
             for kind, table in (("node", self._nodes), ("engine", self._engines)):
                 self._rows += [(kind, key, m) for key, m in table.items()]
                 table.clear()
             self._retry_at = None
             self.flush(None)
-        self.store.close()
+            if self.paused:
+                self.unwritten = len(self._rows)
+                if self.unwritten:
+                    self._tell(f"history: {self.unwritten} minute rows held in memory were not written "
+                               f"({self.pause_reason}): they are lost")
+        if self.store is not None:
+            self.store.close()
+
+
+def _adopt(mine: _Session, file: _Session) -> None:
+    """The file's open session and the one this writer started before it could open the file are one
+    engine process's: one row (the file's), with what both counted."""
+    mine.id, mine.started, mine.changed = file.id, min(mine.started, file.started), True
+    for total, counter in (("gen_tokens", "gen_counter"), ("prompt_tokens", "prompt_counter"),
+                           ("requests", "requests_counter")):
+        here, there = getattr(mine, counter), getattr(file, counter)
+        if here is not None and there is not None and here >= there:
+            setattr(mine, total, getattr(file, total) + here - there)
+        else:
+            setattr(mine, total, max(getattr(mine, total), getattr(file, total)))
+    mine.energy_j += file.energy_j
+    for name in ("peak_kv", "peak_running", "peak_waiting", "peak_gen_tps"):
+        mine.peak(name, getattr(file, name))

@@ -466,8 +466,9 @@ class SparktopApp(App):
         if isinstance(self.screen, HistoryScreen):
             return
         writer = self.history
-        if writer is None:
-            note = self.history_note or ("a replay keeps no history" if self.replay else "history is off")
+        if writer is None or writer.store is None:  # no writer, or one that could not open its file
+            note = (writer.status if writer is not None else None) or self.history_note or (
+                "a replay keeps no history" if self.replay else "history is off")
             self.push_screen(HistoryScreen(None, self.preferences, note=note))
             return
         self.push_screen(HistoryScreen(HistoryReader(writer.store), self.preferences, note=writer.status))

@@ -130,3 +130,54 @@ def run(sc: Scenario, sink: Callable[[object, ClusterState], None], truth: Truth
         state.apply(event)
         sink(event, state)
     return state
+
+
+def write_days(path, days: float = 2.0, end: float | None = None) -> dict[str, int]:
+    """`days` of the twin cluster ending at `end` (default now), an engine restart and a KV spike half-way
+    (events), written through the real writer and closed; the file's row counts per table."""
+    import time
+
+    from sparktop.history.store import HistoryStore
+    from sparktop.history.writer import HistoryWriter
+
+    end = time.time() if end is None else end
+    start = end - days * 86400
+    half = start + days * 86400 / 2
+    writer = HistoryWriter(HistoryStore.open(path))
+    run(Scenario(start=start, days=days, step=60.0, restart_at=half, kv_spike=(half, half + 600)), writer.observe)
+    writer.close()
+    return row_counts(path)
+
+
+def row_counts(path) -> dict[str, int]:
+    from sparktop.history.store import HistoryStore
+
+    with HistoryStore.open(path, write=False) as s:
+        return {table: s.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("node_minutes", "engine_minutes", "events", "sessions")}
+
+
+def damage(path, pages: int = 2) -> bytes:
+    """`pages` pages in the middle of the file overwritten with noise, as a failing disk does; its bytes."""
+    import random
+
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[16:18], "big") or 65536
+    middle = len(data) // size // 2
+    noise = random.Random(38)
+    for page in range(middle, middle + pages):
+        data[page * size:(page + 1) * size] = bytes(noise.randrange(256) for _ in range(size))
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def fill(where):
+    """A file that takes all the free space of the filesystem at `where`; its path."""
+    filler = where / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler

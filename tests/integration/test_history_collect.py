@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import httpx
@@ -26,99 +24,14 @@ from sparktop.history.store import HistoryStore
 from sparktop.history.writer import HistoryWriter
 from sparktop.ui.app import SparktopApp
 from tests.helpers.cluster import load, poller_for, start_cluster
+from tests.helpers.collector import Collector, collect_env, wait_served
+from tests.helpers.collector import ask as _ask
 from tests.helpers.pilot import until
 from tests.helpers.twin_process import start_twin_process
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-class Collector:
-    """`sparktop collect ARGS` in its own process, its output read on a thread (so a test can wait for a
-    line with a limit), stopped with SIGTERM as systemd stops it."""
-
-    def __init__(self, tmp_path, *args: str):
-        self._err = open(tmp_path / "collect.err", "w+")  # noqa: SIM115 - read after the process ends
-        self.proc = subprocess.Popen([sys.executable, "-m", "sparktop", "collect", *args], stdout=subprocess.PIPE,
-                                     stderr=self._err, text=True, env=_env())
-        self.lines: list[str] = []
-        self._new: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            self._new.put(line)
-        self._new.put(None)
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> str:
-        """The first line (from now on or already said) holding `text`; fails after `timeout` s or at exit."""
-        for line in list(self.lines):
-            if text in line:
-                return line
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._new.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"collect never said {text!r} in {timeout:g} s: {self.lines}") from None
-            if line is None:
-                raise AssertionError(f"collect ended without saying {text!r}: {self.lines} {self.stderr()}")
-            if text in line:
-                return line
-
-    def stop(self) -> tuple[int, str, str]:
-        """SIGTERM; its exit status, all it printed, its stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self._reader.join(10)
-        return code, "".join(self.lines), self.stderr()
-
-    def stderr(self) -> str:
-        self._err.seek(0)
-        return self._err.read()
-
-
-def served(port: int, name: str, url: str) -> float | None:
-    """A figure the collector serves to Prometheus for engine `url` (None: not yet)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    except httpx.HTTPError:
-        return None
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name == name and sample.labels.get("engine") == url:
-                return sample.value
-    return None
-
-
-def wait_served(port: int, name: str, url: str, value: float, timeout: float = 60.0) -> None:
-    """Until the collector has read `value` for `url`'s `name` (its state, as it serves it)."""
-    deadline = time.monotonic() + timeout
-    while (now := served(port, name, url)) != value:
-        assert time.monotonic() < deadline, f"the collector served {name} = {now} for {timeout:g} s, not {value}"
-        time.sleep(0.2)
-
-
-def _ask(url: str, n: int) -> int:
-    """`n` short completions; the tokens the server says it generated."""
-    tokens = 0
-    for i in range(n):
-        r = httpx.post(f"{url}/v1/completions", json={"model": "llama-3.1-8b", "prompt": f"hello {i}",
-                                                        "max_tokens": 24}, timeout=30)
-        r.raise_for_status()
-        tokens += r.json()["usage"]["completion_tokens"]
-    return tokens
+    return collect_env()
 
 
 def test_collect_writes_a_session_with_what_the_engine_served(tmp_path):
@@ -245,11 +158,13 @@ async def test_collect_keeps_its_history_on_the_clock_it_is_given(tmp_path, twin
         await proxy.stop()
     with HistoryStore.open(path, write=False) as s:
         minutes = {m for (m,) in s.db.execute("SELECT minute FROM engine_minutes")}
-        jumps = s.db.execute("SELECT text FROM events WHERE kind = 'clock'").fetchall()
+        clock = [t for (t,) in s.db.execute("SELECT text FROM events WHERE kind = 'clock'")]
         started = s.db.execute("SELECT started FROM sessions").fetchall()
     first, later = int((EPOCH + 1000.0) // 60), int((EPOCH + 1180.0) // 60)
     assert {first, later} <= minutes <= set(range(first, later + 1)), (minutes, first, later)
-    assert jumps == []
+    assert [t for t in clock if "jumped" in t] == []
+    # The hand clock reads 2023; the twin engine says it started now: the clock is behind, and it is said.
+    assert len([t for t in clock if "the engine says it started" in t and "is behind" in t]) == 1, clock
     assert [EPOCH + 1000.0 <= t <= EPOCH + 1180.0 for (t,) in started] == [True]
     assert said[-1] == f"history written to {path}"
 

@@ -219,7 +219,7 @@ def test_a_full_disk_pauses_history_and_loses_nothing_once_space_returns(tmp_pat
     pages = db.execute("PRAGMA page_count").fetchone()[0]
     db.execute(f"PRAGMA max_page_count = {pages}")  # SQLite's own "database or disk is full"
     run(short(start + 0.02 * DAY, days=0.05), writer.observe)
-    assert writer.paused == "history paused: disk full"
+    assert writer.paused == "history paused (disk full)"
     held = len(writer._rows)
     assert held > 0
     db.execute("PRAGMA max_page_count = 1073741823")
@@ -237,8 +237,8 @@ def test_a_full_disk_pauses_history_and_loses_nothing_once_space_returns(tmp_pat
 
 def test_the_app_says_history_is_paused(tmp_path):
     writer = HistoryWriter(HistoryStore.open(tmp_path / "h.sqlite"))
-    writer.paused = "history paused: disk full"
-    assert writer.status == "history paused: disk full"
+    writer.paused = "history paused (disk full)"
+    assert writer.status == "history paused (disk full)"
 
 
 def test_a_clock_that_jumps_ahead_does_not_empty_the_file(tmp_path):
@@ -392,7 +392,7 @@ def test_a_real_full_disk_pauses_history_until_there_is_room(small_disk):
     while writer.paused is None and day < 30:
         run(Scenario(start=start + day * DAY / 4, days=0.25, step=60.0), writer.observe)
         day += 1
-    assert writer.paused == "history paused: disk full"
+    assert writer.paused == "history paused (disk full)"
     held = len(writer._rows)
     assert held > 0
     run(Scenario(start=start + day * DAY / 4, days=0.05, step=60.0), writer.observe)  # the monitor goes on
