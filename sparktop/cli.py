@@ -221,7 +221,7 @@ def cmd_collect(args) -> int:
         metrics = (host, port, token, generated)
     inventory = _inventory(args)
     return main_collect(inventory, engines, args.interval, args.rate_window, _history_file(args, inventory),
-                        metrics)
+                        metrics, notify=args.notify, alert_after=args.alert_after)
 
 
 def cmd_replay(args) -> int:
@@ -384,6 +384,11 @@ def _add_history(add, watch_options) -> None:
                          "$XDG_DATA_HOME/sparktop/history.sqlite)")
     collect.add_argument("--serve-metrics", metavar="HOST:PORT", help="serve every figure in Prometheus' format "
                          "on HOST:PORT/metrics (e.g. 127.0.0.1:9109; any other address than loopback needs a token)")
+    collect.add_argument("--notify", action="append", metavar="URL", help="post every alert as it fires and "
+                         "resolves, and a heartbeat at start, to this webhook (repeatable): a JSON body, or Slack's, "
+                         "Discord's or ntfy's format by its host or a slack:/discord:/ntfy:/json: prefix")
+    collect.add_argument("--alert-after", type=float, metavar="S", help="how long a condition holds before its "
+                         "alert fires, and is gone before it resolves (default 30 s; some rules wait longer)")
     collect.add_argument("--install", action="store_true", help="write a systemd user unit that runs this collector "
                          "(with the other options given) and print how to enable it")
 

@@ -130,14 +130,20 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                   rate_window: float | None = None, path: str | None = None,
                   metrics: tuple[str, int, str | None, bool] | None = None,
                   say: Callable[[str], None] = print, stop: asyncio.Event | None = None,
-                  clock: Clock = SYSTEM) -> int:
+                  clock: Clock = SYSTEM, notify: list[str] | None = None, alert_after: float | None = None) -> int:
     """Poll and write until SIGTERM/SIGINT (or `stop`). `metrics`: (host, port, token, whether the token
-    was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's."""
+    was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's.
+    `notify`: webhooks every alert goes to (`history.alerting`); `alert_after`: how long a condition holds
+    before it fires (and is gone before it resolves)."""
+    from sparktop.history.alerting import CollectAlerts
     from sparktop.launch.state import api_key_for
+    from sparktop.observe.alerts import AFTER_S
     from sparktop.observe.poller import Poller
     from sparktop.observe.state import ClusterState
     from sparktop.observe.targets import engine_targets, node_targets
 
+    # A webhook that is no URL is an error before anything starts.
+    alerts = CollectAlerts(notify or [], say=say, after_s=AFTER_S if alert_after is None else alert_after)
     # First: from its first line on, a SIGTERM (systemd's stop) ends it in order, the minute in progress written.
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -174,11 +180,16 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             for line in scrape_config(host, server.port, token, show_token=generated):
                 say("  " + line)
         await poller.start()
+        await alerts.start(clock.wall(), len(inventory.nodes), len(engines))
 
         async def consume() -> None:
             async for event in poller.events():
                 state.apply(event)
                 writer.observe(event, state)
+                # Alerts are notices: in the history as events, and posted to every --notify target.
+                for notice in alerts.after(event, state, getattr(writer, "paused", None)):
+                    state.apply(notice)
+                    writer.observe(notice, state)
 
         work = asyncio.create_task(consume())
         stopped = asyncio.create_task(stop.wait())
@@ -191,6 +202,7 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
         if server is not None:
             await server.close()
         await poller.close()
+        await alerts.close()
         writer.close()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -203,6 +215,7 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
 
 
 def main_collect(inventory: Inventory, engines: list[str], interval: float, rate_window: float | None,
-                 path: str | None, metrics: tuple[str, int, str | None, bool] | None) -> int:
+                 path: str | None, metrics: tuple[str, int, str | None, bool] | None,
+                 notify: list[str] | None = None, alert_after: float | None = None) -> int:
     return asyncio.run(collect(inventory, engines, interval=interval, rate_window=rate_window, path=path,
-                               metrics=metrics))
+                               metrics=metrics, notify=notify, alert_after=alert_after))
