@@ -16,11 +16,16 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.history.store import HistoryStore, writer_pid
 from sparktop.history.writer import HistoryWriter
+from sparktop.observe.hang import HUNG_AFTER_S
 from sparktop.settings import Inventory, load_preferences
+
+if TYPE_CHECKING:
+    from sparktop.launch.watchdog import Policy
 
 UNIT_NAME = "sparktop-collect.service"
 COLLECT_HISTORY = 900  # points kept in memory per series: the energy's averaging needs a few seconds only
@@ -81,9 +86,11 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                   rate_window: float | None = None, path: str | None = None,
                   metrics: tuple[str, int, str | None, bool] | None = None,
                   say: Callable[[str], None] = print, stop: asyncio.Event | None = None,
-                  clock: Clock = SYSTEM) -> int:
+                  clock: Clock = SYSTEM, watchdog: Policy | None = None, hung_after: float = HUNG_AFTER_S) -> int:
     """Poll and write until SIGTERM/SIGINT (or `stop`). `metrics`: (host, port, token, whether the token
-    was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's."""
+    was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's.
+    `watchdog`: restart the hung or dead engines of sparktop's launches, so (`launch.watchdog`);
+    `hung_after`: seconds without a token with requests waiting that make an engine hung."""
     from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import Poller
     from sparktop.observe.state import ClusterState
@@ -107,9 +114,10 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=interval,
                     default_port=inventory.defaults.port, router_key=api_key_for,
                     rate_window=rate_window or prefs.rate_window_s, latency_window=prefs.latency_window_s,
-                    clock=clock)
+                    clock=clock, hung_after=hung_after)
     state = ClusterState(history=COLLECT_HISTORY)
     server = None
+    guard = None
     try:
         if metrics is not None:
             from sparktop.history.exporter import scrape_config, start_metrics
@@ -123,11 +131,14 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             for line in scrape_config(host, server.port, token, show_token=generated):
                 say("  " + line)
         await poller.start()
+        guard = _watchdog(poller, inventory, watchdog, clock, say)
 
         async def consume() -> None:
             async for event in poller.events():
                 state.apply(event)
                 writer.observe(event, state)
+                if guard is not None:
+                    guard.observe(event)
 
         work = asyncio.create_task(consume())
         stopped = asyncio.create_task(stop.wait())
@@ -137,6 +148,8 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             with contextlib.suppress(asyncio.CancelledError):
                 await task  # a poller that failed raises here
     finally:
+        if guard is not None:
+            await guard.close()  # a restart under way ends first
         if server is not None:
             await server.close()
         await poller.close()
@@ -148,7 +161,20 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
     return 0
 
 
+def _watchdog(poller, inventory: Inventory, policy: Policy | None, clock: Clock, say: Callable[[str], None]):
+    """`--watchdog`: the watchdog over sparktop's launches, its actions in the poller's stream; None without."""
+    if policy is None:
+        return None
+    from sparktop.launch.watchdog import watching
+
+    say(f"watchdog: restarting the hung or dead engines of sparktop's launches (each at most "
+        f"{policy.cap_text()}); nothing else is touched")
+    return watching(poller, inventory, policy, clock=clock)
+
+
 def main_collect(inventory: Inventory, engines: list[str], interval: float, rate_window: float | None,
-                 path: str | None, metrics: tuple[str, int, str | None, bool] | None) -> int:
+                 path: str | None, metrics: tuple[str, int, str | None, bool] | None,
+                 watchdog: Policy | None = None, hung_after: float | None = None) -> int:
     return asyncio.run(collect(inventory, engines, interval=interval, rate_window=rate_window, path=path,
-                               metrics=metrics))
+                               metrics=metrics, watchdog=watchdog,
+                               hung_after=HUNG_AFTER_S if hung_after is None else hung_after))

@@ -27,13 +27,13 @@ HUNG_AFTER_S = 30.0  # seconds without a token, with requests waiting, that make
 
 
 def seconds_text(seconds: float) -> str:
-    """"45 s", "3 min 20 s", "2 h 05 min"."""
+    """"45 s", "3 min 20 s", "30 min", "2 h 05 min", "1 h"."""
     s = max(0, int(seconds))
     if s < 120:
         return f"{s} s"
     if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+        return f"{s // 60} min" + (f" {s % 60:02d} s" if s % 60 else "")
+    return f"{s // 3600} h" + (f" {s % 3600 // 60:02d} min" if s % 3600 // 60 else "")
 
 
 def hung_reason(idle: float, running: float, waiting: float) -> str:

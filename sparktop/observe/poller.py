@@ -43,7 +43,7 @@ import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, is_router
-from sparktop.observe.engine_log import runtime_failure, startup_state
+from sparktop.observe.engine_log import latest_run, runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.engines import Engine, by_id
 from sparktop.observe.hang import HUNG_AFTER_S, HangWatch
@@ -624,7 +624,8 @@ class Poller:
             return False
         if not result.ok:
             return False
-        state = startup_state((result.stdout + result.stderr).splitlines(), self._log_patterns(w))
+        patterns = self._log_patterns(w)
+        state = startup_state(latest_run((result.stdout + result.stderr).splitlines(), patterns), patterns)
         if state.failed:
             w.stage = "failed"
             w.health.reason = state.reason or "failed to start"
@@ -649,7 +650,13 @@ class Poller:
             return
         if result.ok:
             # docker logs interleaves stdout and stderr; vLLM writes its log to stderr.
-            w.error = runtime_failure((result.stdout + result.stderr).splitlines(), self._log_patterns(w)) or w.error
+            patterns = self._log_patterns(w)
+            lines = (result.stdout + result.stderr).splitlines()
+            run = latest_run(lines, patterns)
+            found = runtime_failure(run, patterns)
+            # A death stays said until it answers again, unless the container has started anew since (a
+            # restart: its earlier run's death is not this one's).
+            w.error = found if found or run is not lines else w.error
 
     async def _watch(self) -> None:
         """Turn silence into state changes even while a poll is stuck."""

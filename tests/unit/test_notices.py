@@ -153,7 +153,8 @@ def test_a_hung_engine_is_said_once_and_cleared_when_tokens_flow():
     for s in snaps:
         got += d.engine(s)
     assert [(n.kind, n.level, n.text) for n in got] == [
-        ("hung", "error", f"engine hung: {reason}"), ("hung_cleared", "info", "engine no longer hung: tokens flow again")]
+        ("hung", "error", f"engine hung: {reason}"),
+        ("hung_cleared", "info", "engine no longer hung: tokens flow again")]
 
 
 def test_a_hung_engine_restarted_is_down_back_restarted_then_cleared():
@@ -222,3 +223,21 @@ def test_a_notice_keeps_its_lines_through_a_recording():
     assert Notice.from_dict(n.to_dict()) == n
     plain = Notice(1.0, "engine", URL, "hung", "error", "engine hung")
     assert "lines" not in plain.to_dict() and Notice.from_dict(plain.to_dict()) == plain
+
+
+def test_a_restarted_containers_log_is_read_from_its_latest_start():
+    from sparktop.observe.engine_log import latest_run, runtime_failure, startup_state
+
+    earlier = ["(APIServer pid=1) INFO 11-29 07:36:40 [utils.py:233] non-default args: {}",
+               "(APIServer pid=1) INFO:     Application startup complete.",
+               "(EngineCore pid=1) ERROR 11-29 07:37:02 [core.py:1] EngineCore encountered a fatal error.",
+               "Traceback (most recent call last):", "RuntimeError: the head node went away"]
+    latest = ["(APIServer pid=2) INFO 11-29 07:37:08 [utils.py:233] non-default args: {}",
+              "(EngineCore pid=2) INFO 11-29 07:37:08 [gpu_model_runner.py:1] Starting to load model x..."]
+    log = earlier + latest
+    assert latest_run(log) == latest
+    assert runtime_failure(latest_run(log)) is None and runtime_failure(log) is not None
+    state = startup_state(latest_run(log))
+    assert (state.stage, state.failed) == ("loading weights", False)
+    tail = earlier[1:]  # no start in it: all of it, the very list
+    assert latest_run(tail) is tail
