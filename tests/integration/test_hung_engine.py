@@ -135,3 +135,51 @@ async def test_an_idle_engine_that_hangs_is_not_hung_until_something_waits():
     first = next(e for e in events if isinstance(e, EngineSnapshot) and e.state == "hung")
     assert first.t - asked >= HUNG_AFTER
     assert first.reason and first.reason.endswith("with 1 request waiting (1 queued)"), first.reason
+
+
+DIALECT_ARGV = {
+    "vllm": ["llama-3.1-8b"],
+    "sglang": ["--model-path", "llama-3.1-8b"],
+    "llama.cpp": ["-m", "/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf", "-np", "4", "-c", "4096"],
+    "trtllm": ["meta-llama/Llama-3.1-8B-Instruct"],
+}
+
+
+@simulated
+@pytest.mark.parametrize("engine", list(DIALECT_ARGV))
+async def test_every_dialects_twin_hangs_on_demand_and_answers_its_health_meanwhile(engine):
+    """The hang is the twin's, not a dialect's: in every engine's words the twin takes `POST /twin/hang`, keeps
+    answering /health 200 while a request it holds makes no token, and finishes it once let go."""
+    import io
+
+    from sparktop.twin.dialects import dialect_for
+    from sparktop.twin.server import TwinServer
+
+    clock = sim_clock()
+    dialect = dialect_for(engine)
+    args = dialect.parse([*DIALECT_ARGV[engine], "--host", "127.0.0.1", "--port", "0", "--speed", "4",
+                          "--startup-speed", "1e6"])
+    server = TwinServer(args, log=io.StringIO(), dialect=dialect, clock=clock)
+    await server.start()
+    try:
+        engine_ = server.engine
+        assert engine_ is not None
+        async with httpx.AsyncClient(timeout=None) as client:
+            while (await client.get(server.url + "/health")).status_code != 200:  # SGLang's: after its warm-up
+                await asyncio.sleep(0.5)
+            assert (await client.post(server.url + "/twin/hang")).json() == {"hung": True}
+            made = engine_.total_generation_tokens
+            body = {"model": args.name, "prompt": list(range(1000, 1100)), "max_tokens": 20, "ignore_eos": True}
+            asked = asyncio.create_task(client.post(server.url + "/v1/completions", json=body))
+            await asyncio.sleep(120)  # of the loop's time: a hang that long makes no token
+            # Held, and not a token made.
+            assert not asked.done() and len(engine_.waiting) + len(engine_.running) == 1
+            assert engine_.total_generation_tokens == made
+            assert (await client.get(server.url + "/health")).status_code == 200
+            assert (await client.post(server.url + "/twin/hang", json={"hung": False})).json() == {"hung": False}
+            answer = await asked
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 20
+            bad = await client.post(server.url + "/twin/hang", json={"hung": "yes"})
+            assert bad.status_code == 400 and not engine_.hung
+    finally:
+        await server.stop()
