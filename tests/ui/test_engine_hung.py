@@ -16,7 +16,7 @@ from tests.ui.test_monitor_app import cards, cluster  # noqa: F401 - the twin cl
 async def test_a_hung_engine_shows_hung_with_why_and_comes_back_ready(cluster):  # noqa: F811
     a = cluster.nodes[0]
     # A short threshold on the poller's clock: the test waits for states, never for a time.
-    poller = poller_for(cluster, interval=0.3, hung_after=2.0)
+    poller = poller_for(cluster, interval=0.3, hung_after=4.0)
     await poller.start()
     app = SparktopApp(poller)
     key = cluster.urls[0]
