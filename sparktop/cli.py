@@ -188,7 +188,25 @@ def cmd_launch(args) -> int:
         nodes = [inventory.node(args.node).name]
     topology = f"{args.topology},{args.router}" if args.router else args.topology
     return run(args.recipe, topology, inventory, nodes, args.set, args.port, args.dry_run, args.yes,
-               args.timeout, args.recipes)
+               args.timeout, args.recipes, watchdog=_watchdog_policy(args), hung_after=args.hung_after)
+
+
+def _watchdog_policy(args):
+    """`--watchdog`: the watchdog's policy (its defaults); None without it."""
+    if not args.watchdog:
+        return None
+    from sparktop.launch.watchdog import Policy
+
+    return Policy()
+
+
+def _watchdog_options(parser, what: str) -> None:
+    parser.add_argument("--watchdog", action="store_true", help=f"restart {what} when hung or dead (with backoff, "
+                        "at most 3 restarts in 30 min, then it gives up and says so); nothing sparktop did not "
+                        "launch is touched")
+    # The default is observe.hang.HUNG_AFTER_S's (not imported here: every command would pay for it).
+    parser.add_argument("--hung-after", type=float, metavar="S",
+                        help="an engine that makes no tokens for S seconds while requests wait is hung (default 30)")
 
 
 def cmd_stop(args) -> int:
@@ -221,7 +239,8 @@ def cmd_collect(args) -> int:
         metrics = (host, port, token, generated)
     inventory = _inventory(args)
     return main_collect(inventory, engines, args.interval, args.rate_window, _history_file(args, inventory),
-                        metrics, notify=args.notify, alert_after=args.alert_after)
+                        metrics, notify=args.notify, alert_after=args.alert_after, watchdog=_watchdog_policy(args),
+                        hung_after=args.hung_after)
 
 
 def cmd_replay(args) -> int:
@@ -331,6 +350,8 @@ def _add_launching(add) -> None:
     launch.add_argument("--dry-run", action="store_true", help="print the exact commands and stop")
     launch.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     launch.add_argument("--timeout", type=float, default=1800, help="seconds to wait for readiness (default 1800)")
+    _watchdog_options(launch, "its engines, staying in the foreground once it is ready (Ctrl-C stops watching; "
+                              "the engines keep running)")
     stop = add("stop", "stop what sparktop launched (containers, Ray, the router) on every node", cmd_stop)
     stop.add_argument("launch", nargs="?", help="the launch id (default: the one running)")
     stop.add_argument("--all", action="store_true", help="stop every launch")
@@ -391,6 +412,8 @@ def _add_history(add, watch_options) -> None:
                          "alert fires, and is gone before it resolves (default 30 s; some rules wait longer)")
     collect.add_argument("--install", action="store_true", help="write a systemd user unit that runs this collector "
                          "(with the other options given) and print how to enable it")
+    _watchdog_options(collect, "the engines of sparktop's launches (what `sparktop launch` started on this "
+                               "inventory)")
 
 
 def _add_sweeping(add) -> None:

@@ -21,11 +21,16 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.history.store import HistoryError, writer_pid
 from sparktop.history.writer import HistoryWriter
+from sparktop.observe.hang import HUNG_AFTER_S
 from sparktop.settings import Inventory, config_dir, load_preferences
+
+if TYPE_CHECKING:
+    from sparktop.launch.watchdog import Policy
 
 UNIT_NAME = "sparktop-collect.service"
 COLLECT_HISTORY = 900  # points kept in memory per series: the energy's averaging needs a few seconds only
@@ -130,11 +135,14 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                   rate_window: float | None = None, path: str | None = None,
                   metrics: tuple[str, int, str | None, bool] | None = None,
                   say: Callable[[str], None] = print, stop: asyncio.Event | None = None,
-                  clock: Clock = SYSTEM, notify: list[str] | None = None, alert_after: float | None = None) -> int:
+                  clock: Clock = SYSTEM, notify: list[str] | None = None, alert_after: float | None = None,
+                  watchdog: Policy | None = None, hung_after: float = HUNG_AFTER_S) -> int:
     """Poll and write until SIGTERM/SIGINT (or `stop`). `metrics`: (host, port, token, whether the token
     was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's.
     `notify`: webhooks every alert goes to (`history.alerting`); `alert_after`: how long a condition holds
-    before it fires (and is gone before it resolves)."""
+    before it fires (and is gone before it resolves). `watchdog`: restart the hung or dead engines of
+    sparktop's launches, so (`launch.watchdog`); `hung_after`: seconds without a token with requests waiting
+    that make an engine hung."""
     from sparktop.history.alerting import CollectAlerts
     from sparktop.launch.state import api_key_for
     from sparktop.observe.alerts import AFTER_S
@@ -164,9 +172,10 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=interval,
                     default_port=inventory.defaults.port, router_key=api_key_for,
                     rate_window=rate_window or prefs.rate_window_s, latency_window=prefs.latency_window_s,
-                    clock=clock)
+                    clock=clock, hung_after=hung_after)
     state = ClusterState(history=COLLECT_HISTORY)
     server = None
+    guard = None
     try:
         if metrics is not None:
             from sparktop.history.exporter import scrape_config, start_metrics
@@ -181,6 +190,7 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                 say("  " + line)
         await poller.start()
         await alerts.start(clock.wall(), len(inventory.nodes), len(engines))
+        guard = _watchdog(poller, inventory, watchdog, clock, say)
 
         async def consume() -> None:
             async for event in poller.events():
@@ -190,6 +200,8 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                 for notice in alerts.after(event, state, getattr(writer, "paused", None)):
                     state.apply(notice)
                     writer.observe(notice, state)
+                if guard is not None:
+                    guard.observe(event)
 
         work = asyncio.create_task(consume())
         stopped = asyncio.create_task(stop.wait())
@@ -199,6 +211,8 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
             with contextlib.suppress(asyncio.CancelledError):
                 await task  # a poller that failed raises here
     finally:
+        if guard is not None:
+            await guard.close()  # a restart under way ends first
         if server is not None:
             await server.close()
         await poller.close()
@@ -214,8 +228,21 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
     return 0
 
 
+def _watchdog(poller, inventory: Inventory, policy: Policy | None, clock: Clock, say: Callable[[str], None]):
+    """`--watchdog`: the watchdog over sparktop's launches, its actions in the poller's stream; None without."""
+    if policy is None:
+        return None
+    from sparktop.launch.watchdog import watching
+
+    say(f"watchdog: restarting the hung or dead engines of sparktop's launches (each at most "
+        f"{policy.cap_text()}); nothing else is touched")
+    return watching(poller, inventory, policy, clock=clock)
+
+
 def main_collect(inventory: Inventory, engines: list[str], interval: float, rate_window: float | None,
                  path: str | None, metrics: tuple[str, int, str | None, bool] | None,
-                 notify: list[str] | None = None, alert_after: float | None = None) -> int:
+                 notify: list[str] | None = None, alert_after: float | None = None,
+                 watchdog: Policy | None = None, hung_after: float | None = None) -> int:
     return asyncio.run(collect(inventory, engines, interval=interval, rate_window=rate_window, path=path,
-                               metrics=metrics, notify=notify, alert_after=alert_after))
+                               metrics=metrics, notify=notify, alert_after=alert_after, watchdog=watchdog,
+                               hung_after=HUNG_AFTER_S if hung_after is None else hung_after))

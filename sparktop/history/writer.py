@@ -70,7 +70,7 @@ from sparktop.history.store import (
     writer_pid,
 )
 from sparktop.masking import strip_url_credentials
-from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
+from sparktop.observe.snapshot import LIVE_STATES, EngineGone, EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterState
 
 SESSION_GAP_S = 300.0  # an engine silent this long has ended its session
@@ -84,7 +84,7 @@ LOADED_GRACE_S = 60.0  # a session the last sparktop left open waits this long f
 RETAKE_EVERY_S = 60.0  # a reader asks for the writer's lock again this often
 RETRY_S = 60.0  # while paused: how often to try writing (or opening the file) again
 PARTIAL_EVERY_S = 15.0  # the minute in progress goes to the file this often (monotonic seconds)
-READY = ("ready", "sleeping")
+READY = LIVE_STATES  # a hung engine still serves a session: its minutes (no tokens) are written
 
 
 @dataclass

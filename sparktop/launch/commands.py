@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from sparktop.launch.preflight import run_preflight
     from sparktop.launch.state import LaunchState
     from sparktop.launch.topology import make_plan
+    from sparktop.launch.watchdog import Policy
+    from sparktop.observe.snapshot import Notice
     from sparktop.remote import transport_for
 
 # What launching and stopping need (the executor, preflight, SSH, aiohttp through the engines' probes), imported
@@ -124,7 +126,7 @@ def transports_for(inventory: Inventory, names: list[str]):
 
 async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: list[str] | None,
                   overrides: dict, port: int | None, dry_run: bool, yes: bool, timeout: float,
-                  console: Console) -> int:
+                  console: Console, watchdog: Policy | None = None, hung_after: float | None = None) -> int:
     _import_launching()
     plan = make_plan(recipe, topology, inventory, nodes, overrides, port)
     if dry_run:
@@ -154,10 +156,36 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
                 print_event(event, plan, console)
         except LaunchFailed:
             return 1
-        return 0
     finally:
         for t in transports.values():
             await t.close()
+    if watchdog is not None:
+        await _guard(inventory, plan.launch_id, watchdog, hung_after, console)
+    return 0
+
+
+async def _guard(inventory: Inventory, launch_id: str, policy: Policy, hung_after: float | None,
+                 console: Console) -> None:
+    """`launch --watchdog`: what happens to the launch's engines, printed, until Ctrl-C (`launch.watchdog`)."""
+    from sparktop.launch.watchdog import guard
+    from sparktop.observe.hang import HUNG_AFTER_S
+
+    console.print(f"[bold]watchdog[/] on {launch_id}: a hung or dead engine is restarted (at most "
+                  f"{policy.cap_text()}); Ctrl-C stops watching, the engines keep running", highlight=False)
+    async for notice in guard(inventory, launch_id, policy=policy,
+                              hung_after=HUNG_AFTER_S if hung_after is None else hung_after):
+        print_notice(notice, console)
+
+
+def print_notice(notice: Notice, console: Console) -> None:
+    """One line of an engine's event log (and the log lines the watchdog saw before it acted)."""
+    import time
+
+    style = {"error": "bold red", "warn": "yellow"}.get(notice.level, "green")
+    stamp = time.strftime("%H:%M:%S", time.localtime(notice.t))
+    console.print(Text.assemble((stamp, "dim"), " ", (notice.key, "cyan"), " ", (notice.text, style)))
+    for line in notice.lines:
+        console.print(Text("    " + line, style="dim"))
 
 
 def print_event(event: LaunchEvent, plan, console: Console) -> None:
@@ -187,13 +215,14 @@ def print_event(event: LaunchEvent, plan, console: Console) -> None:
 
 def cmd_launch(ref: str, topology: str, inventory: Inventory, nodes: list[str] | None = None,
                sets: list[str] | None = None, port: int | None = None, dry_run: bool = False, yes: bool = False,
-               timeout: float | None = None, recipe_dirs: list[str] | None = None) -> int:
+               timeout: float | None = None, recipe_dirs: list[str] | None = None, watchdog: Policy | None = None,
+               hung_after: float | None = None) -> int:
     _import_launching()
     recipe = find_recipe(ref, recipe_dirs)
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     console = Console(stderr=False)
     return asyncio.run(_launch(recipe, topology, inventory, nodes, parse_sets(sets, recipe.runtime), port, dry_run,
-                               yes, timeout, console))
+                               yes, timeout, console, watchdog, hung_after))
 
 
 async def _stop(inventory: Inventory, launch_id: str | None, everything: bool, console: Console) -> int:

@@ -95,7 +95,8 @@ class Executor:
             id=self.plan.launch_id, recipe=self.plan.recipe_id, topology=self.plan.topology, nodes=self.plan.nodes,
             containers=self.plan.containers, state_dir=self.plan.state_dir,
             endpoints=[{"url": e.url, "kind": e.kind, "node": e.node, "model": e.model, "topology": e.topology,
-                        "container": e.container, "api_key_env": e.api_key_env} for e in self.plan.endpoints],
+                        "container": e.container, "api_key_env": e.api_key_env,
+                        "members": [list(m) for m in e.members]} for e in self.plan.endpoints],
         )
 
     async def _run(self, emit: Callable[[LaunchEvent], None]) -> None:

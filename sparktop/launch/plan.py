@@ -85,6 +85,9 @@ class Endpoint:
     topology: str
     container: str
     api_key_env: str | None = None
+    # The containers its engine runs in, (node, name), in the order the plan starts them (workers before a
+    # head that waits for them, a Ray head before its workers): what a watchdog restarts, in that order.
+    members: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass

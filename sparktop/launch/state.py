@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from sparktop.settings import Inventory, state_dir
@@ -33,6 +33,14 @@ class LaunchRecord:
     status: str = "starting"  # starting | ready | failed | stopped
     reason: str | None = None
     state_dir: str = ""
+    # The watchdog's (`launch.watchdog`): when it restarted an engine of this launch (epoch seconds), and why
+    # it gave up on it, if it did. Kept here so every watchdog (`launch --watchdog`, `collect --watchdog`)
+    # counts the same restarts.
+    restarts: list[float] = field(default_factory=list)
+    gave_up: str | None = None
+
+
+_FIELDS = {f.name for f in fields(LaunchRecord)}
 
 
 def inventory_key(inventory: Inventory) -> str:
@@ -60,7 +68,8 @@ class LaunchState:
         os.replace(tmp, self.path)
 
     def all(self) -> list[LaunchRecord]:
-        return [LaunchRecord(**row) for row in self._read()]
+        # A field a later sparktop added is left out, not an error.
+        return [LaunchRecord(**{k: v for k, v in row.items() if k in _FIELDS}) for row in self._read()]
 
     def active(self) -> list[LaunchRecord]:
         return [r for r in self.all() if r.status in ("starting", "ready")]

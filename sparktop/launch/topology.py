@@ -237,7 +237,10 @@ class Builder:
             nodes = [by_name[name] for name in group]
             # Replicas tell their containers apart by their head's name; one engine keeps the plain roles.
             suffix = f"-{nodes[0].name}" if self.layout.replicas > 1 else ""
-            engines.append(self.runtime.engine_steps(self, nodes, suffix))
+            before = len(self.steps)
+            endpoint = self.runtime.engine_steps(self, nodes, suffix)
+            endpoint.members = self.started_by(self.steps[before:])
+            engines.append(endpoint)
         if self.layout.router:
             self.router(engines)
         else:
@@ -246,6 +249,11 @@ class Builder:
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
                     flags=dict(self.flags), image=self.image, notes=notes, runtime=self.runtime.id)
+
+    @staticmethod
+    def started_by(steps: list[Step]) -> list[tuple[str, str]]:
+        """The containers these steps start, (node, name), in their order."""
+        return list(dict.fromkeys((s.node, s.container) for s in steps if s.container and s.argv))
 
     def describe(self) -> str:
         """"TP=2" (the two-node names), "TP=2 x PP=2", "TP=4, expert parallel"."""
@@ -298,7 +306,7 @@ class Builder:
         self.steps.append(Step(head.name, argv, f"start the LiteLLM router ({strategy}) on {head.name}",
                                container=name, role="router"))
         self.endpoints.append(Endpoint(url, ROUTER, head.name, self.recipe.served_name, self.topology, name,
-                                       api_key_env=ROUTER_KEY_ENV))
+                                       api_key_env=ROUTER_KEY_ENV, members=[(head.name, name)]))
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
 
 

@@ -78,6 +78,19 @@ def strip_prefix(line: str, patterns: LogPatterns = VLLM_LOG) -> str:
     return patterns.prefix.sub("", line).strip()
 
 
+def latest_run(lines: list[str], patterns: LogPatterns = VLLM_LOG) -> list[str]:
+    """The lines of the container's latest run: from the last line of its first start-up stage on (a
+    restarted container's log keeps its earlier runs, whose shutdown and errors are not this run's); `lines`
+    itself (the same list) when no line says a start (a tail that begins later)."""
+    first = patterns.stages[0][1] if patterns.stages else None
+    if first is None:
+        return lines
+    for i in range(len(lines) - 1, -1, -1):
+        if first.search(lines[i]):
+            return lines[i:]
+    return lines
+
+
 def startup_state(lines: list[str], patterns: LogPatterns = VLLM_LOG) -> StartupState:
     state = StartupState()
     cause: str | None = None

@@ -1,25 +1,31 @@
 """What changed, in words: the monitor's event log.
 
 A `Notice` is one timestamped line about an engine or a node — an engine
-going down, coming back or restarting, preemptions starting, the KV cache
-above 90 %, requests that waited long in the queue, an error in its log, a
-node lost or back, memory low. `NoticeDetector` derives them from the
+going down, coming back or restarting, hung (answering but making no
+tokens while requests wait, `observe.hang`) and no longer, restarting over
+and over, preemptions starting, the KV cache above 90 %, requests that
+waited long in the queue, an error in its log, a node lost or back, memory
+low. `NoticeDetector` derives them from the
 snapshots the poller emits, comparing each with the one before; the poller
 puts them in its event stream, so a recording keeps them and a replay shows
 them, and the screens only display them.
 
 Each condition fires once when it starts and is re-armed only once it has
 clearly ended (hysteresis), so a figure hovering at a threshold does not
-fill the log.
+fill the log. Their `kind`s are stable names an alert can match (the list
+is `Notice.kind`'s); a hung engine says `hung` once, and `hung_cleared`
+once it serves again: tokens flow, or it is back ready after a restart
+(whatever came between: `down`, `back`, `restarted`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from sparktop.observe.prometheus import QUEUE_WAIT_S
-from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice
+from sparktop.observe.snapshot import LIVE_STATES, EngineGone, EngineSnapshot, NodeSnapshot, Notice
 
 KV_HIGH = 0.90  # KV cache usage that starts a notice ...
 KV_CLEAR = 0.85  # ... and the level it must fall under before another
@@ -28,6 +34,8 @@ MEMORY_LOW = 0.10  # MemAvailable below this share of MemTotal (a GB10 freezes w
 MEMORY_CLEAR = 0.15
 DOWN_STATES = ("unreachable", "failed")
 RESTART_SLACK_S = 1.0  # a start time that moved by less is the same start (float noise)
+RESTART_LOOP_COUNT = 3  # this many starts of an engine within ...
+RESTART_LOOP_WINDOW_S = 600.0  # ... this long are a restart loop
 
 
 @dataclass
@@ -42,6 +50,10 @@ class _EngineMemory:
     queue_slow: bool = False
     rejecting: bool = False
     error: str | None = None
+    hung: bool = False  # a "hung" was said and no "hung_cleared" yet
+    restarts: deque[float] = field(default_factory=deque)  # when it started again (snapshot times), recent ones
+    looping: bool = False  # a "restart_loop" was said; re-armed once the window holds fewer starts
+    start_seen: bool = False  # its latest start was counted as it started up (not again once it is up)
 
 
 @dataclass
@@ -64,7 +76,11 @@ class NoticeDetector:
         def say(kind: str, level: str, text: str) -> None:
             out.append(Notice(s.t, "engine", s.key, kind, level, text))
 
-        up = s.state in ("ready", "sleeping")
+        up = s.state in LIVE_STATES
+        if s.state == "starting" and (m.state in DOWN_STATES or m.ever_ready and m.state not in ("starting",
+                                                                                                  "connecting")):
+            m.start_seen = True  # a start-up after it had run (or died), seen through its log
+            self._started_again(m, s, say)
         if s.state in DOWN_STATES and m.ever_ready and not m.down:
             m.down = True
             if s.state == "failed":
@@ -86,19 +102,44 @@ class NoticeDetector:
         m.error = s.error
         if up:
             self._restart(m, s, say)
+            m.start_seen = False
             self._engine_figures(m, s, say)
             m.ever_ready = True
+        self._hung(m, s, say)
         m.state = s.state
         return out
 
     @staticmethod
-    def _restart(m: _EngineMemory, s: EngineSnapshot, say) -> None:
+    def _hung(m: _EngineMemory, s: EngineSnapshot, say) -> None:
+        if s.state == "hung" and not m.hung:
+            m.hung = True
+            say("hung", "error", f"engine hung: {s.reason or 'it makes no tokens while requests wait'}")
+        elif s.state == "ready" and m.hung:
+            m.hung = False
+            back = m.state not in ("hung", None)  # it went away (restarted, down) and came back ready
+            say("hung_cleared", "info", "engine no longer hung: " + ("back and ready" if back else "tokens flow again"))
+
+    def _started_again(self, m: _EngineMemory, s: EngineSnapshot, say) -> None:
+        """One more start of the engine (at `s.t`): a restart loop when the window holds enough of them."""
+        m.restarts.append(s.t)
+        while m.restarts and m.restarts[0] < s.t - RESTART_LOOP_WINDOW_S:
+            m.restarts.popleft()
+        if len(m.restarts) < RESTART_LOOP_COUNT:
+            m.looping = False
+        elif not m.looping:
+            m.looping = True
+            say("restart_loop", "error", f"engine restarting over and over: {len(m.restarts)} starts in the last "
+                f"{RESTART_LOOP_WINDOW_S / 60:.0f} min")
+
+    def _restart(self, m: _EngineMemory, s: EngineSnapshot, say) -> None:
         if s.started_at is None:
             return
         if m.started_at is not None and s.started_at > m.started_at + RESTART_SLACK_S:
             started = time.strftime("%H:%M:%S", time.localtime(s.started_at))
             say("restarted", "warn", f"engine restarted at {started}: its counters start again")
             m.preemptions = None  # its counters began again
+            if not m.start_seen:  # a restart the polls did not see start up (it was quick): counted now
+                self._started_again(m, s, say)
         m.started_at = s.started_at
 
     @staticmethod

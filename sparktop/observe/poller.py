@@ -47,13 +47,14 @@ import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, is_router
-from sparktop.observe.engine_log import runtime_failure, startup_state
+from sparktop.observe.engine_log import latest_run, runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.engines import Engine, by_id
+from sparktop.observe.hang import HUNG_AFTER_S, HangWatch
 from sparktop.observe.host_probe import HostProbe, engines_in, process_engine
 from sparktop.observe.notices import NoticeDetector
 from sparktop.observe.prometheus import LATENCY_WINDOW_S, RATE_WINDOW_S
-from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, ObserveEvent
+from sparktop.observe.snapshot import EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 from sparktop.remote import CommandTimeout, Transport, TransportError
 
 MAX_BACKOFF = 3.0
@@ -177,6 +178,7 @@ class _EngineWorker:
     error_at: float | None = None  # when its log was last read for a failure
     task: asyncio.Task | None = None
     polled_at: float | None = None  # when its last poll ended, whatever it found
+    hang: HangWatch = field(default_factory=HangWatch)  # whether it makes tokens while requests wait
 
 
 class Poller:
@@ -185,12 +187,16 @@ class Poller:
                  default_port: int | None = 8000, api_key: str | None = None,
                  router_key: Callable[[str], str | None] | None = None,
                  rate_window: float = RATE_WINDOW_S, latency_window: float = LATENCY_WINDOW_S,
-                 histogram_every: float = HISTOGRAM_EVERY_S, clock: Clock = SYSTEM):
+                 histogram_every: float = HISTOGRAM_EVERY_S, clock: Clock = SYSTEM,
+                 hung_after: float | None = HUNG_AFTER_S):
         """`router_key(url)` finds the key of a router this poller did not
         launch (sparktop's launch state keeps them; observe never reads it).
         `clock`: what its schedule, its health and its probes read, and what
-        stamps its snapshots."""
+        stamps its snapshots. `hung_after`: seconds an engine may make no
+        tokens while requests wait before it is shown hung (`observe.hang`;
+        None or 0: never)."""
         self.clock = clock
+        self.hung_after = hung_after
         self._interval = interval
         self.down_after = down_after
         self.discover = discover
@@ -307,6 +313,17 @@ class Poller:
         while not self._closed:
             yield await self._queue.get()
 
+    def publish(self, notice: Notice) -> None:
+        """Put a notice of someone else's (the watchdog's) in this poller's stream, among its own: whoever
+        reads `events()` (the app, `collect`, a recording) keeps it as it keeps the poller's."""
+        self._queue.put_nowait(notice)
+
+    @property
+    def node_transports(self) -> dict[str, Transport]:
+        """Each node's transport, by node name: what the poller reaches it by, for another part to run a
+        command there on the same connection."""
+        return {t.name: t.transport for t in self._node_targets}
+
     # -- workers --------------------------------------------------------------
 
     def _add_node(self, target: NodeTarget) -> None:
@@ -347,7 +364,7 @@ class Poller:
                             rate_window=self.rate_window,
                             latency_window=self.latency_window,
                             histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
-        worker = _EngineWorker(target, probe, Health(self.clock.now))
+        worker = _EngineWorker(target, probe, Health(self.clock.now), hang=HangWatch(self.hung_after))
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")
 
@@ -504,6 +521,7 @@ class Poller:
                 # forgetting them would read a window's tokens as none (a restart shows in the counters).
                 if w.ever_ready and (definite and w.health.failures == 1 or w.health.failures == OUTAGE_POLLS):
                     w.probe.forget()
+                    w.hang.reset()  # whatever answers next is judged afresh
                 await self._engine_failed(w, exc)
                 delay = w.health.backoff(self._interval)
             except Exception as exc:  # noqa: BLE001
@@ -526,8 +544,11 @@ class Poller:
                 snap.topology = w.target.topology
                 snap.found = w.target.found
                 snap.model = snap.model or w.target.model
+                hung = w.hang.judge(snap, self.clock.now())
+                if hung is not None:
+                    snap.state, snap.reason = "hung", hung
                 w.last = snap
-                w.shown_state = "ready"
+                w.shown_state = snap.state
                 self._put_engine(snap)
                 delay = self._interval
             w.polled_at = self.clock.now()
@@ -614,7 +635,8 @@ class Poller:
             return False
         if not result.ok:
             return False
-        state = startup_state((result.stdout + result.stderr).splitlines(), self._log_patterns(w))
+        patterns = self._log_patterns(w)
+        state = startup_state(latest_run((result.stdout + result.stderr).splitlines(), patterns), patterns)
         if state.failed:
             w.stage = "failed"
             w.health.reason = state.reason or "failed to start"
@@ -639,7 +661,13 @@ class Poller:
             return
         if result.ok:
             # docker logs interleaves stdout and stderr; vLLM writes its log to stderr.
-            w.error = runtime_failure((result.stdout + result.stderr).splitlines(), self._log_patterns(w)) or w.error
+            patterns = self._log_patterns(w)
+            lines = (result.stdout + result.stderr).splitlines()
+            run = latest_run(lines, patterns)
+            found = runtime_failure(run, patterns)
+            # A death stays said until it answers again, unless the container has started anew since (a
+            # restart: its earlier run's death is not this one's).
+            w.error = found if found or run is not lines else w.error
 
     async def _watch(self) -> None:
         """Turn silence into state changes even while a poll is stuck."""

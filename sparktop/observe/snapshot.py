@@ -17,6 +17,9 @@ from sparktop.observe.machine import Machine
 
 GIB = 1024**3
 
+# The engine states in which it answers and its figures are read (charted, summed, kept in the history).
+LIVE_STATES = ("ready", "sleeping", "hung")
+
 # The engine figures the monitor shows, by the name `EngineSnapshot.not_exported` lists them under,
 # with what people call them.
 FIGURES: dict[str, str] = {
@@ -148,8 +151,9 @@ class EngineSnapshot:
     key: str  # stable identity: the endpoint URL
     url: str
     t: float
-    # connecting | starting | ready | sleeping | unreachable | stale | failed; sleeping: vLLM's sleep
-    # mode (it answers, but serves nothing until woken up), see `sleep_level`
+    # connecting | starting | ready | sleeping | hung | unreachable | stale | failed; sleeping: vLLM's sleep
+    # mode (it answers, but serves nothing until woken up), see `sleep_level`; hung: it answers, but makes no
+    # tokens while requests wait (`observe.hang`; `reason` says for how long, with how many)
     state: str = "connecting"
     reason: str | None = None
     node: str | None = None
@@ -270,17 +274,25 @@ class Notice:
     subject: str  # "engine" | "node"
     key: str  # the engine's URL or the node's name
     kind: str  # down | back | ready | restarted | preempting | kv_high | queue_slow | error | rejecting
-    #            | sleeping | woke | gone | node_lost | node_back | memory_low | memory_ok
+    #            | sleeping | woke | gone | hung | hung_cleared | restart_loop | node_lost | node_back
+    #            | memory_low | memory_ok; the watchdog's (`launch.watchdog`): watchdog_restart |
+    #            watchdog_restart_failed | watchdog_gave_up | watchdog_elsewhere
     level: str  # info | warn | error
     text: str
+    # The lines behind it, where it has some: the last lines of an engine's log before the watchdog acted
+    lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"t": self.t, "subject": self.subject, "key": self.key, "kind": self.kind, "level": self.level,
-                "text": self.text}
+        d = {"t": self.t, "subject": self.subject, "key": self.key, "kind": self.kind, "level": self.level,
+             "text": self.text}
+        if self.lines:
+            d["lines"] = list(self.lines)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Notice:
-        return cls(t=d["t"], subject=d["subject"], key=d["key"], kind=d["kind"], level=d["level"], text=d["text"])
+        return cls(t=d["t"], subject=d["subject"], key=d["key"], kind=d["kind"], level=d["level"], text=d["text"],
+                   lines=list(d.get("lines") or []))
 
 
 

@@ -22,7 +22,7 @@ from sparktop.observe.energy import Energy
 from sparktop.observe.link import LinkView, LinkWatch, PortPair, pair_ports
 from sparktop.observe.link import totals as link_totals
 from sparktop.observe.link import view as link_view
-from sparktop.observe.snapshot import GIB, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
+from sparktop.observe.snapshot import GIB, LIVE_STATES, EngineGone, EngineSnapshot, NodeSnapshot, Notice, ObserveEvent
 
 HISTORY = 3600  # points per series: an hour at the default interval
 NOTICES = 200  # event-log lines kept per engine or node
@@ -145,7 +145,7 @@ class ClusterState:
                 self._link(event)
         elif isinstance(event, EngineSnapshot):
             self.engines[event.key] = event
-            if event.state in ("ready", "sleeping"):  # asleep, the charts go on (at zero)
+            if event.state in LIVE_STATES:  # asleep or hung, the charts go on (at zero)
                 self._engine_point(event)
                 self._peak(event)
         elif isinstance(event, EngineGone):
@@ -321,7 +321,7 @@ class ClusterState:
         tps = 0.0
         seen = False
         for e in self.engines.values():
-            if e.state not in ("ready", "sleeping") or e.gen_tps is None:
+            if e.state not in LIVE_STATES or e.gen_tps is None:
                 continue
             nodes = self.engine_nodes(e)
             if name in nodes:
@@ -387,9 +387,9 @@ class ClusterState:
             if is_router(e.kind):
                 continue
             out.engines += 1
-            if e.state not in ("ready", "sleeping"):
+            if e.state not in LIVE_STATES:
                 continue
-            out.engines_ready += 1
+            out.engines_ready += e.state != "hung"  # its figures count; it is not ready
             out.gen_tps += e.gen_tps or 0.0
             out.prompt_tps += e.prompt_tps or 0.0
             out.running += e.running or 0.0

@@ -3,7 +3,7 @@
 Only what sparktop's launcher and monitor use: `run` (-d, --name, -e, -v,
 --gpus, --ipc, --network, --ulimit, --entrypoint, ...), `exec`, `ps` (with
 `--format`, `-a`, `-q`, `--filter`), `logs` (`-f`, `--tail`), `rm -f`,
-`stop`, `kill`, `inspect`, `image inspect`, `images`, `pull` (offline: only
+`stop`, `kill`, `start`, `restart`, `inspect`, `image inspect`, `images`, `pull` (offline: only
 images the host already has). Messages and exit codes follow the Docker
 CLI's (125 for daemon errors, 127 for a missing executable, 1 otherwise).
 
@@ -33,12 +33,12 @@ from sparktop.twin.containers import (
     ps_row,
     render_template,
 )
-from sparktop.twin.docker_lifecycle import cmd_exec, cmd_rm, cmd_run, cmd_stop, supervise
+from sparktop.twin.docker_lifecycle import cmd_exec, cmd_restart, cmd_rm, cmd_run, cmd_start, cmd_stop, supervise
 from sparktop.twin.host import TwinHost
 
 # What `sparktop.twin.docker` has always offered stays importable from here.
-__all__ = ["Containers", "DockerError", "cmd_exec", "cmd_images", "cmd_inspect", "cmd_logs", "cmd_ps", "cmd_rm",
-           "cmd_run", "cmd_stop", "image_entrypoint", "image_id", "main", "render_template"]
+__all__ = ["Containers", "DockerError", "cmd_exec", "cmd_images", "cmd_inspect", "cmd_logs", "cmd_ps", "cmd_restart",
+           "cmd_rm", "cmd_run", "cmd_start", "cmd_stop", "image_entrypoint", "image_id", "main", "render_template"]
 
 
 def cmd_ps(host: TwinHost, argv: list[str]) -> int:
@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_stop(host, rest)
         if cmd == "kill":
             return cmd_stop(host, rest, signal.SIGKILL)
+        if cmd == "start":
+            return cmd_start(host, rest)
+        if cmd == "restart":
+            return cmd_restart(host, rest)
         if cmd == "inspect":
             return cmd_inspect(host, rest)
         if cmd == "image-inspect":

@@ -1,10 +1,13 @@
-"""The `docker` commands that start and end containers: run, exec, rm, stop and kill.
+"""The `docker` commands that start and end containers: run, start, restart, exec, rm, stop and kill.
 
 `run` records the container and starts its supervisor, a process of its own
 (`python -m sparktop.twin.docker _supervise HOME NAME`) that runs the command
 in a new session with the container's environment, writes its output to the
 container's log and records its exit status. `stop` and `rm -f` signal that
-process group and wait for everything in it to go, as Docker does.
+process group and wait for everything in it to go, as Docker does. `start`
+runs a stopped container's command again (a new supervisor, the same
+environment, its log appended to, its start time new), and `restart` is
+`stop` then `start`, as Docker's.
 """
 
 from __future__ import annotations
@@ -156,18 +159,23 @@ def cmd_run(host: TwinHost, argv: list[str]) -> int:
     containers.save(record)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_bytes(b"")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparktop.twin.docker", "_supervise", str(host.home), name],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, ENV_HOME: str(host.home)},
-    )
-    record.update(pid=proc.pid, state="running")
+    record.update(pid=_spawn_supervisor(host, name), state="running")
     containers.save(record)
     if "-d" in opts or "--detach" in opts:
         print(cid)
         return 0
     # Attached: follow the log until the container exits.
     return follow_log(containers, record, tail=None, follow=True, exit_code=True)
+
+
+def _spawn_supervisor(host: TwinHost, name: str) -> int:
+    """Start the supervisor of container `name` (its record saved already); its pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparktop.twin.docker", "_supervise", str(host.home), name],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env={**os.environ, ENV_HOME: str(host.home)},
+    )
+    return proc.pid
 
 
 def supervise(home: str, name: str) -> int:
@@ -306,18 +314,88 @@ def cmd_stop(host: TwinHost, argv: list[str], sig: int = signal.SIGTERM) -> int:
             print(exc, file=sys.stderr)
             code = 1
             continue
-        if c["state"] == "running":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(c["pid"]), sig)  # the supervisor forwards it
-            if sig == signal.SIGKILL or not _wait_gone(c, timeout):
-                _kill(c, signal.SIGKILL)
-                _wait_gone(c)
-                current = read_json(containers.path(c["name"]))
-                if current and current.get("state") == "running":
-                    current.update(state="exited", exit_code=137, finished=time.time())
-                    containers.save(current)
-            _kill({"execs": c.get("execs", [])}, signal.SIGKILL)
-            host.release(_pgids(c))
+        _stop_one(host, containers, c, timeout, sig)
+        print(ref)
+    return code
+
+
+def _stop_one(host: TwinHost, containers: Containers, c: dict, timeout: int, sig: int = signal.SIGTERM) -> None:
+    if c["state"] != "running":
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(c["pid"]), sig)  # the supervisor forwards it
+    if sig == signal.SIGKILL or not _wait_gone(c, timeout):
+        _kill(c, signal.SIGKILL)
+        _wait_gone(c)
+        current = read_json(containers.path(c["name"]))
+        if current and current.get("state") == "running":
+            current.update(state="exited", exit_code=137, finished=time.time())
+            containers.save(current)
+    _kill({"execs": c.get("execs", [])}, signal.SIGKILL)
+    host.release(_pgids(c))
+
+
+def _timeout_and_names(argv: list[str]) -> tuple[int, list[str]]:
+    timeout, names = 10, []
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-t", "--time", "--timeout"):
+            timeout = int(next(it, "10"))
+        elif arg.startswith("--time=") or arg.startswith("--timeout="):
+            timeout = int(arg.split("=", 1)[1])
+        elif arg.startswith("-"):
+            raise DockerError(f"unknown flag: {arg}\nSee 'docker --help'.", 125)
+        else:
+            names.append(arg)
+    return timeout, names
+
+
+def _start_one(host: TwinHost, containers: Containers, c: dict) -> None:
+    """Run a stopped container's command again: a new supervisor, the same environment and log (appended to,
+    as Docker keeps a container's log across its starts), a new start time; running already, nothing."""
+    current = containers.refresh(read_json(containers.path(c["name"])) or c)
+    if current["state"] == "running":
+        return
+    current.update(state="created", started=time.time(), exit_code=None, finished=None, pid=0, execs=[])
+    containers.save(current)
+    current.update(pid=_spawn_supervisor(host, current["name"]), state="running")
+    containers.save(current)
+
+
+def cmd_start(host: TwinHost, argv: list[str]) -> int:
+    _, names = _timeout_and_names(argv)
+    if not names:
+        raise DockerError('"docker start" requires at least 1 argument.', 1)
+    containers = Containers(host)
+    code = 0
+    for ref in names:
+        try:
+            c = containers.find(ref)
+        except DockerError as exc:
+            print(exc, file=sys.stderr)
+            code = 1
+            continue
+        _start_one(host, containers, c)
+        print(ref)
+    return code
+
+
+def cmd_restart(host: TwinHost, argv: list[str]) -> int:
+    """`docker restart [-t S] NAME...`: each stopped (SIGTERM, then SIGKILL after S seconds) and started again."""
+    timeout, names = _timeout_and_names(argv)
+    if not names:
+        raise DockerError('"docker restart" requires at least 1 argument.', 1)
+    containers = Containers(host)
+    code = 0
+    for ref in names:
+        try:
+            c = containers.find(ref)
+        except DockerError as exc:
+            print(exc, file=sys.stderr)
+            code = 1
+            continue
+        _stop_one(host, containers, c, timeout)
+        _start_one(host, containers, c)
         print(ref)
     return code
 

@@ -14,6 +14,13 @@ The engine sleeps as vLLM's does (`sleep`, `wake_up`): scheduling pauses
 (in-flight requests aborted, drained or kept, as the pause mode says), new
 requests queue until it wakes, and sleep levels 1 and 2 discard the KV cache
 (the prefix cache is empty afterwards; kept requests are recomputed).
+
+The engine can also hang on demand, which is the twin's own and no
+engine's (`hang`): its scheduler stops taking steps, so requests keep
+arriving and waiting and the running ones make no more tokens, while every
+route (`/health` too) still answers, as an engine whose core is stuck
+does. `TwinServer` exposes it as `POST /twin/hang` and SIGUSR1; a restart
+(a new process) is not hung.
 """
 
 from __future__ import annotations
@@ -116,6 +123,14 @@ class Engine(Scheduler):
         # Tokens run through the model (prefill chunks and decodes, recomputed ones included): what a
         # tensor-parallel engine's all-reduces move over the link scales with it.
         self.tokens_computed = 0
+        # The twin's own fault (`hang`): no step is taken while it is set; everything else goes on.
+        self.hung = False
+
+    def hang(self, on: bool = True) -> None:
+        """Stop (or resume) taking steps: running requests make no tokens and new ones wait, while the
+        server answers as before. No engine's behaviour, a stuck core's symptom: what a watchdog must catch."""
+        self.hung = on
+        self._changed()
 
     def _changed(self) -> None:
         self._wake.set()
@@ -236,6 +251,11 @@ class Engine(Scheduler):
                 continue
             if self.failed:
                 await asyncio.sleep(0.05)
+                continue
+            if self.hung:
+                target = None  # a step after the hang starts afresh, not late
+                self._wake.clear()
+                await self._wake.wait()  # `hang(False)` wakes it; arrivals only queue
                 continue
             plan = self.schedule()
             if plan is None:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from sparktop.twin.startup import StartupPlan
 
 TWIN_HEADER = "X-Sparktop-Twin"
+HANG_ROUTE = "/twin/hang"  # the twin's own route (no engine has it): POST hangs its engine, {"hung": false} frees it
 
 
 @dataclass
@@ -101,6 +102,9 @@ class OpenAIRoutes:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        # The twin's own, in every dialect: make its engine hang (and let it go), for a watchdog to catch.
+        app.router.add_get(HANG_ROUTE, self.hang_state)
+        app.router.add_post(HANG_ROUTE, self.hang)
         return app
 
     async def _mark_twin(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -129,6 +133,29 @@ class OpenAIRoutes:
             return web.json_response({"error": "Unauthorized"}, status=401)
         self._access(request, 200)
         return web.json_response(self.dialect.models_body(self._twin))
+
+    # -- the twin's own -------------------------------------------------------------
+
+    async def hang(self, request: web.Request) -> web.Response:
+        """`POST /twin/hang`: the engine stops making tokens (`Engine.hang`) while every route, /health too,
+        answers as before; a body `{"hung": false}` lets it go again. Answers `{"hung": ...}`."""
+        engine = self.engine
+        assert engine is not None, "the API server starts after the engine"
+        on = True
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                body = None
+            if not isinstance(body, dict) or not isinstance(body.get("hung", True), bool):
+                return web.json_response({"error": 'expected no body or {"hung": true|false}'}, status=400)
+            on = body.get("hung", True)
+        engine.hang(on)
+        return web.json_response({"hung": engine.hung})
+
+    async def hang_state(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        return web.json_response({"hung": bool(engine and engine.hung)})
 
     # -- generation -------------------------------------------------------------------
 

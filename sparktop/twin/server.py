@@ -10,6 +10,11 @@ next door: startup.py sizes memory and decides failure, openai_api.py
 answers the OpenAI routes, the dialect its own routes and words,
 multinode.py joins tensor-parallel peers (where the dialect does not join
 its own, `Dialect.own_distribution`).
+
+The twin's own, in every dialect: `POST /twin/hang` (or SIGUSR1, which
+toggles) makes its engine hang, answering /health and its API while it
+makes no tokens, so a watchdog has something real to catch
+(`Engine.hang`).
 """
 
 from __future__ import annotations
@@ -253,6 +258,12 @@ class TwinServer(MultiNode, OpenAIRoutes):
             self.host.unregister(os.getpid())
             self._registered = False
 
+    def toggle_hang(self) -> None:
+        """SIGUSR1: the engine hangs, or is let go (`Engine.hang`, as `POST /twin/hang`); before it is
+        built, nothing happens."""
+        if self.engine is not None:
+            self.engine.hang(not self.engine.hung)
+
     # -- process entry ---------------------------------------------------------
 
     async def run(self) -> int:
@@ -262,6 +273,8 @@ class TwinServer(MultiNode, OpenAIRoutes):
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGUSR1, self.toggle_hang)  # the twin's own, as POST /twin/hang
         code = 0
         try:
             starting = asyncio.create_task(self.start())

@@ -644,6 +644,7 @@ class EngineCard(Card):
         elif snap.state == "sleeping":
             badge = sleep_badge(snap)
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
+        self.set_class(snap.state == "hung", "-danger")  # it answers, so nothing else would say it
         self.set_class(snap.state == "starting", "-starting")
         self._paint(title, badge, self._lines(snap, history, width, notice, energy, nodes))
 
@@ -678,6 +679,10 @@ class EngineCard(Card):
         if snap.state == "failed" and snap.error:
             # Why it died, first: the rest are its last figures.
             lines += r.wrap(Text(snap.error, style="bold red"), width, 3)
+        if snap.state == "hung":
+            # It answers, and its figures read like a busy engine's: say first that nothing moves.
+            lines += r.wrap(Text(f"hung: {snap.reason or 'no tokens while requests wait'}", style="bold red"),
+                            width, 2)
         if snap.state == "sleeping":
             # Its figures read like an idle engine's: say first that it serves nothing.
             level = f" L{snap.sleep_level}" if snap.sleep_level is not None else ""
@@ -780,7 +785,7 @@ class EngineCard(Card):
         if history is not None and (snap.exports("gen_tps") or snap.exports("prompt_tps")):
             lines += self._sparks(("gen ", "gen_now", None, "cyan"), ("prompt ", "prompt_now", None, "blue"), width,
                                   history)
-        if snap.state != "ready" and snap.reason:
+        if snap.state not in ("ready", "hung") and snap.reason:  # a hung engine's reason is said first
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
                               else "yellow"))
         latest = notice_line(notice, width)

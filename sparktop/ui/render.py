@@ -257,6 +257,7 @@ def nodes_named(nodes: list[str], width: int) -> str:
 STATE_STYLES = {
     "ok": "green", "ready": "green", "starting": "yellow", "connecting": "grey62", "stale": "yellow",
     "down": "bold red", "unreachable": "bold red", "failed": "bold red", "unrecognised": "yellow",
+    "hung": "bold red",
 }
 
 

@@ -146,7 +146,7 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
         return line[:width]
     if snap.state != "ready" and snap.state != "sleeping":
         line.append(f" {snap.state}" + (f": {snap.reason}" if snap.reason else ""),
-                    style="red" if snap.state in ("unreachable", "failed") else "yellow")
+                    style="red" if snap.state in ("unreachable", "failed", "hung") else "yellow")
         return line[:width]
     kv_style = "green" if (snap.kv_usage or 0) < 0.8 else "yellow" if (snap.kv_usage or 0) < 0.95 else "red"
     def shown(figure: str, text: str) -> str:

@@ -260,3 +260,43 @@ async def test_exec_sees_the_container_env_and_logs_follow_until_exit(cluster, t
     assert state.stdout.strip() == "false 0"
     not_running = await sh(a, "docker", "exec", "box", "true")
     assert not_running.exit_status == 1 and "is not running" in not_running.stderr
+
+
+async def test_docker_restart_and_start_run_the_container_again_with_its_log_kept(cluster, tmp_path: Path):
+    """`docker restart` stops a container and starts its command again: a new process and StartedAt, the
+    same name, labels and environment, its log appended to (as Docker keeps a container's log across its
+    starts); `docker start` does the same for a stopped one and nothing for a running one."""
+    a = cluster.nodes[0]
+    go = tmp_path / "go"
+    script = f'echo "run $GREETING"; while [ ! -e "{go}" ]; do sleep 0.05; done'
+    assert (await sh(a, "docker", "run", "-d", "--name", "box", "--label", "sparktop.launch=x", "-e",
+                     "GREETING=again", "--entrypoint", "sh", DEFAULT_IMAGE, "-c", script)).ok
+    fmt = "{{.State.Status}} {{.State.Pid}} {{.State.StartedAt}} {{.Config.Labels}}"
+
+    async def inspect() -> list[str]:
+        return (await sh(a, "docker", "inspect", "--format", fmt, "box")).stdout.split(maxsplit=3)
+
+    async def logged(n: int, timeout: float = 30) -> None:
+        """Until the log holds the lines of `n` runs (the predicate asks the node, so it is awaited)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (out := (await sh(a, "docker", "logs", "box")).stdout) != "run again\n" * n:
+            assert asyncio.get_running_loop().time() < deadline, f"after {timeout:g} s the log is {out!r}"
+            await asyncio.sleep(0.1)
+
+    await logged(1)
+    first = await inspect()
+    restarted = await sh(a, "docker", "restart", "-t", "2", "box")
+    assert restarted.ok and restarted.stdout.strip() == "box"
+    await logged(2)
+    second = await inspect()
+    assert second[0] == "running" and second[1] != first[1] and second[2] > first[2] and second[3] == first[3]
+    assert (await sh(a, "docker", "stop", "-t", "2", "box")).ok
+    assert (await inspect())[0] == "exited"
+    assert (await sh(a, "docker", "start", "box")).ok
+    await logged(3)
+    third = await inspect()
+    assert third[0] == "running" and third[2] > second[2]
+    assert (await sh(a, "docker", "start", "box")).ok  # running already: nothing happens
+    assert (await inspect())[1:3] == third[1:3]
+    missing = await sh(a, "docker", "restart", "nothing-here")
+    assert missing.exit_status == 1 and "No such container: nothing-here" in missing.stderr

@@ -174,3 +174,27 @@ def test_llama_servers_short_flags_in_a_sparkrun_recipe_become_its_long_flags(tm
         assert args[args.index(flag) + 1] == value
     assert not {"--c", "--np", "--ngl", "--fa"} & set(args)
     assert recipe.serving("solo", {}).max_num_seqs == 2  # the performance model reads its slots
+
+
+@pytest.mark.parametrize("recipe, layout, nodes", [
+    ("gpt-oss-120b", "solo", 1), ("gpt-oss-120b", "cluster-mp", 2), ("gpt-oss-120b", "cluster-ray", 2),
+    ("gpt-oss-120b", "2x tp=2", 4), ("gpt-oss-120b-sglang", "tp=2", 2), ("gpt-oss-120b-llama-cpp", "pp=2", 2),
+    ("gpt-oss-120b-trtllm", "tp=2", 2),
+])
+def test_each_endpoint_names_the_containers_of_its_engine_in_the_order_the_plan_starts_them(recipe, layout, nodes):
+    """What the watchdog restarts for an engine (`Endpoint.members`): every container of that engine and no
+    other's (a replica's its own, the router its own), each once, in the order of the plan's steps (vLLM's
+    headless workers before the head that waits for them, a Ray head before the workers that join it)."""
+    plan = make_plan(find_recipe(recipe), layout, inventory(nodes))
+    started = [(s.node, s.container) for s in plan.steps if s.container and s.argv]
+    members = [m for e in plan.endpoints for m in e.members]
+    assert sorted(members) == sorted(started) and len(set(members)) == len(members)
+    for e in plan.endpoints:
+        assert e.members == [m for m in started if m in e.members]  # the plan's order
+        assert (e.node, e.container) in e.members  # its own container among them
+    engine = plan.endpoints[0]
+    roles = {s.container: s.role for s in plan.steps if s.container}
+    if layout == "cluster-mp":
+        assert [roles[c] for _, c in engine.members] == ["worker", "engine"]
+    if layout == "cluster-ray":
+        assert [roles[c] for _, c in engine.members] == ["ray-head", "ray-worker"]
