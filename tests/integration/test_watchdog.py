@@ -262,8 +262,9 @@ async def test_a_dead_engine_of_a_launch_is_started_again_and_its_log_says_why(s
 
 
 async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_keeps_why(state_home, tmp_path):
-    """`sparktop collect --watchdog --hung-after 5`: the collector's own watchdog restarts a launch's hung
-    engine, and the history it writes keeps the hang, the restart (with why) and the hang cleared. The
+    """`sparktop collect --watchdog --hung-after 5 --notify URL`: the collector's own watchdog restarts a
+    launch's hung engine, a real webhook receiver gets the alert and its end, and the history it writes keeps
+    the hang, the restart (with why) and the hang cleared. The
     collector is followed through what it serves to Prometheus (the engine up, down while hung, up again)."""
     import yaml
 
@@ -271,6 +272,7 @@ async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_
     from sparktop.history.store import HistoryStore
     from sparktop.settings import load_inventory
     from tests.conftest import free_port
+    from tests.integration.test_collect_alerts import Receiver
     from tests.integration.test_history_collect import Collector, wait_served
 
     cluster = TwinCluster(tmp_path / "lab", names=("spark-a",), speed=4).setup()
@@ -297,8 +299,10 @@ async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_
         status="ready", endpoints=[{"url": url, "kind": "vllm", "node": "spark-a", "model": "llama-3.1-8b",
                                     "topology": "solo", "container": name, "members": [["spark-a", name]]}]))
     history, port = tmp_path / "history.sqlite", free_port()
+    receiver = Receiver()  # a real webhook receiver: the issue's "alerted, restarted and cleared"
     collect = Collector(tmp_path, "--inventory", str(inventory_file), "-i", "0.5", "--file", str(history),
-                        "--serve-metrics", f"127.0.0.1:{port}", "--watchdog", "--hung-after", "5")
+                        "--serve-metrics", f"127.0.0.1:{port}", "--watchdog", "--hung-after", "5",
+                        "--notify", receiver.url, "--alert-after", "2")
     try:
         said = await asyncio.to_thread(collect.wait_for,
                                        "watchdog: restarting the hung or dead engines of sparktop's launches")
@@ -317,7 +321,10 @@ async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_
                 assert time.monotonic() < deadline, "the collector's watchdog never restarted it"
                 await asyncio.sleep(0.3)
         await asyncio.to_thread(wait_served, port, "sparktop_engine_up", url, 1.0, 90)  # back, as it reads it
+        await asyncio.to_thread(receiver.until, lambda got: any(g["state"] == "resolved" for g in got), 60,
+                                "the hung alert resolved at the receiver")
     finally:
+        receiver.server.shutdown()
         code, out, err = await asyncio.to_thread(collect.stop)
         await cluster.stop_all(name)
     assert code == 0, err
@@ -328,6 +335,12 @@ async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_
     restart = events[kinds.index(RESTART)]
     assert restart.level == "warn" and f"restarting {name}" in restart.text and "hung: no tokens for " in restart.text
     assert LaunchState(load_inventory(str(inventory_file))).get(lid).restarts
+    # The phone's view: the collector's heartbeat, the engine hung (once), then its end (once).
+    # (The node's own alerts may come too: vLLM's 90 % share leaves a GB10 under the card's 20 % available.)
+    alerts = [(g["state"], g["alert"]) for g in receiver.got
+              if g["state"] == "heartbeat" or (g["key"] == url and g["alert"] != "engine_down")]
+    assert alerts == [("heartbeat", "heartbeat"), ("firing", "engine_hung"), ("resolved", "engine_hung")], alerts
+    assert "SECRET-KEY" not in out + err
 
 
 @pytest.mark.slow
