@@ -224,7 +224,7 @@ def cmd_history(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from sparktop.history.collect import install, main_collect
+    from sparktop.history.collect import install, main_collect, notify_from_env
 
     engines = _engines(args)  # a unit that watches a bare word is refused before it is written
     if args.install:
@@ -239,8 +239,8 @@ def cmd_collect(args) -> int:
         metrics = (host, port, token, generated)
     inventory = _inventory(args)
     return main_collect(inventory, engines, args.interval, args.rate_window, _history_file(args, inventory),
-                        metrics, notify=args.notify, alert_after=args.alert_after, watchdog=_watchdog_policy(args),
-                        hung_after=args.hung_after)
+                        metrics, notify=notify_from_env(args.notify), alert_after=args.alert_after,
+                        watchdog=_watchdog_policy(args), hung_after=args.hung_after)
 
 
 def cmd_replay(args) -> int:

@@ -110,13 +110,57 @@ def unit_text(argv: list[str], env: dict[str, str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+NOTIFY_ENV = "SPARKTOP_NOTIFY"  # webhooks, space-separated, where --notify gives none (the unit's env file)
+
+
+def notify_from_env(given: list[str] | None, environ: dict[str, str] | None = None) -> list[str]:
+    """--notify's URLs, else $SPARKTOP_NOTIFY's (the installed unit keeps them in its env file, not its
+    command line: a webhook's URL is its key)."""
+    return list(given or []) or (environ if environ is not None else dict(os.environ)).get(NOTIFY_ENV, "").split()
+
+
+def _secret_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """argv without its --notify URLs, and those URLs."""
+    kept, hooks, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--notify" and i + 1 < len(argv):
+            hooks.append(argv[i + 1])
+            i += 2
+            continue
+        if argv[i].startswith("--notify="):
+            hooks.append(argv[i].partition("=")[2])
+        else:
+            kept.append(argv[i])
+        i += 1
+    return kept, hooks
+
+
 def install(argv: list[str], say: Callable[[str], None] = print) -> int:
-    """Write the unit; print how to enable it (nothing is run: enabling is the user's choice)."""
+    """Write the unit; print how to enable it (nothing is run: enabling is the user's choice). Secrets stay
+    out of the unit: --notify's webhooks go to its env file (chmod 600); an --engine with credentials is
+    refused."""
+    from sparktop.errors import SparktopError
+    from sparktop.masking import without_credentials
+
+    argv, hooks = _secret_args(argv)
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--engine" and without_credentials(arg) != arg:
+            raise SparktopError(f"--install: --engine {without_credentials(arg)} carries credentials, which the "
+                                "unit file would keep in plain text; give the engine an API key, or run collect "
+                                "by hand")
     exe = shutil.which("sparktop") or sys.argv[0]
     path = unit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(unit_text([str(Path(exe).resolve()), "collect", *argv]))
     say(f"wrote {path}")
+    if hooks:
+        env = env_file()
+        env.parent.mkdir(parents=True, exist_ok=True)
+        lines = [ln for ln in (env.read_text().splitlines() if env.exists() else [])
+                 if not ln.startswith(NOTIFY_ENV + "=")]
+        env.write_text("\n".join([*lines, f"{NOTIFY_ENV}={' '.join(hooks)}"]) + "\n")
+        env.chmod(0o600)
+        say(f"the --notify webhooks are in {env} (chmod 600), not in the unit")
     say("enable it (and keep it running after you log out):")
     say("  systemctl --user daemon-reload && systemctl --user enable --now sparktop-collect")
     say("  loginctl enable-linger \"$USER\"")
