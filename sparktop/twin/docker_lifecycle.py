@@ -362,10 +362,12 @@ def _start_one(host: TwinHost, containers: Containers, c: dict) -> None:
     containers.save(current)
 
 
-def cmd_start(host: TwinHost, argv: list[str]) -> int:
-    _, names = _timeout_and_names(argv)
+def _each(host: TwinHost, argv: list[str], command: str, restart: bool) -> int:
+    """`docker start|restart [-t S] NAME...`: each (stopped first, for restart: SIGTERM, then SIGKILL after S
+    seconds) started; a name docker does not know is said and the others go on, as docker does."""
+    timeout, names = _timeout_and_names(argv)
     if not names:
-        raise DockerError('"docker start" requires at least 1 argument.', 1)
+        raise DockerError(f'"docker {command}" requires at least 1 argument.', 1)
     containers = Containers(host)
     code = 0
     for ref in names:
@@ -375,29 +377,19 @@ def cmd_start(host: TwinHost, argv: list[str]) -> int:
             print(exc, file=sys.stderr)
             code = 1
             continue
+        if restart:
+            _stop_one(host, containers, c, timeout)
         _start_one(host, containers, c)
         print(ref)
     return code
+
+
+def cmd_start(host: TwinHost, argv: list[str]) -> int:
+    return _each(host, argv, "start", restart=False)
 
 
 def cmd_restart(host: TwinHost, argv: list[str]) -> int:
-    """`docker restart [-t S] NAME...`: each stopped (SIGTERM, then SIGKILL after S seconds) and started again."""
-    timeout, names = _timeout_and_names(argv)
-    if not names:
-        raise DockerError('"docker restart" requires at least 1 argument.', 1)
-    containers = Containers(host)
-    code = 0
-    for ref in names:
-        try:
-            c = containers.find(ref)
-        except DockerError as exc:
-            print(exc, file=sys.stderr)
-            code = 1
-            continue
-        _stop_one(host, containers, c, timeout)
-        _start_one(host, containers, c)
-        print(ref)
-    return code
+    return _each(host, argv, "restart", restart=True)
 
 
 def cmd_exec(host: TwinHost, argv: list[str]) -> int:
