@@ -25,6 +25,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Sparkline, Static
 
@@ -650,7 +651,11 @@ class StudyScreen(LiveScreen):
         box.update(text)
 
     def _draw_chart(self) -> None:
-        box = self.query_one("#study-chart", Static)
+        try:
+            box = self.query_one("#study-chart", Static)
+        except NoMatches:
+            return  # an event before the screen is composed (a study under way when `y` opens it): on_mount draws
+
         width, height = box.size.width - 1, box.size.height
         if width < 20 or height < 6:
             return  # not laid out yet: on_resize draws it

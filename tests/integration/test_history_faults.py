@@ -242,8 +242,10 @@ def test_an_engine_url_s_credentials_never_reach_the_file(tmp_path, engine):
     assert code == 0, err
     files = [p for p in tmp_path.glob("history.sqlite*") if p.is_file()]
     assert files and not [p for p in files if b"s3cret-pw" in p.read_bytes()]
-    (session,) = history_json(path)["sessions"]
-    assert session["url"] == engine and session["requests"] == 2
+    # Named without its credentials; its two requests counted (in one session, or two where a poll under load
+    # timed out and the engine read down for a moment: the split is the writer's, the file is what is checked).
+    sessions = history_json(path)["sessions"]
+    assert {x["url"] for x in sessions} == {engine} and sum(x["requests"] for x in sessions) == 2
 
 
 # -- a damaged file --------------------------------------------------------------------------------------
