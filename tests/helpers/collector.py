@@ -15,6 +15,8 @@ import time
 
 import httpx
 
+from sparktop.twin.host import ENV_HOME
+
 
 def collect_env(**extra: str) -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
@@ -28,9 +30,15 @@ class Collector:
     def __init__(self, tmp_path, *args: str, prefix: list[str] | None = None, env: dict | None = None,
                  name: str = "collect"):
         self._err = open(tmp_path / f"{name}.err", "w+")  # noqa: SIM115 - read after the process ends
+        env = dict(env or collect_env())
+        if "--inventory" not in args:
+            # This machine is the collector's node, and its process list holds the engines of every other test
+            # running beside this one: a private twin home makes the local probe list only processes of this
+            # test's host (none), so the collector watches the engines the test gives it and no other.
+            env.setdefault(ENV_HOME, str(tmp_path / "this-host"))
         self.proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "sparktop", "collect", *args],
                                      stdout=subprocess.PIPE, stderr=self._err, text=True,
-                                     env=env or collect_env())
+                                     env=env)
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
