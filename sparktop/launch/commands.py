@@ -160,21 +160,40 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
         for t in transports.values():
             await t.close()
     if watchdog is not None:
-        await _guard(inventory, plan.launch_id, watchdog, hung_after, console)
+        return await _guard(inventory, plan.launch_id, watchdog, hung_after, console)
     return 0
 
 
 async def _guard(inventory: Inventory, launch_id: str, policy: Policy, hung_after: float | None,
-                 console: Console) -> None:
-    """`launch --watchdog`: what happens to the launch's engines, printed, until Ctrl-C (`launch.watchdog`)."""
+                 console: Console) -> int:
+    """`launch --watchdog`: what happens to the launch's engines, printed, until Ctrl-C (`launch.watchdog`);
+    130 once Ctrl-C ended it, as a command a Ctrl-C ends exits."""
+    import signal
+
     from sparktop.launch.watchdog import guard
     from sparktop.observe.hang import HUNG_AFTER_S
 
     console.print(f"[bold]watchdog[/] on {launch_id}: a hung or dead engine is restarted (at most "
                   f"{policy.cap_text()}); Ctrl-C stops watching, the engines keep running", highlight=False)
-    async for notice in guard(inventory, launch_id, policy=policy,
-                              hung_after=HUNG_AFTER_S if hung_after is None else hung_after):
-        print_notice(notice, console)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def interrupted() -> None:
+        # The first Ctrl-C ends the watch (a restart under way is let finish: a half-restarted engine is worse
+        # than a hung one); a second one is Python's own KeyboardInterrupt, at once.
+        console.print("stopping the watch (a restart under way finishes first; Ctrl-C again to leave now); "
+                      "the engines keep running", highlight=False)
+        loop.remove_signal_handler(signal.SIGINT)
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, interrupted)
+    try:
+        async for notice in guard(inventory, launch_id, policy=policy, stop=stop,
+                                  hung_after=HUNG_AFTER_S if hung_after is None else hung_after):
+            print_notice(notice, console)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return 130
 
 
 def print_notice(notice: Notice, console: Console) -> None:

@@ -376,10 +376,12 @@ def watching(poller: Poller, inventory: Inventory, policy: Policy | None = None,
 
 async def guard(inventory: Inventory, launch_id: str, *, hung_after: float = HUNG_AFTER_S,
                 policy: Policy | None = None, interval: float = 1.0, clock: Clock = SYSTEM,
-                root: Path | None = None) -> AsyncIterator[Notice]:
+                root: Path | None = None, stop: asyncio.Event | None = None) -> AsyncIterator[Notice]:
     """Watch one launch's nodes and keep its engines serving (`sparktop launch --watchdog`): a poller over its
     nodes, its engines found by their labels, and a watchdog on its launch. Yields the notices about its
-    engines (the monitor's and the watchdog's) until closed or cancelled; the engines keep running after."""
+    engines (the monitor's and the watchdog's) until `stop` is set (or it is closed or cancelled); the engines
+    keep running after. `stop` rather than a cancel is how Ctrl-C ends it: on Python 3.11 a cancel that comes
+    as a wait ends can be lost (see `Poller._node_loop`), and the watch would then never end."""
     from sparktop.launch.state import api_key_for
     from sparktop.observe.poller import Poller
     from sparktop.observe.targets import node_targets
@@ -393,11 +395,22 @@ async def guard(inventory: Inventory, launch_id: str, *, hung_after: float = HUN
                     clock=clock)
     await poller.start()
     watchdog = watching(poller, inventory, policy, clock=clock, launch_ids={launch_id}, root=root)
+    stop = stop or asyncio.Event()
+    events = aiter(poller.events())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        async for event in poller.events():
+        while not stop.is_set():
+            nxt = asyncio.ensure_future(anext(events))
+            await asyncio.wait((nxt, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                nxt.cancel()
+                await asyncio.gather(nxt, return_exceptions=True)
+                break
+            event = nxt.result()
             watchdog.observe(event)
             if isinstance(event, Notice) and event.key.rstrip("/") in urls:
                 yield event
     finally:
+        stopped.cancel()
         await watchdog.close()
         await poller.close()
