@@ -33,6 +33,7 @@ from textual.widgets import DataTable, Static
 
 from sparktop.errors import SparktopError
 from sparktop.history.query import Event, HistoryReader, Session, count_text, energy_text, short_key, when_text
+from sparktop.history.store import history_error
 from sparktop.settings import Preferences
 from sparktop.ui.footer import KeyFooter
 from sparktop.ui.screens import HEIGHTS, WIDTHS
@@ -476,7 +477,8 @@ class HistoryScreen(Screen):
             try:
                 self.found = gather(self.reader, self.window, now, self.preferences.energy_price_per_kwh)
             except (sqlite3.Error, SparktopError) as exc:
-                self.problem = f"the history file could not be read: {exc}"
+                # The line the CLI gives for the same file (a damaged one says to move it aside, and how).
+                self.problem = f"the history file could not be read: {history_error(exc, self.reader.store.path)}"
         self._show()
 
     def _show(self) -> None:

@@ -238,3 +238,25 @@ async def test_h_without_history_says_why(tmp_path):
         assert isinstance(app.screen, HistoryScreen)
         shown = " ".join(str(s.content) for s in app.screen.query(Static))
         assert "a replay keeps no history" in shown
+
+
+async def test_a_file_damaged_under_the_screen_is_one_line_that_says_to_move_it_aside(history_file, tmp_path, utc):
+    """The file goes bad while the app has it open (a failing disk): the screen says so in the line the CLI
+    gives, with the command that moves it aside, and raises nothing."""
+    import shutil
+
+    from tests.helpers.history_sim import damage
+
+    path = tmp_path / "h.sqlite"
+    shutil.copyfile(history_file, path)
+    store = HistoryStore.open(path, write=False)
+    try:
+        damage(path, pages=8)
+        app = host(HistoryReader(store))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            note = text_of(app.history_screen, "#history-note")
+            assert "could not be read" in note and "is damaged" in note and "move it aside: mv " in note, note
+            assert not app.history_screen.query_one("#history-summary").display
+    finally:
+        store.close()
