@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from sparktop.history.store import HistoryStore
 from tests.conftest import free_port
 from tests.helpers.collector import Collector, ask, collect_env, served, wait_served
 from tests.helpers.history_sim import NODES, damage, fill, row_counts, url, write_days
+from tests.helpers.small_disk import small_tmpfs
 from tests.helpers.twin_process import start_twin_process
 
 REQUESTS = "sparktop_engine_requests_finished_total"
@@ -301,15 +301,8 @@ def test_a_collector_on_a_damaged_file_serves_metrics_and_starts_a_new_file_once
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 2 MiB tmpfs (needs root to mount; skipped without)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (not root, or no mount in this container)")
-    try:
+    with small_tmpfs(tmp_path / "small", "2m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_collector_started_on_a_full_disk_keeps_serving_metrics(tmp_path, small_disk, engine):

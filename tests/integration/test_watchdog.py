@@ -84,6 +84,23 @@ async def log_of(cluster: TwinCluster, node: str, container: str) -> str:
 
 
 @pytest.mark.slow
+async def launched_by_hand(node, inventory, lid: str, port: int = 8200) -> tuple[str, str]:
+    """A launch of sparktop's as `sparktop launch` leaves it, made by hand (fast): one twin engine's container
+    on `node` with the launch's labels, and its record in the inventory's launch state; (url, container)."""
+    url, name = f"http://{node.address}:{port}", f"sparktop-{lid}-vllm"
+    run = ["docker", "run", "-d", "--name", name, "--label", f"sparktop.launch={lid}", "--label",
+           f"sparktop.endpoint={url}", "--label", "sparktop.kind=vllm", "--gpus", "all", "--network", "host",
+           DEFAULT_IMAGE, "llama-3.1-8b", "--host", node.address, "--port", str(port), "--speed", "4",
+           "--startup-speed", "1000", "--max-model-len", "32768"]
+    done = await node.transport().run(shlex.join(run))
+    assert done.ok, done.stderr
+    LaunchState(inventory).save(LaunchRecord(
+        id=lid, recipe="llama-3.1-8b", topology="solo", nodes=[node.name], containers={node.name: [name]},
+        status="ready", endpoints=[{"url": url, "kind": "vllm", "node": node.name, "model": "llama-3.1-8b",
+                                    "topology": "solo", "container": name, "members": [[node.name, name]]}]))
+    return url, name
+
+
 async def test_a_launched_engine_that_hangs_is_restarted_by_the_watchdog_and_cleared_then_given_up_on(state_home):
     """A tp=2 engine launched over two twin nodes (workers before the head, as the plan starts them) and a
     hung engine's whole cycle twice: 20 to 50 s of launching, hanging, restarting and starting again on two
@@ -223,17 +240,8 @@ async def test_a_dead_engine_of_a_launch_is_started_again_and_its_log_says_why(s
     cluster = TwinCluster(tmp_path / "lab", names=("spark-a",), speed=4).setup()
     a = cluster.nodes[0]
     inventory = cluster.inventory()
-    lid, url = "llama-3.1-8b-solo-d1e2f3", f"http://{a.address}:8200"
-    name = f"sparktop-{lid}-vllm"
-    run = ["docker", "run", "-d", "--name", name, "--label", f"sparktop.launch={lid}", "--label",
-           f"sparktop.endpoint={url}", "--label", "sparktop.kind=vllm", "--gpus", "all", "--network", "host",
-           DEFAULT_IMAGE, "llama-3.1-8b", "--host", a.address, "--port", "8200", "--speed", "4", "--startup-speed",
-           "1000", "--max-model-len", "32768"]
-    assert (await a.transport().run(shlex.join(run))).ok
-    LaunchState(inventory).save(LaunchRecord(
-        id=lid, recipe="llama-3.1-8b", topology="solo", nodes=["spark-a"], containers={"spark-a": [name]},
-        status="ready", endpoints=[{"url": url, "kind": "vllm", "node": "spark-a", "model": "llama-3.1-8b",
-                                    "topology": "solo", "container": name, "members": [["spark-a", name]]}]))
+    lid = "llama-3.1-8b-solo-d1e2f3"
+    url, name = await launched_by_hand(a, inventory, lid)
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=0.5,
                     down_after=3, default_port=None, hung_after=HUNG_AFTER)
     await poller.start()
@@ -282,23 +290,13 @@ async def test_collect_with_the_watchdog_restarts_a_hung_engine_and_its_history_
     inventory_file.write_text(yaml.safe_dump({"nodes": [
         {"name": n.name, "host": n.host, "fabric_ip": n.fabric_ip, "bind": n.bind, "env": n.env}
         for n in cluster.inventory().nodes]}))
-    lid, url = "llama-3.1-8b-solo-c0ffee", f"http://{a.address}:8200"
-    name = f"sparktop-{lid}-vllm"
-    run = ["docker", "run", "-d", "--name", name, "--label", f"sparktop.launch={lid}", "--label",
-           f"sparktop.endpoint={url}", "--label", "sparktop.kind=vllm", "--gpus", "all", "--network", "host",
-           DEFAULT_IMAGE, "llama-3.1-8b", "--host", a.address, "--port", "8200", "--speed", "4", "--startup-speed",
-           "1000", "--max-model-len", "32768"]
+    lid = "llama-3.1-8b-solo-c0ffee"
+    url, name = await launched_by_hand(a, load_inventory(str(inventory_file)), lid)
 
     async def sh(*argv: str) -> str:
         r = await a.transport().run(shlex.join(argv))
         assert r.ok, r.stderr
         return r.stdout.strip()
-
-    await sh(*run)
-    LaunchState(load_inventory(str(inventory_file))).save(LaunchRecord(
-        id=lid, recipe="llama-3.1-8b", topology="solo", nodes=["spark-a"], containers={"spark-a": [name]},
-        status="ready", endpoints=[{"url": url, "kind": "vllm", "node": "spark-a", "model": "llama-3.1-8b",
-                                    "topology": "solo", "container": name, "members": [["spark-a", name]]}]))
     history, port = tmp_path / "history.sqlite", free_port()
     receiver = Receiver()  # a real webhook receiver: the issue's "alerted, restarted and cleared"
     collect = Collector(tmp_path, "--inventory", str(inventory_file), "-i", "0.5", "--file", str(history),

@@ -21,6 +21,7 @@ from sparktop.history.query import HistoryReader, parse_since
 from sparktop.history.store import HistoryError, HistoryStore, default_path
 from sparktop.history.writer import HistoryWriter
 from tests.helpers.history_sim import NODES, Scenario, Truth, load, run, url
+from tests.helpers.small_disk import small_tmpfs
 
 DAY = 86400.0
 
@@ -370,16 +371,8 @@ def test_retention_and_history_are_settings(tmp_path, monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real filesystem that fills up: a 384 KiB tmpfs (needs root to mount; skipped without)."""
-    import os
-    import subprocess
-
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (not root, or no mount in this container)")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    with small_tmpfs(tmp_path / "small", "384k") as where:
+        yield where
 
 
 def test_a_real_full_disk_pauses_history_until_there_is_room(small_disk):

@@ -8,9 +8,7 @@ engine's credentials reach the file. The collector's own runs (real
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from sparktop.history.writer import HistoryWriter
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterState
 from tests.helpers.history_sim import Scenario, Truth, damage, events, fill, row_counts, run, url, write_days
+from tests.helpers.small_disk import small_tmpfs
 
 DAY = 86400.0
 
@@ -274,15 +273,8 @@ def test_credentials_an_older_sparktop_kept_are_scrubbed_when_the_file_is_opened
 @pytest.fixture
 def full_disk(tmp_path):
     """A real 1 MiB tmpfs, filled up (needs root to mount; skipped without); the filler's path."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (not root, or no mount in this container)")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new file", "existing file"])
