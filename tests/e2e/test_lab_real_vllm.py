@@ -194,7 +194,7 @@ def test_a_study_on_real_engines_completes_and_names_a_winner(lab, model, tmp_pa
     path = recipe(tmp_path, model)
     began = time.monotonic()
     done = sparktop(lab, "study", str(path), "--topologies", "solo,shuffle", "-c", "1,4", "--runs", "2",
-                    "--pp", "256", "--tg", "256", "--inventory", str(inventory), "--yes", "--timeout", TIMEOUT,
+                    "--pp", "256", "--tg", "64", "--inventory", str(inventory), "--yes", "--timeout", TIMEOUT,
                     timeout=1500)
     wall = time.monotonic() - began
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
