@@ -22,7 +22,7 @@ from rich.text import Text
 from sparktop.engine_ids import is_router
 from sparktop.launch.state import LaunchRecord, LaunchState, api_key_for
 from sparktop.observe.poller import Poller
-from sparktop.observe.replicas import replica_of
+from sparktop.observe.replicas import group_behind, group_latency, groups, replica_of
 from sparktop.observe.snapshot import GIB, EngineSnapshot, NodeSnapshot
 from sparktop.observe.state import ClusterState
 from sparktop.observe.targets import engine_targets, node_targets
@@ -249,6 +249,28 @@ def launch_json(record: LaunchRecord, state: ClusterState, now: float) -> dict:
             "endpoints": [e["url"] for e in record.endpoints]}
 
 
+def replica_groups_json(state: ClusterState) -> list[dict]:
+    """Each model served as replicas behind a router (`2x tp=2`): its router, its replicas, and the
+    percentiles of all their requests over the window, from their histograms summed (never a mean of
+    theirs: `replicas.group_latency`), with how many observations and replicas went in, and what was left
+    out."""
+    engines = list(state.engines.values())
+    routers = {tuple(e.key for e in group): router.url for router in engines if is_router(router.kind)
+               and (group := group_behind(engines, router)) is not None}
+    out = []
+    for (model, topology), group in groups(engines).items():
+        merged = group_latency(group)
+        out.append({
+            "model": model, "topology": topology, "router": routers.get(tuple(e.key for e in group)),
+            "replicas": [e.url for e in group],
+            "latency_ms": {name: {k: _ms(v) for k, v in m.figures.items()} for name, m in merged.latency.items()},
+            # per latency: the observations summed (requests; tokens for itl) and the replicas they came from
+            "merged": {name: {"observations": m.count, "replicas": m.replicas} for name, m in merged.latency.items()},
+            "notes": merged.notes,
+        })
+    return out
+
+
 def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None,
                 prefs: Preferences | None = None, window_s: float | None = None,
                 inventory: Inventory | None = None) -> dict:
@@ -256,6 +278,7 @@ def status_json(state: ClusterState, launches: list[LaunchRecord] | None = None,
     # window_s: the seconds token rates and latency percentiles were taken over (status --seconds)
     return {"window_s": window_s, "nodes": [node_json(n, state, prefs) for n in state.ordered_nodes()],
             "engines": [engine_json(e, state, prefs, inventory) for e in state.ordered_engines()],
+            "replica_groups": replica_groups_json(state),
             "launches": [launch_json(r, state, now) for r in launches or []]}
 
 

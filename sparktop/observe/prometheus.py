@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 MINUTE = 60.0  # the span of the "p95 over the last minute"
 QUEUE_WAIT_S = 5.0  # a request that waited longer than this in the queue is worth an event
+QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))  # the percentiles over the window, by name
 
 Names = tuple[str, ...]
 
@@ -464,6 +465,9 @@ class Derived:
     started_at: float | None = None  # unix time the engine's counters were created (its start)
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" over the window, "p95_1m"}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
+    # The histograms `latency` is taken from, by the same names: what the window observed (cumulative
+    # buckets, sum), so replicas' can be summed into the group's percentiles (`replicas.group_latency`)
+    latency_histograms: dict[str, Histogram] | None = None
     # When the figures were read (the probe's clock at the body's arrival), 0 when unknown: the
     # snapshot is stamped with it, not with the end of a parse that may take a busy core 0.3 s.
     read_at: float = 0.0
@@ -488,16 +492,32 @@ FIGURE_GROUPS: dict[str, tuple[str, ...]] = {
 Histogram = tuple[dict[float, float], float | None]  # cumulative buckets, and the sum of the observations
 
 
-def _window_quantiles(new: Histogram | None, old: Histogram | None,
-                      qs: tuple[tuple[str, float], ...]) -> dict[str, float | None] | None:
+def window_histogram(new: Histogram | None, old: Histogram | None) -> Histogram | None:
+    """What was observed between two scrapes: cumulative bucket counts and the sum, new minus old (None
+    without both, or when a count went down: a restart inside the window)."""
     if new is None or old is None:
         return None
     window = _sub(new[0], old[0])
     if not window:
         return None
-    count = window[max(window)]
-    mean = (new[1] - old[1]) / count if count > 0 and new[1] is not None and old[1] is not None else None
-    return {name: quantile(q, window, mean) for name, q in qs}
+    return window, new[1] - old[1] if new[1] is not None and old[1] is not None else None
+
+
+def histogram_quantiles(histogram: Histogram | None,
+                        qs: tuple[tuple[str, float], ...]) -> dict[str, float | None] | None:
+    """`quantile` at each of `qs` ((name, q), ...) of one histogram, an engine's window or several merged
+    (`replicas.group_latency`), the mean taken from its sum."""
+    if histogram is None or not histogram[0]:
+        return None
+    buckets, total = histogram
+    count = buckets[max(buckets)]
+    mean = total / count if count > 0 and total is not None else None
+    return {name: quantile(q, buckets, mean) for name, q in qs}
+
+
+def _window_quantiles(new: Histogram | None, old: Histogram | None,
+                      qs: tuple[tuple[str, float], ...]) -> dict[str, float | None] | None:
+    return histogram_quantiles(window_histogram(new, old), qs)
 
 
 def above(bound: float, buckets: dict[float, float]) -> float:
@@ -524,6 +544,7 @@ class EngineMetrics:
         self.scrapes: deque[Scrape] = deque(maxlen=max_scrapes)
         self._percentiles: dict[str, float | None] = {}
         self._latency: dict[str, dict[str, float | None]] | None = None
+        self._latency_histograms: dict[str, Histogram] | None = None
         self._queue_slow: float | None = None
         self._missing_latency: list[str] = []
         # (t, {latency name: cumulative buckets}) of the scrapes read with
@@ -545,6 +566,7 @@ class EngineMetrics:
         self.scrapes.clear()
         self._percentiles = {}
         self._latency = None
+        self._latency_histograms = None
         self._queue_slow = None
         self._minute.clear()
 
@@ -619,6 +641,7 @@ class EngineMetrics:
         for name, value in self._percentiles.items():
             setattr(d, name, value)
         d.latency = self._latency
+        d.latency_histograms = self._latency_histograms
         d.queue_slow = self._queue_slow
         if oldest is not scrape:
             self._window_figures(d, oldest, scrape)
@@ -704,17 +727,19 @@ class EngineMetrics:
         minute_base = next(((t, h) for t, h in self._minute if scrape.t - t <= MINUTE + 1.0), None)
         if hist_oldest is None or hist_oldest is scrape:
             self._latency = None
+            self._latency_histograms = None
             self._queue_slow = None
             return
         latency: dict[str, dict[str, float | None]] = {}
-        qs = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+        windows: dict[str, Histogram] = {}
         for name, names in latencies.items():
             old = hist_oldest.histogram_with_sum(names)
-            figures = _window_quantiles(now[name], old, qs)
-            current = now[name]
-            if name == "queue" and current is not None and old is not None:
-                window = _sub(current[0], old[0])
-                self._queue_slow = above(QUEUE_WAIT_S, window) if window is not None else None
+            window = window_histogram(now[name], old)
+            figures = histogram_quantiles(window, QUANTILES)
+            if window is not None:
+                windows[name] = window
+            if name == "queue" and now[name] is not None and old is not None:
+                self._queue_slow = above(QUEUE_WAIT_S, window[0]) if window is not None else None
             if minute_base is not None and minute_base[1] is not now:
                 minute = _window_quantiles(now[name], minute_base[1].get(name), (("p95_1m", 0.95),))
                 if minute is not None:
@@ -722,6 +747,7 @@ class EngineMetrics:
             if figures is not None:
                 latency[name] = figures
         self._latency = latency or None
+        self._latency_histograms = windows or None
         for short in ("ttft", "itl"):
             figures = latency.get(short) or {}
             if figures.get("p50") is not None or figures.get("p95") is not None:

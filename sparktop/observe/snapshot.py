@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparktop.engine_ids import DEFAULT
 from sparktop.observe.linkparse import LinkRate
 from sparktop.observe.machine import Machine
+
+if TYPE_CHECKING:
+    from sparktop.observe.prometheus import Histogram
 
 GIB = 1024**3
 
@@ -203,6 +206,7 @@ class EngineSnapshot:
     started_at: float | None = None  # unix time the engine started (its counters' creation)
     # {"ttft" | "itl" | "queue" | "e2e": {"p50", "p95", "p99" (last 30 s), "p95_1m" (last minute)}}, seconds
     latency: dict[str, dict[str, float | None]] | None = None
+    latency_histograms: dict[str, Histogram] | None = None  # the histograms `latency` is from (`replicas` sums them)
     queue_slow: float | None = None  # requests in the last 30 s that waited over 5 s in the queue
     spec_acceptance: float | None = None  # speculative decoding: drafted tokens accepted, 0..1, last 30 s
     spec_accept_len: float | None = None  # ... and tokens per step of a draft accepted, mean
@@ -317,6 +321,9 @@ def node_from_dict(d: dict) -> NodeSnapshot:
 
 
 def engine_from_dict(d: dict) -> EngineSnapshot:
+    if d.get("latency_histograms"):  # JSON made its bucket bounds strings ("Infinity" too) and its pairs lists
+        d = {**d, "latency_histograms": {name: ({float(le): n for le, n in buckets.items()}, total)
+                                     for name, (buckets, total) in d["latency_histograms"].items()}}
     return EngineSnapshot(**d)
 
 

@@ -26,8 +26,9 @@ from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
 from sparktop.observe.link import LinkView
 from sparktop.observe.machine import limiting
+from sparktop.observe.replicas import group_behind, group_latency
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
-from sparktop.observe.state import History
+from sparktop.observe.state import ClusterState, History
 from sparktop.ui import render as r
 
 if TYPE_CHECKING:
@@ -200,6 +201,15 @@ class Card(Widget, can_focus=True):
         """Draw a snapshot, its history, its last notice (while recent) and
         its energy per token (each card kind draws its own)."""
         raise NotImplementedError
+
+    def engines(self) -> list[EngineSnapshot]:
+        """Every engine the app knows (a router's card and row show its replicas' figures), none outside an
+        app."""
+        try:
+            state = getattr(self.app, "state", None)
+        except Exception:  # noqa: BLE001 - no active app: a card drawn alone
+            return []
+        return list(state.engines.values()) if isinstance(state, ClusterState) else []
 
     def redraw(self) -> None:
         """Draw the last figures again (the size or the sparkline height changed)."""
@@ -607,6 +617,25 @@ def spec_text(snap: EngineSnapshot) -> str:
     return ", ".join(parts)
 
 
+def replicas_text(router: EngineSnapshot, engines: list[EngineSnapshot], width: int) -> str:
+    """"TTFT p95 840ms · ITL p95 21ms (all)": the p95s of every request a router's replicas served over the
+    window, from their histograms summed (`replicas.group_latency`; "(1 of 2)" while one has none), as many
+    as fit in `width`; "" when there are none. The card and the row both say it from here."""
+    group = group_behind(engines, router) if is_router(router.kind) else None
+    if group is None:
+        return ""
+    merged = group_latency(group)
+    shown = [(f"{word} p95 {r.ms(p95)}", merged.latency[name].replicas)
+             for name, word in (("ttft", "TTFT"), ("itl", "ITL")) if (p95 := merged.p95(name)) is not None]
+    if not shown:
+        return ""
+    counted = min(n for _, n in shown)
+    tail = " (all)" if counted == len(group) else f" ({counted} of {len(group)})"
+    while shown and len(" · ".join(t for t, _ in shown)) + len(tail) > width:
+        shown.pop()
+    return " · ".join(t for t, _ in shown) + tail if shown else ""
+
+
 class EngineCard(Card):
     kind = "engine"
 
@@ -616,8 +645,11 @@ class EngineCard(Card):
 
         layout = layout_of(snap.topology)
         lines = [Text(f"routes to {layout.replicas} engines" if layout and layout.replicas > 1 else
-                      "routes requests to its engines", style="cyan"),
-                 Text("its figures are its engines'"[:width], style="dim")]
+                      "routes requests to its engines", style="cyan")]
+        together = replicas_text(snap, self.engines(), width) if layout and layout.replicas > 1 else ""
+        if together:
+            lines.append(Text(together, style="cyan"))
+        lines.append(Text("its figures are its engines'"[:width], style="dim"))
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")
                               else "yellow"))

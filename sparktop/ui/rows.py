@@ -20,7 +20,7 @@ from sparktop.observe.engines import name_of
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 from sparktop.observe.state import ClusterSummary, History
 from sparktop.ui import render as r
-from sparktop.ui.cards import Card, joules, memory_level
+from sparktop.ui.cards import Card, joules, memory_level, replicas_text
 from sparktop.ui.render import nodes_named
 
 NAME_WIDTH = 12  # a node's name, cut beyond this ("spark-a" fits with room)
@@ -127,15 +127,18 @@ class EngineRow(Card):
         self._drawn = stamp
         self.set_class(snap.state in ("stale", "unreachable", "failed"), "-stale")
         self._paint(snap.model or "engine", r.state_badge(snap.state),
-                    [engine_line(snap, width, nodes, history, mixed)])
+                    [engine_line(snap, width, nodes, history, mixed,
+                                 self.engines() if is_router(snap.kind) else None)])
 
 
 NOT_EXPORTED = "n/e"  # a figure the engine does not export (the help screen says so)
 
 
 def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None,
-                history: History | None = None, mixed: bool = False) -> Text:
-    """`mixed`: the screen shows engines of several kinds, so each row names its own."""
+                history: History | None = None, mixed: bool = False,
+                engines: list[EngineSnapshot] | None = None) -> Text:
+    """`mixed`: the screen shows engines of several kinds, so each row names its own; `engines`: every
+    engine, for a router's row to say its replicas' percentiles taken together."""
     line = _dot(snap.state)
     room = min(34, max(24, width - 54))  # the name takes what a wide screen spares, up to 34
     line.append(f"{row_name(snap, room, mixed):<{room}} ", style="bold")
@@ -164,6 +167,10 @@ def engine_line(snap: EngineSnapshot, width: int, nodes: list[str] | None = None
         layout = layout_of(snap.topology)
         parts = [Text(f" routes to {layout.replicas} engines" if layout and layout.replicas > 1 else " router",
                       style="cyan")]
+        # Its replicas' percentiles taken together, before what it has in flight: the latency its clients see.
+        together = replicas_text(snap, engines or [], width - line.cell_len - 1 - parts[0].cell_len - 3)
+        if together:
+            parts[0].append(f" · {together}", style="cyan")
         if snap.running is not None:
             parts.append(r.field("in flight", f"{r.num(snap.running):>2}"))
     for part in parts:  # as many as fit, in this order of importance

@@ -302,7 +302,8 @@ DERIVED_FIELDS = (
     "prefix_hit_rate", "preemptions", "requests", "waiting_by_reason", "rejections", "rejections_by_reason",
     "rejection_rate", "rejections_recent", "rejections_span", "mem_read_bps", "mem_write_bps", "finished_rate",
     "finished_rate_by_reason", "finished_by_reason", "prompt_tokens_total", "gen_tokens_total", "started_at",
-    "latency", "queue_slow", "spec_acceptance", "spec_accept_len", "gen_tps_now", "prompt_tps_now",
+    "latency", "latency_histograms", "queue_slow", "spec_acceptance", "spec_accept_len", "gen_tps_now",
+    "prompt_tps_now",
 )
 
 
