@@ -62,7 +62,7 @@ def cmd_monitor(args) -> int:
     inventory = _inventory(args)
     return main_monitor(inventory, _engines(args), args.interval, args.record, args.recipes,
                         study=args.study, read_only=args.read_only, rate_window=args.rate_window,
-                        history_path=inventory.defaults.history_file)
+                        history_path=inventory.defaults.history_file, canary=_canary_policy(args))
 
 
 def cmd_web(args) -> int:
@@ -209,6 +209,50 @@ def _watchdog_options(parser, what: str) -> None:
                         help="an engine that makes no tokens for S seconds while requests wait is hung (default 30)")
 
 
+# observe.canary's defaults and least period (not imported here: every command would pay for aiohttp).
+CANARY_EVERY_S, CANARY_MIN_EVERY_S, CANARY_TIMEOUT_S = 300.0, 30.0, 60.0
+
+
+def _canary_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
+    if not value >= CANARY_MIN_EVERY_S:  # NaN too
+        raise argparse.ArgumentTypeError(f"at least {CANARY_MIN_EVERY_S:g} seconds between canaries (got {text})")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds (got {text})")
+    return value
+
+
+def _canary_options(parser) -> None:
+    parser.add_argument("--canary", nargs="?", type=_canary_seconds, const=CANARY_EVERY_S, metavar="S",
+                        help=f"send each idle engine a 4-token request every S seconds (default "
+                        f"{CANARY_EVERY_S:g}, at least {CANARY_MIN_EVERY_S:g}; never while it serves requests, "
+                        "never to a router): one that gets no first token, or whose stream stalls, shows the "
+                        "engine hung, which catches a hang with nothing asked of it; never counted as your traffic")
+    parser.add_argument("--canary-timeout", type=_positive_seconds, default=CANARY_TIMEOUT_S, metavar="S",
+                        help=f"seconds a canary waits for its first token, and for each chunk after it "
+                        f"(default {CANARY_TIMEOUT_S:g})")
+
+
+def _canary_policy(args):
+    """`--canary [S]`: the canary's policy; None without it."""
+    if getattr(args, "canary", None) is None:
+        return None
+    from sparktop.observe.canary import CanaryPolicy
+
+    return CanaryPolicy(every=args.canary, first_token=args.canary_timeout, stall=args.canary_timeout)
+
+
 def cmd_stop(args) -> int:
     from sparktop.launch.commands import cmd_stop as run
 
@@ -240,7 +284,7 @@ def cmd_collect(args) -> int:
     inventory = _inventory(args)
     return main_collect(inventory, engines, args.interval, args.rate_window, _history_file(args, inventory),
                         metrics, notify=notify_from_env(args.notify), alert_after=args.alert_after,
-                        watchdog=_watchdog_policy(args), hung_after=args.hung_after)
+                        watchdog=_watchdog_policy(args), hung_after=args.hung_after, canary=_canary_policy(args))
 
 
 def cmd_replay(args) -> int:
@@ -312,6 +356,7 @@ def _add_watching(add, watch_options) -> None:
     monitor.add_argument("--study", metavar="ID", help="attach to a study another process runs (sparktop study): "
                          "its screen over the monitor")
     monitor.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)  # sparktop web's sessions
+    _canary_options(monitor)
     demo = add("demo", "start a twin cluster on this machine (two nodes, or --nodes N) and watch it", cmd_demo)
     demo.add_argument("--nodes", type=int, default=2, metavar="N", help="twin nodes, 1 to 8 (default 2): one engine "
                       "on each")
@@ -414,6 +459,7 @@ def _add_history(add, watch_options) -> None:
                          "(with the other options given) and print how to enable it")
     _watchdog_options(collect, "the engines of sparktop's launches (what `sparktop launch` started on this "
                                "inventory)")
+    _canary_options(collect)
 
 
 def _add_sweeping(add) -> None:

@@ -31,6 +31,7 @@ from sparktop.settings import Inventory, config_dir, load_preferences
 
 if TYPE_CHECKING:
     from sparktop.launch.watchdog import Policy
+    from sparktop.observe.canary import CanaryPolicy
 
 UNIT_NAME = "sparktop-collect.service"
 COLLECT_HISTORY = 900  # points kept in memory per series: the energy's averaging needs a few seconds only
@@ -180,13 +181,15 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
                   metrics: tuple[str, int, str | None, bool] | None = None,
                   say: Callable[[str], None] = print, stop: asyncio.Event | None = None,
                   clock: Clock = SYSTEM, notify: list[str] | None = None, alert_after: float | None = None,
-                  watchdog: Policy | None = None, hung_after: float = HUNG_AFTER_S) -> int:
+                  watchdog: Policy | None = None, hung_after: float = HUNG_AFTER_S,
+                  canary: CanaryPolicy | None = None) -> int:
     """Poll and write until SIGTERM/SIGINT (or `stop`). `metrics`: (host, port, token, whether the token
     was generated here, so it must be shown) to serve /metrics on. `clock`: the poller's and the writer's.
     `notify`: webhooks every alert goes to (`history.alerting`); `alert_after`: how long a condition holds
     before it fires (and is gone before it resolves). `watchdog`: restart the hung or dead engines of
     sparktop's launches, so (`launch.watchdog`); `hung_after`: seconds without a token with requests waiting
-    that make an engine hung."""
+    that make an engine hung; `canary`: send each idle engine a tiny request now and then, as it says
+    (`observe.canary`: a hang with nothing asked of it shows), never counted in the history or the metrics."""
     from sparktop.history.alerting import CollectAlerts
     from sparktop.launch.state import api_key_for
     from sparktop.observe.alerts import AFTER_S
@@ -216,7 +219,7 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
     poller = Poller(node_targets(inventory), engine_targets(engines), interval=interval,
                     default_port=inventory.defaults.port, router_key=api_key_for,
                     rate_window=rate_window or prefs.rate_window_s, latency_window=prefs.latency_window_s,
-                    clock=clock, hung_after=hung_after)
+                    clock=clock, hung_after=hung_after, canary=canary)
     state = ClusterState(history=COLLECT_HISTORY)
     server = None
     guard = None
@@ -235,6 +238,8 @@ async def collect(inventory: Inventory, engines: list[str], *, interval: float =
         await poller.start()
         await alerts.start(clock.wall(), len(inventory.nodes), len(engines))
         guard = _watchdog(poller, inventory, watchdog, clock, say)
+        if canary is not None:
+            say(canary.describe())
 
         async def consume() -> None:
             async for event in poller.events():
@@ -286,7 +291,8 @@ def _watchdog(poller, inventory: Inventory, policy: Policy | None, clock: Clock,
 def main_collect(inventory: Inventory, engines: list[str], interval: float, rate_window: float | None,
                  path: str | None, metrics: tuple[str, int, str | None, bool] | None,
                  notify: list[str] | None = None, alert_after: float | None = None,
-                 watchdog: Policy | None = None, hung_after: float | None = None) -> int:
+                 watchdog: Policy | None = None, hung_after: float | None = None,
+                 canary: CanaryPolicy | None = None) -> int:
     return asyncio.run(collect(inventory, engines, interval=interval, rate_window=rate_window, path=path,
                                metrics=metrics, notify=notify, alert_after=alert_after, watchdog=watchdog,
-                               hung_after=HUNG_AFTER_S if hung_after is None else hung_after))
+                               hung_after=HUNG_AFTER_S if hung_after is None else hung_after, canary=canary))

@@ -33,6 +33,12 @@ An engine is keyed by one name however it is reached: an address given is
 named as its node would find it (`targets.engine_key`: no credentials,
 `localhost` as 127.0.0.1), so given and found it is one engine, the user's,
 read at the address as typed with the credentials it carried.
+
+With a `CanaryPolicy` (`canary`, off by default) each engine is also sent
+a tiny request now and then while it is idle (`observe.canary`): its
+verdict goes to the engine's `HangWatch`, and what it cost is taken out of
+the counters of every snapshot yielded, so nobody downstream (the state,
+the history, the exporter) counts it as the user's.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, is_router
+from sparktop.observe.canary import Canary, CanaryPolicy
 from sparktop.observe.engine_log import latest_run, runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
 from sparktop.observe.engines import Engine, by_id
@@ -179,6 +186,7 @@ class _EngineWorker:
     task: asyncio.Task | None = None
     polled_at: float | None = None  # when its last poll ended, whatever it found
     hang: HangWatch = field(default_factory=HangWatch)  # whether it makes tokens while requests wait
+    canary: Canary | None = None  # its canary requests (`observe.canary`), when they are asked for
 
 
 class Poller:
@@ -188,15 +196,17 @@ class Poller:
                  router_key: Callable[[str], str | None] | None = None,
                  rate_window: float = RATE_WINDOW_S, latency_window: float = LATENCY_WINDOW_S,
                  histogram_every: float = HISTOGRAM_EVERY_S, clock: Clock = SYSTEM,
-                 hung_after: float | None = HUNG_AFTER_S):
+                 hung_after: float | None = HUNG_AFTER_S, canary: CanaryPolicy | None = None):
         """`router_key(url)` finds the key of a router this poller did not
         launch (sparktop's launch state keeps them; observe never reads it).
         `clock`: what its schedule, its health and its probes read, and what
         stamps its snapshots. `hung_after`: seconds an engine may make no
         tokens while requests wait before it is shown hung (`observe.hang`;
-        None or 0: never)."""
+        None or 0: never). `canary`: send each idle engine a tiny request now
+        and then, as it says (`observe.canary`; None: never)."""
         self.clock = clock
         self.hung_after = hung_after
+        self.canary = canary
         self._interval = interval
         self.down_after = down_after
         self.discover = discover
@@ -296,6 +306,7 @@ class Poller:
     async def close(self) -> None:
         self._closed = True
         tasks = [w.task for w in list(self._nodes.values()) + list(self._engines.values()) if w.task]
+        tasks += [w.canary.task for w in self._engines.values() if w.canary is not None and w.canary.task]
         if self._watchdog:
             tasks.append(self._watchdog)
         for task in tasks:
@@ -364,7 +375,8 @@ class Poller:
                             rate_window=self.rate_window,
                             latency_window=self.latency_window,
                             histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
-        worker = _EngineWorker(target, probe, Health(self.clock.now), hang=HangWatch(self.hung_after))
+        worker = _EngineWorker(target, probe, Health(self.clock.now), hang=HangWatch(self.hung_after),
+                               canary=Canary(self.canary) if self.canary is not None else None)
         self._engines[key] = worker
         worker.task = asyncio.create_task(self._engine_loop(worker), name=f"engine-{key}")
 
@@ -372,6 +384,8 @@ class Poller:
         worker = self._engines.pop(key, None)
         if worker and worker.task:
             worker.task.cancel()
+        if worker and worker.canary is not None and worker.canary.task is not None:
+            worker.canary.task.cancel()
         if worker and self._visible(worker):
             gone = EngineGone(key)
             self._queue.put_nowait(gone)
@@ -544,15 +558,35 @@ class Poller:
                 snap.topology = w.target.topology
                 snap.found = w.target.found
                 snap.model = snap.model or w.target.model
-                hung = w.hang.judge(snap, self.clock.now())
+                canary = w.canary
+                in_flight = canary is not None and canary.in_flight
+                # Judged on the engine's own counters (a canary's tokens are progress too), and shown without
+                # the canaries' (they are nobody's traffic).
+                hung = w.hang.judge(snap, self.clock.now(), in_flight=int(in_flight))
                 if hung is not None:
                     snap.state, snap.reason = "hung", hung
+                if canary is not None:
+                    canary.ledger.apply(snap, holding=in_flight)
                 w.last = snap
                 w.shown_state = snap.state
                 self._put_engine(snap)
+                if canary is not None:
+                    self._send_canary(w, canary, snap)
                 delay = self._interval
             w.polled_at = self.clock.now()
             await self._sleep_until(started + delay)
+
+    def _send_canary(self, w: _EngineWorker, canary: Canary, snap: EngineSnapshot) -> None:
+        """A canary to the engine just read, if one is due (idle, not a router, not one too recently)."""
+        now = self.clock.now()
+        if self._client is None or not canary.due(snap, now):
+            return
+        probe = w.probe
+        # Its own gate, as its polls pass it: the key, else the user and password its URL was given with.
+        auth = f"Bearer {probe.api_key}" if probe.api_key else probe.auth
+        model = (probe.engine.model if probe.engine is not None else None) or snap.model or w.target.model
+        canary.start(self._client, probe.base, model, w.hang, now, headers={"Authorization": auth} if auth else None,
+                     name=f"canary-{w.probe.url}")
 
     def _not_an_engine(self, w: _EngineWorker, reason: str) -> None:
         if not self._visible(w):

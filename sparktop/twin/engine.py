@@ -20,7 +20,15 @@ engine's (`hang`): its scheduler stops taking steps, so requests keep
 arriving and waiting and the running ones make no more tokens, while every
 route (`/health` too) still answers, as an engine whose core is stuck
 does. `TwinServer` exposes it as `POST /twin/hang` and SIGUSR1; a restart
-(a new process) is not hung.
+(a new process) is not hung. With nothing asked of it a hung engine shows
+nothing at all (nothing waits, nothing is late): what a canary request
+(`observe.canary`) is for.
+
+A stream can stall on demand too, the twin's own as well (`stall`): every
+request stops being scheduled once it has made `after` tokens, while the
+others (shorter ones, new ones) go on and every route answers, as a
+request stuck inside an engine whose other work goes on; the stream's
+client sees its first tokens, then nothing. `POST /twin/stall` sets it.
 """
 
 from __future__ import annotations
@@ -125,12 +133,26 @@ class Engine(Scheduler):
         self.tokens_computed = 0
         # The twin's own fault (`hang`): no step is taken while it is set; everything else goes on.
         self.hung = False
+        # The twin's other fault (`stall`): a request that has made this many tokens is no longer scheduled.
+        self.stall_after: int | None = None
 
     def hang(self, on: bool = True) -> None:
         """Stop (or resume) taking steps: running requests make no tokens and new ones wait, while the
         server answers as before. No engine's behaviour, a stuck core's symptom: what a watchdog must catch."""
         self.hung = on
         self._changed()
+
+    def stall(self, after: int | None) -> None:
+        """Stall every stream once it has made `after` tokens (None: let them all go on): such a request keeps
+        its place and its KV blocks but is no longer scheduled, so its client has its first tokens and then
+        nothing, while the engine serves the rest as before. No engine's behaviour, a stuck request's symptom."""
+        self.stall_after = after
+        self._changed()
+
+    def _stalled(self) -> list[Sequence]:
+        """The running requests a stall holds."""
+        after = self.stall_after
+        return [] if after is None else [s for s in self.running if s.output_count >= after]
 
     def _changed(self) -> None:
         self._wake.set()
@@ -174,6 +196,19 @@ class Engine(Scheduler):
         return self.paused is not None or bool(self.sleeping_tags)
 
     def schedule(self):
+        held = self._stalled()
+        if not held:
+            return self._schedule()
+        # Scheduled as if the stalled requests were not there, then put back ahead of the rest: they are the
+        # oldest, and a preemption's victim is the newest.
+        ids = {id(s) for s in held}
+        self.running = [s for s in self.running if id(s) not in ids]
+        try:
+            return self._schedule()
+        finally:
+            self.running = held + self.running
+
+    def _schedule(self):
         if self.paused == "all":
             return None
         if self.paused == "new":
@@ -256,6 +291,11 @@ class Engine(Scheduler):
                 target = None  # a step after the hang starts afresh, not late
                 self._wake.clear()
                 await self._wake.wait()  # `hang(False)` wakes it; arrivals only queue
+                continue
+            if not self.waiting and len(self._stalled()) == len(self.running):
+                target = None  # only stalled requests: nothing to step until one is let go or another arrives
+                self._wake.clear()
+                await self._wake.wait()
                 continue
             plan = self.schedule()
             if plan is None:

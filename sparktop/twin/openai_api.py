@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 TWIN_HEADER = "X-Sparktop-Twin"
 HANG_ROUTE = "/twin/hang"  # the twin's own route (no engine has it): POST hangs its engine, {"hung": false} frees it
+STALL_ROUTE = "/twin/stall"  # the twin's own too: POST {"after": N} stalls every stream after N tokens, null frees
 
 
 @dataclass
@@ -105,6 +106,8 @@ class OpenAIRoutes:
         # The twin's own, in every dialect: make its engine hang (and let it go), for a watchdog to catch.
         app.router.add_get(HANG_ROUTE, self.hang_state)
         app.router.add_post(HANG_ROUTE, self.hang)
+        app.router.add_get(STALL_ROUTE, self.stall_state)
+        app.router.add_post(STALL_ROUTE, self.stall)
         return app
 
     async def _mark_twin(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -156,6 +159,28 @@ class OpenAIRoutes:
     async def hang_state(self, request: web.Request) -> web.Response:
         engine = self.engine
         return web.json_response({"hung": bool(engine and engine.hung)})
+
+    async def stall(self, request: web.Request) -> web.Response:
+        """`POST /twin/stall`: every stream stalls once it has made `after` tokens (`Engine.stall`; no body: 1),
+        the rest served as before; `{"after": null}` lets them go on. Answers `{"after": ...}`."""
+        engine = self.engine
+        assert engine is not None, "the API server starts after the engine"
+        after: object = 1
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                body = None
+            after = body.get("after", 1) if isinstance(body, dict) else "?"
+            if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < 1):
+                return web.json_response({"error": 'expected no body or {"after": N (1 or more) | null}'},
+                                         status=400)
+        engine.stall(cast("int | None", after))
+        return web.json_response({"after": engine.stall_after})
+
+    async def stall_state(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        return web.json_response({"after": engine.stall_after if engine is not None else None})
 
     # -- generation -------------------------------------------------------------------
 

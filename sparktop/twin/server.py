@@ -14,7 +14,9 @@ its own, `Dialect.own_distribution`).
 The twin's own, in every dialect: `POST /twin/hang` (or SIGUSR1, which
 toggles) makes its engine hang, answering /health and its API while it
 makes no tokens, so a watchdog has something real to catch
-(`Engine.hang`).
+(`Engine.hang`); `POST /twin/stall` stalls every stream after its first
+tokens while the rest is served (`Engine.stall`), for a canary request
+(`observe.canary`) to catch.
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
                       record: str | None = None, label: str = "", poller=None,
                       recipe_dirs: list[str] | None = None, study_dir: Path | None = None,
                       read_only: bool = False, rate_window: float | None = None,
-                      history_path: str | None | bool = None) -> int:
+                      history_path: str | None | bool = None, canary=None) -> int:
     """With `study_dir`, the study screen follows that study (another
     process runs it, `sparktop study`) over the monitor. `read_only`: watch
-    only (a browser session of `sparktop web` without --allow-control)."""
+    only (a browser session of `sparktop web` without --allow-control).
+    `canary`: the poller's canary requests (`observe.canary.CanaryPolicy`; None: none)."""
     started = []
     prefs = load_preferences()  # the windows (and, in the app, the energy price): a bad file stops here
     windows = {"rate_window": rate_window or prefs.rate_window_s, "latency_window": prefs.latency_window_s}
@@ -30,7 +31,8 @@ async def run_monitor(inventory: Inventory, engines: list[str], interval: float 
         from sparktop.observe.targets import engine_targets, node_targets
 
         source = poller or Poller(node_targets(inventory), engine_targets(engines), interval=interval,
-                                  default_port=inventory.defaults.port, router_key=api_key_for, **windows)
+                                  default_port=inventory.defaults.port, router_key=api_key_for, canary=canary,
+                                  **windows)
         await source.start()
         started.append(source)
         return source
@@ -92,7 +94,7 @@ def _exit_on_signals(app: SparktopApp) -> None:
 
 def main_monitor(inventory: Inventory, engines: list[str], interval: float, record: str | None,
                  recipe_dirs: list[str] | None = None, study: str | None = None, read_only: bool = False,
-                 rate_window: float | None = None, history_path: str | None = None) -> int:
+                 rate_window: float | None = None, history_path: str | None = None, canary=None) -> int:
     """`study`: an id or directory to attach to (`sparktop --study ID`); a
     wrong one is an error before the screen opens. `history_path`: the inventory's history file (None: the
     default one)."""
@@ -103,7 +105,7 @@ def main_monitor(inventory: Inventory, engines: list[str], interval: float, reco
         study_dir = load_study(study).dir
     return asyncio.run(run_monitor(inventory, engines, interval, record, label="read-only" if read_only else "",
                                    recipe_dirs=recipe_dirs, study_dir=study_dir, read_only=read_only,
-                                   rate_window=rate_window, history_path=history_path))
+                                   rate_window=rate_window, history_path=history_path, canary=canary))
 
 
 def main_replay(path: str, speed: float) -> int:
