@@ -51,6 +51,7 @@ class _EngineMemory:
     rejecting: bool = False
     error: str | None = None
     hung: bool = False  # a "hung" was said and no "hung_cleared" yet
+    hung_by_canary: bool = False  # ... and it was the canary's verdict (not the counters')
     restarts: deque[float] = field(default_factory=deque)  # when it started again (snapshot times), recent ones
     looping: bool = False  # a "restart_loop" was said; re-armed once the window holds fewer starts
     start_seen: bool = False  # its latest start was counted as it started up (not again once it is up)
@@ -112,12 +113,14 @@ class NoticeDetector:
     @staticmethod
     def _hung(m: _EngineMemory, s: EngineSnapshot, say) -> None:
         if s.state == "hung" and not m.hung:
-            m.hung = True
+            m.hung, m.hung_by_canary = True, (s.reason or "").startswith("canary:")
             say("hung", "error", f"engine hung: {s.reason or 'it makes no tokens while requests wait'}")
         elif s.state == "ready" and m.hung:
             m.hung = False
             back = m.state not in ("hung", None)  # it went away (restarted, down) and came back ready
-            say("hung_cleared", "info", "engine no longer hung: " + ("back and ready" if back else "tokens flow again"))
+            # A canary's verdict lifts when a later one is answered (or tokens move): it answers again.
+            again = "it answers again" if m.hung_by_canary else "tokens flow again"
+            say("hung_cleared", "info", "engine no longer hung: " + ("back and ready" if back else again))
 
     def _started_again(self, m: _EngineMemory, s: EngineSnapshot, say) -> None:
         """One more start of the engine (at `s.t`): a restart loop when the window holds enough of them."""

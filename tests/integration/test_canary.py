@@ -98,6 +98,7 @@ async def test_an_idle_twin_that_hangs_is_caught_by_the_canary_and_cleared_when_
             assert said(events, "hung")[0].text == "engine hung: canary: no first token in 2 s"
             assert (await client.post(url + "/twin/hang", json={"hung": False})).json() == {"hung": False}
         events = await watch_until(poller, lambda ev: bool(said(ev, "hung_cleared")))
+        assert said(events, "hung_cleared")[0].text == "engine no longer hung: it answers again"
         after = [e for e in events if isinstance(e, EngineSnapshot)]
         assert after[-1].state == "ready"
 
