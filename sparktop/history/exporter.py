@@ -134,6 +134,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_node_engine_processes_resident_bytes": (
         "gauge", "Resident memory of the engines started outside Docker"),
     "sparktop_node_containers": ("gauge", "Containers on the node (docker ps -a), by state"),
+    "sparktop_node_disk_info": ("info", "A filesystem the node's work lives on: its device and what it holds (root, "
+                                        "hf_cache, docker)"),
+    "sparktop_node_disk_total_bytes": ("gauge", "The filesystem's size (df)"),
+    "sparktop_node_disk_free_bytes": ("gauge", "Space a user can still write on the filesystem (df's Available)"),
     "sparktop_node_docker_ok": ("gauge", "1 when docker answered, 0 when it is missing or failed"),
     "sparktop_node_energy_joules_per_token": (
         "gauge", "GPU energy per token generated on the node (an engine on k nodes counts 1/k of its tokens)"),
@@ -150,6 +154,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "sparktop_gpu_power_watts": (
         "gauge", "GPU power (nvidia-smi power.draw: GB10's GPU only, not its CPU, memory, NIC or fans)"),
     "sparktop_gpu_sm_clock_hertz": ("gauge", "GPU SM clock"),
+    "sparktop_gpu_sm_clock_max_hertz": ("gauge", "The GPU's highest SM clock (nvidia-smi clocks.max.sm)"),
     "sparktop_gpu_performance_state": ("gauge", "GPU performance state: 0 for P0 (fastest) to 12"),
     "sparktop_gpu_throttle_reason": (
         "gauge", "1 for each NVML clock event reason holding the GPU's clocks now, 0 for the others"),
@@ -429,6 +434,11 @@ class SparktopCollector(Collector):
         for c in n.containers:
             counts[c.state] = counts.get(c.state, 0.0) + 1
         out.by_label("sparktop_node_containers", at, "state", counts)
+        for d in n.disks:
+            disk = {**at, "mount": d.mount}
+            out.info("sparktop_node_disk_info", disk, {"device": d.device, "holds": ",".join(d.holds)})
+            out.gauge("sparktop_node_disk_total_bytes", disk, d.total)
+            out.gauge("sparktop_node_disk_free_bytes", disk, d.free)
         self._gpu(out, n)
         self._links(out, n)
         self._energy(out, "node", at, self.state.node_energy(n.name))
@@ -444,6 +454,7 @@ class SparktopCollector(Collector):
             out.gauge("sparktop_gpu_temperature_celsius", at, g.temp)
             out.gauge("sparktop_gpu_power_watts", at, g.power)
             out.gauge("sparktop_gpu_sm_clock_hertz", at, _scaled(g.sm_clock, 1e6))
+            out.gauge("sparktop_gpu_sm_clock_max_hertz", at, _scaled(g.max_sm_clock, 1e6))
             out.gauge("sparktop_gpu_performance_state", at, _pstate(g.pstate))
             if g.throttle is not None:  # None: not read (an old driver, no GPU); [] is "nothing holds it"
                 for reason in dict.fromkeys((*THROTTLE_REASONS.values(), *g.throttle)):

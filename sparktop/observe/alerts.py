@@ -12,6 +12,9 @@ message, not one a poll. Firing and resolving are `Notice`s (`kind` "alert" and 
 first in the text), so the app's event log, the history's events and a recording carry them as every other notice;
 `sparktop collect --notify` delivers them (`history/notify.py`).
 
+The GPU's clock held low with no reason given, as bad USB-C power delivery does, is `gpu_low_clock`; a filesystem the
+node's work fills (`/`, the Hugging Face cache's, Docker's root) running out, `disk_low` and `disk_full`.
+
 Time is the snapshots' (`ClusterState.now`), so a replay raises the same alerts at the same moments.
 """
 
@@ -21,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparktop.observe.machine import limiting
 from sparktop.observe.snapshot import EngineSnapshot, NodeSnapshot, Notice
 
 if TYPE_CHECKING:
@@ -30,6 +34,16 @@ AFTER_S = 30.0  # a condition must hold this long before it fires (a rule may sa
 CLEAR_S = 30.0  # ... and be gone this long before it resolves
 MEMORY_WARN, MEMORY_CRITICAL = 0.20, 0.10  # the card's thresholds: MemAvailable under this share of MemTotal
 KV_FULL = 0.95  # KV cache usage that, with a queue that grows, means requests wait for memory
+# The silent low clock (issue 38, after another Spark dashboard's rule): the SM clock under 45 % of its maximum while
+# the GPU is at least half busy, draws under 35 W and NVML gives no reason. A Spark whose USB-C power delivery went
+# wrong runs at ~500-850 MHz of 3003 (17-28 %) on 6-16 W under load, a healthy one at ~2400-2480 MHz (80 %+) on ~85 W
+# (hoesing/spark-gpu-throttle-check's README @ 1e8ccbdf), so the thresholds sit well between the two.
+LOW_CLOCK_SHARE, LOW_CLOCK_BUSY_PCT, LOW_CLOCK_POWER_W = 0.45, 50.0, 35.0
+# Space left on a filesystem a Spark's work lives on (`/`, the HF cache's, Docker's root). What fails is a write of a
+# known size, not a share of the disk, so the thresholds are bytes: under DISK_LOW_B the next large model does not
+# fit (the weights one Spark serves reach ~120-130 GB, its 128 GB of unified memory); under DISK_FULL_B not even a
+# small model's (~10-20 GB) or an engine's image, and containers' writes, logs and the history start failing.
+DISK_LOW_B, DISK_FULL_B = 130e9, 20e9
 FIRE, RESOLVE = "alert", "alert_resolved"
 
 
@@ -68,8 +82,33 @@ def _memory(share: float) -> Check:
 
 def _throttled(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
     assert isinstance(n, NodeSnapshot)
-    reasons = [r for r in (n.gpu.throttle or []) if r] if n.gpu is not None and n.state == "ok" else []
+    # Idling or a clock the user set is the GPU doing as told, not held down (`machine.limiting`).
+    reasons = limiting(n.gpu.throttle or []) if n.gpu is not None and n.state == "ok" else []
     return f"{n.name}: GPU clocks held down ({', '.join(reasons)})" if reasons else None
+
+
+def _low_clock(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+    assert isinstance(n, NodeSnapshot)
+    g = n.gpu
+    # Unread reasons (a driver before 535) say nothing: the low clock could be one of them.
+    if n.state != "ok" or g is None or g.throttle is None or not g.max_sm_clock or g.sm_clock is None \
+            or g.util is None or g.power is None:
+        return None
+    share = g.sm_clock / g.max_sm_clock
+    if share >= LOW_CLOCK_SHARE or g.util < LOW_CLOCK_BUSY_PCT or g.power >= LOW_CLOCK_POWER_W or limiting(g.throttle):
+        return None
+    return (f"{n.name}: GPU at {g.sm_clock:.0f} of {g.max_sm_clock:.0f} MHz ({share:.0%}) while {g.util:.0f}% busy "
+            f"on {g.power:.0f} W, with no reason given: its power delivery (USB-C) may cap it")
+
+
+def _disk(under: float) -> Check:
+    def check(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
+        assert isinstance(n, NodeSnapshot)
+        low = [d for d in n.disks if d.free < under] if n.state == "ok" else []
+        return "; ".join(f"{n.name}: {d.free / 1e9:.1f} GB free of {d.total / 1e9:.0f} GB on {d.mount}"
+                         f"{' (' + ', '.join(d.holds) + ')' if d.holds else ''}, under {under / 1e9:.0f} GB"
+                         for d in low) or None
+    return check
 
 
 def _link(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
@@ -127,6 +166,9 @@ RULES: tuple[Rule, ...] = (
     Rule("memory_low", "node", "warning", _memory(MEMORY_WARN)),
     Rule("memory_critical", "node", "critical", _memory(MEMORY_CRITICAL), after_s=10.0),
     Rule("gpu_throttled", "node", "warning", _throttled, after_s=60.0),
+    Rule("gpu_low_clock", "node", "warning", _low_clock, after_s=60.0),
+    Rule("disk_low", "node", "warning", _disk(DISK_LOW_B), after_s=60.0),  # a download's files come and go
+    Rule("disk_full", "node", "critical", _disk(DISK_FULL_B)),
     Rule("link_degraded", "node", "warning", _link),
     Rule("engine_down", "engine", "critical", _engine_down),
     Rule("engine_hung", "engine", "critical", _engine_hung, after_s=0.0),  # the state already waited

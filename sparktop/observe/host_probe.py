@@ -3,7 +3,9 @@
 The probe script prints sections (`@@name`), each the output of one read:
 meminfo, the first line of /proc/stat, two nvidia-smi queries, `docker ps`
 and the vLLM API servers in the process list (`@@servers`, vLLM started
-outside Docker). A missing tool prints `@@missing` for its section, which the
+outside Docker); with the slow tier, the space left on the filesystems a
+Spark fills (`@@disk`), and once the GPU's highest SM clock (`@@gpumax`). A
+missing tool prints `@@missing` for its section, which the
 monitor shows as a state rather than an error. The meminfo path can be
 redirected with `$SPARKTOP_PROC_ROOT` (the twin's simulated hosts use it);
 on a real node it is /proc.
@@ -38,7 +40,7 @@ from sparktop.observe.fabric import parse_ip_br_addr
 from sparktop.observe.linkparse import LINK_SCRIPT, LinkCounters, link_rates, parse_link_section
 from sparktop.observe.machine import DMI_SCRIPT, Machine, parse_dmi_section
 from sparktop.observe.prometheus import RATE_WINDOW_S
-from sparktop.observe.snapshot import Container, NodeSnapshot, ServerProcess
+from sparktop.observe.snapshot import Container, Disk, NodeSnapshot, ServerProcess
 from sparktop.remote import Transport
 from sparktop.remote.local import LocalTransport
 
@@ -47,6 +49,31 @@ GPU_QUERY = "name,utilization.gpu,temperature.gpu,power.draw,clocks.sm,pstate"
 # the field and refuse the whole query, so a node answering so is asked without it from then on.
 GPU_QUERY_REASONS = GPU_QUERY + ",clocks_event_reasons.active"
 APPS_QUERY = "pid,process_name,used_memory"
+# The GPU's highest SM clock, for the silent low-clock alert (a clock under a share of it). NVML's maximum is the
+# hardware's, which a cap or a clock lock does not lower (a GB10 with bad USB-C power delivery still reports 3003 MHz
+# at ~500 MHz: hoesing/spark-gpu-throttle-check's README), so it is asked once (with the slow tier until nvidia-smi
+# answers it), in a query of its own: a field the driver does not know makes nvidia-smi refuse the whole query
+# (`Field "..." is not a valid field to query.`, exit 2), and the every-poll figures must not hang on it.
+GPU_MAX_QUERY = "clocks.max.sm"
+_SCRIPT_GPU_MAX = (
+    "if command -v nvidia-smi >/dev/null 2>&1; then "
+    f"echo @@gpumax; nvidia-smi --query-gpu={GPU_MAX_QUERY} --format=csv,noheader,nounits 2>&1; "
+    'echo "@@rc $?"; fi; '
+)
+# The filesystems a Spark's work fills, read with the slow tier (space goes by downloads, not by the second):
+# `/`, the Hugging Face cache (`$HF_HOME`, else ~/.cache/huggingface) and Docker's root (`data-root` in
+# /etc/docker/daemon.json, else /var/lib/docker), the last two where they exist. Each path's role first
+# (`hostparse.DISK_ROLES`), then one `df -Pk` of them all: POSIX's format, in KiB, a row per path in order; the
+# parser keeps one per filesystem. Shell builtins but df: no process more than it.
+_SCRIPT_DISK = (
+    'echo @@disk; h=${HF_HOME:-$HOME/.cache/huggingface}; r=/var/lib/docker; '
+    "if [ -r /etc/docker/daemon.json ]; then while IFS= read -r l || [ -n \"$l\" ]; do case $l in *'\"data-root\"'*) "
+    "l=${l#*'\"data-root\"'}; l=${l#*'\"'}; r=${l%%'\"'*} ;; esac; done < /etc/docker/daemon.json; fi; "
+    'set -- /; echo "root /"; '
+    'if [ -e "$h" ]; then set -- "$@" "$h"; echo "hf_cache $h"; fi; '
+    'if [ -e "$r" ]; then set -- "$@" "$r"; echo "docker $r"; fi; '
+    'df -Pk -- "$@" 2>&1; echo "@@rc $?"; '
+)
 
 # Shell builtins where a command would do (`read` for the first line of
 # /proc/stat): every process started on the node costs it CPU each poll.
@@ -213,6 +240,9 @@ class HostProbe:
     _has_rdma: bool | None = field(default=None, repr=False)  # the local node: any RDMA device at all
     _gpu_query: str = field(default=GPU_QUERY_REASONS, repr=False)
     _addresses: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _disks: list[Disk] | None = field(default=None, repr=False)  # as the slow tier last read them
+    _gpu_max: float | None = field(default=None, repr=False)  # the SM clock's ceiling (MHz), once nvidia-smi said
+    _gpu_max_read: bool = field(default=False, repr=False)
     # Whether the last poll read the containers or the process list afresh (or copied the last ones).
     read_slow_tier: bool = field(default=False, repr=False)
 
@@ -234,8 +264,9 @@ class HostProbe:
         else:
             head = _SCRIPT_HEAD if self._gpu_query == GPU_QUERY_REASONS else _SCRIPT_HEAD_OLD_DRIVER
             script = head + ("" if self._dmi_read else DMI_SCRIPT) + (
+                _SCRIPT_GPU_MAX if servers_due and not self._gpu_max_read else "") + (
                 _SCRIPT_DOCKER + _SCRIPT_ADDR if docker_due else "") + (
-                servers_script(self._server_candidates) if servers_due else "") + "echo @@end"
+                servers_script(self._server_candidates) + _SCRIPT_DISK if servers_due else "") + "echo @@end"
             result = await self.transport.run(script, timeout=self.timeout)
             text, ok, why = result.stdout, "@@end" in result.stdout, \
                 f"exit {result.exit_status}: {result.first_error_line()}"
@@ -266,6 +297,7 @@ class HostProbe:
             snap.servers = list(self._servers)
             snap.servers_rss_mib = self._servers_rss
         self._read_link_and_machine(sections, ok, snap)
+        self._read_disks_and_clock(sections, ok, snap)
         self.read_slow_tier = docker_due or (servers_due and ok)
         snap.poll_ms = (self.clock.now() - started) * 1000
         if not ok:
@@ -300,6 +332,20 @@ class HostProbe:
         while len(self._links) > 2 and now - self._links[1][0] >= self.link_window:
             self._links.popleft()
 
+    def _read_disks_and_clock(self, sections: dict, ok: bool, snap: NodeSnapshot) -> None:
+        """The filesystems as the slow tier last read them, and the GPU's highest SM clock once it is known."""
+        if "disk" in sections and ok:
+            self._disks = hostparse.parse_disks(sections["disk"][0])
+        snap.disks = list(self._disks or [])
+        if "gpumax" in sections and ok:
+            body, rc, _ = sections["gpumax"]
+            if rc == 0:
+                self._gpu_max, self._gpu_max_read = hostparse.parse_max_clock(body), True
+            elif "not a valid field" in body:  # a driver that does not know it: never asked again
+                self._gpu_max_read = True
+        if snap.gpu is not None:
+            snap.gpu.max_sm_clock = self._gpu_max
+
     async def _read_here(self, docker_due: bool, servers_due: bool = False) -> tuple[str, bool, str]:
         """The probe's sections for the node sparktop runs on: the /proc files
         (and the process list) read in-process (a monitor left open all day
@@ -331,8 +377,11 @@ class HostProbe:
         if not self._dmi_read:
             text += "@@dmi\n" + "".join(f"{name}={_first_line_of(f'{sys_root}/class/dmi/id/{name}')}\n"
                                        for name in ("sys_vendor", "product_name", "product_family"))
-        script = (gpu_script(self._gpu_query) if gpu else "") + (_SCRIPT_DOCKER if docker and docker_due else "") + (
-            LINK_SCRIPT if self._has_rdma else "") + (_SCRIPT_ADDR if self._has_rdma and docker_due else "")
+        script = (gpu_script(self._gpu_query) if gpu else "") + (
+            _SCRIPT_GPU_MAX if gpu and servers_due and not self._gpu_max_read else "") + (
+            _SCRIPT_DOCKER if docker and docker_due else "") + (
+            LINK_SCRIPT if self._has_rdma else "") + (_SCRIPT_ADDR if self._has_rdma and docker_due else "") + (
+            _SCRIPT_DISK if servers_due else "")
         if not gpu:
             text += "@@gpu\n@@missing\n"
         if docker_due and not docker:

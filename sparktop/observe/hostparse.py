@@ -1,6 +1,6 @@
 """Pure parsers for what a node prints: /proc/meminfo, /proc/stat,
 `nvidia-smi` (CSV queries and the default table), `docker ps --format
-'{{json .}}'`, `free`, and the engines' servers in the process list.
+'{{json .}}'`, `free`, `df -P`, and the engines' servers in the process list.
 
 GB10 quirks handled here: memory fields are `[N/A]`, `N/A` or "Not
 Supported"; CSV values may carry units (`96 %`) unless `nounits` was given;
@@ -16,7 +16,7 @@ from sparktop.engine_ids import DEFAULT
 from sparktop.observe import engines
 from sparktop.observe.argv import flag_value
 from sparktop.observe.machine import throttle_reasons
-from sparktop.observe.snapshot import Container, Gpu, GpuProcess, Memory, ServerProcess
+from sparktop.observe.snapshot import Container, Disk, Gpu, GpuProcess, Memory, ServerProcess
 
 NA = {"[n/a]", "n/a", "not supported", "[not supported]", "", "[unknown error]", "[insufficient permissions]"}
 
@@ -142,6 +142,13 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_FIELDS) -> Gpu:
     )
 
 
+def parse_max_clock(text: str) -> float | None:
+    """`nvidia-smi --query-gpu=clocks.max.sm --format=csv[,noheader][,nounits]`: the SM clock's ceiling in MHz;
+    None for N/A or anything else."""
+    rows = parse_csv_query(text, ["clocks.max.sm"])
+    return number(rows[0]["clocks.max.sm"]) if rows else None
+
+
 def parse_compute_apps(text: str) -> list[GpuProcess]:
     out = []
     for row in parse_csv_query(text, ["pid", "process_name", "used_memory"]):
@@ -151,6 +158,49 @@ def parse_compute_apps(text: str) -> list[GpuProcess]:
         used = number(row["used_memory"])
         out.append(GpuProcess(int(pid), row["process_name"] or "?", int(used) if used is not None else None))
     return out
+
+
+# -- disks ------------------------------------------------------------------------
+
+# What lives on a filesystem the probe reads (`host_probe._SCRIPT_DISK` prints each as `<role> <path>`).
+DISK_ROLES = ("root", "hf_cache", "docker")
+# A `df -P` row: the filesystem, its total, used and available blocks, the capacity used and where it is
+# mounted. POSIX's format never wraps a row; a name or a mount point may hold spaces, so it is read around the
+# numbers (GNU df writes "-" for the capacity of a filesystem of no size).
+_DF_ROW = re.compile(r"^(?P<device>.*?)\s+(?P<total>\d+)\s+\d+\s+(?P<free>\d+)\s+(?:\d+%|-)\s+(?P<mount>/.*)$")
+_DF_HEADER = re.compile(r"^Filesystem\s+(?P<size>\d+)(?P<k>K?)-blocks\s")
+
+
+def parse_disks(text: str) -> list[Disk]:
+    """The probe's `@@disk` section: the role and path of each place it asked about (`root /`,
+    `hf_cache /home/u/.cache/huggingface`), then `df -Pk` of those paths, a row per path in their order
+    (the header says the block size: 1024 with -k, 512 where POSIXLY_CORRECT is set without it). One `Disk`
+    per filesystem, in bytes, with the roles it holds; a path df could not read is left out (where the rows
+    no longer line up with the paths, each path goes to the filesystem mounted on its longest prefix)."""
+    paths: list[tuple[str, str]] = []
+    rows: list[tuple[str, int, int, str]] = []
+    block = 1024
+    for line in text.splitlines():
+        role, _, path = line.partition(" ")
+        if role in DISK_ROLES and path.startswith("/"):
+            paths.append((role, path))
+        elif header := _DF_HEADER.match(line):
+            block = int(header["size"]) * (1024 if header["k"] else 1)
+        elif row := _DF_ROW.match(line):
+            rows.append((row["device"].strip(), int(row["total"]), int(row["free"]), row["mount"]))
+    disks: dict[tuple[str, str], Disk] = {}
+    for device, total, free, mount in rows:
+        disks.setdefault((device, mount), Disk(mount=mount, total=total * block, free=free * block, device=device))
+    found = list(disks.values())
+    for i, (role, path) in enumerate(paths):
+        if len(rows) == len(paths):
+            disk: Disk | None = disks[(rows[i][0], rows[i][3])]
+        else:
+            under = [d for d in found if path == d.mount or path.startswith(d.mount.rstrip("/") + "/")]
+            disk = max(under, key=lambda d: len(d.mount), default=None)
+        if disk is not None and role not in disk.holds:
+            disk.holds.append(role)
+    return found
 
 
 # -- docker -----------------------------------------------------------------------

@@ -73,6 +73,18 @@ class Gpu:
     pstate: str | None = None
     # Why its clocks are held down now (NVML's clock event reasons, in words); None: not read
     throttle: list[str] | None = None
+    max_sm_clock: float | None = None  # MHz, the SM clock's ceiling (clocks.max.sm, read once); None: not read
+
+
+@dataclass
+class Disk:
+    """A filesystem a Spark's work lives on (`df -P`): the root's, the Hugging Face cache's, Docker's root's."""
+
+    mount: str  # where it is mounted: "/"
+    total: int  # bytes
+    free: int  # bytes a user can still write (df's Available: the blocks reserved for root left out)
+    holds: list[str] = field(default_factory=list)  # what lives on it: root | hf_cache | docker
+    device: str = ""  # the filesystem as df names it: /dev/nvme0n1p2
 
 
 @dataclass
@@ -139,6 +151,7 @@ class NodeSnapshot:
     machine: Machine | None = None  # which GB10 (or other) machine, from DMI
     # The RDMA ports' addresses (`ip -br addr`, read every few seconds): netdev -> "169.254.44.136/16", ...
     addresses: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    disks: list[Disk] = field(default_factory=list)  # read with the slow tier, one per filesystem; []: not read
 
     @property
     def engines_mib(self) -> int:
@@ -317,6 +330,7 @@ def node_from_dict(d: dict) -> NodeSnapshot:
     if d.get("machine"):
         d["machine"] = Machine(**d["machine"])
     d["addresses"] = {k: tuple(v) for k, v in (d.get("addresses") or {}).items()}
+    d["disks"] = [Disk(**x) for x in d.get("disks") or []]
     return NodeSnapshot(**d)
 
 

@@ -20,6 +20,10 @@ agree on lives there:
                        Docker's cgroup (or a user session outside one)
     config.json "unreachable"  fabric addresses this host's `ping` gets no
                        reply from (a cable that is out, a switch port down)
+    config.json "sm_clock_cap"  the MHz its GPU's SM clock is held under with
+                       no clock event reason (`set_clock_cap`: bad USB-C power)
+    disk               its disk's size and free bytes, `<total> <free>`, which
+                       the `df` stand-in answers for every path (`set_disk`)
     ray/               the Ray stand-in's head address and members
     net/               the interfaces' traffic counters and `ethtool -S` texts (link.py)
 
@@ -83,6 +87,11 @@ VARIANT_ORDER = ("nvidia", "asus", "dell", "hp", "lenovo", "msi", "gigabyte", "a
 GB10_MEM_TOTAL_KB = 125_441_420  # `free -b` on a Spark: 128452014080 bytes
 GB10_SWAP_KB = 16_777_212
 BASE_USED_KB = 4_300_000  # OS, desktop and services on an idle Spark
+# One filesystem for everything, as on a Spark: its 4 TB NVMe drive's second partition, which published setups show
+# as `/dev/nvme0n1p2  3.7T  123G  3.4T   4% /` in `df -h` (beside a 512M /boot/efi); no `df -P` of one was found,
+# so the bytes are those sizes': 3.7T as df -h rounds up, and 3.4T left a few models in (ext4 keeps 5 % for root).
+DISK_TOTAL_B = 3_965_000_000_000
+DISK_FREE_B = 3_700_000_000_000
 
 
 def write_json(path: Path, data) -> None:
@@ -157,6 +166,8 @@ class TwinHost:
             config["images"] = images
         write_json(self.home / "config.json", config)
         self.write_meminfo()
+        if self.disk() is None:
+            self.set_disk(DISK_FREE_B, DISK_TOTAL_B)
 
     @property
     def config(self) -> dict:
@@ -226,6 +237,36 @@ class TwinHost:
     @property
     def unreachable(self) -> set[str]:
         return set(self.config.get("unreachable", []))
+
+    # -- faults a test sets -----------------------------------------------------
+
+    def set_clock_cap(self, mhz: int | None) -> None:
+        """Hold the GPU's SM clock under `mhz` with no clock event reason, its power falling with it, as a Spark
+        whose USB-C power delivery went wrong does (None: lift it). What the twin's nvidia-smi answers."""
+        config = self.config
+        if mhz is None:
+            config.pop("sm_clock_cap", None)
+        else:
+            config["sm_clock_cap"] = int(mhz)
+        write_json(self.home / "config.json", config)
+
+    def set_disk(self, free: int, total: int | None = None) -> None:
+        """The bytes left on the host's disk (and its size, kept unless given): what its `df` says for every
+        path. A plain `<total> <free>` line, which the stand-in reads with shell builtins."""
+        total = total if total is not None else (self.disk() or (DISK_TOTAL_B, 0))[0]
+        free = max(0, min(int(free), int(total)))
+        path = self.home / "disk"
+        tmp = path.with_name(f".disk.{os.getpid()}.tmp")
+        tmp.write_text(f"{int(total)} {free}\n")
+        os.replace(tmp, path)
+
+    def disk(self) -> tuple[int, int] | None:
+        """(total, free) bytes of the host's disk; None before it is set up."""
+        try:
+            total, free = (self.home / "disk").read_text().split()
+            return int(total), int(free)
+        except (OSError, ValueError):
+            return None
 
     # -- GPU processes --------------------------------------------------------
 

@@ -3,7 +3,8 @@
 `install(bin_dir)` writes the machine's commands into `bin_dir` (`docker`,
 `ray`, `nvidia-smi` and `ping`, and `ethtool`, a shell script: the monitor
 runs `ethtool -S` every second per RDMA port, so it starts no Python: it
-prints what link.py keeps) and every program an engine's image runs that
+prints what link.py keeps; `df`, a shell script too, the host's one disk as
+its `disk` file says) and every program an engine's image runs that
 the twin speaks: each dialect's programs (`dialects.PROGRAMS`: its
 `engine_ids` row's, such as `vllm`, `sglang`, `llama-server` and
 `rpc-server`, and the helpers its images run beside the server, such as
@@ -134,12 +135,35 @@ fi
 """
 
 
+# `df [-P] [-k] [PATH...]`: every path on the host's one disk (`TwinHost.set_disk`), in POSIX's format and 1024-byte
+# blocks as GNU df prints it, the capacity used rounded up; a path that does not exist is an error, as df's.
+DF = r"""#!/bin/sh
+# sparktop twin: df [-P] [-k] [PATH...], for the simulated host's one disk
+home=${SPARKTOP_TWIN_HOME:?SPARKTOP_TWIN_HOME is not set}
+read -r total free < "$home/disk" || { echo "df: cannot read $home/disk" >&2; exit 1; }
+k=$((total / 1024)); a=$((free / 1024)); u=$((k - a)); c=0
+[ "$k" -gt 0 ] && c=$(( (u * 100 + k - 1) / k ))
+echo "Filesystem     1024-blocks       Used  Available Capacity Mounted on"
+row() { printf '%-14s %11s %10s %10s %7s%% /
+' /dev/nvme0n1p2 "$k" "$u" "$a" "$c"; }
+rc=0; paths=0
+for p in "$@"; do
+  case $p in -*) continue ;; esac
+  paths=1
+  if [ -e "$p" ]; then row; else echo "df: $p: No such file or directory" >&2; rc=1; fi
+done
+[ "$paths" = 1 ] || row
+exit $rc
+"""
+
+
 def install(bin_dir: str | Path) -> Path:
     """Write the stand-in commands into `bin_dir` (created if needed)."""
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "ethtool").write_text(ETHTOOL)
-    os.chmod(bin_dir / "ethtool", 0o755)
+    for name, text in (("ethtool", ETHTOOL), ("df", DF)):
+        (bin_dir / name).write_text(text)
+        os.chmod(bin_dir / name, 0o755)
     src = Path(__file__).resolve().parents[2]
     for tool in TOOLS:
         script = bin_dir / tool

@@ -3,7 +3,9 @@
 GB10 memory is unified: memory fields are `[N/A]` in CSV queries and "Not
 Supported" in the table; per-process memory is reported. Utilisation,
 power, temperature and clocks follow the engines' busy fraction on this
-host. Formats match the captures in reference/captures/.
+host. Formats match the captures in reference/captures/. A host's SM clock
+cap (`TwinHost.set_clock_cap`) holds the clock under it with no clock event
+reason, and the power down with it: a Spark on bad USB-C power delivery.
 """
 
 from __future__ import annotations
@@ -18,14 +20,25 @@ DRIVER = "580.159.03"
 CUDA = "13.0"
 NAME = "NVIDIA GB10"
 BUS_ID = "0000000F:01:00.0"
+# GB10's highest SM clock as nvidia-smi reports it: `clocks.max.graphics` 3003 MHz on a real GB10 (the colonel-otto
+# capture, tests/fixtures/nvidia-smi/gb10_csv_name-clocks-temp-power_with-header_colonel-otto.csv, and every row,
+# idle, loaded and throttled, of hoesing/spark-gpu-throttle-check's README @ 1e8ccbdf). NVIDIA publishes no GB10
+# clock; the graphics and SM clocks are one domain (`nvidia-smi -q` lists the same Max Clocks for both), so
+# clocks.max.sm is the same.
+MAX_SM_CLOCK = 3003
+LOADED_CLOCK = 2405  # MHz under load: "~2400 MHz expected" (parallelArchitect/spark-gpu-throttle-check's README)
 
 
 def _gpu_values(host: TwinHost) -> dict[str, str]:
     util = host.gpu_util()
     busy = bool(host.processes())
-    power = 4.0 + util * 46.0 if busy else 2.0
+    clock = LOADED_CLOCK if util > 0.05 else (1200 if busy else 208)
+    cap = host.config.get("sm_clock_cap")
+    # A capped board draws what its clock lets it: the busy part of the power scales with the clock held.
+    held = min(1.0, int(cap) / clock) if cap else 1.0
+    clock = min(clock, int(cap)) if cap else clock
+    power = 4.0 + util * 46.0 * held if busy else 2.0
     temp = 38 + int(util * 30) if busy else 34
-    clock = 2405 if util > 0.05 else (1200 if busy else 208)
     pstate = "P0" if busy else "P8"
     return {
         "name": NAME,
@@ -35,6 +48,8 @@ def _gpu_values(host: TwinHost) -> dict[str, str]:
         "power.limit": "[N/A]",
         "clocks.sm": f"{clock}",
         "clocks.current.sm": f"{clock}",
+        "clocks.max.sm": f"{MAX_SM_CLOCK}",
+        "clocks.max.graphics": f"{MAX_SM_CLOCK}",
         "clocks.mem": "[N/A]",
         "pstate": pstate,
         # Idle when nothing runs (the twin never holds its clocks down; a test writes a cap by hand).
@@ -56,13 +71,14 @@ def _gpu_values(host: TwinHost) -> dict[str, str]:
 
 UNITS = {
     "utilization.gpu": " %", "temperature.gpu": "", "power.draw": " W", "clocks.sm": " MHz",
-    "clocks.current.sm": " MHz",
+    "clocks.current.sm": " MHz", "clocks.max.sm": " MHz", "clocks.max.graphics": " MHz",
 }
 HEADERS = {
     "utilization.gpu": "utilization.gpu [%]", "power.draw": "power.draw [W]", "clocks.sm": "clocks.current.sm [MHz]",
     "clocks.current.sm": "clocks.current.sm [MHz]", "used_memory": "used_gpu_memory [MiB]",
     "used_gpu_memory": "used_gpu_memory [MiB]", "memory.used": "memory.used [MiB]",
-    "memory.total": "memory.total [MiB]",
+    "memory.total": "memory.total [MiB]", "clocks.max.sm": "clocks.max.sm [MHz]",
+    "clocks.max.graphics": "clocks.max.graphics [MHz]",
 }
 
 

@@ -22,6 +22,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from sparktop.engine_ids import is_router
+from sparktop.observe.alerts import DISK_FULL_B, DISK_LOW_B
 from sparktop.observe.energy import Energy
 from sparktop.observe.engines import name_of
 from sparktop.observe.link import LinkView
@@ -413,6 +414,12 @@ class NodeCard(Card):
         else:
             line.append(f"docker: {snap.docker_status}", style="yellow")
         lines.append(line)
+        # A disk only once it runs short (the alerts' thresholds): the fullest filesystem, in one short line.
+        short = min((d for d in snap.disks if d.free < DISK_LOW_B), key=lambda d: d.free, default=None)
+        if short is not None:
+            text = f"{short.free / 1e9:.0f} GB free on {short.mount}"
+            lines.append(Text("disk ", style="bold") + Text(text[: max(0, width - 5)],
+                                                            style="red" if short.free < DISK_FULL_B else "yellow"))
         # The link's line where it is in use (an engine spread over this node, traffic, a warning): a solo
         # node's idle cable is the detail screen's to show, not a line on every card.
         if link is not None and (link[0].engines or link[0].warning or _link_busy(link[0])):

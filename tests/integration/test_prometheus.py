@@ -59,7 +59,7 @@ def test_promtool_finds_nothing_to_fix_in_what_the_exporter_serves():
 def test_the_alerting_rules_are_valid_and_their_unit_tests_pass():
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 13 rules found" in checked.stdout
+    assert "SUCCESS: 16 rules found" in checked.stdout
     tested = promtool("test", "rules", RULE_TESTS.name, cwd=GRAFANA)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
@@ -80,7 +80,8 @@ def test_every_alert_waits_says_how_bad_and_queries_only_what_is_exported():
     assert {r["alert"] for r in rules} >= {
         "SparktopNodeLost", "SparktopNodeMemoryLow", "SparktopNodeMemoryCritical", "SparktopEngineDown",
         "SparktopEngineHung", "SparktopKVCacheSaturated", "SparktopEnginePreempting", "SparktopNCCLOnSockets",
-        "SparktopLinkOneHalf", "SparktopGPUThrottled", "SparktopHistoryPaused", "SparktopReplicaImbalance"}
+        "SparktopLinkOneHalf", "SparktopGPUThrottled", "SparktopHistoryPaused", "SparktopReplicaImbalance",
+        "SparktopGPULowClock", "SparktopNodeDiskLow", "SparktopNodeDiskFull"}
 
 
 # -- a real Prometheus ----------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def test_prometheus_scrapes_one_series_per_engine_and_no_password(tmp_path):
             return rules if rules and all(r["health"] != "unknown" for r in rules) else None
 
         rules = prometheus.until("the rules evaluated", evaluated)
-        assert len(rules) == 13 and [r["name"] for r in rules if r["health"] != "ok"] == []
+        assert len(rules) == 16 and [r["name"] for r in rules if r["health"] != "ok"] == []
         code, out, err = collect.stop()
     finally:
         if prometheus is not None:
