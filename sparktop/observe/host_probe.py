@@ -64,7 +64,7 @@ _SCRIPT_GPU_MAX = (
 # `/`, the Hugging Face cache (`$HF_HOME`, else ~/.cache/huggingface) and Docker's root (`data-root` in
 # /etc/docker/daemon.json, else /var/lib/docker), the last two where they exist. Each path's role first
 # (`hostparse.DISK_ROLES`), then one `df -Pk` of them all: POSIX's format, in KiB, a row per path in order; the
-# parser keeps one per filesystem. Shell builtins but df: no process more than it.
+# parser keeps one per filesystem. Shell builtins but df (and `timeout`): no process more than them.
 _SCRIPT_DISK = (
     'echo @@disk; h=${HF_HOME:-$HOME/.cache/huggingface}; r=/var/lib/docker; '
     "if [ -r /etc/docker/daemon.json ]; then while IFS= read -r l || [ -n \"$l\" ]; do case $l in *'\"data-root\"'*) "
@@ -72,7 +72,9 @@ _SCRIPT_DISK = (
     'set -- /; echo "root /"; '
     'if [ -e "$h" ]; then set -- "$@" "$h"; echo "hf_cache $h"; fi; '
     'if [ -e "$r" ]; then set -- "$@" "$r"; echo "docker $r"; fi; '
-    'df -Pk -- "$@" 2>&1; echo "@@rc $?"; '
+    # A hung mount (an NFS-backed HF cache) would hold the whole poll: df gets 5 s where `timeout` exists.
+    'if command -v timeout >/dev/null 2>&1; then timeout 5 df -Pk -- "$@" 2>&1; else df -Pk -- "$@" 2>&1; fi; '
+    'echo "@@rc $?"; '
 )
 
 # Shell builtins where a command would do (`read` for the first line of
