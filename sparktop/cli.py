@@ -687,16 +687,18 @@ def _add_twin(sub) -> None:
                       "a GB10 (default 1)")
     node.set_defaults(func=cmd_twin_node)
     fitp = twin_sub.add_parser("fit", help="the performance model fitted to the published Spark figures")
-    fitp.add_argument("--report", action="store_true", help="published vs predicted per cell (the default)")
+    fitp.add_argument("--report", action="store_true", help="published vs predicted per cell, then the saved "
+                      "leave-one-model-out and leave-one-source-out tables and bands (the default)")
     fitp.add_argument("--refit", action="store_true", help="run the fit again and save the constants")
     fitp.add_argument("--save-summary", action="store_true",
                       help="save each card's error beside the constants without refitting (what `predict` states; "
                            "needed after the published figures change)")
     fitp.add_argument("--iterations", type=int, help="fit iterations (default 120; 40 with --runs)")
     fitp.add_argument("--cross-validate", action="store_true",
-                      help="leave each model out, fit, predict it: the error to expect for an unmeasured model "
-                           "(minutes: each refit linearised around the fitted constants; saved beside the constants "
-                           "with --refit)")
+                      help="leave each model out, then each source, fit, predict it: the error band to expect for "
+                           "an unmeasured model and how many left-out figures it holds (minutes: each refit "
+                           "linearised around the fitted constants; saved beside the constants with --refit or "
+                           "--save-summary, where `predict` reads it)")
     fitp.add_argument("--exact", action="store_true", help="with --cross-validate: refit each model out by the "
                       "simplex instead (about an hour on 2 cores)")
     fitp.add_argument("--stacks", nargs="*", metavar="STACK",

@@ -367,7 +367,7 @@ def cmd_predict(args) -> int:
     from sparktop.launch.prediction import subject_for_card, subject_for_recipe
     from sparktop.model.fit import FITTED, inventory_key
     from sparktop.model.forecast import base_constants, forecast
-    from sparktop.model.predict import crossover_lines, recommend, uncertainty
+    from sparktop.model.predict import bands, crossover_lines, error_json, recommend, row_band, uncertainty
     from sparktop.model.serving import Serving
 
     recipe, card = _predict_subject(args)
@@ -439,8 +439,11 @@ def cmd_predict(args) -> int:
     used = (f"constants fitted to your measurements (study {', '.join(sources) or '?'})" if fitted is not None
             else f"the published constants ({FITTED.name}; `sparktop twin fit --runs STUDY` fits them to yours)")
     if args.json:
-        print(json.dumps({"rows": [r.as_dict() for r in rows], "recommendation": recs, "crossovers": cross,
-                          "uncertainty": unsure, "runtime": {"id": runtime, "text": modeled},
+        stated = bands() if _base(runtime) else {}  # the bands are vLLM's fit's, as the uncertainty is
+        print(json.dumps({"rows": [{**r.as_dict(), "band": row_band(r, stated)} for r in rows],
+                          "recommendation": recs, "crossovers": cross,
+                          "uncertainty": unsure, "error": error_json() if stated else {},
+                          "runtime": {"id": runtime, "text": modeled},
                           "stack": {"id": stack, "assumed": stack_note},
                           "constants": {"inventory_key": key, "fitted": fitted is not None,
                                         "sources": sources, "text": used}, "speed": fc.speed}, indent=2))

@@ -32,8 +32,9 @@ def cmd_fit(args) -> int:
         fit.save_constants(k, fit.fit_summary(rep), cross=cv, stacks=stacks)
         console.print(f"saved {fit.FITTED}")
     elif getattr(args, "save_summary", False):  # the constants as they are: what `predict` states of each card
-        fit.save_summary(rep)
-        console.print(f"saved each card's error and the figures' digest in {fit.FITTED}")
+        fit.save_summary(rep, cross=cv)
+        console.print(f"saved each card's error{', the cross-validation and its bands' if cv else ''} and the "
+                      f"figures' digest in {fit.FITTED}")
     if args.json:
         print(json.dumps({"cells": [{"model": c.model, "topology": c.topology, "metric": c.metric,
                                      "concurrency": c.concurrency, "published": c.published, "predicted": p,
@@ -45,10 +46,11 @@ def cmd_fit(args) -> int:
                           "cross_validation": cv or fit.load_fit_summary().get("cross_validation")}, indent=2))
         return 0
     print(rep.text())
-    if cv:
+    saved = cv or fit.load_fit_summary().get("cross_validation")
+    if saved:  # computed now, or as saved (`--cross-validate` computes it again)
         print()
-        print("leave one model out (fit without it, predict it):")
-        print(fit.cross_validation_text(cv))
+        print(fit.cross_validation_text(saved) + ("" if cv else "\n(as saved in "
+                                                   f"{fit.FITTED.name}; `--cross-validate` computes it again)"))
     return 0
 
 

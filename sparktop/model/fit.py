@@ -753,12 +753,16 @@ def fit_summary(rep: Report) -> dict[str, Any]:
             "figures_digest": figures_digest()}
 
 
-def save_summary(rep: Report, path: Path | None = None) -> None:
+def save_summary(rep: Report, path: Path | None = None, cross: dict | None = None) -> None:
     """Rewrite only the report's per-card errors and the figures' digest in the saved fit (`twin fit
-    --save-summary`; the shipped file by default), the constants and everything else as they are."""
+    --save-summary`; the shipped file by default), and the cross-validation where one is given (`twin fit
+    --cross-validate --save-summary`: the bands `predict` states), the constants and everything else as
+    they are."""
     path = path or FITTED
     d = json.loads(path.read_text())
     d.setdefault("fit", {}).update({"per_card": rep.per_card(), "figures_digest": figures_digest()})
+    if cross:
+        d["cross_validation"] = cross
     path.write_text(json.dumps(d, indent=2) + "\n")
 
 
@@ -888,71 +892,241 @@ def newton_refit(cells: list[Cell], start: Constants, rounds: int = 3, workers: 
     return k
 
 
+# -- leave one group out: a model, a source ---------------------------------------------------
+#
+# An unmeasured model is like a model the fit never saw (leave-one-model-out);
+# an unmeasured setup (another harness, another build, another box) is like a
+# source the fit never saw (leave-one-source-out). Both are the same refit with
+# another grouping of the cells: one Jacobian, then a solve and a prediction
+# per left-out group.
+
+CV_METRICS = HEADLINE + ("output_tps",)
+# A source with fewer fitted figures than this cannot be told from noise on its
+# own: such sources are left out together, as one group.
+SOURCE_MIN_FIGURES = 5
+FEW_SOURCES = "sources with < {n} figures"
+BAND_QUANTILE = 0.8  # the share of left-out figures the stated band claims to hold
+
+
+def by_model(cells: Sequence[Cell]) -> Callable[[Cell], str]:
+    """Leave-one-model-out: each cell's group is its model."""
+    return lambda c: c.model
+
+
+def by_source(cells: Sequence[Cell], min_figures: int = SOURCE_MIN_FIGURES) -> Callable[[Cell], str]:
+    """Leave-one-source-out: each cell's group is its source; sources with
+    fewer than `min_figures` fitted figures are one group, left out together
+    (harder than one at a time: none of them helps predict another)."""
+    counts: dict[str, int] = {}
+    for c in cells:
+        if c.fitted:
+            counts[c.source] = counts.get(c.source, 0) + 1
+    few = FEW_SOURCES.format(n=min_figures)
+    return lambda c: c.source if counts.get(c.source, 0) >= min_figures else few
+
+
+GROUPINGS: dict[str, Callable[[Sequence[Cell]], Callable[[Cell], str]]] = {"model": by_model, "source": by_source}
+
+
+def _errors(rows, metric: str) -> list[float]:
+    """|predicted / published - 1| of the rows' `metric` figures that have both."""
+    return [abs(pred / cell.published - 1) for cell, pred, _ in rows
+            if cell.metric == metric and cell.published and pred]
+
+
+def leave_out(cells: list[Cell], key: Callable[[Cell], str], start: Constants, linear: tuple | None = None,
+              only: Sequence[str] | None = None, iterations: int = 60,
+              progress: Callable[[str], None] | None = None) -> tuple[dict, dict[str, dict[str, list[float]]]]:
+    """For every group (`key` of a fitted cell; `only` these): refit without
+    its cells, predict them. `linear` is (rows, Jacobian) at `start` (see
+    `jacobian`): each refit is then a linearised solve; None refits each by the
+    simplex. Returns ({group: {metric: MAPE, "cells": n}}, {group: {metric:
+    its left-out figures' absolute relative errors}})."""
+    base = replace(DEFAULT_CONSTANTS, stack_factors=start.stack_factors)
+    if linear is not None:
+        res, wts, idx = _residuals(linear[0])
+    table: dict[str, dict] = {}
+    errors: dict[str, dict[str, list[float]]] = {}
+    for group in only or sorted({key(c) for c in cells if c.fitted}):
+        test = [c for c in cells if c.fitted and key(c) == group]
+        if not test:
+            continue
+        if linear is None:
+            train = [c for c in cells if key(c) != group]
+            if progress:
+                progress(f"without {group}: fitting on {len(train)} cells")
+            k = refit(train, iterations=iterations, start=start, step=0.15)
+        else:
+            jac = linear[1]
+            keep = [n for n, i in enumerate(idx) if key(cells[i]) != group]
+            step = linear_step([res[n] for n in keep], [wts[n] for n in keep], [jac[idx[n]] for n in keep])
+            k = _constants([x + d for x, d in zip(_vector(start), step, strict=True)], base)
+            if progress:
+                progress(f"without {group}: refitted on {len(keep)} cells, predicting its {len(test)}")
+        rows = evaluate(k, test, min(4, os.cpu_count() or 1))
+        table[group] = {m: round(v, 4) for m in CV_METRICS if (v := _mape(rows, m)) is not None}
+        table[group]["cells"] = len(test)
+        errors[group] = {m: e for m in CV_METRICS if (e := _errors(rows, m))}
+    per = list(table.values())
+    table["mean"] = {m: round(statistics.fmean(x[m] for x in per if m in x), 4)
+                     for m in CV_METRICS if any(m in x for x in per)}
+    return table, errors
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The smallest of `values` that at least a share `q` of them do not exceed (nearest rank): a band this
+    wide holds at least that share of them."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def coverage(values: Sequence[float], band: float) -> float:
+    """The share of `values` within ±band."""
+    return sum(1 for v in values if v <= band) / len(values)
+
+
+def held_out_coverage(groups: dict[str, list[float]], q: float) -> float | None:
+    """The share of figures within a band set without their own group: each
+    group's figures against the `q` quantile of every other group's errors.
+    Near q when the band carries over to a group it has not seen."""
+    inside = total = 0
+    for g, errs in groups.items():
+        others = [e for h, v in groups.items() if h != g for e in v]
+        if not others or not errs:
+            continue
+        b = quantile(others, q)
+        inside += sum(1 for e in errs if e <= b)
+        total += len(errs)
+    return inside / total if total else None
+
+
+def error_bands(errors: dict[str, dict[str, dict[str, list[float]]]], q: float = BAND_QUANTILE) -> dict[str, dict]:
+    """The band stated per metric for a model or setup nobody measured, from
+    the left-out figures' errors of every grouping ({"model": {group: {metric:
+    [errors]}}, "source": ...}): the `q` quantile of them all pooled, not their
+    mean (a few far misses lift the mean while most figures sit well inside
+    it, so a band at the mean holds fewer than it seems to). With it, for each
+    grouping: the mean error, the share of its left-out figures within the
+    band (`coverage`), and the share within a band set without their own
+    group (`held_out`)."""
+    out: dict[str, dict] = {}
+    for m in CV_METRICS:
+        pooled = [e for grouping in errors.values() for g in grouping.values() for e in g.get(m, [])]
+        if not pooled:
+            continue
+        band = quantile(pooled, q)
+        entry: dict[str, Any] = {"band": round(band, 4), "quantile": q, "figures": len(pooled),
+                                 "coverage": round(coverage(pooled, band), 4)}
+        for name, grouping in errors.items():
+            errs = [e for g in grouping.values() for e in g.get(m, [])]
+            if not errs:
+                continue
+            held = held_out_coverage({g: v[m] for g, v in grouping.items() if v.get(m)}, q)
+            entry[name] = {"mean": round(statistics.fmean(errs), 4), "band": round(quantile(errs, q), 4),
+                           "coverage": round(coverage(errs, band), 4),
+                           "mean_coverage": round(coverage(errs, statistics.fmean(errs)), 4),
+                           **({"held_out": round(held, 4)} if held is not None else {})}
+        out[m] = entry
+    return out
+
+
 def cross_validate(cells: list[Cell] | None = None, iterations: int = 60, start: Constants | None = None,
                    progress: Callable[[str], None] | None = None, models: list[str] | None = None,
-                   exact: bool = False) -> dict:
-    """For every model with fitted figures: fit without it, predict it.
-    Returns {model: {metric: MAPE}, "cells": n} plus "mean" over models and
-    "seconds". By default each refit is the linearised one around `start`
-    (one Jacobian for all models, then a solve and one prediction each);
-    `exact` refits each by the simplex (`iterations`), an hour on 2 cores."""
+                   exact: bool = False, by: Sequence[str] = ("model", "source"),
+                   q: float = BAND_QUANTILE) -> dict:
+    """For every model with fitted figures: fit without it, predict it; then
+    the same for every source (`by`: the groupings, of GROUPINGS). Returns
+    {model: {metric: MAPE, "cells": n}} plus "mean" over models (leave-one-
+    model-out, as before), "by_source" (the same table per left-out source),
+    "bands" (`error_bands`: the error stated for an unmeasured model, per
+    metric, and how many left-out figures it holds), "seconds" and "method".
+    By default each refit is the linearised one around `start` (one Jacobian
+    for every grouping, then a solve and one prediction per left-out group);
+    `exact` refits each by the simplex (`iterations`), hours on 2 cores."""
     import time as _time
 
     t0 = _time.monotonic()
     cells = cells if cells is not None else published_cells()
     start = start or load_constants()
-    workers = min(4, os.cpu_count() or 1)
-    base = replace(DEFAULT_CONSTANTS, stack_factors=start.stack_factors)
+    linear = None if exact else jacobian(start, cells, min(4, os.cpu_count() or 1), progress)
     out: dict = {}
-    if not exact:
-        rows, jac = jacobian(start, cells, workers, progress)
-        res, wts, idx = _residuals(rows)
-    for model in models or sorted({c.model for c in cells if c.fitted}):
-        test = [c for c in cells if c.model == model and c.fitted]
-        if exact:
-            train = [c for c in cells if c.model != model]
-            if progress:
-                progress(f"without {model}: fitting on {len(train)} cells")
-            k = refit(train, iterations=iterations, start=start, step=0.15)
+    errors: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for name in by:
+        table, errors[name] = leave_out(cells, GROUPINGS[name](cells), start, linear,
+                                        only=models if name == "model" else None, iterations=iterations,
+                                        progress=progress)
+        if name == "model":
+            out.update(table)
         else:
-            keep = [n for n, i in enumerate(idx) if cells[i].model != model]
-            step = linear_step([res[n] for n in keep], [wts[n] for n in keep], [jac[idx[n]] for n in keep])
-            k = _constants([x + d for x, d in zip(_vector(start), step, strict=True)], base)
-            if progress:
-                progress(f"without {model}: refitted on {len(keep)} cells, predicting its {len(test)}")
-        rows_m = evaluate(k, test)
-        out[model] = {m: round(v, 4) for m in HEADLINE + ("output_tps",) if (v := _mape(rows_m, m)) is not None}
-        out[model]["cells"] = len(test)
-    per = [v for key, v in out.items() if key != "mean"]
-    out["mean"] = {m: round(statistics.fmean(x[m] for x in per if m in x), 4)
-                   for m in HEADLINE if any(m in x for x in per)}
+            out[f"by_{name}"] = table
+    out["bands"] = error_bands(errors, q)
     out["seconds"] = round(_time.monotonic() - t0, 1)
     out["method"] = "simplex" if exact else "linearised"
     return out
 
 
-def cross_validation_text(cv: dict) -> str:
-    lines = [f"{'left out':30} {'decode':>8} {'prefill':>8} {'TTFT':>8} {'cells':>6}"]
-    for model, v in cv.items():
-        if model == "mean" or not isinstance(v, dict):
+_NOT_GROUPS = ("mean", "bands", "seconds", "method")
+
+
+def _table_text(table: dict, title: str, what: str, flag_over: float | None = None) -> list[str]:
+    lines = [f"{title:40} {'decode':>8} {'prefill':>8} {'TTFT':>8} {'output':>8} {'cells':>6}"]
+    for group, v in table.items():
+        if group in _NOT_GROUPS or group.startswith("by_") or not isinstance(v, dict):
             continue
-        cols = [f"{v[m]:8.1%}" if m in v else f"{'—':>8}" for m in HEADLINE]
-        flag = "" if v.get("decode_tps") is None or v["decode_tps"] <= LOMO_TARGET else \
-            f"  over {LOMO_TARGET:.0%}"
-        lines.append(f"{model:30} {' '.join(cols)} {v.get('cells', 0):>6}{flag}")
-    mean = cv.get("mean", {})
-    lines.append(f"{'mean over models':30} " + " ".join(f"{mean[m]:8.1%}" if m in mean else f"{'—':>8}"
-                                                        for m in HEADLINE))
+        cols = [f"{v[m]:8.1%}" if m in v else f"{'—':>8}" for m in CV_METRICS]
+        flag = "" if flag_over is None or v.get("decode_tps") is None or v["decode_tps"] <= flag_over else \
+            f"  over {flag_over:.0%}"
+        lines.append(f"{group[:40]:40} {' '.join(cols)} {v.get('cells', 0):>6}{flag}")
+    mean = table.get("mean", {})
+    lines.append(f"{'mean over ' + what:40} " + " ".join(f"{mean[m]:8.1%}" if m in mean else f"{'—':>8}"
+                                                         for m in CV_METRICS))
+    return lines
+
+
+def bands_text(bands: dict) -> list[str]:
+    """The stated band per metric and how much of what was left out it holds."""
+    if not bands:
+        return []
+    q = next(iter(bands.values())).get("quantile", BAND_QUANTILE)
+    lines = [f"the error stated for an unmeasured model: the {q:.0%} quantile of every left-out figure's error "
+             "(models and sources left out)",
+             f"{'':12} {'band':>7} {'figures':>8}   {'left out':8} {'mean':>7} {'within mean':>12} "
+             f"{'within band':>12} {'band set without it':>20}"]
+    names = {"decode_tps": "decode", "prefill_tps": "prefill", "ttft_ms": "TTFT", "output_tps": "output"}
+    for m, b in bands.items():
+        first = True
+        for grouping in ("model", "source"):
+            g = b.get(grouping)
+            if not g:
+                continue
+            head = f"{names.get(m, m):12} ±{b['band']:6.1%} {b['figures']:>8}" if first else f"{'':12} {'':7} {'':8}"
+            held = f"{g['held_out']:20.0%}" if "held_out" in g else f"{'—':>20}"
+            lines.append(f"{head}   {grouping:8} {g['mean']:7.1%} {g['mean_coverage']:12.0%} {g['coverage']:12.0%} "
+                         f"{held}")
+            first = False
+    return lines
+
+
+def cross_validation_text(cv: dict) -> str:
+    lines = ["leave one model out (fit without it, predict it):"]
+    lines += _table_text(cv, "left out", "models", LOMO_TARGET)
+    if cv.get("by_source"):
+        lines += ["", "leave one source out (fit without its figures, predict them):"]
+        lines += _table_text(cv["by_source"], "left out", "sources")
+    if cv.get("bands"):
+        lines += [""] + bands_text(cv["bands"])
     if cv.get("seconds") is not None:
         lines.append(f"({cv.get('method', '')} refits, {cv['seconds']:.0f} s)")
     return "\n".join(lines)
 
 
 def expected_error(metric: str = "decode_tps") -> float | None:
-    """The leave-one-model-out error, as saved: what to expect for a model
-    no source measured."""
+    """The error to expect for a model no source measured, as saved: the
+    stated band (leave-one-model-out and leave-one-source-out), else the
+    leave-one-model-out mean of an older fit."""
     cv = load_fit_summary().get("cross_validation") or {}
-    return (cv.get("mean") or {}).get(metric)
+    band = ((cv.get("bands") or {}).get(metric) or {}).get("band")
+    return band if band is not None else (cv.get("mean") or {}).get(metric)
 
 
 # -- the user's own measurements -------------------------------------------------------

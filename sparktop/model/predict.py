@@ -103,7 +103,12 @@ def uncertainty(card: ModelCard) -> str:
     fitted = saved.get("fit") or {}
     cv = (saved.get("cross_validation") or {}).get("mean") or {}
     unseen = ""
-    if cv.get("decode_tps") is not None:
+    if (stated := bands(saved)):
+        q = next(iter((saved["cross_validation"]["bands"]).values())).get("quantile", 0.8)
+        unseen = (f"for a model no source measured expect ±{stated.get('decode_tps', 0):.0%} on decode, "
+                  f"±{stated.get('prefill_tps', 0):.0%} on prefill, ±{stated.get('ttft_ms', 0):.0%} on TTFT "
+                  f"({BASIS.format(q=q)})")
+    elif cv.get("decode_tps") is not None:  # an older fit: the mean, not a band
         unseen = (f"for a model no source measured expect ±{cv['decode_tps']:.0%} on decode, "
                   f"±{cv.get('prefill_tps') or 0:.0%} on prefill, ±{cv.get('ttft_ms') or 0:.0%} on TTFT "
                   "(leave-one-model-out)")
@@ -123,3 +128,59 @@ def uncertainty(card: ModelCard) -> str:
         text += ("; the published figures changed since these errors were saved: "
                  "run `sparktop twin fit --save-summary`")
     return text
+
+
+# What the stated band is: a share of left-out figures (`fit.error_bands`), both ways of leaving out.
+BASIS = "{q:.0%} of left-out figures within; leave-one-model-out and leave-one-source-out"
+# A row's figures and the metric of the fit whose band is theirs.
+BANDED = {"decode_tps": "decode_tps", "prefill_tps": "prefill_tps", "ttft_ms": "ttft_ms",
+          "e2e_tps_total": "output_tps"}
+
+
+def bands(saved: dict | None = None) -> dict[str, float]:
+    """The stated relative error per metric for a model or setup nobody
+    measured, as saved by `sparktop twin fit --cross-validate` ({} when the
+    saved fit has no bands): read, never recomputed."""
+    if saved is None:
+        from sparktop.model.fit import load_fit_summary
+
+        saved = load_fit_summary()
+    stated = (saved.get("cross_validation") or {}).get("bands") or {}
+    return {m: float(b["band"]) for m, b in stated.items() if isinstance(b, dict) and b.get("band") is not None}
+
+
+def band_of(value: float | None, error: float | None) -> list[float | None] | None:
+    """[low, high] of what would be measured given a prediction `value` and a
+    stated relative error `error` (|predicted / measured - 1| <= error): the
+    measurement lies between value / (1 + error) and value / (1 - error); no
+    upper bound (None) from an error of 100 % or more."""
+    if value is None or error is None:
+        return None
+    return [value / (1 + error), value / (1 - error) if error < 1 else None]
+
+
+def row_band(row: Row, stated: dict[str, float]) -> dict[str, list[float | None]]:
+    """Each figure of a row with its band (`band_of`), for the figures a band was stated for."""
+    out = {}
+    for field_name, metric in BANDED.items():
+        b = band_of(getattr(row, field_name), stated.get(metric))
+        if b is not None:
+            out[field_name] = [round(x, 3) if x is not None else None for x in b]
+    return out
+
+
+def error_json(saved: dict | None = None) -> dict:
+    """`predict --json`'s "error": the stated band per metric, the share it claims and what it held when
+    cross-validated, and its basis."""
+    if saved is None:
+        from sparktop.model.fit import load_fit_summary
+
+        saved = load_fit_summary()
+    stated = (saved.get("cross_validation") or {}).get("bands") or {}
+    if not stated:
+        return {}
+    q = next(iter(stated.values())).get("quantile", 0.8)
+    return {"basis": BASIS.format(q=q), "quantile": q,
+            **{m: {"band": b["band"], "coverage": b.get("coverage"),
+                   **{g: b[g] for g in ("model", "source") if g in b}}
+               for m, b in stated.items()}}

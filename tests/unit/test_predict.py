@@ -18,7 +18,7 @@ def test_predict_json_rows_for_every_topology_the_recipe_allows(capsys):
     assert main(["predict", "gpt-oss-120b", "--topology", "all", "-c", "1,8,64", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = data["rows"]
-    keys = {"model", "topology", "concurrency", "pp", "tg", "decode_tps", "per_request_tps", "prefill_tps",
+    keys = {"model", "topology", "concurrency", "pp", "tg", "decode_tps", "per_request_tps", "prefill_tps", "band",
             "ttft_ms", "kv_cache_usage", "fits", "e2e_tps_total", "e2e_tps_req", "wall_s_mean", "preempted"}
     assert all(set(r) == keys for r in rows)
     assert {r["topology"] for r in rows} == {"solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"}
