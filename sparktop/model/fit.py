@@ -20,12 +20,15 @@ latency, Ray's per-step cost, the router's per-request cost, and how
 strongly a batch's tokens share experts — all shared by every model. No
 model and no cell has its own knob.
 
-`cross_validate` refits without each model in turn and predicts it: the
-error a user should expect for a model no one measured, which `predict`
-states. The result of both is kept in `data/fitted-constants.json`, with
-each card's error over its own figures (`Report.per_card`) and a digest of
-the figure files, so `predict` states them without predicting a published
-cell; `twin fit --save-summary` refreshes those two when the figures change.
+`cross_validate` refits without each model in turn and predicts it, then
+without each source (an unseen harness and build): the band a user should
+expect for a model no one measured (`error_bands`: a quantile of the
+left-out figures' errors, and the share it holds), which `predict` states.
+The result of both is kept in `data/fitted-constants.json`, with each
+card's error over its own figures (`Report.per_card`) and a digest of the
+figure files, so `predict` states them without predicting a published
+cell; `twin fit --save-summary` refreshes those two when the figures
+change (`--cross-validate --save-summary` the bands as well).
 """
 
 from __future__ import annotations
