@@ -131,7 +131,7 @@ def test_a_study_of_one_model_on_vllm_and_llama_cpp_names_a_winner(tmp_path_fact
         inventory = lab.inventory()
         began = time.monotonic()
         done = sparktop(lab, "study", "tiny-llama", "--runtimes", "vllm,llama-cpp", "--topologies", "solo",
-                        "-c", "1,4", "--runs", "2", "--pp", "256", "--tg", "64", "--inventory", str(inventory),
+                        "-c", "1,4", "--runs", "2", "--pp", "256", "--tg", "128", "--inventory", str(inventory),
                         "--yes", "--timeout", TIMEOUT, timeout=1500)
         wall = time.monotonic() - began
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
