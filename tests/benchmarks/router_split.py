@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,8 +97,8 @@ async def continuous(router: str, c: int, requests: int) -> None:
 
 
 def start_router(strategy_word: str, backends: list[str], work: Path, litellm: Path) -> tuple[subprocess.Popen, str]:
-    from sparktop.launch.topology import ROUTER_KEY_ENV, litellm_config
     from sparktop.launch.runtimes.vllm import VllmRuntime
+    from sparktop.launch.topology import ROUTER_KEY_ENV, litellm_config
 
     config = litellm_config(MODEL, strategy_word, [(f"{VllmRuntime.router_provider}/{MODEL}", u) for u in backends])
     path = work / f"litellm-{strategy_word}.yaml"
@@ -150,7 +151,8 @@ def measure(reps: int, levels=LEVELS, strategies=STRATEGIES, work: Path | None =
                     asyncio.run(continuous(router, c, 8 * c))
                     after = [served(u) for u in twins]
                     out[(strategy, c, "continuous")] = [tuple(a - b for a, b in zip(after, before, strict=True))]
-                    say(f"{strategy} c{c}: bursts {Counter(got).most_common()} continuous {out[(strategy, c, 'continuous')]}")
+                    say(f"{strategy} c{c}: bursts {Counter(got).most_common()} "
+                        f"continuous {out[(strategy, c, 'continuous')]}")
                 proc.terminate()
                 proc.wait(10)
         finally:
@@ -210,6 +212,7 @@ def main() -> None:
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES))
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the twins and LiteLLM are stopped too
     levels = tuple(int(x) for x in args.levels.split(","))
     want = args.strategies.split(",")
     out = measure(args.reps, levels, tuple(s for s in STRATEGIES if s[0] in want))
