@@ -17,15 +17,15 @@ Behaviours, from how each router works:
   LiteLLM 1.106.2 over two twin engines, tests/benchmarks/router_split.py):
   least-busy reads the in-flight count of each deployment when it picks
   one (`async_get_available_deployments`) and increments the chosen one's
-  in `log_pre_api_call`, just before the request is sent; ties go to the
-  first deployment. Requests that arrive together are handled in the order
-  they reach it, and a request whose read falls before its predecessors'
-  increments sees the count they saw. A request misses the increments of
-  its L most recent predecessors, L geometric with P(L >= k) = q**k (q, the
-  race probability: a request reads before the one just before it has
-  counted). A burst of 2 then piles on the first replica with probability
-  q; large bursts split close to even; a continuous load (requests one at
-  a time as others finish) splits evenly.
+  in `log_pre_api_call`, just before the request is sent (after awaits
+  that let other requests in); ties go to the first deployment. Requests
+  that arrive together are handled in the order they reach it: with
+  probability q (the race) a request reads before its predecessor has
+  counted, sees what its predecessor saw and goes where it went (a wave);
+  otherwise it sees every earlier request counted and goes to the least
+  busy. A burst of 2 piles on one replica with probability q, a burst of c
+  with q**(c-1); large bursts split close to even; a continuous load
+  (requests one at a time as others finish) splits evenly.
 - `first` (the articles' least-busy, and LiteLLM latency-based-routing): a
   lockstep batch all goes to the first replica. The articles' setup
   starved its second node ("Least-busy tracks Solo almost exactly"): their
@@ -46,11 +46,15 @@ from sparktop import engine_ids
 # The LiteLLM sparktop launches: its proxy image's tag (settings.Defaults.router_image, from engine_ids).
 LITELLM_VERSION = engine_ids.get(engine_ids.ROUTER).default_image.rsplit(":", 1)[-1].lstrip("v")
 
-# least-busy's race probability: how often a request reads the in-flight counts before the request just
-# before it has counted itself. Fitted to the share of bursts of 2 that all went to one replica with LiteLLM
-# 1.106.2 over two twin engines (tests/benchmarks/router_split.py, 2026-11-29: 24 of 40 bursts of 2).
-LEAST_BUSY_RACE = 0.6
-RACE_DRAWS = 1000  # seeded bursts averaged for least-busy's split distribution
+# least-busy's race probability: how often a request reads the in-flight counts before the request just before it
+# has counted itself (a burst of c then all goes to one replica with probability q**(c-1)). q = 0.5 is issue 39's
+# measurement of LiteLLM 1.106.2 over two twin engines: bursts of 2-4 piled on one backend about as often as random
+# shuffle (0.5 at c2, 0.125 at c4: exactly q**(c-1) at q = 0.5), bursts of 8 and 16 split 5/3-2/6 and 8/8-6/10.
+# It grows with the router host's CPU load: tests/benchmarks/router_split.py on a 2-core machine at load ~7 per
+# core fits q = 0.9 (2026-11-29: all on one backend in 34 of 40 bursts of 2, 32/40 of 4, 19/40 of 8).
+LEAST_BUSY_RACE = 0.5
+PRUNE = 1e-7  # least-busy's paths less likely than this are dropped
+MASS_LEFT = 0.005  # and the least likely splits holding this much probability, the rest renormalised
 SHUFFLE_DRAWS = 12  # random splits averaged for a shuffle over more than two replicas
 
 Split = tuple[int, ...]
@@ -100,7 +104,8 @@ ROWS: tuple[Router, ...] = (
     Router(f"litellm-{LITELLM_VERSION}/shuffle", "shuffle", LITELLM, "simple-shuffle", "random",
            "each request to a replica at random"),
     Router(f"litellm-{LITELLM_VERSION}/least-busy", "least-busy", LITELLM, "least-busy", "race",
-           "as measured: bursts of 2-4 race to one backend, larger bursts and continuous load split evenly",
+           "as measured: bursts of 2-4 race to one backend about as often as shuffle, larger bursts and "
+           "continuous load split evenly",
            race=LEAST_BUSY_RACE),
     Router(f"litellm-{LITELLM_VERSION}/latency", "latency", LITELLM, "latency-based-routing", "first",
            "every lockstep batch to one backend"),
@@ -173,37 +178,50 @@ def shuffle_splits(c: int, replicas: int) -> list[tuple[Split, float]]:
     return multinomial_splits(c, replicas)
 
 
-def race_burst(c: int, replicas: int, race: float, rng: random.Random) -> list[int]:
-    """One burst through least-busy: each request picks the least-loaded replica (ties: the first) by the
-    counts of the requests before it, less the L most recent (L geometric: P(L >= k) = race**k)."""
-    chosen: list[int] = []
-    seen = [(0,) * replicas]  # seen[k]: the counts after the first k requests have counted
-    draw = rng.random
-    for i in range(c):
-        lag = 0
-        while lag < i and draw() < race:
-            lag += 1
-        counts = seen[i - lag]
-        pick = counts.index(min(counts))  # the least busy; ties to the first
-        chosen.append(pick)
-        last = seen[-1]
-        seen.append(last[:pick] + (last[pick] + 1,) + last[pick + 1:])
-    return chosen
+def race_splits(c: int, replicas: int, race: float) -> list[tuple[Split, float]]:
+    """least-busy's split distribution for a burst of c, exactly: requests reach the router in order; each one
+    reads the in-flight counts, and with probability `race` it reads before its predecessor has counted, seeing
+    what its predecessor saw and so going where it went (a wave); otherwise it sees every request before it
+    counted and goes to the least busy replica. The splits busiest replica first, most likely first (over more
+    than two replicas, one split per count on the busiest)."""
+    return list(_race_splits(c, replicas, race))
 
 
 @cache
-def race_splits(c: int, replicas: int, race: float) -> list[tuple[Split, float]]:
-    """least-busy's split distribution for a burst of c (seeded draws of `race_burst`; the split as requests per
-    replica in replica order), most likely first."""
+def _race_splits(c: int, replicas: int, race: float) -> tuple[tuple[Split, float], ...]:
     if c <= 0:
-        return [((0,) * replicas, 1.0)]
-    rng = random.Random(c * 7919 + replicas)
-    tally: dict[Split, int] = {}
-    for _ in range(RACE_DRAWS):
-        chosen = race_burst(c, replicas, race, rng)
-        split = tuple(chosen.count(r) for r in range(replicas))
-        tally[split] = tally.get(split, 0) + 1
-    return sorted(((s, n / RACE_DRAWS) for s, n in tally.items()), key=lambda x: -x[1])
+        return (((0,) * replicas, 1.0),)
+    # The replicas are alike, so a state is the counts busiest first (which of two equal replicas took a request
+    # changes no split) and the count of the replica the current wave goes to -> its probability.
+    first = (1,) + (0,) * (replicas - 1)
+    states: dict[tuple[Split, int], float] = {(first, 1): 1.0}
+    for _ in range(c - 1):
+        nxt: dict[tuple[Split, int], float] = {}
+        for (counts, target), p in states.items():
+            for before, w in ((target, race), (counts[-1], 1.0 - race)):  # the wave's replica, or the least busy
+                if w <= 0.0:
+                    continue
+                i = counts.index(before)
+                key = (tuple(sorted(counts[:i] + (before + 1,) + counts[i + 1:], reverse=True)), before + 1)
+                nxt[key] = nxt.get(key, 0.0) + p * w
+        states = {k: v for k, v in nxt.items() if v > PRUNE}
+    splits: dict[Split, float] = {}
+    for (counts, _), p in states.items():
+        splits[counts] = splits.get(counts, 0.0) + p
+    # One split per count on the busiest replica (its likeliest), with the weight of all that share it: exact
+    # over two replicas, and over more what the batch's slowest engine depends on most.
+    by_max: dict[int, tuple[Split, float, float]] = {}
+    for split, p in splits.items():
+        best, top, total = by_max.get(split[0], (split, 0.0, 0.0))
+        by_max[split[0]] = (split, p, total + p) if p > top else (best, top, total + p)
+    ranked = sorted(((split, total) for split, _, total in by_max.values()), key=lambda x: -x[1])
+    kept, mass = [], 0.0
+    for split, p in ranked:  # the likeliest splits holding all but MASS_LEFT of the probability
+        kept.append((split, p))
+        mass += p
+        if mass >= 1.0 - MASS_LEFT:
+            break
+    return tuple((split, p / mass) for split, p in kept)
 
 
 def one_backend_share(points: list[tuple[Split, float]]) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -190,6 +191,21 @@ def report(out: dict) -> list[str]:
     return lines
 
 
+def fit_race(out: dict, strategy: str = "least-busy") -> float | None:
+    """least-busy's race probability q that best explains the bursts that all went to one backend: under the
+    mechanism (sparktop.model.routers.race_splits) a burst of c all goes to one backend only as one wave, with
+    probability q**(c-1). Maximum likelihood over every burst, on a grid of 0.01."""
+    bursts = [(c, max(s) == sum(s)) for (name, c, load), splits in out.items()
+              if name == strategy and load == "burst" for s in splits if sum(s)]
+    if not bursts:
+        return None
+
+    def loglik(q: float) -> float:
+        return sum(math.log(q ** (c - 1) if alone else 1 - q ** (c - 1)) for c, alone in bursts)
+
+    return max((i / 100 for i in range(1, 100)), key=loglik)
+
+
 def run(bench: Bench) -> list[Row]:
     reps = bench.pick(6, 20)
     out = measure(reps, strategies=STRATEGIES[:2])
@@ -220,6 +236,13 @@ def main() -> None:
           "continuous load 8c requests with c in flight; counts from each twin's /metrics")
     for line in report(out):
         print(line)
+    q = fit_race(out)
+    if q is not None:
+        from sparktop.model.routers import LEAST_BUSY_RACE, one_backend_share, race_splits
+
+        fitted = ", ".join(f"c{c} {one_backend_share(race_splits(c, 2, q)):.0%}" for c in levels)
+        print(f"least-busy's race probability fitted to these bursts: q = {q:.2f} (all on one backend then: "
+              f"{fitted}); the model ships q = {LEAST_BUSY_RACE}")
 
 
 if __name__ == "__main__":
