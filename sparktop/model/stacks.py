@@ -71,7 +71,6 @@ class SourceStack:
     documented: float = 0.5
     image: str = ""
     rules: tuple[tuple[dict, dict], ...] = ()
-    router: str | None = None  # the router version it ran replicas behind (model.routers), where it had any
 
 
 @dataclass(frozen=True)
@@ -139,8 +138,7 @@ def load_stacks(path: Path = STACKS_FILE) -> Stacks:
         kv = s.get("kv_dtype")
         sources[name] = SourceStack(str(s.get("stack") or UNKNOWN), _graphs(s.get("cuda_graphs")),
                                     kv if isinstance(kv, str) and kv != UNKNOWN else None,
-                                    float(s.get("documented") or 0.2), str(s.get("image") or ""), rules,
-                                    str(s["router"]) if s.get("router") else None)
+                                    float(s.get("documented") or 0.2), str(s.get("image") or ""), rules)
     images = tuple((str(p), str(sid)) for p, sid in (data.get("known_images") or {}).items())
     return Stacks(stacks, sources, images)
 

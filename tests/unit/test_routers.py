@@ -120,3 +120,23 @@ def test_predict_says_which_router_it_modelled(capsys):
            "4x solo,shuffle" in out
     assert main(["predict", "--model", "llama-3.1-8b", "--topology", "solo", "-c", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["router"] == {}
+
+
+@pytest.mark.slow
+def test_the_articles_least_busy_cells_are_predicted_with_their_own_router():
+    """The published least-busy cells keep the articles' router (their fit is unchanged); the same cell with
+    the LiteLLM sparktop launches splits the batch over both nodes."""
+    from sparktop.model import fit
+    from sparktop.model.simulate import predict
+
+    k = fit.load_constants()
+    cells = [c for c in fit.published_cells(more=False) if c.topology == "least-busy" and c.metric == "decode_tps"
+             and c.concurrency in (16, 64)]
+    assert cells and all(routers.for_source(c.source) == routers.ARTICLES for c in cells)
+    for cell in cells:
+        value, _ = fit.predicted(cell, k)
+        card, kk = fit._card(cell), k.for_stack(cell.stack)
+        theirs = predict(card, "least-busy", cell.concurrency, k=kk, serving=cell.serving, router=routers.ARTICLES)
+        ours = predict(card, "least-busy", cell.concurrency, k=kk, serving=cell.serving)
+        assert value == theirs.stats.tg_tps_total
+        assert ours.stats.tg_tps_total > 1.3 * value
