@@ -111,7 +111,12 @@ def start_router(strategy_word: str, backends: list[str], work: Path, litellm: P
     proc = subprocess.Popen([str(litellm), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
                             stdout=log, stderr=log, env=env, cwd=work)
     url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health/liveliness", time.monotonic() + 180)
+    try:
+        wait_http(f"{url}/health/liveliness", time.monotonic() + 400)  # its imports take minutes on a busy CPU
+    except RuntimeError as exc:
+        proc.terminate()
+        tail = (work / f"litellm-{strategy_word}.log").read_text().strip().splitlines()[-3:]
+        raise RuntimeError(f"LiteLLM ({strategy_word}) did not start: {' | '.join(tail)}") from exc
     return proc, url
 
 
