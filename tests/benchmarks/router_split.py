@@ -190,9 +190,13 @@ def report(out: dict) -> list[str]:
     words = dict(STRATEGIES)
     for (strategy, c, load), splits in out.items():
         mx, one_ = figures(splits)
-        mm, mo = model_figures(words[strategy], c) if load == "burst" else (0.5, 0.0)
         seen = ", ".join(f"{a}/{b}: {n}" for (a, b), n in sorted(Counter(splits).items(), key=lambda x: -x[1]))
-        lines.append(f"{strategy:22} {c:>3} {load:10} {mx:>9.2f} {one_:>10.0%} {mm:>9.2f} {mo:>9.0%}  {seen}")
+        if load == "burst":
+            mm, mo = model_figures(words[strategy], c)
+            model = f"{mm:>9.2f} {mo:>9.0%}"
+        else:  # predict_serve splits a continuous load evenly over the replicas of shuffle and least-busy
+            model = f"{0.5:>9.2f} {0.0:>9.0%}" if words[strategy] in ("shuffle", "least-busy") else f"{'-':>9} {'-':>9}"
+        lines.append(f"{strategy:22} {c:>3} {load:10} {mx:>9.2f} {one_:>10.0%} {model}  {seen}")
     return lines
 
 
