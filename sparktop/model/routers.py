@@ -50,8 +50,9 @@ LITELLM_VERSION = engine_ids.get(engine_ids.ROUTER).default_image.rsplit(":", 1)
 # has counted itself (a burst of c then all goes to one replica with probability q**(c-1)). q = 0.5 is issue 39's
 # measurement of LiteLLM 1.106.2 over two twin engines: bursts of 2-4 piled on one backend about as often as random
 # shuffle (0.5 at c2, 0.125 at c4: exactly q**(c-1) at q = 0.5), bursts of 8 and 16 split 5/3-2/6 and 8/8-6/10.
-# It grows with the router host's CPU load: tests/benchmarks/router_split.py on a 2-core machine at load ~7 per
-# core fits q = 0.9 (2026-11-29: all on one backend in 34 of 40 bursts of 2, 32/40 of 4, 19/40 of 8).
+# It grows with the router host's CPU load: tests/benchmarks/router_split.py on a 2-core machine at a load of ~7
+# per core fits q = 0.88 (2026-11-29: all on one backend in 34 of 40 bursts of 2, 32/40 of 4, 19/40 of 8, 1/40 of
+# 16, where q**(c-1) says 0.88, 0.68, 0.41, 0.15: one q overstates the pile-up of large bursts under that load).
 LEAST_BUSY_RACE = 0.5
 PRUNE = 1e-7  # least-busy's paths less likely than this are dropped
 MASS_LEFT = 0.005  # and the least likely splits holding this much probability, the rest renormalised
