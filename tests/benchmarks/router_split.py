@@ -81,9 +81,25 @@ async def one(client: httpx.AsyncClient, router: str, i: int) -> None:
             pass
 
 
-async def burst(router: str, c: int) -> None:
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as client:
+async def burst(router: str, c: int, client: httpx.AsyncClient | None = None) -> None:
+    """c requests at once: on fresh connections, or on `client`'s (kept alive from the bursts before)."""
+    if client is not None:
         await asyncio.gather(*(one(client, router, i) for i in range(c)))
+        return
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as fresh:
+        await asyncio.gather(*(one(fresh, router, i) for i in range(c)))
+
+
+async def bursts(router: str, c: int, reps: int, twins: list[str], warm: bool) -> list[tuple[int, ...]]:
+    """`reps` bursts of c, each after the one before has finished: requests per backend for each."""
+    got = []
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as client:
+        for _ in range(reps):
+            before = [served(u) for u in twins]
+            await burst(router, c, client if warm else None)
+            after = [served(u) for u in twins]
+            got.append(tuple(a - b for a, b in zip(after, before, strict=True)))
+    return got
 
 
 async def continuous(router: str, c: int, requests: int) -> None:
@@ -120,7 +136,7 @@ def start_router(strategy_word: str, backends: list[str], work: Path, litellm: P
     return proc, url
 
 
-def measure(reps: int, levels=LEVELS, strategies=STRATEGIES, work: Path | None = None) -> dict:
+def measure(reps: int, levels=LEVELS, strategies=STRATEGIES, work: Path | None = None, warm: bool = False) -> dict:
     """{(strategy, c, "burst"|"continuous"): [(requests on backend 1, on backend 2), ...]}"""
     from tests.e2e.lab import ensure_litellm
 
@@ -146,12 +162,7 @@ def measure(reps: int, levels=LEVELS, strategies=STRATEGIES, work: Path | None =
                 procs.append(proc)
                 asyncio.run(burst(router, 2))  # warm-up (first-request imports), not counted
                 for c in levels:
-                    got = []
-                    for _ in range(reps):
-                        before = [served(u) for u in twins]
-                        asyncio.run(burst(router, c))
-                        after = [served(u) for u in twins]
-                        got.append(tuple(a - b for a, b in zip(after, before, strict=True)))
+                    got = asyncio.run(bursts(router, c, reps, twins, warm))
                     out[(strategy, c, "burst")] = got
                     before = [served(u) for u in twins]
                     asyncio.run(continuous(router, c, 8 * c))
@@ -236,12 +247,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="bursts per strategy and c")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--strategies", default=",".join(s for s, _ in STRATEGIES))
+    ap.add_argument("--warm", action="store_true",
+                    help="every burst on connections kept alive from the bursts before (default: fresh ones)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the twins and LiteLLM are stopped too
     levels = tuple(int(x) for x in args.levels.split(","))
     want = args.strategies.split(",")
-    out = measure(args.reps, levels, tuple(s for s in STRATEGIES if s[0] in want))
-    print(f"LiteLLM 1.106.2 over two twin engines ({MODEL}, x{SPEED}), {args.reps} lockstep bursts per c, "
+    out = measure(args.reps, levels, tuple(s for s in STRATEGIES if s[0] in want), warm=args.warm)
+    print(f"LiteLLM 1.106.2 over two twin engines ({MODEL}, x{SPEED}), {args.reps} lockstep bursts per c "
+          f"({'kept-alive' if args.warm else 'fresh'} connections), "
           "continuous load 8c requests with c in flight; counts from each twin's /metrics")
     for line in report(out):
         print(line)
