@@ -446,7 +446,8 @@ def cmd_predict(args) -> int:
                           "runtime": {"id": runtime, "text": modeled},
                           "stack": {"id": stack, "assumed": stack_note},
                           "constants": {"inventory_key": key, "fitted": fitted is not None,
-                                        "sources": sources, "text": used}, "speed": fc.speed}, indent=2))
+                                        "sources": sources, "text": used}, "speed": fc.speed,
+                          "router": fc.router_json()}, indent=2))
         return 0
     console = Console()
     console.print(_prediction_table(basis.card, rows, args.pp, args.tg))
@@ -469,6 +470,8 @@ def cmd_predict(args) -> int:
         console.print(f"[dim]scaled to nodes at ×{fc.speed:g} a GB10's pace (defaults.twin_speed or --speed): "
                       "rates ×, times ÷[/]", highlight=False, soft_wrap=True)
     console.print(f"[dim]engine modelled: {escape(modeled)}[/]", highlight=False, soft_wrap=True)
+    for line in fc.router_lines():
+        console.print(f"[dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -42,6 +42,7 @@ from sparktop.launch.plan import Endpoint, Home, HomeMount, Plan, Step, Wait
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import runtime_for
 from sparktop.layouts import LayoutError, parse_layout, to_label
+from sparktop.model.routers import litellm_strategy
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
 
@@ -275,19 +276,10 @@ class Builder:
         # Every engine has started (each loads its weights on its own nodes); now wait for each to serve.
         for endpoint in backends:
             self.wait_for(endpoint)
-        strategy = "simple-shuffle" if self.layout.router == "shuffle" else "least-busy"
-        config = {
-            "model_list": [
-                {"model_name": self.recipe.served_name,
-                 "litellm_params": {"model": f"{self.runtime.router_provider}/{e.model}",
-                                    "api_base": f"{e.url}/v1", "api_key": "none"}}
-                for e in backends
-            ],
-            "router_settings": {"routing_strategy": strategy},
-            "litellm_settings": {"drop_params": True},
-            "general_settings": {"master_key": f"os.environ/{ROUTER_KEY_ENV}"},
-        }
-        text = yaml.safe_dump(config, sort_keys=False)
+        strategy = litellm_strategy(self.layout.router)
+        text = yaml.safe_dump(litellm_config(self.recipe.served_name, self.layout.router,
+                                             [(f"{self.runtime.router_provider}/{e.model}", e.url) for e in backends]),
+                              sort_keys=False)
         config_path = Home(f"{self.state_dir}/litellm.yaml")
         self.steps.append(Step(head.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/litellm.yaml"', "sh",
                                            Home(self.state_dir)],
@@ -308,6 +300,21 @@ class Builder:
         self.endpoints.append(Endpoint(url, ROUTER, head.name, self.recipe.served_name, self.topology, name,
                                        api_key_env=ROUTER_KEY_ENV, members=[(head.name, name)]))
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
+
+
+def litellm_config(served_name: str, router: str | None, backends: list[tuple[str, str]]) -> dict:
+    """The LiteLLM proxy's config for replicas behind `router` (a layout's `shuffle` / `least-busy`): one
+    deployment per backend, (LiteLLM's `provider/model`, the engine's base URL), under the served name."""
+    return {
+        "model_list": [
+            {"model_name": served_name,
+             "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": "none"}}
+            for model, url in backends
+        ],
+        "router_settings": {"routing_strategy": litellm_strategy(router)},
+        "litellm_settings": {"drop_params": True},
+        "general_settings": {"master_key": f"os.environ/{ROUTER_KEY_ENV}"},
+    }
 
 
 def _home_mount(state_dir: str, file: str) -> HomeMount:

@@ -48,6 +48,7 @@ from sparktop.errors import SparktopError
 from sparktop.model.cards import ModelCard, UnknownModel, find_card
 from sparktop.model.constants import DEFAULT_CONSTANTS, STACK_FACTOR_FIELDS, STACK_FACTOR_RANGE, Constants
 from sparktop.model.quant import Quantization, fmt
+from sparktop.model.routers import for_source
 from sparktop.model.serving import Serving
 from sparktop.model.simulate import TOPOLOGIES, predict, predict_serve
 from sparktop.model.stacks import STACKS_FILE, UNKNOWN, load_stacks
@@ -403,7 +404,7 @@ def predicted(cell: Cell, k: Constants) -> tuple[float | None, bool]:
                  "ttft_ms": sp.ttft_ms_mean, "decode_tps": sp.output_tps, "wall_s": sp.wall_s,
                  "decode_tps_per_request": 1000 / sp.tpot_ms_mean if sp.tpot_ms_mean else None}.get(cell.metric)
         return value, sp.errors == 0
-    p = predict(card, cell.topology, cell.concurrency, pp, tg, k, cell.serving)
+    p = predict(card, cell.topology, cell.concurrency, pp, tg, k, cell.serving, router=for_source(cell.source))
     return getattr(p.stats, METRICS[cell.metric]), p.fits
 
 

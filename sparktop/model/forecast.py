@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparktop import engine_ids
+from sparktop.layouts import parse_layout
 from sparktop.model.cards import ModelCard
 from sparktop.model.perf import Constants, PerfModel
 from sparktop.model.predict import Row
+from sparktop.model.routers import Router, router_for
 from sparktop.model.serving import Serving
 
 # The engine the shared constants (and the stacks) are fitted to: vLLM, by its row.
@@ -45,6 +47,7 @@ class Subject:
     fitted_path: str | None = None  # an inventory fit's file, read directly (a twin's label)
     speed: float = 1.0  # the nodes' pace: rates times it, times divided by it
     source: str = ""  # what it is, for text: "recipe gpt-oss-120b", "card gpt-oss-120b"
+    router: str | None = None  # the replicas' router version (model.routers); None: the LiteLLM sparktop launches
 
     def serving_for(self, topology: str) -> Serving:
         return self.serving(topology) if callable(self.serving) else self.serving
@@ -81,6 +84,17 @@ class Forecast:
     pp: int
     tg: int
     speed: float
+    routers: dict[str, Router] = field(default_factory=dict)  # per routed topology: the router modelled
+
+    def router_lines(self) -> list[str]:
+        """"router: LiteLLM 1.106.2 least-busy (as measured: ...) for 2x solo,least-busy", one per router."""
+        by: dict[str, list[str]] = {}
+        for topology, row in self.routers.items():
+            by.setdefault(row.describe(), []).append(topology)
+        return [f"router: {text} for {', '.join(tops)}" for text, tops in by.items()]
+
+    def router_json(self) -> dict[str, dict]:
+        return {topology: {**row.as_dict(), "text": row.describe()} for topology, row in self.routers.items()}
 
     def at(self, topology: str, c: int) -> Row | None:
         return next((r for r in self.rows if r.topology == topology and r.concurrency == c), None)
@@ -204,15 +218,19 @@ def forecast(subject: Subject, topologies: Sequence[str], levels: Sequence[int],
 
     bases: dict[str, Basis] = {}
     rows: list[Row] = []
+    routers: dict[str, Router] = {}
     for topology in topologies:
         basis = bases[topology] = resolve(subject, topology)
         if basis.cannot:
             continue
+        layout = parse_layout(topology)
+        if layout.router:
+            routers[topology] = router_for(layout.router, subject.router)
         sv = subject.serving_for(topology)
         for c in levels:
-            p = predict(basis.card, topology, c, pp, tg, basis.constants, sv)
+            p = predict(basis.card, topology, c, pp, tg, basis.constants, sv, router=subject.router)
             s = p.stats
             rows.append(scaled(Row(basis.card.name, topology, c, pp, tg, s.tg_tps_total, s.tg_tps_req,
                                    s.pp_tps_total, s.ttft_ms_mean, round(p.kv_cache_usage, 4), p.fits,
                                    s.e2e_tps_total, s.e2e_tps_req, s.wall_s_mean, p.preempted), subject.speed))
-    return Forecast(bases, rows, pp, tg, subject.speed)
+    return Forecast(bases, rows, pp, tg, subject.speed, routers)

@@ -10,11 +10,14 @@ recomputes, as vLLM does, and the throughput falls the way it falls on a
 real engine; nothing is only flagged.
 
 Topologies: solo (one engine), cluster-ray / cluster-mp (one TP=2 engine,
-Ray adding its per-step cost), shuffle (two solo engines, each request sent
-to either at random: the expectation over the binomial split), least-busy
-(two solo engines behind a router whose in-flight counts only move once a
-response starts streaming: a lockstep batch arrives before any does, every
-tie goes to the first deployment, and the second node starves — the
+Ray adding its per-step cost), and replicas behind a router (shuffle,
+least-busy): every statistic is the expectation over the router's split of
+the batch, a distribution each router row gives (`model.routers`): shuffle
+the binomial (multinomial) split, least-busy as the LiteLLM sparktop
+launches behaves (its in-flight counts move when a request is sent, so a
+batch splits close to even and only small bursts race to one node), and the
+articles' least-busy (their router counted a request only once it streamed:
+a lockstep batch all went to the first node and the second starved — the
 mechanism the articles measured, not a fit to their numbers).
 
 Besides lockstep batches (llama-benchy), `serve` runs the other workload
@@ -34,6 +37,7 @@ from sparktop.layouts import parse_layout
 from sparktop.model.cards import ModelCard
 from sparktop.model.constants import DEFAULT_CONSTANTS, Constants
 from sparktop.model.perf import PerfModel
+from sparktop.model.routers import router_for
 from sparktop.model.scheduler import EngineConfig, FinishEvent, Scheduler, Sequence, TokenEvent
 from sparktop.model.serving import Serving
 
@@ -277,25 +281,23 @@ def _step(eng: Scheduler, perf: PerfModel, clock: list[float]) -> bool:
 
 
 def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 128,
-            k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING) -> Prediction:
-    """One lockstep batch of c requests (a llama-benchy level), as measured."""
+            k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING,
+            router: str | None = None) -> Prediction:
+    """One lockstep batch of c requests (a llama-benchy level), as measured. `router`: the router's version
+    (`model.routers`: a version such as `litellm-articles`, or a row's id); None: the LiteLLM sparktop launches."""
     perf = perf_for(card, topology, k, serving)
     layout = parse_layout(topology)
-    router = k.request_overhead_s + (k.router_overhead_s if layout.router else 0.0)
-    if layout.router == "shuffle" and layout.replicas > 2:
-        # Each request to a replica drawn at random: the expectation over draws of the split.
-        splits = _multinomial_splits(c, layout.replicas)
-        stats = _expected_over(lambda split: _records([o for a in split for o in _engine(perf, serving, a, pp, tg)],
-                                                      c, pp, router), c, splits)
-        n = round(sum(w * max(split) for split, w in splits) / sum(w for _, w in splits)) if c else 0
-    elif layout.router == "shuffle":
-        stats = _expected(lambda a: _records(_engine(perf, serving, a, pp, tg) + _engine(perf, serving, c - a, pp, tg),
-                                             c, pp, router), c)
-        busiest = max(range(c + 1), key=lambda a: _binom(c, a)) if c else 0
-        n = max(busiest, c - busiest)
+    row = router_for(layout.router, router) if layout.router else None
+    overhead = k.request_overhead_s + ((row.overhead_s if row.overhead_s is not None else k.router_overhead_s)
+                                       if row else 0.0)
+    if row is None or row.behaviour == "first":
+        n = c  # solo and clusters take all; a router that sends a lockstep batch to its first node too
+        stats = level_stats(c, [_records(_engine(perf, serving, n, pp, tg), c, pp, overhead)], 0.0, pp, peak=False)
     else:
-        n = c  # solo and clusters take all; least-busy sends a lockstep batch to its first node
-        stats = level_stats(c, [_records(_engine(perf, serving, n, pp, tg), c, pp, router)], 0.0, pp, peak=False)
+        # The expectation over the router's split of the batch (each split: requests per replica).
+        stats = _expected_over(lambda split: _records([o for a in split for o in _engine(perf, serving, a, pp, tg)],
+                                                      c, pp, overhead), c, row.splits(c, layout.replicas))
+        n = row.busiest(c, layout.replicas)
     kv = kv_usage(perf, serving, n, pp + tg)
     preempted = kv > 1.0 and n > 0
     return Prediction(topology, c, stats, kv <= 1.0, kv, preempted)
@@ -379,48 +381,6 @@ def _engine(perf: PerfModel, serving: Serving, n: int, pp: int, tg: int) -> list
     return _CACHE[key]
 
 
-def _binom(c: int, a: int) -> float:
-    return math.comb(c, a) / 2 ** c
-
-
-def _split_points(c: int) -> list[tuple[int, float]]:
-    """How many of c requests go to the first node, with weights: every
-    split for small c, five quantiles of the binomial for large."""
-    if c <= 8:
-        return [(a, _binom(c, a)) for a in range(c + 1)]
-    cdf, points, a = 0.0, [], 0
-    for q in (0.1, 0.3, 0.5, 0.7, 0.9):
-        while cdf + _binom(c, a) < q:
-            cdf += _binom(c, a)
-            a += 1
-        points.append((a, 0.2))
-    return points
-
-
-SHUFFLE_DRAWS = 12  # random splits averaged for a shuffle over more than two replicas
-
-
-def _multinomial_splits(c: int, replicas: int) -> list[tuple[tuple[int, ...], float]]:
-    """Splits of c requests over `replicas` engines, each drawn as the
-    router draws them (uniformly, independently), from a fixed seed so a
-    prediction reads the same every time; equal weights."""
-    import random
-
-    rng = random.Random(c * 1009 + replicas)
-    splits = []
-    for _ in range(SHUFFLE_DRAWS):
-        counts = [0] * replicas
-        for _ in range(c):
-            counts[rng.randrange(replicas)] += 1
-        splits.append((tuple(counts), 1.0))
-    return splits
-
-
-def _expected(make, c: int) -> LevelStats:
-    """The expectation of each statistic over the shuffle's random split."""
-    return _expected_over(make, c, _split_points(c))
-
-
 def _expected_over(make, c: int, points) -> LevelStats:
     """The expectation of each statistic over weighted splits (`make(split)` gives their records)."""
     keys = ("pp_tps_total", "pp_tps_req", "tg_tps_total", "tg_tps_req", "ttft_ms_mean", "ttft_ms_p50",
@@ -436,7 +396,7 @@ def _expected_over(make, c: int, points) -> LevelStats:
             if v is not None:
                 acc[key] += w * v
         weight += w
-    assert base is not None  # _split_points always gives at least one split
+    assert base is not None  # a router's split distribution always has at least one split
     for key in keys:
         setattr(base, key, acc[key] / weight if weight else None)
     return base

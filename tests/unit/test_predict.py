@@ -27,8 +27,12 @@ def test_predict_json_rows_for_every_topology_the_recipe_allows(capsys):
     assert by[("cluster-mp", 1)]["decode_tps"] > by[("solo", 1)]["decode_tps"]
     assert by[("solo", 64)]["decode_tps"] > 2 * by[("solo", 1)]["decode_tps"]
     assert by[("solo", 64)]["ttft_ms"] > by[("solo", 8)]["ttft_ms"] > by[("solo", 1)]["ttft_ms"]
-    # least-busy starves a node in lockstep: it measures like solo, not like shuffle.
-    assert by[("least-busy", 64)]["decode_tps"] < 0.8 * by[("shuffle", 64)]["decode_tps"]
+    # The LiteLLM sparktop launches splits a lockstep batch of 64 close to evenly with least-busy: at least as
+    # fast as shuffle's random split (the articles' least-busy, which starved a node, is theirs: test_routers).
+    assert by[("least-busy", 64)]["decode_tps"] >= 0.99 * by[("shuffle", 64)]["decode_tps"]
+    assert data["router"]["least-busy"]["strategy"] == "least-busy"
+    assert data["router"]["least-busy"]["product"].startswith("LiteLLM 1.106.2")
+    assert set(data["router"]) == {"shuffle", "least-busy"}
     workloads = [r["workload"] for r in data["recommendation"]]
     assert workloads == ["single user", "agents at c8-c16", "high concurrency", "prefill-heavy", "latency at scale"]
     assert "measured by published sources" in data["uncertainty"]
