@@ -122,3 +122,13 @@ def ask(url: str, n: int, model: str = "llama-3.1-8b") -> int:
         r.raise_for_status()
         tokens += r.json()["usage"]["completion_tokens"]
     return tokens
+
+
+def history_json(path, since: str = "1h") -> dict:
+    """`sparktop history --file PATH --json --since SINCE`, as a user runs it: what it printed, parsed."""
+    import json
+
+    shown = subprocess.run([sys.executable, "-m", "sparktop", "history", "--file", str(path), "--json", "--since",
+                            since], capture_output=True, text=True, timeout=60, env=collect_env())
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)

@@ -10,6 +10,14 @@ import httpx
 
 from tests.conftest import free_port
 
+# Each dialect's twin started on llama-3.1-8b, in that engine's own words (its model flag, a GGUF for llama.cpp).
+DIALECT_ARGV = {
+    "vllm": ["llama-3.1-8b"],
+    "sglang": ["--model-path", "llama-3.1-8b"],
+    "llama.cpp": ["-m", "/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf", "-np", "4", "-c", "4096"],
+    "trtllm": ["meta-llama/Llama-3.1-8B-Instruct"],
+}
+
 
 def start_twin_process(model: str, *flags: str, speed: float, cpu: str | None = None, port: int | None = None,
                        log=None) -> tuple[subprocess.Popen, str]:

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 import time
 
 import httpx
@@ -28,9 +25,9 @@ from sparktop.observe.canary import CanaryPolicy
 from sparktop.observe.poller import EngineTarget, Poller
 from sparktop.observe.snapshot import EngineSnapshot, Notice
 from sparktop.observe.state import ClusterState
-from tests.helpers.collector import Collector, ask, collect_env, wait_served
+from tests.helpers.collector import Collector, ask, history_json, wait_served
 from tests.helpers.simulated import sim_clock, sim_twin, simulated
-from tests.helpers.twin_process import start_twin_process
+from tests.helpers.twin_process import DIALECT_ARGV, start_twin_process
 
 MODEL = "llama-3.1-8b"
 QUICK = CanaryPolicy(every=1.0, first_token=2.0, stall=2.0)
@@ -220,23 +217,12 @@ def test_collect_with_canaries_writes_and_serves_the_users_requests_alone(tmp_pa
         twin.wait(10)
     assert code == 0, err
     assert twin_gen == tokens + 4  # the twin made the canary's four tokens too
-    shown = subprocess.run([sys.executable, "-m", "sparktop", "history", "--file", str(path), "--json",
-                            "--since", "1h"], capture_output=True, text=True, timeout=60, env=collect_env())
-    assert shown.returncode == 0, shown.stderr
-    found = json.loads(shown.stdout)
+    found = history_json(path)
     (session,) = [x for x in found["sessions"] if x["url"] == url]
     assert (session["gen_tokens"], session["requests"]) == (tokens, 4)
     days = [d for d in found["daily"] if d["url"] == url]
     assert sum(d["gen_tokens"] for d in days) == tokens
     assert sum(d["requests"] for d in days) == 4
-
-
-DIALECT_ARGV = {
-    "vllm": ["llama-3.1-8b"],
-    "sglang": ["--model-path", "llama-3.1-8b"],
-    "llama.cpp": ["-m", "/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf", "-np", "4", "-c", "4096"],
-    "trtllm": ["meta-llama/Llama-3.1-8B-Instruct"],
-}
 
 
 @simulated

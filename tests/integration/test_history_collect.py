@@ -7,7 +7,6 @@ after a fixed time."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,7 @@ from sparktop.history.store import HistoryStore
 from sparktop.history.writer import HistoryWriter
 from sparktop.ui.app import SparktopApp
 from tests.helpers.cluster import load, poller_for, start_cluster
-from tests.helpers.collector import Collector, collect_env, wait_served
+from tests.helpers.collector import Collector, collect_env, history_json, wait_served
 from tests.helpers.collector import ask as _ask
 from tests.helpers.pilot import until
 from tests.helpers.twin_process import start_twin_process
@@ -60,10 +59,7 @@ def test_collect_writes_a_session_with_what_the_engine_served(tmp_path):
         twin.wait(10)
     assert code == 0, err
     assert "writing history to" in out and "history written to" in out
-    shown = subprocess.run([sys.executable, "-m", "sparktop", "history", "--file", str(path), "--json",
-                            "--since", "1h"], capture_output=True, text=True, timeout=60, env=_env())
-    assert shown.returncode == 0, shown.stderr
-    found = json.loads(shown.stdout)
+    found = history_json(path)
     # Only the given engine's: this machine's own engines (found by the local node's probe) may be there too.
     (session,) = [x for x in found["sessions"] if x["url"] == url]
     assert session["url"] == url and session["open"]

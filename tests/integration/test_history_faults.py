@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from sparktop.history.store import HistoryStore
 from tests.conftest import free_port
-from tests.helpers.collector import Collector, ask, collect_env, served, wait_served
+from tests.helpers.collector import Collector, ask, collect_env, history_json, served, wait_served
 from tests.helpers.history_sim import NODES, damage, fill, row_counts, url, write_days
 from tests.helpers.small_disk import small_tmpfs
 from tests.helpers.twin_process import start_twin_process
@@ -34,13 +33,6 @@ def engine():
     yield url
     twin.terminate()
     twin.wait(10)
-
-
-def history_json(path: Path, since: str = "1h") -> dict:
-    shown = subprocess.run([sys.executable, "-m", "sparktop", "history", "--file", str(path), "--json", "--since",
-                            since], capture_output=True, text=True, timeout=60, env=collect_env())
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
 
 
 def event_texts(path: Path, kind: str) -> list[str]:

@@ -17,6 +17,7 @@ from sparktop.observe.poller import EngineTarget, Poller
 from sparktop.observe.snapshot import EngineSnapshot, Notice
 from sparktop.observe.state import ClusterState
 from tests.helpers.simulated import sim_clock, sim_twin, simulated
+from tests.helpers.twin_process import DIALECT_ARGV
 
 HUNG_AFTER = 30.0
 
@@ -135,14 +136,6 @@ async def test_an_idle_engine_that_hangs_is_not_hung_until_something_waits():
     first = next(e for e in events if isinstance(e, EngineSnapshot) and e.state == "hung")
     assert first.t - asked >= HUNG_AFTER
     assert first.reason and first.reason.endswith("with 1 request waiting (1 queued)"), first.reason
-
-
-DIALECT_ARGV = {
-    "vllm": ["llama-3.1-8b"],
-    "sglang": ["--model-path", "llama-3.1-8b"],
-    "llama.cpp": ["-m", "/models/Llama-3.1-8B-Instruct-Q4_K_M.gguf", "-np", "4", "-c", "4096"],
-    "trtllm": ["meta-llama/Llama-3.1-8B-Instruct"],
-}
 
 
 @simulated
