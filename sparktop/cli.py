@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import sys
 
@@ -220,6 +221,8 @@ def _canary_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
     if not value >= CANARY_MIN_EVERY_S:  # NaN too
         raise argparse.ArgumentTypeError(f"at least {CANARY_MIN_EVERY_S:g} seconds between canaries (got {text})")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds (got {text})")
     return value
 
 
@@ -230,6 +233,8 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds (got {text})")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds (got {text})")
     return value
 
 

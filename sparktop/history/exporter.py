@@ -434,7 +434,11 @@ class SparktopCollector(Collector):
         for c in n.containers:
             counts[c.state] = counts.get(c.state, 0.0) + 1
         out.by_label("sparktop_node_containers", at, "state", counts)
+        shown: set[str] = set()
         for d in n.disks:
+            if d.mount in shown:  # a series per mount: a second one would be a duplicate sample, and fail the scrape
+                continue
+            shown.add(d.mount)
             disk = {**at, "mount": d.mount}
             out.info("sparktop_node_disk_info", disk, {"device": d.device, "holds": ",".join(d.holds)})
             out.gauge("sparktop_node_disk_total_bytes", disk, d.total)

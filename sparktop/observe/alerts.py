@@ -104,7 +104,11 @@ def _low_clock(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict)
 def _disk(under: float) -> Check:
     def check(state: ClusterState, n: NodeSnapshot | EngineSnapshot, mem: dict) -> str | None:
         assert isinstance(n, NodeSnapshot)
-        low = [d for d in n.disks if d.free < under] if n.state == "ok" else []
+        # A filesystem smaller than twice the threshold (a 100 GB partition for Docker) would read low even empty,
+        # for ever: it is held to the next threshold down, or none (what an alert that never clears teaches is
+        # to mute it).
+        low = [d for d in n.disks if d.free < under and (d.total >= 2 * under or under == DISK_FULL_B)] \
+            if n.state == "ok" else []
         return "; ".join(f"{n.name}: {d.free / 1e9:.1f} GB free of {d.total / 1e9:.0f} GB on {d.mount}"
                          f"{' (' + ', '.join(d.holds) + ')' if d.holds else ''}, under {under / 1e9:.0f} GB"
                          for d in low) or None

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -177,6 +178,7 @@ class Canary:
     task: asyncio.Task | None = None
     ledger: CanaryLedger = field(default_factory=CanaryLedger)
     last: CanaryResult | None = None  # how the last one went
+    said_refused: bool = False  # its refusal was said (once, until one is answered)
 
     @property
     def in_flight(self) -> bool:
@@ -189,8 +191,11 @@ class Canary:
         return self.last_at is None or now - self.last_at >= self.policy.every
 
     def start(self, client: aiohttp.ClientSession, base: str, model: str | None, hang: HangWatch, now: float, *,
-              headers: dict[str, str] | None = None, name: str = "canary") -> None:
-        """Send one (in a task of its own); its verdict goes to `hang`, its cost to the ledger."""
+              headers: dict[str, str] | None = None, name: str = "canary",
+              refused: Callable[[str], None] | None = None) -> None:
+        """Send one (in a task of its own); its verdict goes to `hang`, its cost to the ledger. `refused` is told,
+        once until one is answered again, when the engine would not take it (a key, a model name): a canary
+        the user asked for that never runs must not be silent."""
         self.last_at = now
         epoch = hang.epoch
 
@@ -203,7 +208,14 @@ class Canary:
             self.last = result
             self.ledger.settle(result)
             if not result.asked:
+                # Refused for good (a key, a model name), not unreached (the poll says that) nor rate-limited.
+                why = result.reason or ""
+                if refused is not None and why.startswith("canary refused") and "HTTP 429" not in why \
+                        and not self.said_refused:
+                    self.said_refused = True
+                    refused(why)
                 return
+            self.said_refused = False
             if result.reason is None:
                 hang.canary_answered(epoch)
             else:
@@ -221,6 +233,8 @@ def _tokens_in(chunk: dict) -> int:
         delta = choice.get("delta")
         delta = delta if isinstance(delta, dict) else {}
         text = choice.get("text") or delta.get("content") or delta.get("reasoning_content")
+        if not text and delta.get("role"):
+            continue  # the chat stream's opening chunk names the role: no token yet
         if text or choice.get("finish_reason") is None:
             n += 1
     return n
@@ -306,6 +320,8 @@ async def ask(client: aiohttp.ClientSession, base: str, model: str | None, polic
                     tokens += _tokens_in(chunk)
                     if tokens:  # from the first token on, each chunk has `stall` seconds to come
                         limit.reschedule(asyncio.get_running_loop().time() + policy.stall)
+    except aiohttp.ConnectionTimeoutError as exc:  # a TimeoutError too: not reached is not a hang
+        return CanaryResult(reason=f"canary not answered: {type(exc).__name__}", asked=False)
     except TimeoutError:
         return spent(stalled())
     except (aiohttp.ClientError, OSError) as exc:

@@ -62,19 +62,18 @@ _SCRIPT_GPU_MAX = (
 )
 # The filesystems a Spark's work fills, read with the slow tier (space goes by downloads, not by the second):
 # `/`, the Hugging Face cache (`$HF_HOME`, else ~/.cache/huggingface) and Docker's root (`data-root` in
-# /etc/docker/daemon.json, else /var/lib/docker), the last two where they exist. Each path's role first
-# (`hostparse.DISK_ROLES`), then one `df -Pk` of them all: POSIX's format, in KiB, a row per path in order; the
-# parser keeps one per filesystem. Shell builtins but df (and `timeout`): no process more than them.
+# /etc/docker/daemon.json, else /var/lib/docker). Each path's role first (`hostparse.DISK_ROLES`), then one
+# `df -Pk` of them all: POSIX's format, in KiB, a row per path it could read; the parser keeps one per filesystem
+# and puts a path df could not read (absent) under none. No `[ -e ]` first: on a hung mount (an NFS-backed HF
+# cache) that test would hang the shell itself; df runs under `timeout 1` where it exists, well inside the probe's
+# own limit (2 s at the default interval), so a hung mount costs this section, never the node's poll.
 _SCRIPT_DISK = (
     'echo @@disk; h=${HF_HOME:-$HOME/.cache/huggingface}; r=/var/lib/docker; '
     "if [ -r /etc/docker/daemon.json ]; then while IFS= read -r l || [ -n \"$l\" ]; do case $l in *'\"data-root\"'*) "
     "l=${l#*'\"data-root\"'}; l=${l#*'\"'}; r=${l%%'\"'*} ;; esac; done < /etc/docker/daemon.json; fi; "
-    'set -- /; echo "root /"; '
-    'if [ -e "$h" ]; then set -- "$@" "$h"; echo "hf_cache $h"; fi; '
-    'if [ -e "$r" ]; then set -- "$@" "$r"; echo "docker $r"; fi; '
-    # A hung mount (an NFS-backed HF cache) would hold the whole poll: df gets 5 s where `timeout` exists.
-    'if command -v timeout >/dev/null 2>&1; then timeout 5 df -Pk -- "$@" 2>&1; else df -Pk -- "$@" 2>&1; fi; '
-    'echo "@@rc $?"; '
+    'echo "root /"; echo "hf_cache $h"; echo "docker $r"; '
+    'if command -v timeout >/dev/null 2>&1; then timeout -k 1 1 df -Pk -- / "$h" "$r" 2>&1; '
+    'else df -Pk -- / "$h" "$r" 2>&1; fi; echo "@@rc $?"; '
 )
 
 # Shell builtins where a command would do (`read` for the first line of

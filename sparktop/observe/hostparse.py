@@ -175,15 +175,18 @@ def parse_disks(text: str) -> list[Disk]:
     """The probe's `@@disk` section: the role and path of each place it asked about (`root /`,
     `hf_cache /home/u/.cache/huggingface`), then `df -Pk` of those paths, a row per path in their order
     (the header says the block size: 1024 with -k, 512 where POSIXLY_CORRECT is set without it). One `Disk`
-    per filesystem, in bytes, with the roles it holds; a path df could not read is left out (where the rows
+    per filesystem, in bytes, with the roles it holds; a path df could not read (absent) is left out (where the rows
     no longer line up with the paths, each path goes to the filesystem mounted on its longest prefix)."""
     paths: list[tuple[str, str]] = []
     rows: list[tuple[str, int, int, str]] = []
+    unread: set[str] = set()  # `df: /var/lib/docker: No such file or directory`: not there, so held by none
     block = 1024
     for line in text.splitlines():
         role, _, path = line.partition(" ")
         if role in DISK_ROLES and path.startswith("/"):
             paths.append((role, path))
+        elif line.startswith("df: ") and ": " in line[4:]:
+            unread.add(line[4:].rsplit(": ", 1)[0].strip("'‘’\""))
         elif header := _DF_HEADER.match(line):
             block = int(header["size"]) * (1024 if header["k"] else 1)
         elif row := _DF_ROW.match(line):
@@ -192,8 +195,9 @@ def parse_disks(text: str) -> list[Disk]:
     for device, total, free, mount in rows:
         disks.setdefault((device, mount), Disk(mount=mount, total=total * block, free=free * block, device=device))
     found = list(disks.values())
-    for i, (role, path) in enumerate(paths):
-        if len(rows) == len(paths):
+    readable = [(role, path) for role, path in paths if path not in unread]
+    for i, (role, path) in enumerate(readable):
+        if len(rows) == len(readable):
             disk: Disk | None = disks[(rows[i][0], rows[i][3])]
         else:
             under = [d for d in found if path == d.mount or path.startswith(d.mount.rstrip("/") + "/")]

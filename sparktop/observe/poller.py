@@ -585,8 +585,14 @@ class Poller:
         # Its own gate, as its polls pass it: the key, else the user and password its URL was given with.
         auth = f"Bearer {probe.api_key}" if probe.api_key else probe.auth
         model = (probe.engine.model if probe.engine is not None else None) or snap.model or w.target.model
+        key = w.probe.url.rstrip("/")
+
+        def refused(reason: str) -> None:
+            self.publish(Notice(self.clock.wall(), "engine", key, "canary_refused", "warn",
+                                f"{reason}: the canary is not watching this engine until it answers one"))
+
         canary.start(self._client, probe.base, model, w.hang, now, headers={"Authorization": auth} if auth else None,
-                     name=f"canary-{w.probe.url}")
+                     name=f"canary-{w.probe.url}", refused=refused)
 
     def _not_an_engine(self, w: _EngineWorker, reason: str) -> None:
         if not self._visible(w):

@@ -293,7 +293,7 @@ class Notice:
     kind: str  # down | back | ready | restarted | preempting | kv_high | queue_slow | error | rejecting
     #            | sleeping | woke | gone | hung | hung_cleared | restart_loop | node_lost | node_back
     #            | memory_low | memory_ok; the watchdog's (`launch.watchdog`): watchdog_restart |
-    #            watchdog_restart_failed | watchdog_gave_up | watchdog_elsewhere
+    #            watchdog_restart_failed | watchdog_gave_up | watchdog_elsewhere; canary_refused (`observe.canary`)
     level: str  # info | warn | error
     text: str
     # The lines behind it, where it has some: the last lines of an engine's log before the watchdog acted

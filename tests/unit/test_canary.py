@@ -231,3 +231,45 @@ async def test_one_canary_is_judged_by_its_stream(behaviour, reason, asked, gen,
         assert result.finish == "abort"
     if behaviour == "ok":
         assert result.finish == "length" and result.usage and took < 60
+
+
+@simulated
+async def test_a_refused_canary_is_said_once_until_one_is_answered():
+    """A canary the engine refuses (401: a key the user did not give) says nothing of its health, but a canary asked
+    for that never runs must not be silent: one `refused` call, not one a period, and again after an answer."""
+    from sparktop.observe.canary import Canary
+    from sparktop.observe.hang import HangWatch
+
+    said: list[str] = []
+    apps = {b: _server(b) for b in ("refuse", "ok")}
+    runners = [web.AppRunner(apps[b]) for b in ("refuse", "ok")]
+    ports = []
+    for runner in runners:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    canary, hang = Canary(CanaryPolicy(every=300)), HangWatch()
+    try:
+        async with aiohttp.ClientSession() as client:
+            for port in (ports[0], ports[0], ports[1], ports[0]):
+                canary.start(client, f"http://127.0.0.1:{port}", "m", hang, 0.0, refused=said.append)
+                assert canary.task is not None
+                await canary.task
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert said == ["canary refused: HTTP 401 (Unauthorized)"] * 2
+    assert hang.canary is None  # a refusal is no verdict
+
+
+async def test_a_canary_that_cannot_connect_in_time_is_no_verdict():
+    """aiohttp's connect timeout is a TimeoutError too: a network blip is 'not answered', never 'no first token'
+    (which would call a healthy engine hung, alert and, with the watchdog, restart it)."""
+
+    class NoConnect:
+        def post(self, *args, **kwargs):
+            raise aiohttp.ConnectionTimeoutError("Connection timeout to host http://10.0.0.9:8000")
+
+    result = await ask(NoConnect(), "http://10.0.0.9:8000", "m", CanaryPolicy(every=300))  # type: ignore[arg-type]
+    assert result.asked is False and result.reason == "canary not answered: ConnectionTimeoutError"

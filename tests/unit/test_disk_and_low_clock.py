@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -46,8 +47,8 @@ def test_one_disk_per_filesystem_with_what_it_holds_in_bytes():
 
 
 def test_df_in_512_byte_blocks_a_mount_with_spaces_and_a_path_df_could_not_read():
-    # POSIXLY_CORRECT without -k: 512-byte blocks. The HF cache's path vanished between the test and df: its row is
-    # missing, so each path goes to the filesystem mounted on its longest prefix.
+    # POSIXLY_CORRECT without -k: 512-byte blocks. The HF cache's path is not there: df says so, and no filesystem
+    # holds it (the card would otherwise name a cache that does not exist); the others keep their rows' order.
     text = """\
 root /
 hf_cache /media/big disk/hf
@@ -59,7 +60,7 @@ df: '/media/big disk/hf': No such file or directory
 """
     (disk,) = hostparse.parse_disks(text)
     assert (disk.mount, disk.total, disk.free, disk.holds) == ("/", 7744140624 * 512, 7098490880 * 512,
-                                                               ["root", "hf_cache", "docker"])
+                                                               ["root", "docker"])
     spaced = hostparse.parse_disks("root /\nhf_cache /media/big disk/hf\n"
                                    "Filesystem 1024-blocks Used Available Capacity Mounted on\n"
                                    "/dev/sda1 100 60 40 60% /\n/dev/sdb1 2000 1000 1000 50% /media/big disk\n")
@@ -69,17 +70,19 @@ df: '/media/big disk/hf': No such file or directory
 
 
 def test_the_probes_own_script_through_this_machines_df(tmp_path):
-    """The script as a node runs it (here, in sh): `/` always, the HF cache where it exists, one row per path."""
+    """The script as a node runs it (here, in sh): `/` always, the HF cache where it exists, one row per path;
+    Docker's root, absent here, held by no filesystem (df says it cannot read it, and exits 1 for it)."""
     hf = tmp_path / "hf"
     hf.mkdir()
     out = subprocess.run(["sh", "-c", _SCRIPT_DISK], capture_output=True, text=True, timeout=30,
                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(hf)}).stdout
     body, rc, _ = split_sections(out)["disk"]
-    assert rc == 0
-    assert body.splitlines()[:2] == ["root /", f"hf_cache {hf}"]
+    assert rc == (0 if Path("/var/lib/docker").exists() else 1)
+    assert body.splitlines()[:3] == ["root /", f"hf_cache {hf}", "docker /var/lib/docker"]
     disks = hostparse.parse_disks(body)
     assert len({(d.device, d.mount) for d in disks}) == len(disks) >= 1
-    assert sorted(role for d in disks for role in d.holds) == ["hf_cache", "root"]
+    docker = ["docker"] if Path("/var/lib/docker").exists() else []
+    assert sorted(role for d in disks for role in d.holds) == sorted(["hf_cache", "root", *docker])
     assert all(0 <= d.free <= d.total and d.total > 0 for d in disks)
 
 
@@ -146,6 +149,18 @@ def test_a_disk_filling_up_warns_then_goes_critical_then_both_resolve_once():
         + [spark(t, free_gb=12) for t in range(40, 100)] + [spark(t, free_gb=400) for t in range(100, 200)]
     assert run(events) == [(70, FIRE, "disk_low"), (70, FIRE, "disk_full"),
                            (130, RESOLVE, "disk_low"), (130, RESOLVE, "disk_full")]
+
+
+def test_a_small_filesystem_is_not_low_for_ever_only_full():
+    """A 100 GB partition (Docker's, say) reads under 130 GB free even empty: no disk_low from it, only disk_full
+    once it is under 20 GB."""
+    def node(t: float, free_gb: float) -> NodeSnapshot:
+        snap = spark(t)
+        snap.disks = [Disk("/var/lib/docker", 100 * 10**9, int(free_gb * 1e9), ["docker"], "/dev/sdb1")]
+        return snap
+
+    assert run([node(t, 95) for t in range(0, 200)]) == []
+    assert run([node(t, 10) for t in range(0, 100)]) == [(30, FIRE, "disk_full")]
 
 
 def test_a_disk_hovering_at_the_threshold_sends_one_message_and_says_where():
