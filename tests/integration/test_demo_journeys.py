@@ -48,7 +48,9 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
         # status from another shell sees the demo's two nodes and its two engines, and the load moving them.
         def busy():
             doc = json.loads(sparktop("status", "--inventory", "demo", "--json", "--seconds", "2").stdout)
-            return doc if all((e["gen_tokens_total"] or 0) > 0 for e in doc["engines"]) else None
+            # Both engines serving, and placed in their containers (on a loaded machine a node's first answer,
+            # containers and all, can miss status's window: a second status has it).
+            return doc if all((e["gen_tokens_total"] or 0) > 0 and e["container"] for e in doc["engines"]) else None
 
         doc = until(busy, what="the demo's load on both engines")
         assert [n["node"] if "node" in n else n["name"] for n in doc["nodes"]] == ["spark-a", "spark-b"]
