@@ -292,18 +292,60 @@ async def _gguf(on: NodeChecks, model: str, hf_cache: str) -> None:
                                   f"(-hf {model})")
 
 
+LISTENING = "ss -Hltn 2>/dev/null || netstat -ltn 2>/dev/null"
+
+
+async def ports_in_use(node: Node, transport: Transport, ports: list[int]) -> list[int] | None:
+    """Which of `ports` something listens on where the node's engines bind;
+    None when the node cannot list its listening ports."""
+    r = await transport.run(LISTENING, timeout=20.0)
+    if not (r.stdout.strip() or r.ok):
+        return None
+    listeners = _listeners(r.stdout)
+    return [p for p in ports if port_taken(listeners, p, {node.bind, node.address})]
+
+
+def plan_ports(plan: Plan, inventory: Inventory) -> dict[str, list[int]]:
+    """The ports each node of the plan listens on: its engines' APIs and, for
+    an engine over several nodes, vLLM's rendezvous or Ray's GCS on the head,
+    llama.cpp's rpc-server or the sshd TensorRT-LLM's mpirun uses on the
+    workers (`Runtime.listen_ports`)."""
+    runtime = runtime_for(plan.runtime)
+    layout = parse_layout(plan.topology)
+    heads = {group[0] for group in layout.engines(plan.nodes)} if layout.spans_nodes else set()
+    out: dict[str, list[int]] = {}
+    for node_name in plan.nodes:
+        ports = sorted({int(e.url.rsplit(":", 1)[1]) for e in plan.endpoints if e.node == node_name})
+        out[node_name] = ports + runtime.listen_ports(layout, inventory.defaults, node_name in heads)
+    return out
+
+
+async def ports_released(plan: Plan, inventory: Inventory, transports: dict[str, Transport],
+                         within: float = 60.0) -> list[str]:
+    """Wait until nothing listens on the ports a stopped plan's engines took,
+    on any of its nodes, for at most `within` seconds; what still holds one
+    then ("spark-a:8000"), which the next preflight will name."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    wanted = plan_ports(plan, inventory)
+    while True:
+        held = [f"{name}:{p}" for name, ports in wanted.items()
+                for p in (await ports_in_use(inventory.node(name), transports[name], ports) or [])]
+        if not held or loop.time() >= deadline:
+            return held
+        await asyncio.sleep(0.5)
+
+
 async def _ports(on: NodeChecks) -> None:
     """The ports the engines listen on, on the address they bind."""
-    r = await on.run("ss -Hltn 2>/dev/null || netstat -ltn 2>/dev/null")
-    listeners = _listeners(r.stdout)
-    busy = [p for p in on.ports if port_taken(listeners, p, {on.node.bind, on.node.address})]
-    if busy:
+    busy = await ports_in_use(on.node, on.transport, on.ports)
+    if busy is None:
+        on.add("ports", "warn", "cannot list listening ports (no ss or netstat)")
+    elif busy:
         on.add("ports", "fail", f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use "
                                 f"on {on.node.bind}")
-    elif r.stdout.strip() or r.ok:
-        on.add("ports", "pass", f"{', '.join(map(str, on.ports))} free")
     else:
-        on.add("ports", "warn", "cannot list listening ports (no ss or netstat)")
+        on.add("ports", "pass", f"{', '.join(map(str, on.ports))} free")
 
 
 async def _fabric(on: NodeChecks) -> None:
@@ -391,15 +433,8 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
                 kv_token, seq_state, detect_fabric=detect, runtime=runtime.id, share=share,
                 kv_tokens=_kv_tokens(runtime.memory, serving, max_model_len), memory=runtime.memory,
                 engine=runtime.name)
-    # An engine over several nodes listens on more than its API: vLLM's rendezvous or Ray's GCS on the head,
-    # llama.cpp's rpc-server or the sshd TensorRT-LLM's mpirun uses on the workers (`Runtime.listen_ports`).
-    heads = {group[0] for group in layout.engines(plan.nodes)} if cluster else set()
-    jobs = []
-    for node_name in plan.nodes:
-        node = inventory.node(node_name)
-        ports = sorted({int(e.url.rsplit(":", 1)[1]) for e in plan.endpoints if e.node == node_name})
-        ports += runtime.listen_ports(layout, inventory.defaults, node_name in heads)
-        jobs.append(_check_node(NodeChecks(node, transports[node_name], want, ports)))
+    jobs = [_check_node(NodeChecks(inventory.node(name), transports[name], want, ports))
+            for name, ports in plan_ports(plan, inventory).items()]
     results = list(await asyncio.gather(*jobs))
     fabric = await resolve_fabric(results) if detect else {}
     if cluster and not detect:

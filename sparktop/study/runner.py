@@ -30,7 +30,7 @@ from sparktop.events import emitting
 from sparktop.launch.events import Stage
 from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed, teardown
 from sparktop.launch.plan import Plan
-from sparktop.launch.preflight import Preflight, run_preflight
+from sparktop.launch.preflight import Preflight, ports_released, run_preflight
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.session import overrides_for, stop_launches
 from sparktop.launch.state import LaunchState
@@ -364,6 +364,9 @@ class StudyRunner:
         try:
             await stop_launches(self.state, [plan.launch_id], self.transports)
             await self._verify_gone(plan.launch_id)
+            # The next layout's preflight checks the same ports: a stopped engine's last process can take
+            # seconds to close its sockets on a loaded node (a real vLLM's did, once: "port 8000 already in use").
+            await ports_released(plan, self.inventory, self.transports)
         except TransportError as exc:
             if t.status != FAILED:
                 self._fail(t, f"could not verify the teardown: {exc}")

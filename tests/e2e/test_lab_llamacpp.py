@@ -114,9 +114,6 @@ def test_llama_server_over_two_hosts_splits_its_layers_with_a_real_rpc_server(la
 
 
 @pytest.mark.realvllm
-@pytest.mark.xfail(strict=False, reason="open bug (issue 39's stop note): on a loaded machine the study's second "
-                   "layout preflighted while the first's real vLLM still held port 8000 ('port 8000 already in use'); "
-                   "a study must wait for a stopped engine's ports")
 def test_a_study_of_one_model_on_vllm_and_llama_cpp_names_a_winner(tmp_path_factory, gguf, tmp_path):
     """`sparktop study tiny-llama --runtimes vllm,llama-cpp`: the same tiny model on the real vLLM (CPU build)
     and the real llama-server, solo each; the report says which engine serves each workload best."""

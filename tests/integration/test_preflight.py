@@ -217,3 +217,27 @@ async def test_an_unreachable_node_fails_reachable_and_nothing_else_is_tried(clu
     b = [c for c in result.checks if c.node == "spark-b"]
     assert [c.name for c in b] == ["reachable"] and b[0].status == "fail"
     assert "refused" in b[0].message
+
+
+async def test_a_stopped_layouts_ports_are_waited_for_until_released_and_what_holds_one_is_named(cluster):
+    """A study's next layout preflights the same ports: once a layout is stopped, the runner waits until its
+    engines' ports are free (a last process closing its socket late), and past the bound names what holds one."""
+    import asyncio
+
+    from sparktop.launch.preflight import ports_in_use, ports_released
+
+    inventory = cluster.inventory()
+    transports = {n.name: n.transport() for n in cluster.nodes}
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.2", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        plan = make_plan(find_recipe("llama-3.1-8b"), "solo", inventory, port=port)
+        spark_a = inventory.node("spark-a")
+        # Held throughout: the wait ends at its bound and names the port.
+        assert await ports_released(plan, inventory, transports, within=1.0) == [f"spark-a:{port}"]
+        # Closed a moment after the wait began: the wait outlasts it and the port is free when it returns.
+        asyncio.get_running_loop().call_later(1.0, s.close)
+        assert await ports_released(plan, inventory, transports, within=60.0) == []
+        assert await ports_in_use(spark_a, transports["spark-a"], [port]) == []
