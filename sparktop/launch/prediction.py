@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from sparktop import labels
 from sparktop.model.forecast import Subject
 
 if TYPE_CHECKING:
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
     from sparktop.model.cards import ModelCard
     from sparktop.settings import Inventory
 
-# The labels a plan's containers carry for the twin (and the monitor) to know what it serves.
-CARD_LABEL, QUANT_LABEL, STACK_LABEL, FIT_LABEL = "sparktop.card", "sparktop.quant", "sparktop.stack", "sparktop.fit"
 
 
 def engine_image(recipe: Recipe, topology: str, inventory: Inventory) -> str:
@@ -118,6 +117,7 @@ def subject_for_engine(snap: Any, inventory: Inventory | None = None) -> Subject
     an engine (a router)."""
     from sparktop.engine_ids import DEFAULT, is_router
     from sparktop.model.cards import UnknownModel, find_card
+    from sparktop.model.forecast import labelled_card
     from sparktop.model.gguf import gguf_card
 
     model = getattr(snap, "model", None)
@@ -133,12 +133,16 @@ def subject_for_engine(snap: Any, inventory: Inventory | None = None) -> Subject
             continue
     if card is None:
         return None
+    # What its launch labelled it with (a recipe's format and stack, which no flag says), as the twin reads them.
+    labelled = getattr(snap, "serves", None) or {}
+    card = labelled_card(card, labelled)
     speed = inventory.defaults.twin_speed if inventory is not None else 1.0
     # Its container's image names its build; an engine outside one runs what the inventory runs by default.
     image = getattr(snap, "image", None) or (inventory.defaults.image_for(kind) if inventory is not None else None)
     return Subject(card=card, runtime=kind, serving=engine_serving(kind, getattr(snap, "argv", None) or []),
-                   image=image,
-                   inventory_key=_key(inventory) if inventory is not None else None, speed=speed,
+                   image=image, stack=labelled.get(labels.STACK) or None,
+                   inventory_key=_key(inventory) if inventory is not None else None,
+                   fitted_path=None if inventory is not None else labelled.get(labels.FIT) or None, speed=speed,
                    source=f"engine {model}")
 
 
@@ -169,11 +173,11 @@ def labels_for(subject: Subject, topology: str) -> dict[str, str]:
     from sparktop.model.forecast import resolve
 
     basis = resolve(subject, topology)
-    out = {CARD_LABEL: subject.card.name, QUANT_LABEL: subject.card.quant.scheme}
+    out = {labels.CARD: subject.card.name, labels.QUANT: subject.card.quant.scheme}
     if basis.stack:
-        out[STACK_LABEL] = basis.stack
+        out[labels.STACK] = basis.stack
     if basis.fitted is not None and subject.inventory_key:
-        out[FIT_LABEL] = str(fitted_path(subject.inventory_key))
+        out[labels.FIT] = str(fitted_path(subject.inventory_key))
     return out
 
 

@@ -18,11 +18,11 @@ all come through here (the adapters from recipes, plans and engines are in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparktop import engine_ids
+from sparktop import engine_ids, labels
 from sparktop.layouts import parse_layout
 from sparktop.model.cards import ModelCard
 from sparktop.model.perf import Constants, PerfModel
@@ -165,6 +165,28 @@ def pick_stack(subject: Subject, runtime: str, fitted: dict | None,
     if image is None:
         return None, None
     return stacks.for_image(image)
+
+
+def labelled_card(card: ModelCard, labelled: Mapping[str, str]) -> ModelCard:
+    """The card a launch labelled its engine with (`labels.CARD`, `labels.QUANT`: a recipe's
+    `quantization:` is no flag of the engine's, so it reaches the twin and the monitor only this way);
+    `card` where there is no label."""
+    import contextlib
+
+    from sparktop.errors import SparktopError
+    from sparktop.model.cards import UnknownModel, find_card
+    from sparktop.model.quant import Quantization
+
+    if labelled.get(labels.CARD) and labelled[labels.CARD] != card.name:
+        with contextlib.suppress(UnknownModel):
+            card = find_card(labelled[labels.CARD])
+    scheme = labelled.get(labels.QUANT)
+    if scheme and scheme != card.quant.scheme:
+        with contextlib.suppress(SparktopError):
+            quant = Quantization.of(scheme)
+            if (quant.experts, quant.linear) != (card.quant.experts, card.quant.linear):
+                card = dataclasses.replace(card, quant=quant)
+    return card
 
 
 def card_for_runtime(card: ModelCard, runtime: str) -> ModelCard:

@@ -92,6 +92,7 @@ class EngineProbe:
     hint: str | None = None  # the engine its container or process suggests (`Engine.id`): asked first
     argv: list[str] | None = None  # its server's command line, where discovery read it
     image: str | None = None  # its container's image, where it runs in one
+    serves: dict[str, str] = field(default_factory=dict)  # what its launch labelled it with (`labels.PREDICTION`)
     address: str | None = None  # where it is read, when not at `url` (its name): a given URL as typed
     auth: str | None = field(default=None, repr=False)  # that URL's user and password: `Basic ...`
     rate_window: float = RATE_WINDOW_S  # token rates over this many seconds
@@ -190,6 +191,7 @@ class EngineProbe:
         snap = EngineSnapshot(key=self.url, url=self.url, t=now, state="ready")
         engine.fill(snap, derived)
         snap.argv, snap.image = (mask_argv(self.argv) if self.argv else []), self.image
+        snap.serves = dict(self.serves)
         snap.poll_ms = (clock.now() - started) * 1000
         return snap
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from sparktop import engine_ids
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT, ROUTER
+from sparktop.labels import prediction_labels
 from sparktop.layouts import from_label
 from sparktop.observe import engines, hostparse
 from sparktop.observe.argv import flag_value
@@ -664,6 +665,7 @@ class DiscoveredEngine:
     model: str | None = None
     argv: list[str] | None = None
     image: str | None = None  # the container's image: names the engine's build (the stack a prediction uses)
+    serves: dict[str, str] = field(default_factory=dict)  # what its launch labelled it with (`labels.PREDICTION`)
 
 
 def _split(command: str) -> list[str]:
@@ -700,7 +702,7 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
                                 kind=labels.get("sparktop.kind", DEFAULT),
                                 topology=from_label(labels.get("sparktop.topology")),
                                 model=labels.get("sparktop.model"), argv=container_argv(container),
-                                image=container.image or None)
+                                image=container.image or None, serves=prediction_labels(labels))
     args = container_argv(container)
     if not args:
         return None

@@ -90,6 +90,7 @@ class EngineTarget:
     process: str | None = None  # discovered in the process list: "process 4242 (vllm serve, port 8000)"
     argv: list[str] | None = None  # its server's command line, where it was read
     image: str | None = None  # its container's image
+    serves: dict[str, str] = field(default_factory=dict)  # what its launch labelled it with (`labels.PREDICTION`)
     # Given: where it is read when that is not `url` (its name, `targets.engine_key`), the address as typed
     # (`localhost`), and the credentials the typed URL carried (an `Authorization: Basic` value), never shown
     address: str | None = None
@@ -351,7 +352,7 @@ class Poller:
             existing = self._engines[key]
             # A candidate that turns out to be a known container gains its details.
             if target.origin != "candidate":
-                for attr in ("container", "topology", "kind", "model", "argv", "image"):
+                for attr in ("container", "topology", "kind", "model", "argv", "image", "serves"):
                     if getattr(target, attr):
                         setattr(existing.target, attr, getattr(target, attr))
                 if target.origin == "given":
@@ -363,6 +364,7 @@ class Poller:
                     existing.target.origin = target.origin
                 existing.probe.hint = existing.target.kind
                 existing.probe.argv, existing.probe.image = existing.target.argv, existing.target.image
+                existing.probe.serves = existing.target.serves
             return
         node = self._nodes.get(target.node) if target.node else None
         api_key = self.api_key
@@ -371,7 +373,8 @@ class Poller:
         assert self._client is not None, "engines are added once the poller has started"
         probe = EngineProbe(key, self._client, node.target.transport if node else None,
                             timeout=max(1.0, min(3.0, self._interval * 1.5)), api_key=api_key, hint=target.kind,
-                            argv=target.argv, image=target.image, address=target.address, auth=target.auth,
+                            argv=target.argv, image=target.image, serves=target.serves, address=target.address,
+                            auth=target.auth,
                             rate_window=self.rate_window,
                             latency_window=self.latency_window,
                             histogram_every=self.histogram_every, poll_interval=self._interval, clock=self.clock)
@@ -481,7 +484,8 @@ class Poller:
             if container.state == "running":
                 self._add_engine(EngineTarget(found.url, node=w.target.name, origin="discovered",
                                               container=found.container, topology=found.topology, kind=found.kind,
-                                              model=found.model, argv=found.argv, image=found.image))
+                                              model=found.model, argv=found.argv, image=found.image,
+                                              serves=found.serves))
                 self._engines[key].exited = None
             elif key in self._engines and self._engines[key].target.container == container.name:
                 # A crashed engine stays on screen, with why, until its container is removed.

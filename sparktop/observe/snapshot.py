@@ -233,6 +233,8 @@ class EngineSnapshot:
     # a prediction for it reads its serving flags from (`launch.prediction.subject_for_engine`)
     argv: list[str] = field(default_factory=list)
     image: str | None = None  # its container's image (names its build: the stack a prediction uses)
+    # what its launch labelled it with: the card, format and stack `predict` used (`labels.PREDICTION`)
+    serves: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -37,6 +37,7 @@ from aiohttp import web
 from sparktop.clock import SYSTEM, Clock
 from sparktop.engine_ids import DEFAULT
 from sparktop.model.cards import GIB, UnknownModel, find_card
+from sparktop.model.forecast import labelled_card
 from sparktop.model.quant import Quantization
 from sparktop.twin.args import ServeArgs
 from sparktop.twin.dialects import dialect_for
@@ -46,7 +47,7 @@ from sparktop.twin.host import TwinHost
 from sparktop.twin.multinode import HEAD_WAIT_SECONDS, MultiNode
 from sparktop.twin.openai_api import OpenAIRoutes
 from sparktop.twin.rendezvous import HeadRendezvous
-from sparktop.twin.startup import StartupError, StartupPlan, container_labels, plan_startup, twin_basis, twin_card
+from sparktop.twin.startup import StartupError, StartupPlan, container_labels, plan_startup, twin_basis
 from sparktop.twin.text import load_tokenizer
 
 # cli.py and tests import these from here, though most are defined next door.
@@ -67,7 +68,7 @@ class TwinServer(MultiNode, OpenAIRoutes):
         self.dialect = dialect or dialect_for(DEFAULT)  # whose words it speaks
         # The container's labels (a plan's card, its format and stack) and image, when it runs in one.
         self.labels, self.image = container_labels(environ)
-        self.card = twin_card(find_card(args.model), self.labels)
+        self.card = labelled_card(find_card(args.model), self.labels)
         if args.quantization:  # a GGUF's quantization, vLLM's or SGLang's --quantization: the weights read
             self.card = dataclasses.replace(self.card, quant=Quantization.of(args.quantization))
         self.log = self.dialect.logger(log, clock)

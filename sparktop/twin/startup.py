@@ -8,15 +8,13 @@ the message vLLM would log last.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sparktop import labels as label
 from sparktop.engine_ids import DEFAULT
-from sparktop.errors import SparktopError
 from sparktop.model.cards import GIB, ModelCard
 from sparktop.model.forecast import Basis, Subject, resolve
 from sparktop.model.perf import PerfModel
@@ -44,7 +42,6 @@ class StartupPlan:
     max_num_batched_tokens: int
 
 
-CARD_LABEL, QUANT_LABEL, STACK_LABEL, FIT_LABEL = "sparktop.card", "sparktop.quant", "sparktop.stack", "sparktop.fit"
 
 
 def container_labels(environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], str | None]:
@@ -58,31 +55,13 @@ def container_labels(environ: Mapping[str, str] | None = None) -> tuple[dict[str
             env.get("SPARKTOP_TWIN_IMAGE") or None)
 
 
-def twin_card(card: ModelCard, labels: Mapping[str, str]) -> ModelCard:
-    """The card a plan labelled its engine with (a recipe's `quantization:` is no flag of the engine's, so it
-    reaches the twin only this way); `card` where there is no label."""
-    from sparktop.model.cards import UnknownModel, find_card
-    from sparktop.model.quant import Quantization
-
-    if labels.get(CARD_LABEL) and labels[CARD_LABEL] != card.name:
-        with contextlib.suppress(UnknownModel):
-            card = find_card(labels[CARD_LABEL])
-    scheme = labels.get(QUANT_LABEL)
-    if scheme and scheme != card.quant.scheme:
-        with contextlib.suppress(SparktopError):
-            quant = Quantization.of(scheme)
-            if (quant.experts, quant.linear) != (card.quant.experts, card.quant.linear):
-                card = dataclasses.replace(card, quant=quant)
-    return card
-
-
 def twin_subject(card: ModelCard, engine: str = DEFAULT, labels: Mapping[str, str] | None = None,
                  image: str | None = None) -> Subject:
     """What the twin serves, as `sparktop predict` would predict it: its engine, the stack its label (or its
     image) names, the fit its label names; at a GB10's pace (the engine divides by its own --speed)."""
     labels = labels or {}
-    return Subject(card=card, runtime=engine, image=image, stack=labels.get(STACK_LABEL) or None,
-                   fitted_path=labels.get(FIT_LABEL) or None, speed=1.0, source=f"twin {card.name}")
+    return Subject(card=card, runtime=engine, image=image, stack=labels.get(label.STACK) or None,
+                   fitted_path=labels.get(label.FIT) or None, speed=1.0, source=f"twin {card.name}")
 
 
 def twin_basis(card: ModelCard, engine: str = DEFAULT, labels: Mapping[str, str] | None = None,

@@ -69,3 +69,35 @@ def test_a_command_line_in_a_snapshot_carries_no_secret():
     assert shown == ["vllm", "serve", "m", "--api-key", "***", "--hf-token=***", "HF_TOKEN=***", "--port", "8000",
                      "--endpoint", "http://***@host:1/v1"]
     assert not any(s in " ".join(shown) for s in ("sk-live", "hf_abc", "pw@"))
+
+
+def test_an_engine_launched_from_a_recipe_is_predicted_as_predict_predicts_the_recipe(capsys):
+    """The demo's engines and every launch carry the recipe's format and stack as labels (no flag says them):
+    the sweep screen, the cards and `status` read them back, so a watched gpt-oss-120b launched from its recipe
+    (MXFP4 throughout, the NGC stack) is predicted at the recipe's figure, not the bare card's (BF16 attention)."""
+    import shlex
+
+    from sparktop.launch.catalog import find_recipe
+    from sparktop.launch.prediction import predicted_for_engine
+    from sparktop.launch.topology import make_plan
+    from sparktop.observe.host_probe import engines_in
+    from sparktop.observe.snapshot import Container
+
+    inventory = load_inventory()
+    plan = make_plan(find_recipe("gpt-oss-120b"), "solo", inventory)
+    (step,) = [s for s in plan.steps if s.role == "engine"]
+    argv = shlex.split(step.command)
+    labels = dict(v.split("=", 1) for f, v in zip(argv, argv[1:], strict=False) if f == "--label")
+    command = shlex.join(argv[argv.index(plan.image) + 1:])
+    found = engines_in(Container(step.container or "e", plan.image, "running", "Up", command=command,
+                                 labels=labels), "127.0.0.1")
+    assert found is not None and found.serves["sparktop.quant"] == "mxfp4-spark"
+    snap = EngineSnapshot(key=found.url, url=found.url, t=0, state="ready", kind=found.kind, model=found.model,
+                          argv=found.argv or [], image=found.image, serves=found.serves)
+    assert main(["predict", "gpt-oss-120b", "-c", "1", "--json"]) == 0
+    by_recipe = json.loads(capsys.readouterr().out)["rows"][0]["decode_tps"]
+    assert predicted_for_engine(snap, inventory, 1).decode_tps == by_recipe
+    # Without its labels (an engine someone else started from the same image) it is the bare card's figure.
+    bare = EngineSnapshot(key=found.url, url=found.url, t=0, state="ready", kind=found.kind, model=found.model,
+                          argv=found.argv or [], image=found.image)
+    assert predicted_for_engine(bare, inventory, 1).decode_tps < by_recipe

@@ -16,7 +16,7 @@ PACKAGE = Path(sparktop.__file__).parent
 
 # What each part of sparktop may import (besides itself and the foundation).
 FOUNDATION = {"errors", "yamlfile", "units", "events", "settings", "layouts", "clock", "engine_ids", "masking",
-              "measuring", "tables", "__init__"}
+              "measuring", "tables", "labels", "__init__"}
 ALLOWED = {
     "remote": set(),
     "observe": {"remote"},

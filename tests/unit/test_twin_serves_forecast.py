@@ -12,9 +12,9 @@ from sparktop.launch.prediction import subject_for_plan
 from sparktop.launch.topology import make_plan
 from sparktop.layouts import parse_layout
 from sparktop.model.cards import find_card
-from sparktop.model.forecast import resolve
+from sparktop.model.forecast import labelled_card, resolve
 from sparktop.twin.dialects import dialect_for
-from sparktop.twin.startup import twin_basis, twin_card
+from sparktop.twin.startup import twin_basis
 from tests.helpers.plan_engines import plan_engines
 from tests.unit.test_plans import cases, inventory
 
@@ -38,7 +38,7 @@ def test_the_twin_of_a_plan_resolves_what_predict_resolves(rid, topology):
     for engine in engines:
         dialect = dialect_for(engine.kind)
         args = dialect.parse(without_file_options(engine.argv))
-        card = twin_card(find_card(args.model), engine.labels)
+        card = labelled_card(find_card(args.model), engine.labels)
         served = twin_basis(card, dialect.id, engine.labels, engine.image)
         assert (served.card.name, served.card.quant) == (predicted.card.name, predicted.card.quant)
         assert served.stack == predicted.stack
