@@ -97,7 +97,38 @@ def _launch_inventory(args):
 def cmd_sweep(args) -> int:
     from sparktop.bench.commands import cmd_sweep as run
 
+    if args.inventory and not args.endpoint and not args.resume:
+        _sweep_endpoint_from(args)
     return run(args)
+
+
+def _sweep_endpoint_from(args) -> None:
+    """`sweep --inventory FILE|demo [--node NAME]`: the endpoint is what serves there (a layout's router, else
+    the one engine), its layout and node recorded, the node's power read."""
+    from sparktop.errors import SparktopError
+    from sparktop.settings import load_inventory
+    from sparktop.status import engines_on
+
+    inventory = load_inventory(args.inventory)
+    if args.node and args.node not in {n.name for n in inventory.nodes}:
+        raise SparktopError(f"--node {args.node}: no such node in {args.inventory} "
+                            f"({', '.join(n.name for n in inventory.nodes)})")
+    found = engines_on(inventory, args.node)
+    where = f"{args.node} ({args.inventory})" if args.node else args.inventory
+    if not found:
+        raise SparktopError(f"nothing serves on {where}: `sparktop status --inventory {args.inventory}` shows "
+                            "what runs there")
+    if len(found) > 1:
+        listed = ", ".join(f"{e.node} {e.url}" for e in found)
+        raise SparktopError(f"{len(found)} engines serve on {where} ({listed}): pick one with --node NAME "
+                            "or --endpoint URL")
+    engine = found[0]
+    args.endpoint = engine.url
+    args.topology = args.topology or engine.topology
+    args.nodes = args.nodes or engine.node
+    args.inventory_loaded = inventory
+    print(f"sweeping {engine.model or 'the engine'} at {engine.url} on {engine.node} ({args.inventory})",
+          file=sys.stderr)
 
 
 def cmd_compare(args) -> int:
@@ -472,6 +503,9 @@ def _add_sweeping(add) -> None:
     sweep = add("sweep", "run a concurrency sweep against an endpoint (live progress, results kept as they "
                 "arrive)", cmd_sweep)
     sweep.add_argument("--endpoint", "-e", metavar="URL", help="http://HOST:PORT or http://HOST:PORT/v1")
+    sweep.add_argument("--inventory", metavar="FILE", help="instead of --endpoint: sweep what serves on this "
+                       "inventory's nodes (`demo`: the running demo's), a layout's router or its one engine")
+    sweep.add_argument("--node", metavar="NAME", help="with --inventory: the node whose engine is swept")
     sweep.add_argument("-c", "--concurrency", default="1,2,4,8,16,32,64", metavar="LEVELS",
                        help="concurrency levels (default 1,2,4,8,16,32,64)")
     sweep.add_argument("--runs", type=int, default=5, help="batches per level (default 5; the articles used 50)")

@@ -362,6 +362,18 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             console.print("[yellow]some launched containers are gone[/]: `sparktop stop ID` clears what is left")
 
 
+def engines_on(inventory: Inventory, node: str | None = None, seconds: float = 2.2) -> list[EngineSnapshot]:
+    """What serves on the inventory's nodes (or on `node` only), for `sweep --inventory` to pick its endpoint
+    from: a layout's router where there is one (what its users call), else every engine that answers."""
+    poller = Poller(node_targets(inventory), [], interval=1.0, default_port=inventory.defaults.port,
+                    router_key=api_key_for, rate_window=seconds, latency_window=seconds, histogram_every=0.0)
+    state = asyncio.run(collect(poller, seconds))
+    found = [e for e in state.engines.values() if e.state not in ("unreachable", "failed")
+             and (node is None or e.node == node)]
+    routers = [e for e in found if is_router(e.kind)]
+    return routers or sorted(found, key=lambda e: (e.node or "", e.url))
+
+
 def main_status(inventory: Inventory, engines: list[str], as_json: bool = False, seconds: float = 2.2) -> int:
     prefs = load_preferences()  # a bad settings file is an error before anything is polled
     # Rates and percentiles over the whole watch, not between its last two polls: a real engine's counters

@@ -118,7 +118,7 @@ def cmd_sweep(args) -> int:
                                   "usage, so each streamed chunk counts as one token (low when chunks hold "
                                   "more); --tokenizer FILE counts the streamed text instead[/]")
 
-    power = power_source(getattr(args, "power", None), settings.endpoint)
+    power = power_source(getattr(args, "power", None), settings.endpoint, getattr(args, "inventory_loaded", None))
     prefs = load_preferences()  # the energy price: a bad settings file stops here, before any request
     sweep = Sweep(settings, root, resume=resume, api_key=api_key, power=power)
 

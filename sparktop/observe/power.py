@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import TYPE_CHECKING
 
 from sparktop.remote import Transport, TransportError, transport_for
+
+if TYPE_CHECKING:
+    from sparktop.settings import Inventory
 
 POWER_QUERY = ["nvidia-smi", "--query-gpu=power.draw", "--format=csv,noheader,nounits"]
 
@@ -62,7 +66,7 @@ class NodesPower:
         return sum(r for r in readings if r is not None)
 
 
-def power_source(spec: str | None, endpoint: str) -> NodesPower | None:
+def power_source(spec: str | None, endpoint: str, inventory: Inventory | None = None) -> NodesPower | None:
     """Whose power the sweep reads: `--power A,B` (inventory names, ssh
     hosts, 'local'), else the inventory nodes whose address or host is the
     endpoint's host (a local endpoint: this node); 'none' for nothing."""
@@ -72,7 +76,7 @@ def power_source(spec: str | None, endpoint: str) -> NodesPower | None:
 
     if spec is not None and spec.strip().lower() == "none":
         return None
-    inventory = load_inventory()
+    inventory = inventory or load_inventory()
     if spec:
         names = [h.strip() for h in spec.split(",") if h.strip()]
         known = {n.name: n for n in inventory.nodes} | {n.host: n for n in inventory.nodes}

@@ -63,10 +63,18 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
         assert all(e["predicted"] is None or e["predicted"]["concurrency"] >= 1 for e in doc["engines"])
 
         # A sweep of spark-a gets the node to itself: the load steps aside, no level sees foreign requests.
-        swept = sparktop("sweep", "-e", "http://127.0.0.2:8000", "-c", "1,2", "--runs", "2", "--pp", "64",
-                         "--tg", "16", "--json", "--results", str(tmp_path / "results"))
+        # The endpoint found by the inventory the demo names, as its hint says; two engines serve, so the node.
+        which = sparktop("sweep", "--inventory", "demo", "-c", "1")
+        assert which.returncode != 0 and "Traceback" not in which.stderr
+        assert "2 engines serve on demo" in which.stderr and "--node NAME" in which.stderr, which.stderr
+        swept = sparktop("sweep", "--inventory", "demo", "--node", "spark-a", "-c", "1,2", "--runs", "2", "--pp",
+                         "64", "--tg", "16", "--json", "--results", str(tmp_path / "results"))
         assert swept.returncode == 0, swept.stderr
-        levels = json.loads(swept.stdout)["levels"]
+        assert "at http://127.0.0.2:8000 on spark-a" in swept.stderr
+        run = json.loads(swept.stdout)
+        # What it swept is recorded with where it runs: the demo's solo engine on spark-a.
+        assert (run["topology"], run["nodes"]) == ("solo", ["spark-a"]), {k: run.get(k) for k in ("topology", "nodes")}
+        levels = run["levels"]
         assert [lv["concurrency"] for lv in levels] == [1, 2]
         assert all(not lv.get("contaminated") and not lv.get("remeasured") and not lv.get("foreign_requests")
                    for lv in levels), levels
