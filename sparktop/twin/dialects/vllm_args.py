@@ -28,43 +28,56 @@ from sparktop.model.serving import DEFAULT_MAX_NUM_SEQS, parse_length
 from sparktop.twin.args import ServeArgs
 
 
-def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool) -> None:
-    parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=default)
-    parser.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false")
+def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
+    parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=default,
+                        help=f"{help} (default: {'on' if default else 'off'})")
+    parser.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false", help="turn it off")
 
 
 def build_parser(prog: str = "vllm serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=True)
-    p.add_argument("model_tag", nargs="?", help="model name or HF id")
-    p.add_argument("--model", dest="model_opt")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", nargs="+")
-    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
-    p.add_argument("--enable-expert-parallel", action="store_true")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-model-len", type=str)
-    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    _bool_flag(p, "enable-prefix-caching", True)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--load-format", default="auto")
-    p.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"])
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--master-addr", default="127.0.0.1")
-    p.add_argument("--master-port", type=int, default=29501)
-    p.add_argument("--headless", action="store_true")
-    p.add_argument("--api-key")
-    p.add_argument("--tokenizer")
-    p.add_argument("--reasoning-parser")
-    p.add_argument("--enable-sleep-mode", action="store_true")
-    p.add_argument("--enable-mfu-metrics", action="store_true")
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
-    p.add_argument("--max-num-queued-reqs", type=int)
-    p.add_argument("--max-num-queued-tokens", type=int)
+    # The flags as `vllm serve` names them, each with what vLLM's own help says it does, shortened; the model
+    # the twin serves is its card's (`sparktop twin cards`), timed by the performance model.
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=True,
+                                description="A twin of `vllm serve`: the OpenAI API, /metrics and the log of vLLM, "
+                                            "timed by sparktop's performance model for a GB10. Flags vLLM has "
+                                            "that the twin does not model are accepted and ignored.")
+    p.add_argument("model_tag", nargs="?", help="model name or HF id (`sparktop twin cards` lists the models)")
+    p.add_argument("--model", dest="model_opt", help="the model, as a flag (the positional wins)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    p.add_argument("--served-model-name", nargs="+", help="the name(s) the API answers to (default: the model)")
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="GPUs (Spark nodes) one engine's layers are split over (default: %(default)s)")
+    p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1,
+                   help="pipeline stages, one per node (default: %(default)s)")
+    p.add_argument("--enable-expert-parallel", action="store_true", help="MoE experts split over the ranks")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of the GPU's memory the engine takes for weights and KV cache (default: %(default)s)")
+    p.add_argument("--max-model-len", type=str, help="longest context (e.g. 32768 or 32k; default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                   help="most requests in one batch (default: %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="most tokens in one scheduler step (prefill chunk)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="KV cache data type: auto or fp8 (default: %(default)s)")
+    _bool_flag(p, "enable-prefix-caching", True, "reuse the KV cache of a shared prompt prefix")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (a slower decode step)")
+    p.add_argument("--load-format", default="auto", help="how weights load; `dummy` skips reading them")
+    p.add_argument("--distributed-executor-backend", choices=["ray", "mp", "uni", "external_launcher"],
+                   help="how ranks over several nodes are run (Ray, or vLLM's own multiprocessing)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of a multiprocessing layout (default: %(default)s)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank in it (default: %(default)s)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="the head node's address for the rendezvous")
+    p.add_argument("--master-port", type=int, default=29501, help="its port (default: %(default)s)")
+    p.add_argument("--headless", action="store_true", help="a worker node: no API server")
+    p.add_argument("--api-key", help="requests must carry this key (Authorization: Bearer)")
+    p.add_argument("--tokenizer", help="the tokenizer's name or path (default: the model's)")
+    p.add_argument("--reasoning-parser", help="split reasoning from the answer (e.g. openai_gptoss)")
+    p.add_argument("--enable-sleep-mode", action="store_true", help="the sleep and wake-up routes (with "
+                   "VLLM_SERVER_DEV_MODE=1)")
+    p.add_argument("--enable-mfu-metrics", action="store_true", help="FLOP and memory-traffic counters in /metrics")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="cached prompt tokens in each response's usage")
+    p.add_argument("--max-num-queued-reqs", type=int, help="refuse requests (503) past this many waiting")
+    p.add_argument("--max-num-queued-tokens", type=int, help="refuse requests (503) past this many tokens waiting")
     p.add_argument("--speed", type=float, help="(twin) run every modeled duration this many times faster")
     p.add_argument("--startup-speed", type=float, help="(twin) speed-up for startup only")
     p.add_argument("--store-wait", type=float, help="(twin) seconds a multi-node head and its workers wait for "
