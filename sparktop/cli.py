@@ -77,9 +77,14 @@ def cmd_web(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from sparktop.settings import demo_inventory_path
     from sparktop.status import main_status
 
-    return main_status(_inventory(args), _engines(args), as_json=args.json, seconds=args.seconds)
+    code = main_status(_inventory(args), _engines(args), as_json=args.json, seconds=args.seconds)
+    if args.inventory is None and demo_inventory_path().exists():
+        # The demo's nodes are not this machine's inventory: say how to reach them (stderr: --json stays JSON).
+        print("a demo is running: `sparktop status --inventory demo` shows its nodes", file=sys.stderr)
+    return code
 
 
 def _launch_inventory(args):

@@ -63,6 +63,9 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
         assert all(e["predicted"] is None or e["predicted"]["concurrency"] >= 1 for e in doc["engines"])
 
         # A sweep of spark-a gets the node to itself: the load steps aside, no level sees foreign requests.
+        # Plain `status` (this machine's inventory) says where the demo's nodes are.
+        plain = sparktop("status", "--seconds", "1")
+        assert plain.returncode == 0 and "`sparktop status --inventory demo`" in plain.stderr, plain.stderr
         # The endpoint found by the inventory the demo names, as its hint says; two engines serve, so the node.
         which = sparktop("sweep", "--inventory", "demo", "-c", "1")
         assert which.returncode != 0 and "Traceback" not in which.stderr
@@ -97,6 +100,7 @@ def test_the_demo_left_running_is_a_cluster_every_command_reaches(tmp_path):
     gone = sparktop("status", "--inventory", "demo")
     assert gone.returncode != 0 and "Traceback" not in gone.stderr
     assert "no demo cluster is running" in gone.stderr.strip().splitlines()[-1]
+    assert "--inventory demo" not in sparktop("status", "--seconds", "1").stderr
     # Its history is still there for `history --inventory demo`, with no demo running, and plain `history`
     # (the user's own, empty) points to it.
     after = json.loads(sparktop("history", "--inventory", "demo", "--json").stdout)
