@@ -488,6 +488,46 @@ class LlamaMetrics(TwinMetrics):
 # -- the dialect ----------------------------------------------------------------------
 
 
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """llama-server's flags the twin uses (common/arg.cpp), with the twin's own; the others are accepted."""
+    # Each flag's help is what llama-server's own says it does, shortened.
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
+                                description="A twin of llama.cpp's `llama-server`: its API, /metrics, /slots and "
+                                            "log, timed by sparktop's performance model for a GB10. Flags "
+                                            "llama-server has that the twin does not model are accepted and ignored.")
+    p.add_argument("-m", "--model", help="the model's GGUF file")
+    p.add_argument("-hf", "-hfr", "--hf-repo", help="a Hugging Face repo to fetch the model from: USER/MODEL[:QUANT]")
+    p.add_argument("-a", "--alias", help="the model's name in the REST API (default: the model path or repo)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default: %(default)s)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0,
+                   help="size of the prompt context in tokens; 0 is the model's (default: %(default)s)")
+    p.add_argument("-np", "--parallel", type=int, default=-1,
+                   help="number of server slots, requests served at once; -1 is auto (default: %(default)s)")
+    p.add_argument("-t", "--threads", type=int, default=-1,
+                   help="CPU threads used during generation; -1 is auto (default: %(default)s)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048,
+                   help="logical maximum batch size in tokens (default: %(default)s)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512,
+                   help="physical maximum batch size in tokens (default: %(default)s)")
+    p.add_argument("-kvu", "--kv-unified", action="store_true", default=None,
+                   help="one KV buffer shared by all slots (default: on when -np is auto)")
+    p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+                   help="a KV buffer per slot, -c / -np tokens each")
+    p.add_argument("--metrics", action="store_true", help="serve Prometheus-compatible metrics at /metrics")
+    p.add_argument("--slots", dest="slots", action="store_true", default=True,
+                   help="serve the slot monitoring endpoint /slots (default: on)")
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="no /slots endpoint")
+    p.add_argument("--props", action="store_true", help="allow changing global properties via POST /props")
+    p.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
+                   help="serve the web UI (default: on)")
+    p.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web UI")
+    p.add_argument("--rpc", help="comma-separated rpc-server HOST:PORTs to offload layers to")
+    p.add_argument("--api-key", help="requests must carry this key (Authorization: Bearer)")
+    add_twin_flags(p)
+    return p
+
+
 class LlamaCppDialect(Dialect):
     row = engine_ids.get("llama.cpp")
     version = BUILD
@@ -543,28 +583,7 @@ class LlamaCppDialect(Dialect):
     def parse(self, argv: list[str], prog: str | None = None) -> ServeArgs:
         from sparktop.twin.args import ServeArgs
 
-        p = argparse.ArgumentParser(prog=self.prog, allow_abbrev=False)
-        p.add_argument("-m", "--model")
-        p.add_argument("-hf", "-hfr", "--hf-repo")
-        p.add_argument("-a", "--alias")
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=DEFAULT_PORT)
-        p.add_argument("-c", "--ctx-size", type=int, default=0)
-        p.add_argument("-np", "--parallel", type=int, default=-1)
-        p.add_argument("-t", "--threads", type=int, default=-1)
-        p.add_argument("-b", "--batch-size", type=int, default=2048)
-        p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-        p.add_argument("-kvu", "--kv-unified", action="store_true", default=None)
-        p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
-        p.add_argument("--metrics", action="store_true")
-        p.add_argument("--slots", dest="slots", action="store_true", default=True)
-        p.add_argument("--no-slots", dest="slots", action="store_false")
-        p.add_argument("--props", action="store_true")
-        p.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True)
-        p.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false")
-        p.add_argument("--rpc")
-        p.add_argument("--api-key")
-        add_twin_flags(p)
+        p = _parser(self.prog)
         ns, extra = p.parse_known_args(argv)
         model = ns.model or ns.hf_repo
         if not model:

@@ -764,39 +764,57 @@ def _quant_str(config: dict[str, Any]) -> str | None:
 def _parser(prog: str) -> argparse.ArgumentParser:
     """The flags of SGLang's ServerArgs the twin uses (arg_groups/fields/*.py); the others are accepted."""
     # argparse's abbreviations, as SGLang's parser allows them (`--tp` is `--tp-size` there by abbreviation).
-    p = argparse.ArgumentParser(prog=prog, allow_abbrev=True)
-    p.add_argument("--model-path", "--model", dest="model_path")
-    p.add_argument("--served-model-name")
-    p.add_argument("--tokenizer-path")
-    p.add_argument("--host", default=DEFAULT_HOST)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    p.add_argument("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
-    p.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1)
-    p.add_argument("--ep-size", "--ep", "--expert-parallel-size", dest="ep_size", type=int, default=1)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
-    p.add_argument("--mem-fraction-static", type=float)
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--max-total-tokens", type=int)
-    p.add_argument("--chunked-prefill-size", type=int)
-    p.add_argument("--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--quantization")
-    p.add_argument("--load-format", default="auto")
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument("--enable-mfu-metrics", action="store_true")
-    p.add_argument("--api-key")
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--cuda-graph-backend-decode", choices=["full", "breakable", "disabled"])
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--reasoning-parser")
-    p.add_argument("--tool-call-parser")
-    p.add_argument("--attention-backend")
-    p.add_argument("--log-level", default="info")
+    # Each flag's help is what SGLang's own says it does, shortened.
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=True,
+                                description="A twin of SGLang's `python -m sglang.launch_server`: its API, /metrics "
+                                            "and log, timed by sparktop's performance model for a GB10. Flags "
+                                            "SGLang has that the twin does not model are accepted and ignored.")
+    p.add_argument("--model-path", "--model", dest="model_path",
+                   help="the model weights: a local folder or a Hugging Face repo id")
+    p.add_argument("--served-model-name", help="the model's name in /v1/models (default: the model path)")
+    p.add_argument("--tokenizer-path", help="the tokenizer's path (default: the model's)")
+    p.add_argument("--host", default=DEFAULT_HOST, help="address the HTTP server listens on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the HTTP server (default: %(default)s)")
+    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+                   help="tensor parallelism: GPUs one model's layers are split over (default: %(default)s)")
+    p.add_argument("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1,
+                   help="pipeline parallelism: stages the layers are cut into (default: %(default)s)")
+    p.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1,
+                   help="data parallelism: replicas of the model (default: %(default)s)")
+    p.add_argument("--ep-size", "--ep", "--expert-parallel-size", dest="ep_size", type=int, default=1,
+                   help="expert parallelism: ranks a MoE model's experts are split over (default: %(default)s)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: %(default)s)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank among them (default: %(default)s)")
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr",
+                   help="HOST:PORT to initialise the distributed backend at (e.g. 192.168.0.2:25000)")
+    p.add_argument("--mem-fraction-static", type=float,
+                   help="share of GPU memory for static allocation: weights and the KV cache pool")
+    p.add_argument("--context-length", type=int, help="the model's longest context (default: its config.json's)")
+    p.add_argument("--max-running-requests", type=int, help="most requests running at once")
+    p.add_argument("--max-total-tokens", type=int, help="tokens in the KV cache pool (default: computed from memory)")
+    p.add_argument("--chunked-prefill-size", type=int,
+                   help="most tokens in one chunk of a chunked prefill; -1 turns chunking off")
+    p.add_argument("--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS,
+                   help="most tokens in one prefill batch (default: %(default)s)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache data type: auto (the model's), fp8_e5m2 or fp8_e4m3 (default: %(default)s)")
+    p.add_argument("--quantization", help="the weights' quantization method (e.g. fp8, awq, modelopt_fp4)")
+    p.add_argument("--load-format", default="auto",
+                   help="how weights load; `dummy` makes random ones (default: %(default)s)")
+    p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    p.add_argument("--enable-mfu-metrics", action="store_true",
+                   help="estimated FLOP and memory-traffic counters in /metrics (with --enable-metrics)")
+    p.add_argument("--api-key", help="requests must carry this key (Authorization: Bearer)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="no RadixAttention prefix caching")
+    p.add_argument("--disable-cuda-graph", action="store_true", help="no CUDA graphs (a slower decode step)")
+    p.add_argument("--cuda-graph-backend-decode", choices=["full", "breakable", "disabled"],
+                   help="how decode steps are captured as CUDA graphs; `disabled` runs them eagerly")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow custom model code from the Hugging Face Hub")
+    p.add_argument("--reasoning-parser", help="split reasoning from the answer (e.g. deepseek-r1, qwen3)")
+    p.add_argument("--tool-call-parser", help="parse tool calls out of the output (e.g. llama3, qwen25)")
+    p.add_argument("--attention-backend", help="the attention kernels (e.g. flashinfer, triton, fa3)")
+    p.add_argument("--log-level", default="info", help="the logging level of all loggers (default: %(default)s)")
     add_twin_flags(p)
     return p
 

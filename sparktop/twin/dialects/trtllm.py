@@ -147,34 +147,51 @@ class TrtllmServeArgs(ServeArgs):
 
 def build_parser(prog: str = "trtllm-serve") -> argparse.ArgumentParser:
     """`trtllm-serve serve`'s options (tensorrt_llm/commands/serve.py), with the twin's own."""
-    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    # Each flag's help is what trtllm-serve's own says it does, shortened.
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
+                                description="A twin of TensorRT-LLM's `trtllm-serve`: its API, /metrics and log, "
+                                            "timed by sparktop's performance model for a GB10. Flags trtllm-serve "
+                                            "has that the twin does not model are accepted and ignored.")
     p.add_argument("model", help="model name | HF checkpoint path | TensorRT engine path")
-    p.add_argument("--tokenizer")
-    p.add_argument("--host", default="localhost")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--backend", default="pytorch", choices=["pytorch", "tensorrt", "trt", "_autodeploy"])
-    p.add_argument("--log_level", default="info", choices=list(SEVERITY))
-    p.add_argument("--max_beam_width", type=int, default=1)
-    p.add_argument("--max_batch_size", type=int, default=2048)
-    p.add_argument("--max_num_tokens", type=int, default=8192)
-    p.add_argument("--max_seq_len", type=int)
-    p.add_argument("--tensor_parallel_size", "--tp_size", dest="tp_size", type=int, default=1)
-    p.add_argument("--pipeline_parallel_size", "--pp_size", dest="pp_size", type=int, default=1)
-    p.add_argument("--context_parallel_size", "--cp_size", dest="cp_size", type=int, default=1)
-    p.add_argument("--moe_expert_parallel_size", "--ep_size", dest="ep_size", type=int)
-    p.add_argument("--moe_cluster_parallel_size", "--cluster_size", dest="cluster_size", type=int)
-    p.add_argument("--gpus_per_node", type=int)
+    p.add_argument("--tokenizer", help="the tokenizer's path or name (only needed with a TensorRT engine)")
+    p.add_argument("--host", default="localhost", help="hostname of the server (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port of the server (default: %(default)s)")
+    p.add_argument("--backend", default="pytorch", choices=["pytorch", "tensorrt", "trt", "_autodeploy"],
+                   help="the backend that runs the model (default: %(default)s)")
+    p.add_argument("--log_level", default="info", choices=list(SEVERITY),
+                   help="the logging level (default: %(default)s)")
+    p.add_argument("--max_beam_width", type=int, default=1,
+                   help="most beams for beam search decoding (default: %(default)s)")
+    p.add_argument("--max_batch_size", type=int, default=2048,
+                   help="most requests the engine schedules at once (default: %(default)s)")
+    p.add_argument("--max_num_tokens", type=int, default=8192,
+                   help="most batched input tokens in one step, padding removed (default: %(default)s)")
+    p.add_argument("--max_seq_len", type=int,
+                   help="longest request, prompt and output together (default: the model config's)")
+    p.add_argument("--tensor_parallel_size", "--tp_size", dest="tp_size", type=int, default=1,
+                   help="tensor parallelism size (default: %(default)s)")
+    p.add_argument("--pipeline_parallel_size", "--pp_size", dest="pp_size", type=int, default=1,
+                   help="pipeline parallelism size (default: %(default)s)")
+    p.add_argument("--context_parallel_size", "--cp_size", dest="cp_size", type=int, default=1,
+                   help="context parallelism size (default: %(default)s)")
+    p.add_argument("--moe_expert_parallel_size", "--ep_size", dest="ep_size", type=int,
+                   help="expert parallelism size of a MoE model")
+    p.add_argument("--moe_cluster_parallel_size", "--cluster_size", dest="cluster_size", type=int,
+                   help="expert cluster parallelism size of a MoE model")
+    p.add_argument("--gpus_per_node", type=int, help="GPUs per node (default: detected)")
     p.add_argument("--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction",
-                   dest="free_gpu_memory_fraction", type=float, default=0.9)
-    p.add_argument("--num_postprocess_workers", type=int, default=0)
-    p.add_argument("--trust_remote_code", action="store_true")
-    p.add_argument("--revision")
+                   dest="free_gpu_memory_fraction", type=float, default=0.9,
+                   help="KV cache's share of GPU memory left free after weights and buffers (default: %(default)s)")
+    p.add_argument("--num_postprocess_workers", type=int, default=0,
+                   help="workers turning raw output into OpenAI responses (default: %(default)s)")
+    p.add_argument("--trust_remote_code", action="store_true", help="allow custom model code (HF transformers)")
+    p.add_argument("--revision", help="the Hugging Face model's revision: branch, tag or commit id")
     p.add_argument("--config", "--extra_llm_api_options", dest="config",
                    help="Path to a YAML file that overwrites the parameters specified by trtllm-serve.")
-    p.add_argument("--reasoning_parser")
-    p.add_argument("--tool_parser")
-    p.add_argument("--chat_template")
-    p.add_argument("--enable_chunked_prefill", action="store_true")
+    p.add_argument("--reasoning_parser", help="split reasoning from the answer (e.g. deepseek-r1)")
+    p.add_argument("--tool_parser", help="parse tool calls out of the output (e.g. qwen3)")
+    p.add_argument("--chat_template", help="a custom chat template: a file path or a one-line template")
+    p.add_argument("--enable_chunked_prefill", action="store_true", help="split long prompts' prefill into chunks")
     add_twin_flags(p)
     return p
 
