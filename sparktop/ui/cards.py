@@ -507,13 +507,28 @@ def roofline_share(snap, inventory=None) -> float | None:
     perf = perf_for(snap, inventory)
     if perf is None:
         return None
-    speed = inventory.defaults.twin_speed if inventory is not None else 1.0
+    speed = _twin_speed(snap) or (inventory.defaults.twin_speed if inventory is not None else 1.0)
     key = _engine_key(snap, inventory)
     batch = max(1, round(snap.running))
     roof = _ROOFLINE_TPS.get((key, batch))
     if roof is None:  # the model's byte count walks every layer: once per batch size, not every second
         roof = _ROOFLINE_TPS[(key, batch)] = perf.roofline_decode_tps(batch, ctx=1024)
     return snap.gen_tps / (roof * speed)
+
+
+def _twin_speed(snap) -> float | None:
+    """A twin's own pace where its command line gives one (`sparktop twin serve --speed 5`, started by hand
+    beside the inventory's twins): no engine of the real ones takes a --speed."""
+    from sparktop.observe.argv import flag_value
+
+    argv = snap.argv or []
+    if "twin" not in argv:
+        return None
+    try:
+        value = float(flag_value(argv, "--speed") or 0)
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def bandwidth_roofline_gbs() -> float:

@@ -394,3 +394,15 @@ def test_a_rate_above_the_roofline_reads_as_the_measurement_it_is():
     assert "above roofline: rate window vs batch now" in text and "% of roofline" not in text
     steady = text_of(EngineCard("k")._lines(snap(model="llama-3.1-8b", running=1, gen_tps=20.0), None, 100))
     assert "% of roofline" in steady and "above roofline" not in steady
+
+
+def test_a_twin_started_by_hand_at_its_own_speed_is_held_to_that_pace_not_called_above_the_roofline():
+    from sparktop.ui.cards import roofline_share
+
+    # A 5x twin serves five times a GB10's rate: against one GB10's roofline it reads impossible.
+    fast = snap(model="llama-3.1-8b", running=1, gen_tps=120.0)
+    at_one = roofline_share(fast, None)
+    assert at_one is not None and at_one > 1.0
+    fast.argv = ["python", "-m", "sparktop", "twin", "serve", "llama-3.1-8b", "--speed", "5"]
+    assert roofline_share(fast, None) == pytest.approx(at_one / 5)
+    assert "above roofline" not in text_of(EngineCard("k")._lines(fast, None, 78))
