@@ -8,6 +8,7 @@ it starts, and on Ctrl-C stops what it started and says how to resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -26,7 +27,7 @@ from sparktop.launch.catalog import find_recipe, load_recipe_file, runtime_recip
 from sparktop.launch.events import Stage
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.session import overrides_for
-from sparktop.settings import DEMO_INVENTORY, Inventory, inventory_from_hosts, load_inventory
+from sparktop.settings import DEMO_INVENTORY, Inventory, demo_inventory_path, inventory_from_hosts, load_inventory
 from sparktop.study.events import (
     LaunchUpdate,
     StageChanged,
@@ -37,7 +38,15 @@ from sparktop.study.events import (
     TopologyFinished,
     TopologyStarted,
 )
-from sparktop.study.planning import Estimate, new_study, study_entries
+from sparktop.study.planning import (
+    DEMO_RECIPE,
+    NO_LITELLM,
+    Estimate,
+    is_demo_inventory,
+    left_out_here,
+    new_study,
+    study_entries,
+)
 from sparktop.study.runner import StudyRunner
 from sparktop.study.state import DONE, FAILED, Study, list_studies, load_study
 from sparktop.units import ago, fmt
@@ -152,10 +161,16 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         done = sum(1 for t in study.topologies if t.finished)
         console.print(f"resuming {study.id}: {done} of {len(study.topologies)} topologies finished")
     else:
+        demo = inventory is not None  # `--demo`: the CLI set up the demo's twin nodes
+        on_demo = demo or is_demo_inventory(args.inventory)  # `--demo`, or `--inventory demo`: the twins
+        if on_demo:
+            _refuse_busy_demo(inventory or _inventory_for(None, args), args.recipe or DEMO_RECIPE)
+        if not args.recipe and demo:
+            args.recipe = DEMO_RECIPE
+            console.print(f"no recipe named: studying the demo's model, {DEMO_RECIPE}", highlight=False)
         if not args.recipe:
             raise SparktopError("study: name a RECIPE (see `sparktop recipes`), or --resume ID")
         recipe = find_recipe(args.recipe, args.recipes)
-        demo = inventory is not None
         inventory = inventory or _inventory_for(None, args)
         picked = args.nodes and (args.inventory or demo)
         nodes = [inventory.node(h.strip()).name for h in args.nodes.split(",")] if picked else None
@@ -164,18 +179,20 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         overrides = parse_sets(args.set, recipe.runtime)
         for other in recipes.values():  # each runtime takes the overrides in its own names, or says why not
             overrides_for(overrides, recipe.runtime, other.runtime)
-        entries = study_entries(recipes, args.topologies, count)
-        if demo:
-            entries = _demo_entries(entries, console)
+        entries = _runnable_here(study_entries(recipes, args.topologies, count), on_demo, console)
         study, estimates = new_study(
             recipe, inventory, entries,
             levels=parse_levels(args.concurrency), runs=args.runs, pp=args.pp, tg=args.tg,
             extra_body=parse_extra_body(args.extra_body), overrides=overrides,
             nodes=nodes, recipes=recipes, load=_load_options(args),
-            inventory_path=DEMO_INVENTORY if demo else str(Path(args.inventory).resolve()) if args.inventory else None)
+            inventory_path=DEMO_INVENTORY if demo else str(demo_inventory_path()) if on_demo
+            else str(Path(args.inventory).resolve()) if args.inventory else None)
         console.print(plan_table(study, estimates))
         total = "about " + _duration(study.estimate_s) if study.estimate_s else "unknown (no model card)"
-        pace = "at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"
+        if on_demo:  # the twins' own start-up and pace, not a Spark's
+            pace = "on the demo's twins" + (f" at ×{study.speed:g}" if study.speed != 1 else "")
+        else:
+            pace = "at GB10 speed" if study.speed == 1 else f"with the twins at ×{study.speed:g}"
         console.print(f"estimated wall time {pace}: {total}; results in {study.dir}", highlight=False)
         quick = _quick_variant(args, study)
         if quick:
@@ -205,26 +222,50 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
     return 0
 
 
-def _demo_entries(entries: list, console: Console) -> list:
-    """The demo's layouts that can run here: those with replicas put the real LiteLLM proxy in front of them,
-    and without one on PATH they are left out up front, with how to add it (not launched to fail)."""
-    import shutil
-
-    from sparktop.layouts import layout_of
-
-    if shutil.which("litellm"):
+def _runnable_here(entries: list, on_demo: bool, console: Console) -> list:
+    """The layouts that can run here (`planning.left_out_here`): on the demo's twins (`--demo` or `--inventory
+    demo`) without `litellm` on this machine, those with replicas behind LiteLLM are left out up front, with
+    how to add it (not launched to fail)."""
+    kept, out = left_out_here(entries, on_demo)
+    if not out:
         return entries
-    layouts = {t.name: layout_of(t.layout_name) or layout_of(t.name) for t in entries}
-    routed = [t for t in entries if (layout := layouts[t.name]) is not None and layout.replicas > 1]
-    if not routed:
-        return entries
-    kept = [t for t in entries if t not in routed]
-    console.print(f"left out: {', '.join(t.name for t in routed)} (replicas behind LiteLLM, and this machine has "
-                  "no `litellm`: pip install 'litellm[proxy]' to measure them)", highlight=False, markup=False)
+    console.print(f"left out: {', '.join(t.name for t in out)} ({NO_LITELLM})", highlight=False, markup=False)
     if not kept:
-        raise SparktopError("study --demo: every layout asked for puts LiteLLM in front of replicas, and this "
-                            "machine has no `litellm`: pip install 'litellm[proxy]'")
+        raise SparktopError("study on the demo: every layout asked for puts LiteLLM in front of replicas, and "
+                            "this machine has no `litellm`: pip install 'litellm[proxy]'")
     return kept
+
+
+def _refuse_busy_demo(inventory: Inventory, recipe: str) -> None:
+    """A study launches its own layouts on the demo's nodes, on the ports and memory a running `sparktop demo`
+    holds: every layout would fail preflight ("port 8000 already in use"). Say so before anything starts, and
+    what works instead."""
+    busy = asyncio.run(_running_containers(inventory))
+    if busy:
+        where = "; ".join(f"{node}: {', '.join(names)}" for node, names in busy.items())
+        raise SparktopError(f"a demo is running on the demo's nodes ({where}), and a study launches its own layouts "
+                            "there, on the ports and memory it holds: stop the demo first (`sparktop demo --stop`), "
+                            f"then `sparktop study {recipe} --demo`; or leave it running and measure its engines with "
+                            "`sparktop sweep --endpoint URL`")
+
+
+async def _running_containers(inventory: Inventory) -> dict[str, list[str]]:
+    """The containers running on each node of an inventory (the nodes that run any)."""
+    from sparktop.remote import TransportError, transport_for
+
+    out: dict[str, list[str]] = {}
+    for node in inventory.nodes:
+        tr = transport_for(node)
+        try:
+            r = await tr.run(["docker", "ps", "--format", "{{.Names}}"], timeout=30)
+        except (TransportError, OSError):
+            continue
+        finally:
+            with contextlib.suppress(TransportError, OSError):
+                await tr.close()
+        if r.ok and r.stdout.split():
+            out[node.name] = r.stdout.split()
+    return out
 
 
 def _quick_variant(args, study: Study) -> str | None:
@@ -235,6 +276,8 @@ def _quick_variant(args, study: Study) -> str | None:
     words = ["sparktop", "study", args.recipe, "-c", ",".join(map(str, levels)), "--runs", "2"]
     if study.inventory == DEMO_INVENTORY:
         words += ["--demo"] + (["--speed", f"{study.speed:g}"] if study.speed != 1 else [])
+    elif is_demo_inventory(args.inventory):
+        words += ["--inventory", DEMO_INVENTORY]
     elif args.inventory:
         words += ["--inventory", args.inventory]
     if args.topologies and args.topologies != "all":
@@ -245,7 +288,7 @@ def _quick_variant(args, study: Study) -> str | None:
 def cmd_studies(args) -> int:
     studies = list_studies()
     if args.json:
-        print(json.dumps([{"id": s.id, "recipe": s.recipe, "state": s.state, "stage": s.stage,
+        print(json.dumps([{"id": s.id, "recipe": s.recipe, "state": s.state, "outcome": s.outcome, "stage": s.stage,
                            "topologies": {t.name: t.status for t in s.topologies}, "created": s.created,
                            "path": str(s.dir)} for s in studies], indent=2))
         return 0
@@ -254,11 +297,11 @@ def cmd_studies(args) -> int:
         return 0
     table = Table(box=None, header_style="bold")
     for col in ("study", "state", "topologies", "now", "started"):
-        table.add_column(col, no_wrap=col != "now")
+        table.add_column(col, no_wrap=col in ("study", "state", "started"))  # the layouts' marks wrap instead
     for s in studies:
         marks = " ".join(f"{t.name}:{'✓' if t.status == DONE else '✗' if t.status == FAILED else '·'}"
                          for t in s.topologies)
-        table.add_row(s.id, s.state, marks, s.stage or "", ago(time.time() - s.created))
+        table.add_row(s.id, s.outcome, marks, s.stage or "", ago(time.time() - s.created) + " ago")
     Console().print(table)
     return 0
 

@@ -4,7 +4,9 @@ The estimate is what a person plans an overnight run with: per topology,
 the start-up the model's weights imply (read from the nodes' local disk at
 GB10's measured rate, then vLLM's compile and graph capture), the sweep the
 performance model predicts (warm-up plus `runs` batches per level, each
-batch as long as its predicted wall time) and a stop.
+batch as long as its predicted wall time) and a stop. On the demo's twins
+the start-up is the twins' (they start `DEMO_STARTUP_SPEED` times faster than
+a Spark) and the sweep is at their pace (`--speed`, already in the forecast).
 """
 
 from __future__ import annotations
@@ -12,27 +14,75 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from sparktop.errors import SparktopError
 from sparktop.launch.recipe import Recipe
 from sparktop.layouts import LayoutError, parse_layout, split_layouts
 from sparktop.model.simulate import TOPOLOGIES
-from sparktop.settings import Inventory
+from sparktop.settings import DEMO_INVENTORY, Inventory, demo_inventory_path
 from sparktop.study.state import Study, TopologyState, new_study_id, studies_dir
 
 STOP_S = 15.0  # removing containers and checking every node
 CALIBRATE_S = 5.0  # the sweep's latency probes and prompt calibration, per topology
 EXTRA_START_S = {"cluster-ray": 20.0, "shuffle": 10.0, "least-busy": 10.0}  # Ray's start, the router's
+# What `sparktop demo` serves when no model is named (its `--model`, the twin's DEMO_MODEL): `study --demo`
+# studies it when no recipe is named.
+DEMO_RECIPE = "gpt-oss-120b"
+# How much faster than a Spark the demo's twins start (`demo.demo_inventory`'s startup_speed): a demo study's
+# start-up, Ray's and the router's included, is the model's divided by it.
+DEMO_STARTUP_SPEED = 30.0
+DEMO_SPAWN_S = 3.0  # a twin's processes starting, and the launch's steps, on this machine: beside the model's stages
+DEMO_STOP_S = 2.0  # removing a twin's containers and checking its nodes: no real engine to wind down
+# A layout of replicas puts the real LiteLLM proxy in front of them; the demo's twins run the one on this
+# machine's PATH, so without it those layouts are left out of a study on them up front.
+NO_LITELLM = "replicas behind LiteLLM, and this machine has no `litellm`: pip install 'litellm[proxy]' to measure them"
 
 
 @dataclass
 class Estimate:
     startup_s: float
     sweep_s: float
+    stop_s: float = STOP_S
 
     @property
     def total_s(self) -> float:
-        return self.startup_s + self.sweep_s + STOP_S
+        return self.startup_s + self.sweep_s + self.stop_s
+
+
+def is_demo_inventory(path: str | None) -> bool:
+    """Whether an inventory (as given to `--inventory`, or as a study recorded it) is the demo's twin nodes:
+    `demo` (`--demo`, or `--inventory demo` with no file of that name here) or the file `sparktop demo` writes."""
+    if not path:
+        return False
+    if str(path) == DEMO_INVENTORY and not Path(DEMO_INVENTORY).exists():
+        return True
+    return Path(path).resolve() == demo_inventory_path().resolve()
+
+
+def routed(t: TopologyState) -> bool:
+    """Whether a study entry's layout puts replicas behind a router (LiteLLM)."""
+    from sparktop.layouts import layout_of
+
+    layout = layout_of(t.layout_name) or layout_of(t.name)
+    return layout is not None and layout.replicas > 1
+
+
+def left_out_here(entries: list[TopologyState], on_demo: bool,
+                  has_litellm: bool | None = None) -> tuple[list[TopologyState], list[TopologyState]]:
+    """(what runs, what is left out) of a study's entries: on the demo's twins (`--demo` or `--inventory demo`)
+    without `litellm` on this machine, the layouts of replicas behind LiteLLM are left out (`NO_LITELLM` says
+    why); elsewhere nothing is (a real cluster's router is its own image)."""
+    import shutil
+
+    if not on_demo:
+        return list(entries), []
+    if has_litellm is None:
+        has_litellm = shutil.which("litellm") is not None
+    if has_litellm:
+        return list(entries), []
+    out = [t for t in entries if routed(t)]
+    return [t for t in entries if t not in out], out
 
 
 def choose_topologies(recipe: Recipe, text: str, nodes: int) -> list[str]:
@@ -128,10 +178,13 @@ def predict_topology(recipe: Recipe, t: TopologyState, study: Study, inventory: 
                                         "pp_tps_total": r.prefill_tps, "ttft_ms_mean": r.ttft_ms}
                    for r in rows}
     perf = basis.perf(name, serving)
-    stages = dict(perf.startup_stages())  # the twins' start-up has a pace of its own: not scaled
+    stages = dict(perf.startup_stages())  # the twins' start-up has a pace of its own: not scaled by speed
     if not runtime_for(recipe.runtime).compiles:
         stages.pop("torch.compile", None)
     startup = sum(stages.values()) + EXTRA_START_S.get(name, 0.0)
+    demo = is_demo_inventory(study.inventory)
+    if demo:  # the demo's twins start in seconds, not minutes, and stop at once
+        startup = startup / DEMO_STARTUP_SPEED + DEMO_SPAWN_S
     batches = study.runs + 1  # the warm-up batch is as long as one measured
     sweep = CALIBRATE_S + sum(batches * (r.wall_s_mean or 0.0) for r in rows)
     if study.rates or study.find_max_rate:
@@ -140,7 +193,7 @@ def predict_topology(recipe: Recipe, t: TopologyState, study: Study, inventory: 
         sweep = CALIBRATE_S + levels * (study.duration + max((r.wall_s_mean or 0.0) for r in rows))
     elif study.depths:
         sweep *= len(study.depths)  # at least: a deeper context only adds to each batch
-    return Estimate(startup, sweep)
+    return Estimate(startup, sweep, DEMO_STOP_S if demo else STOP_S)
 
 
 def new_study(recipe: Recipe, inventory: Inventory, topologies: list[str] | list[TopologyState], *,

@@ -36,6 +36,7 @@ from sparktop.bench.stats import knee
 from sparktop.errors import SparktopError
 from sparktop.masking import mask
 from sparktop.settings import DEMO_INVENTORY  # the report masks again (the runner did first)
+from sparktop.study.planning import is_demo_inventory
 from sparktop.study.state import CANCELLED, DONE, FAILED, Study, TopologyState
 from sparktop.units import ago, fmt
 
@@ -317,11 +318,26 @@ def _in_words(table: dict, columns: list[str]) -> str | None:
     return f"{name}: " + ", ".join(f"{who} at {levels_text(cs)}" for who, cs in spans) + "."
 
 
+def _recipe_ref(study: Study) -> str:
+    """How to name the study's recipe again: its name when the study found it by name in the catalog (shipped
+    or the user's: the name finds the same file), not the installed package's path; else the file as given."""
+    if not study.recipe_path or not Path(study.recipe_path).is_absolute():  # a path the user typed: as typed
+        return study.recipe_path or study.recipe
+    from sparktop.launch.catalog import find_recipe
+
+    try:
+        found = find_recipe(study.recipe).path
+    except SparktopError:
+        return study.recipe_path
+    same = found is not None and Path(found).resolve() == Path(study.recipe_path).resolve()
+    return study.recipe if same else study.recipe_path
+
+
 def reproduce(study: Study) -> str:
     """The command that runs the same study again."""
     layouts = list(dict.fromkeys(t.layout_name for t in study.topologies))
     runtimes = list(dict.fromkeys(t.runtime for t in study.topologies if t.runtime))
-    args = ["sparktop", "study", study.recipe_path or study.recipe, "--topologies", ",".join(layouts)]
+    args = ["sparktop", "study", _recipe_ref(study), "--topologies", ",".join(layouts)]
     if runtimes:
         args += ["--runtimes", ",".join(runtimes)]
     if study.rates or study.find_max_rate:
@@ -350,7 +366,8 @@ def reproduce(study: Study) -> str:
         # The demo's twin nodes: `--demo` sets them up again (and at the pace this one ran at).
         args += ["--demo"] + (["--speed", f"{study.speed:g}"] if study.speed and study.speed != 1 else [])
     elif study.inventory:
-        args += ["--inventory", study.inventory]
+        # The file `sparktop demo` writes (`--inventory demo`) by the name it was given.
+        args += ["--inventory", DEMO_INVENTORY if is_demo_inventory(study.inventory) else study.inventory]
     if study.nodes:
         args += ["--nodes", ",".join(study.nodes)]
     return mask(" ".join(shlex.quote(a) for a in args))
@@ -407,7 +424,8 @@ def build(study: Study) -> dict:
             "engine": run.meta.get("engine") if run else None,
             "status": t.status, "stage": t.stage, "reason": t.reason, "lines": list(t.lines),
             "run": t.run, "run_path": str(study.run_dir(t)) if t.run else None, "load_error": problems.get(t.name),
-            "commands": [mask(c) for c in t.commands], "nodes": list(t.nodes), "vllm_version": t.vllm_version,
+            "commands": [mask(c) for c in t.commands], "launched": t.launched, "nodes": list(t.nodes),
+            "vllm_version": t.vllm_version,
             "startup_s": t.startup_s, "sweep_s": t.sweep_s, "started": t.started, "ended": t.ended,
             "levels_measured": [lv.concurrency for lv in lvs],
             "contaminated": {str(c): note for c, note in dirty.get(t.name, {}).items()},
@@ -421,7 +439,7 @@ def build(study: Study) -> dict:
         "study": {
             "id": study.id, "recipe": study.recipe, "recipe_path": study.recipe_path, "model": study.model,
             "card": study.card, "image": study.image, "speed": study.speed, "stack": study.stack,
-            "quant": study.quant, "state": study.state, "levels": list(study.levels),
+            "quant": study.quant, "state": study.state, "outcome": study.outcome, "levels": list(study.levels),
             "runs": study.runs, "pp": study.pp, "tg": study.tg, "extra_body": dict(study.extra_body),
             "overrides": dict(study.overrides), "nodes": list(study.nodes), "inventory": study.inventory,
             "inventory_key": study.inventory_key, "created": study.created, "updated": study.updated,
@@ -539,7 +557,8 @@ def document(data: dict) -> list[Block]:
             how += f", at depths {', '.join(f'{d:,}' for d in st['depths'])}"
     out.append(Para(
         f"**{st['model']}** on {nodes} · image `{st['image'] or 'unknown'}` · vLLM {', '.join(versions) or 'unknown'}"
-        f" · pp{st['pp']} tg{st['tg']} · {how} · study `{st['id']}` ({st['state']}), {_when(st['created'])}",
+        f" · pp{st['pp']} tg{st['tg']} · {how} · study `{st['id']}` ({st.get('outcome') or st['state']}), "
+        f"{_when(st['created'])}",
         "lede"))
     if not cols:
         out.append(Para("Nothing was measured: no topology has a finished level yet."))
@@ -714,7 +733,7 @@ def _what_ran(data: dict) -> list[Block]:
     out: list[Block] = [Heading(2, "What ran", "what-ran")]
     end = st["ended"] or st["updated"]
     facts = [
-        ("study", f"`{st['id']}` ({st['state']})" + (f" in `{st['path']}`" if st["path"] else "")),
+        ("study", f"`{st['id']}` ({st.get('outcome') or st['state']})" + (f" in `{st['path']}`" if st["path"] else "")),
         ("recipe", f"`{st['recipe']}`" + (f" from `{st['recipe_path']}`" if st["recipe_path"] else "")),
         ("model", f"`{st['model']}`" + (f" (model card `{st['card']}`)" if st["card"] else "")),
         ("image", f"`{st['image'] or 'unknown'}`" + (f" (vLLM stack `{st['stack']}`)" if st.get("stack") else "")),
@@ -751,12 +770,18 @@ def _what_ran(data: dict) -> list[Block]:
                      Cell(dirty), Cell(errs)])
     out.append(Table(["Topology", "Status", "vLLM", "Nodes", "Start-up", "Sweep", "Started", "Contaminated",
                       "Failed requests"], rows, [], "ran"))
-    cmds = [t for t in data["topologies"] if t["commands"]]
-    if cmds:
+    # Only what ran: a layout stopped by its plan or its preflight launched nothing, and says what stopped it.
+    shown = [t for t in data["topologies"] if (t["commands"] and t.get("launched", True)) or t["status"] == FAILED]
+    if shown:
         out.append(Heading(3, "Command lines (secrets masked)"))
-        for t in cmds:
-            out.append(Para(f"**{t['name']}**" + (f" — run `{t['run']}`" if t["run"] else "")))
-            out.append(Code("\n".join(t["commands"])))
+        for t in shown:
+            ran = bool(t["commands"]) and t.get("launched", True)
+            what = (f" — run `{t['run']}`" if t["run"] else "")
+            if t["status"] == FAILED:
+                what += (" — failed: " if ran else " — not launched: ") + (t["reason"] or "failed")
+            out.append(Para(f"**{t['name']}**" + what))
+            if ran:
+                out.append(Code("\n".join(t["commands"])))
     out.append(Heading(3, "Run it again"))
     out.append(Code(data["reproduce"]))
     return out

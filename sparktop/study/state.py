@@ -31,6 +31,8 @@ STUDY = "study.json"
 PENDING, PREFLIGHT, LAUNCHING, SWEEPING, STOPPING = "pending", "preflight", "launching", "sweeping", "stopping"
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
 FINISHED = (DONE, FAILED)
+# How the runner words a topology stopped by preflight (`runner._preflight`): nothing of it was launched.
+PREFLIGHT_FAILED = "preflight failed"
 
 
 def studies_dir() -> Path:
@@ -82,6 +84,16 @@ class TopologyState:
     def layout_name(self) -> str:
         """The layout its plan is made for."""
         return self.layout or self.name
+
+    @property
+    def launched(self) -> bool:
+        """Whether its launch's commands ran: not for one still pending or in preflight, nor for one whose
+        plan or preflight failed (no plan: no launch id; preflight's failure is worded `PREFLIGHT_FAILED`)."""
+        if self.startup_s is not None or self.run:
+            return True
+        if self.status in (PENDING, PREFLIGHT) or not self.launch_id:
+            return False
+        return not (self.status == FAILED and (self.reason or "").startswith(PREFLIGHT_FAILED))
 
 
 @dataclass
@@ -170,10 +182,22 @@ class Study:
 
     @property
     def state(self) -> str:
-        """The status a user reads: a `running` study whose process died is `interrupted`."""
+        """The status a user reads: a `running` study whose process died is `interrupted`; a finished one
+        whose every topology failed is `failed` (it measured nothing)."""
         if self.status == "running" and not self.running_here():
             return "interrupted"
+        if self.status == DONE and self.topologies and all(t.status == FAILED for t in self.topologies):
+            return FAILED
         return self.status
+
+    @property
+    def outcome(self) -> str:
+        """`state`, with how many topologies failed when some did: "done, 1 of 3 failed"."""
+        state = self.state
+        failed = sum(1 for t in self.topologies if t.status == FAILED)
+        if state != FAILED and failed:
+            return f"{state}, {failed} of {len(self.topologies)} failed"
+        return state
 
     # -- on disk -----------------------------------------------------------
 
