@@ -194,7 +194,13 @@ def cmd_study(args) -> int:
         demo = load_study(args.resume).inventory == DEMO_INVENTORY
     if demo:
         from sparktop.demo import demo_inventory
+        from sparktop.settings import DEMO_INVENTORY, demo_inventory_path, load_inventory
+        from sparktop.study.commands import refuse_busy_demo
+        from sparktop.study.planning import DEMO_RECIPE
 
+        if not args.resume and demo_inventory_path().exists():
+            # A demo left running: refused before its inventory is written again at this study's speed.
+            refuse_busy_demo(load_inventory(DEMO_INVENTORY), args.recipe or DEMO_RECIPE)
         return run(args, demo_inventory(args.speed))
     return run(args)
 

@@ -164,7 +164,7 @@ def cmd_study(args, inventory: Inventory | None = None) -> int:
         demo = inventory is not None  # `--demo`: the CLI set up the demo's twin nodes
         on_demo = demo or is_demo_inventory(args.inventory)  # `--demo`, or `--inventory demo`: the twins
         if on_demo:
-            _refuse_busy_demo(inventory or _inventory_for(None, args), args.recipe or DEMO_RECIPE)
+            refuse_busy_demo(inventory or _inventory_for(None, args), args.recipe or DEMO_RECIPE)
         if not args.recipe and demo:
             args.recipe = DEMO_RECIPE
             console.print(f"no recipe named: studying the demo's model, {DEMO_RECIPE}", highlight=False)
@@ -236,7 +236,7 @@ def _runnable_here(entries: list, on_demo: bool, console: Console) -> list:
     return kept
 
 
-def _refuse_busy_demo(inventory: Inventory, recipe: str) -> None:
+def refuse_busy_demo(inventory: Inventory, recipe: str) -> None:
     """A study launches its own layouts on the demo's nodes, on the ports and memory a running `sparktop demo`
     holds: every layout would fail preflight ("port 8000 already in use"). Say so before anything starts, and
     what works instead."""
