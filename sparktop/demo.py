@@ -12,6 +12,12 @@ The nodes live under the state directory (`demo/`), each with its own
 stand-in `docker`, `nvidia-smi`, `vllm`, `ray` and `ping`; the engines start through
 the twin's docker exactly as on a real node, and the monitor reaches them
 the way it reaches real nodes: a shell per node, HTTP per engine.
+
+`--no-wait` leaves the cluster running without the app: its load, and a
+collector (`sparktop collect --inventory demo`) writing the demo's history
+as the app would; `--stop` removes the engines, gives the collector a few
+seconds to see them go (their sessions end "stopped"/"unreachable", not
+"serving"), then stops it and the load.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from sparktop.engine_ids import DEFAULT, is_router
 from sparktop.errors import SparktopError
@@ -35,6 +43,10 @@ def demo_root():
 
 
 LOAD_PID = "load.pid"  # the background load of a demo left running (--no-wait), for --stop
+COLLECT_PID = "collect.pid"  # the collector writing a --no-wait demo's history, for --stop
+COLLECT_LOG = "collect.log"  # what that collector says
+COLLECT_SETTLE_S = 4.0  # after its engines are removed: the collector's polls see them go
+COLLECT_STOP_S = 20.0  # how long a collector gets to write its minute in progress and exit on SIGTERM
 
 
 def write_demo_inventory(cluster: TwinCluster) -> None:
@@ -131,6 +143,7 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
         stop_detached_load(root)
         if left:
             await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
+        stop_collector(root, settle=COLLECT_SETTLE_S if left else 0.0)  # it holds the demo history's lock
     cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
                           images=[DEFAULT_IMAGE, defaults.image, defaults.router_image,
                                   *RUNTIME_IMAGES.values(), *recipe_images(recipes)]).setup()
@@ -226,6 +239,58 @@ def stop_detached_load(root) -> None:
     pid_file.unlink(missing_ok=True)
 
 
+def start_collector(root: Path, interval: float = 1.0) -> subprocess.Popen:
+    """`sparktop collect --inventory demo` in its own session, so a `--no-wait` demo has history as one
+    watched by the app does (the demo's history file, from the inventory); stopped by `demo --stop`."""
+    with open(root / COLLECT_LOG, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sparktop", "collect", "--inventory", "demo",
+                                 "-i", f"{interval:g}"], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    (root / COLLECT_PID).write_text(str(proc.pid))
+    return proc
+
+
+def _is_collector(pid: int) -> bool:
+    """The pid is still a sparktop collector (not a number the system gave to another process since)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"collect" in argv and any(b"sparktop" in a for a in argv)
+
+
+def stop_collector(root: Path, settle: float = 0.0, sleep=time.sleep) -> bool:
+    """Stop the collector a `--no-wait` demo left running, after `settle` seconds (its engines just removed:
+    it sees them go); SIGTERM, so it ends its sessions and writes its minute in progress. Whether one ran."""
+    pid_file = root / COLLECT_PID
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        pid_file.unlink(missing_ok=True)
+        return False
+    pid_file.unlink(missing_ok=True)
+    if not _is_collector(pid):
+        return False
+    if settle > 0:
+        sleep(settle)
+    try:
+        os.kill(pid, signal.SIGTERM)
+        waited = 0.0
+        while _is_collector(pid) and waited < COLLECT_STOP_S:
+            try:  # our own child (a test, the same process that started it): reap it
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                pass
+            sleep(0.1)
+            waited += 0.1
+        if _is_collector(pid):
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    return True
+
+
 async def stop_everything(cluster: TwinCluster) -> int:
     """Remove everything on the demo's nodes: a launched layout as `sparktop
     stop` removes it (containers, Ray, router, its state directory with the
@@ -256,8 +321,11 @@ async def run_demo(args) -> int:
         cluster = TwinCluster(demo_root(), names=names).setup(fresh=False)
         stop_detached_load(cluster.root)
         removed = await stop_everything(cluster)
+        # The collector sees the engines go (their sessions end), then writes what it has and exits.
+        collected = stop_collector(cluster.root, settle=COLLECT_SETTLE_S if removed else 0.0)
         forget_demo_inventory()
-        print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed).")
+        print(f"Stopped the demo cluster ({removed} container{'s' * (removed != 1)} removed"
+              + (", its history collector stopped" if collected else "") + ").")
         return 0
     count = getattr(args, "nodes", 2) or 2
     runtime = getattr(args, "runtime", None)
@@ -295,6 +363,10 @@ async def run_demo(args) -> int:
         # The light load goes on without the screen (a sweep still gets the node to itself), so figures move.
         load = start_load(urls, key=key, detached=True)
         (cluster.root / LOAD_PID).write_text(str(load.pid))
+        # Its history too, as the app would write it: `sparktop history --inventory demo` reads it.
+        collector = start_collector(cluster.root, args.interval)
+        print(f"History: collected (pid {collector.pid}) into {demo_history_path()}; "
+              "sparktop history --inventory demo")
         print("Left running under a light load; from any shell: sparktop status --inventory demo "
               "(and sweep, history, launch --dry-run, study with --inventory demo)")
         print(f"Stop with: sparktop demo --stop  (state in {cluster.root})")

@@ -114,6 +114,15 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
                      "J/tok": "" if s.j_per_token is None else f"{s.j_per_token:.2f}"}
             t.add_row(*(cells[c] for c, _ in cols))
         console.print(t)
+        unwatched: dict[str, float] = {}
+        for s in sessions:
+            if s.unwatched_tokens > 0:
+                unwatched[short_key(s.url)] = unwatched.get(short_key(s.url), 0.0) + s.unwatched_tokens
+        if unwatched:
+            # The one legitimate difference between a session's tokens and the days': the rest is one count.
+            console.print("[dim]sessions' tokens include what was served while nobody watched ("
+                          + ", ".join(f"{k}: {count_text(v)}" for k, v in unwatched.items())
+                          + "); per-day tokens count the watched minutes only[/]")
     else:
         console.print("no serving sessions in this window")
     days: list[Day] = found["daily"]
@@ -127,7 +136,8 @@ def print_tables(found: dict, console: Console, prefs: Preferences, since: float
             cells = {"day": d.day, "engine": short_key(d.url), "models": ", ".join(m.split("/")[-1] for m in d.models),
                      "tokens": count_text(d.gen_tokens), "prompt": count_text(d.prompt_tokens),
                      "requests": count_text(d.requests), "energy": energy_text(d.energy_j),
-                     "cost": prefs.money(d.cost) if d.cost is not None else "", "watched": f"{d.minutes / 60:.1f} h"}
+                     "cost": prefs.money(d.cost) if d.cost is not None and d.energy_j > 0 else "",
+                     "watched": f"{d.minutes / 60:.1f} h"}
             t.add_row(*(cells[c] for c, _ in cols))
         console.print(t)
     peaks: list[Peak] = found["peaks"]

@@ -66,7 +66,11 @@ def short_key(key: str) -> str:
     return key.rstrip("/")
 
 
-def energy_text(joules: float) -> str:
+def energy_text(joules: float | None) -> str:
+    """Wh (kWh from 1000 Wh); "—" when nothing was measured (no GPU power on the engine's nodes: a node
+    without nvidia-smi), never a zero that reads as "it drew nothing"."""
+    if joules is None or joules <= 0:
+        return "—"
     wh = joules / 3600.0
     return f"{wh / 1000:.2f} kWh" if wh >= 1000 else f"{wh:.1f} Wh"
 
@@ -91,6 +95,9 @@ class Session:
     peak_running: float | None
     peak_waiting: float | None
     peak_gen_tps: float | None
+    # Of `gen_tokens`, those in no minute row: served while nobody watched (sparktop closed for longer than
+    # a session's gap, an engine first seen long after it started). Per-day totals count minutes only.
+    unwatched_tokens: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -109,6 +116,7 @@ class Session:
         out["open"] = self.open
         out["duration_s"] = round(self.duration_s, 1)
         out["j_per_token"] = self.j_per_token
+        out["energy_j"] = self.energy_j if self.energy_j > 0 else None  # None: not measured (no GPU power)
         return out
 
 
@@ -129,7 +137,9 @@ class Day:
         return self.energy_j / 3600.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "wh": round(self.wh, 3)}
+        measured = self.energy_j > 0  # else: no GPU power on its nodes (no nvidia-smi): unknown, not zero
+        return {**asdict(self), "energy_j": self.energy_j if measured else None,
+                "wh": round(self.wh, 3) if measured else None, "cost": self.cost if measured else None}
 
 
 @dataclass
@@ -201,7 +211,21 @@ class HistoryReader:
             "prompt_tokens, requests, energy_j, peak_kv, peak_running, peak_waiting, peak_gen_tps FROM sessions "
             f"WHERE subject IN ({marks}) AND coalesce(ended, last_seen) >= ? AND started <= ? ORDER BY started",
             [*ids, since, until]).fetchall()
-        return [Session(r[0], ids[r[1]], *r[2:]) for r in rows]
+        found = [Session(r[0], ids[r[1]], *r[2:]) for r in rows]
+        if found:
+            # The same minutes `daily` adds up: what a session counts beyond them was served unwatched.
+            in_minutes = dict(self.db.execute(
+                f"SELECT session, sum(gen_tokens) FROM engine_minutes WHERE session IN "
+                f"({','.join('?' * len(found))}) GROUP BY session", [s.id for s in found]).fetchall())
+            # A minute in which one session ended and the next began is one row, the next session's: what
+            # the next counts beyond its own tokens is the one before's (newest first, handed back).
+            handed: dict[str, float] = {}
+            for s in reversed(found):
+                left = s.gen_tokens - (in_minutes.get(s.id) or 0.0) + handed.pop(s.url, 0.0)
+                if left < 0:
+                    handed[s.url] = left
+                s.unwatched_tokens = left if left >= 0.5 else 0.0
+        return found
 
     def daily(self, since: float, until: float | None = None, engine: str | None = None,
               price_per_kwh: float | None = None) -> list[Day]:

@@ -12,14 +12,25 @@ commits a minute, not one per poll. A minute written twice (a restart or a
 handover within it, the minute in progress written early) is merged into
 the row already there. The tokens an engine served between the last commit
 and the next writer's first poll (a kill, a restart, a handover) go into
-that first minute: a day's tokens are the engine's own count.
+that first minute: a day's tokens are the engine's own count. So do the
+tokens an engine served between its start and its first poll, when it
+started within `SESSION_GAP_S` of it: a session's tokens and its minutes'
+agree. Only what an engine served while nobody watched for longer (sparktop
+closed for hours, an engine first seen long after it started) is in its
+session and in no minute: `query` says how much.
 
 A serving session is one engine serving one model without a break: it
 starts the first time the engine answers ready, and ends when the engine
 restarts (its counters start again), serves another model, or has not
 answered for `SESSION_GAP_S` (stopped, failed or lost: the reason is what
-the poller last said). A session the last sparktop left open goes on if the
-engine is the same process (its start time) or came back within the gap.
+the poller last said). An engine the poller says is gone (its container
+removed) ends its session at once: "stopped". When the writer closes, a
+session whose engine was last seen down ends as the poller said
+("unreachable", "failed: ..."), and one still serving ends as "watch ended"
+at its last answer: the file never says "serving" for an engine nobody
+watches. A session the last sparktop left open, or ended as "watch ended",
+goes on if the engine is the same process (its start time) or came back
+within the gap; a new start time is "restarted".
 
 When the file cannot be written (a full disk; a damaged file; one that
 could not be opened at all, `HistoryWriter.open`), the writer keeps the
@@ -74,6 +85,8 @@ from sparktop.observe.snapshot import LIVE_STATES, EngineGone, EngineSnapshot, N
 from sparktop.observe.state import ClusterState
 
 SESSION_GAP_S = 300.0  # an engine silent this long has ended its session
+WATCH_ENDED = "watch ended"  # how a session ends that was serving when the writer closed
+STOPPED = "stopped"  # how a session ends whose engine the poller says is gone (its container removed)
 MAX_DT_S = 30.0  # a poll further from the one before adds no energy (a gap is not a measurement)
 PRUNE_EVERY_S = 600.0
 RETENTION_DAYS = 30.0
@@ -159,6 +172,7 @@ class _Session:
     end_reason: str | None = None
     down: str | None = None  # what the poller said when it stopped answering
     changed: bool = True
+    before_watch: tuple[float, float, float] | None = None  # a fresh session's counters at its first poll
 
     def peak(self, name: str, value: float | None) -> None:
         if value is not None and (getattr(self, name) is None or value > getattr(self, name)):
@@ -296,9 +310,11 @@ class HistoryWriter:
             self._tick(event.t)
             self._engine(event, state)
         elif isinstance(event, EngineGone):
-            s = self._sessions.get(_key(event.key))
-            if s is not None and s.down is None:
-                s.down = "stopped"
+            # Its container was removed: the session ends at its last answer, now, not a gap later.
+            key = _key(event.key)
+            s = self._sessions.get(key)
+            if s is not None:
+                self._end(key, s.last_seen, s.down if s.down and s.down.startswith("failed") else STOPPED)
         elif isinstance(event, Notice):
             self._tick(event.t)
             key = _key(event.key) if event.subject == "engine" else event.key
@@ -476,6 +492,13 @@ class HistoryWriter:
         s.energy_j += joules or 0.0
         if not watched:
             gen = prompt = requests = None
+        if s.before_watch is not None:
+            # A fresh session's first poll: what the engine served since it started goes into this minute
+            # when it started within the gap (a demo's load, an engine started as sparktop watched), as its
+            # session counts it; an engine first seen long after its start keeps it in the session only.
+            if e.started_at is not None and 0 <= e.t - e.started_at <= SESSION_GAP_S:
+                gen, prompt, requests = s.before_watch
+            s.before_watch = None
         s.peak("peak_kv", e.kv_usage)
         s.peak("peak_running", e.running)
         s.peak("peak_waiting", e.waiting)
@@ -548,6 +571,7 @@ class HistoryWriter:
         if fresh:
             s.gen_tokens, s.prompt_tokens, s.requests = (e.gen_tokens_total or 0.0, e.prompt_tokens_total or 0.0,
                                                          e.requests or 0.0)
+            s.before_watch = (s.gen_tokens, s.prompt_tokens, s.requests)
         self._sessions[key] = s
         self._new_session = True
         return s
@@ -732,14 +756,19 @@ class HistoryWriter:
                "peak_gen_tps", "gen_counter", "prompt_counter", "requests_counter")
 
     def _load_open_sessions(self) -> None:
-        """Sessions the last writer left open: they go on if their engine answers as the same process. One
-        this writer already follows (it gathered before it could open the file) is the same session when
-        its engine is the same process, else the file's ended when the writer before last saw it."""
+        """Sessions the last writer left open, or ended as "watch ended" when it closed (an engine's newest
+        session only): they go on if their engine answers as the same process. One this writer already
+        follows (it gathered before it could open the file) is the same session when its engine is the same
+        process, else the file's ended when the writer before last saw it."""
         assert self.store is not None
         db = self.store.db
         keys = self.store.subjects("engine")
-        for row in db.execute(f"SELECT {', '.join(self._LOADED)} FROM sessions WHERE ended IS NULL").fetchall():
+        reopened: list[int] = []
+        for row in db.execute(
+                f"SELECT {', '.join(self._LOADED)} FROM sessions AS s WHERE ended IS NULL OR (end_reason = ? AND "
+                "id = (SELECT MAX(id) FROM sessions AS t WHERE t.subject = s.subject))", (WATCH_ENDED,)).fetchall():
             values = dict(zip(self._LOADED, row, strict=True))
+            reopened.append(values["id"])
             key = keys.get(values.pop("subject"))
             if key is None:
                 continue
@@ -756,15 +785,19 @@ class HistoryWriter:
             else:
                 s.ended, s.end_reason, s.changed = s.last_seen, "restarted", True
                 self._ended.append(s)
+        marks = ",".join("?" * len(reopened))
         for subject, ended in db.execute("SELECT subject, MAX(ended) FROM sessions WHERE ended IS NOT NULL "
-                                         "GROUP BY subject").fetchall():
+                                         f"AND id NOT IN ({marks}) GROUP BY subject", reopened).fetchall():
             if subject in keys:
                 self._last_end[keys[subject]] = max(ended, self._last_end.get(keys[subject], ended))
 
     def close(self) -> None:
-        """Write the minutes in progress (sessions stay open: the next writer decides how they went on).
-        What could not be written is counted in `unwritten` and said."""
+        """Write the minutes in progress, and end the open sessions: as the poller last said for an engine
+        seen down, else "watch ended" at its last answer (the next writer goes on with it if its engine is
+        the same process). What could not be written is counted in `unwritten` and said."""
         if self.writing:
+            for key, s in list(self._sessions.items()):
+                self._end(key, s.last_seen, s.down or WATCH_ENDED)
             for kind, table in (("node", self._nodes), ("engine", self._engines)):
                 self._rows += [(kind, key, m) for key, m in table.items()]
                 table.clear()

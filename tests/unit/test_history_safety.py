@@ -315,7 +315,7 @@ def test_sessions_gathered_before_the_file_could_be_opened_are_the_file_s_sessio
     first.close()
     before = row_counts(path)
     with HistoryStore.open(path, write=False) as s:
-        started = dict(s.db.execute("SELECT id, started FROM sessions WHERE ended IS NULL").fetchall())
+        started = dict(s.db.execute("SELECT id, started FROM sessions WHERE end_reason = 'watch ended'").fetchall())
     filler = fill(full_disk)
     writer = HistoryWriter.open(path)
     start = (time.time() // 60 + 1) * 60
@@ -327,8 +327,8 @@ def test_sessions_gathered_before_the_file_could_be_opened_are_the_file_s_sessio
     writer.close()
     assert writer.paused is None
     with HistoryStore.open(path, write=False) as s:
-        now_open = dict(s.db.execute("SELECT id, started FROM sessions WHERE ended IS NULL").fetchall())
-        tokens = [t for (t,) in s.db.execute("SELECT gen_tokens FROM sessions WHERE ended IS NULL")]
+        now_open = dict(s.db.execute("SELECT id, started FROM sessions WHERE end_reason = 'watch ended'").fetchall())
+        tokens = [t for (t,) in s.db.execute("SELECT gen_tokens FROM sessions WHERE end_reason = 'watch ended'")]
     assert row_counts(path)["sessions"] == before["sessions"]
     assert now_open == started  # the same rows, from when the engines started
     assert all(t >= 2e6 for t in tokens)
