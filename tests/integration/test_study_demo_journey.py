@@ -63,7 +63,7 @@ def test_a_demo_study_while_a_demo_runs_stops_before_launching_and_says_how_out(
         assert "gpt-oss-120b" in status.stdout, status.stdout + status.stderr
     finally:
         stopped = sparktop("demo", "--stop")
-    assert "Stopped the demo cluster (2 containers removed)." in stopped.stdout
+    assert "Stopped the demo cluster (2 containers removed" in stopped.stdout
 
 
 # -- 2. a study whose layouts failed: `studies` and the report -----------------------------------------------------
