@@ -148,13 +148,13 @@ def guard_text(e: WaitingForIdle, width: int, console=None) -> Text:
     return text
 
 
-def duration_text(seconds: float) -> str:
-    """45s, 6m14s, 1h05m."""
+def duration_text(seconds: float, minutes: bool = False) -> str:
+    """45s, 6m14s (or 6m, to the minute), 1h05m."""
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
+        return f"{round(seconds / 60)}m" if minutes else f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
@@ -203,13 +203,14 @@ def _batch_estimate(cell: tuple[int, int], batch_secs: dict[tuple[int, int], flo
 
 
 def eta_words(span: tuple[float, float] | None) -> str:
-    """"ETA …" before a batch is measured, "ETA ~6m–19m" while the rest is a range, else "ETA ~9m40s"."""
+    """"ETA …" before a batch is measured, "ETA ~6m–19m" (to the minute) while the rest is a range, else
+    "ETA ~9m40s"."""
     if span is None:
         return "ETA …"
     low, high = span
     if high - low <= max(10.0, 0.15 * high):
         return f"ETA ~{duration_text(high)}"
-    return f"ETA ~{duration_text(low)}–{duration_text(high)}"
+    return f"ETA ~{duration_text(low, True)}–{duration_text(high, True)}"
 
 
 def rate_value(lv: RateLevelStats, key: str) -> float | None:

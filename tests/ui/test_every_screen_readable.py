@@ -219,3 +219,4 @@ def test_the_eta_is_a_range_until_two_levels_are_measured():
     low, high = remaining_seconds(cells, 2, True, 1, 0, {(0, 1): 10.0, (0, 2): 20.0})
     assert low == high == pytest.approx(3 * 40 + 3 * 80)
     assert eta_words((low, high)) == "ETA ~6m00s"
+    assert eta_words((400.0, 1200.0)) == "ETA ~7m–20m"  # a range to the minute
