@@ -23,6 +23,7 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Select, Sparkline, Static
+from textual.widgets._select import SelectCurrent
 
 from sparktop.bench import compare as cmp
 from sparktop.bench.events import (
@@ -94,6 +95,11 @@ LEVELS_FIELD = {
     "max-rate": ("start rate (requests/s)", "start rate",
                  "the rate the search starts from (it doubles, then halves the bracket)"),
 }
+# The free-text boxes' placeholders, longest first: the first that fits the box is shown.
+PLACEHOLDERS = {
+    "extra": ("e.g. reasoning_effort=low", "reasoning_effort=low", "key=value"),
+    "slo": ("ttft_p95=2s,itl_p95=100ms", "ttft_p95=2s"),
+}
 TITLE_EDGE = 6  # a box's border title leaves this many of its cells to the edge
 
 
@@ -102,6 +108,109 @@ def endpoint_text(engine) -> str:
     apart, and what a narrow box keeps), then what it serves and how."""
     where = engine.url.removeprefix("http://").removeprefix("https://").rstrip("/")
     return f"{where} · {engine.model or '?'} · {engine.topology or engine.kind}"
+
+
+def endpoint_fits(engine, room: int) -> str:
+    """The endpoint as its box has room for: all of it, or its address and the model's short name, or its
+    address alone (what tells two engines apart; the open list shows all of it)."""
+    full = endpoint_text(engine)
+    where = engine.url.removeprefix("http://").removeprefix("https://").rstrip("/")
+    model = (engine.model or "?").rsplit("/", 1)[-1]
+    for text in (full, f"{where} · {model}", where):
+        if cell_len(text) <= room:
+            return text
+    return where
+
+
+# What the idle guard says while it waits, longest first: the first that fits the progress line's two rows is
+# shown, so the explanation of ⚠ is not cut off and, at 80 columns, the running count and the timer stay.
+GUARD_TEXTS = (
+    "waiting for the engine to finish what it serves ({running} running, {waiting} waiting) · {waited} of "
+    "{timeout} s; then it measures anyway, and a level with other traffic is marked ⚠",
+    "waiting for the engine to go idle: {running} running, {waiting} waiting · {waited} of {timeout} s; then "
+    "it measures anyway (other traffic marks the level ⚠)",
+    "waiting for idle: {running} running · {waited} of {timeout} s, then measures anyway (busy: ⚠)",
+    "waiting: {running} running · {waited} of {timeout} s",
+)
+GUARD_ROWS = 2  # the progress line grows to two rows for it
+
+
+def guard_text(e: WaitingForIdle, width: int, console=None) -> Text:
+    """The guard's wait as the longest of GUARD_TEXTS that fits `width` columns in GUARD_ROWS rows."""
+    head = (f"c{e.concurrency} ", "bold yellow")
+    values = dict(running=f"{e.running:.0f}", waiting=f"{e.waiting:.0f}", waited=f"{e.waited_s:.0f}",
+                  timeout=f"{e.timeout_s:.0f}")
+    text = Text()
+    for form in GUARD_TEXTS:
+        text = Text.assemble(head, form.format(**values))
+        if width <= 0 or console is None or len(text.wrap(console, width)) <= GUARD_ROWS:
+            return text
+    return text
+
+
+def duration_text(seconds: float, minutes: bool = False) -> str:
+    """45s, 6m14s (or 6m, to the minute), 1h05m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)}m" if minutes else f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+# How a batch's time grows with its concurrency, time ∝ c**k, when only one level has been measured: decode is
+# bandwidth-bound (k near 0.5) until the engine saturates (k near 1). Two measured levels give k itself.
+GROWTH_UNKNOWN = (0.5, 1.0)
+GROWTH_BOUNDS = (0.0, 1.5)
+
+
+def remaining_seconds(cells: list[tuple[int, int]], runs: int, warmup: bool, at: int, batches_left_here: int,
+                      batch_secs: dict[tuple[int, int], float]) -> tuple[float, float] | None:
+    """What is left of a lockstep sweep, (low, high) seconds: the batches left of the level at index `at` of
+    `cells` ((depth, concurrency) in the order they run) and every batch of the levels after it. A level
+    measured takes its batch time; one not yet measured, the batch time of the nearest measured level at its
+    depth grown by (c / c0)**k, k from the last two measured levels (a range while only one is). None before
+    any batch is measured."""
+    if not batch_secs:
+        return None
+    per_level = runs + (1 if warmup else 0)
+    low = high = 0.0
+    for i, level in enumerate(cells[at:], start=at):
+        batches = batches_left_here if i == at else per_level
+        if not batches:
+            continue
+        lo, hi = _batch_estimate(level, batch_secs)
+        low += lo * batches
+        high += hi * batches
+    return low, high
+
+
+def _batch_estimate(cell: tuple[int, int], batch_secs: dict[tuple[int, int], float]) -> tuple[float, float]:
+    if cell in batch_secs:
+        return batch_secs[cell], batch_secs[cell]
+    depth, c = cell
+    same = sorted((cc, b) for (d, cc), b in batch_secs.items() if d == depth) or \
+        sorted((cc, b) for (_, cc), b in batch_secs.items())
+    below = [(cc, b) for cc, b in same if cc <= c] or same[:1]
+    c0, b0 = below[-1]
+    if len(same) >= 2:
+        (c1, b1), (c2, b2) = same[-2], same[-1]
+        if c2 > c1 and b1 > 0 and b2 > 0:
+            k = min(max(math.log(b2 / b1) / math.log(c2 / c1), GROWTH_BOUNDS[0]), GROWTH_BOUNDS[1])
+            return b0 * (c / c0) ** k, b0 * (c / c0) ** k
+    ratio = c / c0
+    return b0 * ratio ** GROWTH_UNKNOWN[0], b0 * ratio ** GROWTH_UNKNOWN[1]
+
+
+def eta_words(span: tuple[float, float] | None) -> str:
+    """"ETA …" before a batch is measured, "ETA ~6m–19m" (to the minute) while the rest is a range, else
+    "ETA ~9m40s"."""
+    if span is None:
+        return "ETA …"
+    low, high = span
+    if high - low <= max(10.0, 0.15 * high):
+        return f"ETA ~{duration_text(high)}"
+    return f"ETA ~{duration_text(low, True)}–{duration_text(high, True)}"
 
 
 def rate_value(lv: RateLevelStats, key: str) -> float | None:
@@ -198,7 +307,9 @@ class SweepScreen(LiveScreen):
     the SLO; the levels box then holds concurrencies, rates, or the rate the search starts from."""
 
     BINDINGS = [
-        Binding("escape", "cancel_or_back", "Cancel / back"),
+        # Escape says what it does now: cancels a running sweep, else goes back (check_action shows one).
+        Binding("escape", "cancel", "Cancel sweep"),
+        Binding("escape", "back", "Back"),
         Binding("enter", "start", "Start", show=True),
         Binding("ctrl+r", "runs", "Past runs"),
     ]
@@ -223,6 +334,12 @@ class SweepScreen(LiveScreen):
         self.max_rate: MaxRate | None = None
         self._charts_due = False  # a redraw is scheduled (three boxes resize at once: one redraw)
         self._predicted: dict[int, str] = {}  # the prediction beside each level, by concurrency
+        self._aside = ""  # the demo's load stepping aside while this sweep runs, said beside the engine line
+        self._engine_text = ""
+        # A lockstep batch's requests, for the ETA: (depth, c, run, attempt) -> [first start, last end, count];
+        # and each level's last whole batch in seconds, by (depth, c).
+        self._batch_spans: dict[tuple[int, int, int, int], list[float]] = {}
+        self._batch_secs: dict[tuple[int, int], float] = {}
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
@@ -303,6 +420,28 @@ class SweepScreen(LiveScreen):
         for wid, (long, short, _) in [*FIELDS.items(), ("levels", LEVELS_FIELD[kind])]:
             box = self.query_one(f"#{wid}", Input)
             box.border_title = long if box.outer_size.width - TITLE_EDGE >= len(long) else short
+        # A placeholder whole or a shorter one (at 80 columns the extra body's showed "e.g."); the tooltip
+        # keeps the example.
+        for wid, placeholders in PLACEHOLDERS.items():
+            box = self.query_one(f"#{wid}", Input)
+            room = box.content_size.width - 1  # the cursor's cell
+            box.placeholder = next((p for p in placeholders if room <= 0 or cell_len(p) <= room), placeholders[-1])
+        self._fit_endpoint()
+
+    def _fit_endpoint(self) -> None:
+        """The chosen endpoint as its box has room for, never "127.0.0.2:8000 · …" (`endpoint_fits`)."""
+        select = self.query_one("#sweep-engine", Select)
+        engine = next((e for e in self.engines if e.url == select.value), None)
+        if engine is None:
+            return
+        label = select.query_one("SelectCurrent #label", Static)
+        room = label.content_size.width
+        if room > 0:
+            select.query_one(SelectCurrent).update(endpoint_fits(engine, room))
+
+    @on(Select.Changed, "#sweep-engine")
+    def _endpoint_changed(self) -> None:
+        self.call_after_refresh(self._fit_endpoint)
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._label_boxes)
@@ -375,6 +514,10 @@ class SweepScreen(LiveScreen):
         self.sweep, self.running, self.finished = sweep, True, None
         self.levels, self.tps, self.rate_levels, self.max_rate = [], [], [], None
         self._predicted = {}
+        self._batch_spans, self._batch_secs = {}, {}
+        self.refresh_bindings()
+        # Off the form's boxes (which would take q, s, h... as typing): the footer shows the app's keys again.
+        self.query_one("#levels-table", DataTable).focus()
         self._set_table_mode("rate" if rate else "concurrency")
         self.query_one("#sweep-summary", Static).update("")
         self.query_one("#start", Button).disabled = True
@@ -397,6 +540,12 @@ class SweepScreen(LiveScreen):
 
     def _ended(self) -> None:
         self.running = False
+        self.refresh_bindings()
+        if isinstance(self.focused, Input):
+            self.query_one("#levels-table", DataTable).focus()  # the results, and the app's keys in the footer
+        if self._aside:
+            self._aside = ""  # the demo's load is back once the sweep has ended
+            self._show_engine_line()
         self.query_one("#start", Button).disabled = False
         self.query_one("#sweep-mode", Select).disabled = False
 
@@ -455,6 +604,19 @@ class SweepScreen(LiveScreen):
         message.stop()
         self._fill_table()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel":
+            return self.running
+        if action == "back":
+            return not self.running
+        return True
+
+    def action_cancel(self) -> None:
+        self.action_cancel_or_back()
+
+    def action_back(self) -> None:
+        self.action_cancel_or_back()
+
     def action_cancel_or_back(self) -> None:
         if self.running:
             self.workers.cancel_group(self, "sweep")
@@ -474,10 +636,13 @@ class SweepScreen(LiveScreen):
                 self.model = e.model
                 self.query_one("#overall", ProgressBar).update(total=e.total_requests, progress=e.resumed_requests)
                 self.earlier = self._earlier_runs(e.model, e.run_id)
+                # The demo's background load runs with --step-aside (sparktop.measuring): say so, here and, as
+                # this line is soon overwritten (the guard's wait, the requests), beside the engine line.
+                demo = str(getattr(self.app, "label", "")).startswith("demo")
                 line.update(Text.assemble(("sweeping ", "bold"), e.model, f" · {e.path.name}", (
-                    # The demo's background load runs with --step-aside (sparktop.measuring): say so.
-                    " · the demo's load steps aside from this node until the sweep ends", "dim")
-                    if str(getattr(self.app, "label", "")).startswith("demo") else ""))
+                    " · the demo's load steps aside from this node until the sweep ends", "dim") if demo else ""))
+                self._aside = "the demo's load steps aside from this node until the sweep ends" if demo else ""
+                self._show_engine_line()
                 self._draw_charts()
             case LevelStarted(concurrency=c, warmup=warmup):
                 line.update(Text.assemble((f"c{c} ", "bold yellow"), "warm-up" if warmup else "measuring",
@@ -497,11 +662,7 @@ class SweepScreen(LiveScreen):
                 self._engine_sample(e)
             case WaitingForIdle() as e:
                 # The guard waits for the engine to finish other work, live: what and how long, and what then.
-                line.update(Text.assemble(
-                    (f"c{e.concurrency} ", "bold yellow"),
-                    f"waiting for the engine to finish what it serves ({e.running:.0f} running, "
-                    f"{e.waiting:.0f} waiting) · {e.waited_s:.0f} of {e.timeout_s:.0f} s; then it measures anyway, "
-                    "and a level with other traffic is marked ⚠"))
+                line.update(guard_text(e, line.content_size.width, self.app.console))
             case LevelContaminated() as e:
                 line.update(Text.assemble((f"c{e.concurrency} ⚠ ", "bold yellow"), e.reason,
                                           " · measuring it again" if e.remeasuring else " · kept, marked ⚠"))
@@ -516,10 +677,35 @@ class SweepScreen(LiveScreen):
             self.tps = (self.tps + [e.live_tps])[-200:]
             self.query_one("#live-tps", Sparkline).data = list(self.tps)
         err = " · errors in this level" if not e.record.ok else ""
+        runs = self.sweep.s.runs if self.sweep is not None else None
+        c = e.record.level
         line.update(Text.assemble(
-            (f"c{e.record.level} ", "bold yellow"), f"run {e.record.run} · level {e.level_done}/{e.level_total}"
-            f" · total {e.done}/{e.total} · {eta_text(e.eta_s)}",
-            (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
+            (f"c{c} ", "bold yellow"), f"batch {e.record.run}" + (f"/{runs}" if runs else "")
+            + f" · requests {e.level_done}/{e.level_total} of c{c} · total {e.done}/{e.total} · "
+            + self._eta(e), (f" · {e.live_tps:,.0f} t/s" if e.live_tps else ""), (err, "red")))
+
+    def _eta(self, e: RequestDone) -> str:
+        """The time left, from the batches measured so far (`remaining_seconds`): a range while a level not
+        yet measured can only be guessed from one, never the sweep's own figure (it assumed every bigger level
+        grows as the square root of its concurrency, and stayed minutes short)."""
+        r = e.record
+        depth = int(getattr(r, "depth", 0) or 0)
+        span = self._batch_spans.setdefault((depth, int(r.level), int(r.run), int(getattr(r, "attempt", 0) or 0)),
+                                            [math.inf, -math.inf, 0])
+        span[0] = min(span[0], r.start)
+        span[1] = max(span[1], r.end if r.end is not None else r.start)
+        span[2] += 1
+        if span[2] >= int(r.level) and span[1] > span[0]:
+            self._batch_secs[(depth, int(r.level))] = span[1] - span[0]
+        if self.sweep is None:
+            return eta_text(e.eta_s)
+        s = self.sweep.s
+        cells = s.level_cells()
+        at = cells.index((depth, int(r.level))) if (depth, int(r.level)) in cells else len(cells)
+        # The batch under way is counted whole until its last request is in.
+        left = s.runs - int(r.run) + (0 if span[2] >= int(r.level) else 1)
+        return eta_words(remaining_seconds(cells, s.runs, s.warmup and not s.warmup_first_only, at, left,
+                                           self._batch_secs))
 
     def _rate_request_done(self, e: RequestDone, line: Static) -> None:
         """A rate level's request: the progress, and its decode rate (tokens over its own decode time)."""
@@ -532,7 +718,7 @@ class SweepScreen(LiveScreen):
             self.query_one("#live-tps", Sparkline).data = list(self.tps)
         rate = f"{r.rate:g}/s " if r.rate is not None else "trace "
         err = " · errors in this level" if not r.ok else ""
-        line.update(Text.assemble((rate, "bold yellow"), f"level {e.level_done}/{e.level_total}"
+        line.update(Text.assemble((rate, "bold yellow"), f"requests {e.level_done}/{e.level_total} of {rate.strip()}"
                                   f" · total {e.done}/{max(e.total, e.done)}", (err, "red")))
 
     def _rate_level_done(self, stats: RateLevelStats) -> None:
@@ -544,7 +730,15 @@ class SweepScreen(LiveScreen):
         self._draw_charts()
 
     def _engine_sample(self, e: EngineSample) -> None:
-        self.query_one("#engine-line", Static).update(Text("engine  " + e.describe(), style="cyan"))
+        self._engine_text = "engine  " + e.describe()
+        self._show_engine_line()
+
+    def _show_engine_line(self) -> None:
+        """The engine's figures, and under them the demo's load stepping aside while the sweep runs."""
+        text = Text(self._engine_text, style="cyan")
+        if self._aside:
+            text = Text.assemble(text, "\n" if self._engine_text else "", (self._aside, "dim"))
+        self.query_one("#engine-line", Static).update(text)
 
     def _level_done(self, stats: LevelStats) -> None:
         # A level measured again (the contamination guard) replaces its row, at the end.
