@@ -110,12 +110,12 @@ async def test_the_last_day_shows_the_restart_the_low_memory_and_the_spike(reade
         sessions = screen.query_one("#history-sessions", DataTable)
         assert [c.key.value for c in sessions.ordered_columns] == [
             "engine", "model", "node", "started", "ended", "how", "tokens", "requests", "kv", "energy"]
-        # spark-a's engine restarted at 10:00 on the last day: its first session ended "restarted",
-        # the new one is still serving; spark-b's has served since before the window.
+        # spark-a's engine restarted at 10:00 on the last day: its first session ended "restarted"; the new one
+        # and spark-b's (serving since before the window) ended with the watch that recorded them.
         rows = {row.key.value: [str(c) for c in sessions.get_row(row.key)] for row in sessions.ordered_rows}
         restarted = [r for r in rows.values() if r[5] == "restarted"]
         assert len(restarted) == 1 and restarted[0][0] == "spark-a:8000" and restarted[0][4] == "11-20 09:59"
-        assert column(sessions, "ended").count("serving") == 2
+        assert column(sessions, "how").count("watch ended") == 2
         assert "97%" in column(sessions, "kv")  # spark-b's KV spike
         events = text_of(screen, "#history-events")
         assert "memory low: 7.1 GiB available" in events
@@ -125,7 +125,7 @@ async def test_the_last_day_shows_the_restart_the_low_memory_and_the_spike(reade
         assert "KV cache" in lines[0] and "memory low" in lines[-1]  # newest first
         assert "last 24 hours" in text_of(screen, "#history-head")
         summary = text_of(screen, "#history-summary")
-        assert "sessions 2 serving · 1 ended" in summary and "1 error · 2 warnings" in summary
+        assert "sessions 0 serving · 3 ended" in summary and "1 error · 2 warnings" in summary
 
 
 async def test_seven_days_widen_the_charts_and_add_the_outage(reader, utc):
