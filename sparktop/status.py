@@ -342,6 +342,13 @@ def print_tables(state: ClusterState, console: Console, launches: list[LaunchRec
             cell("ttft", f"{e.ttft_p50 * 1000:.0f} ms" if e.ttft_p50 is not None else "—"),
             cell("itl", f"{e.itl_p50 * 1000:.0f} ms" if e.itl_p50 is not None else "—"),
         ])
+    predicted = [r for r in rows if r[9] not in ("", "—")]
+    if predicted:
+        # A prediction for the requests each engine runs at this moment, beside a rate over the whole window:
+        # under a load that comes and goes the two part (the sweep holds the load steady and they meet).
+        said = "pred: gen t/s `sparktop predict` gives for the requests it runs now (a steady load; the window's " \
+               "rate moves with a load that comes and goes)"
+        caption = f"{caption}; {said}" if caption else said
     engines = fitted("engines", ENGINE_COLUMNS, rows, console.width, caption)
     console.print(engines)
     for note in notes:

@@ -87,7 +87,7 @@ def cmd_sweep(args) -> int:
             case SweepStarted():
                 progress.update(overall, total=event.total_requests, completed=event.resumed_requests,
                                 description=f"sweep {event.model}")
-                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl")
+                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl", soft_wrap=True)
             case LevelStarted(concurrency=c, warmup=warmup):
                 progress.update(level_task, visible=True, completed=0, total=None if warmup else settings.runs * c,
                                 description=f"c{c}" + (" warm-up" if warmup else ""), info="")
@@ -408,7 +408,7 @@ def cmd_rate_sweep(args) -> int:
     def show(event: SweepEvent) -> None:
         match event:
             case SweepStarted():
-                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl")
+                console.print(f"[bold]{event.run_id}[/] → {event.path}/requests.jsonl", soft_wrap=True)
             case RateLevelStarted(rate=rate, requests=n):
                 progress.update(level_task, visible=True, completed=0, total=n, info="",
                                 description=f"{rate:g} requests/s ({settings.arrivals})" if rate is not None

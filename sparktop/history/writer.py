@@ -86,6 +86,7 @@ from sparktop.observe.state import ClusterState
 
 SESSION_GAP_S = 300.0  # an engine silent this long has ended its session
 WATCH_ENDED = "watch ended"  # how a session ends that was serving when the writer closed
+UNWATCHED_END = "gone while sparktop was closed"  # a carried session whose engine is another process now
 STOPPED = "stopped"  # how a session ends whose engine the poller says is gone (its container removed)
 MAX_DT_S = 30.0  # a poll further from the one before adds no energy (a gap is not a measurement)
 PRUNE_EVERY_S = 600.0
@@ -173,6 +174,9 @@ class _Session:
     down: str | None = None  # what the poller said when it stopped answering
     changed: bool = True
     before_watch: tuple[float, float, float] | None = None  # a fresh session's counters at its first poll
+    # Carried over from the last writer: between its close and this writer's first poll nobody watched, so a
+    # new process then is "gone while sparktop was closed" (stopped, or restarted: nobody saw which).
+    carried: bool = False
 
     def peak(self, name: str, value: float | None) -> None:
         if value is not None and (getattr(self, name) is None or value > getattr(self, name)):
@@ -372,7 +376,7 @@ class HistoryWriter:
                 self._end(key, s.last_seen, s.down or "lost (no answer)")
             elif self._first_t is not None and t - self._first_t > LOADED_GRACE_S:
                 # Left open by the last sparktop and not answering since this one started.
-                self._end(key, s.last_seen, "gone while sparktop was closed")
+                self._end(key, s.last_seen, UNWATCHED_END)
         self.flush(t)
 
     def _watch_clock(self, t: float) -> None:
@@ -549,15 +553,16 @@ class HistoryWriter:
                 reason = f"now serves {e.model}"
             elif (e.started_at is not None and s.engine_started is not None
                   and abs(e.started_at - s.engine_started) > 1.0):
-                reason = "restarted"
+                reason = UNWATCHED_END if s.carried else "restarted"
             elif e.gen_tokens_total is not None and s.gen_counter is not None and e.gen_tokens_total < s.gen_counter:
-                reason = "restarted"  # its counters started again
+                reason = UNWATCHED_END if s.carried else "restarted"  # its counters started again
             elif e.t - s.last_seen > SESSION_GAP_S and not (
                     e.started_at is not None and s.engine_started is not None):
                 reason = s.down or "lost (no answer)"
             if reason is None:
                 if s.engine_started is None:
                     s.engine_started = e.started_at
+                s.carried = False  # the same process, watched again: what follows is seen
                 return s
             self._end(key, s.last_seen, reason)
         # An engine process seen for the first time: its session began when it started, and its counters
@@ -773,7 +778,7 @@ class HistoryWriter:
             if key is None:
                 continue
             s = _Session(key=key, **values)
-            s.changed = False
+            s.changed, s.carried = False, True
             mine = self._sessions.get(key)
             if mine is None:
                 self._sessions[key] = s
@@ -783,7 +788,7 @@ class HistoryWriter:
                   and abs(mine.engine_started - s.engine_started) <= 1.0):
                 _adopt(mine, s)
             else:
-                s.ended, s.end_reason, s.changed = s.last_seen, "restarted", True
+                s.ended, s.end_reason, s.changed = s.last_seen, UNWATCHED_END, True
                 self._ended.append(s)
         marks = ",".join("?" * len(reopened))
         for subject, ended in db.execute("SELECT subject, MAX(ended) FROM sessions WHERE ended IS NOT NULL "

@@ -213,6 +213,9 @@ async def every_screen(pilot, results: Path, shoot) -> None:
     await pilot.pause(0.3)
     finish_sweep(sweep, results)
     await pilot.pause(0.8)
+    for worker in [w for w in app.workers if w.group == "predict"]:  # each level's prediction, beside it
+        await worker.wait()
+    await pilot.pause(0.2)
     await shoot("sweep")
     app.push_screen(RunsScreen(results))
     await pilot.pause(0.3)

@@ -169,6 +169,24 @@ def test_the_next_demo_does_not_call_stopped_engines_restarted(tmp_path, capsys,
     assert "restarted" not in {s["end_reason"] for s in sessions}
 
 
+def test_engines_that_served_when_the_app_quit_and_are_new_next_time_are_not_called_restarted(tmp_path, capsys, t0):
+    """Quitting the demo app ends its watch while the engines serve ("watch ended"), then tears the demo down
+    with nobody watching; the next demo's engines are new processes. Nobody saw whether they stopped or
+    restarted: the first sessions end "gone while sparktop was closed", at their last answer."""
+    path = tmp_path / "h.sqlite"
+    feed = Feed(path, t0)
+    feed.serve(60, {A: t0 - 20, B: t0 - 20})
+    last = feed.t
+    feed.writer.close()
+    t1 = feed.t + 600
+    second = Feed(path, t1)
+    second.serve(60, {A: t1 - 10, B: t1 - 10})
+    second.writer.close()
+    sessions = history(capsys, path)["sessions"]
+    assert sorted((s["end_reason"], s["ended"]) for s in sessions[:2]) == [("gone while sparktop was closed", last)] * 2
+    assert "restarted" not in {s["end_reason"] for s in sessions}
+
+
 def test_a_restart_is_called_restarted_only_when_the_start_time_changed(tmp_path, capsys, t0):
     path = tmp_path / "h.sqlite"
     feed = Feed(path, t0)
