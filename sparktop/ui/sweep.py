@@ -634,7 +634,7 @@ class SweepScreen(LiveScreen):
         match message.event:
             case SweepStarted() as e:
                 self.model = e.model
-                self._settings = e.settings  # what each level's prediction is asked for
+                self._started_with = e.settings  # what each level's prediction is asked for
                 self.query_one("#overall", ProgressBar).update(total=e.total_requests, progress=e.resumed_requests)
                 self.earlier = self._earlier_runs(e.model, e.run_id)
                 # The demo's background load runs with --step-aside (sparktop.measuring): say so, here and, as
@@ -789,7 +789,7 @@ class SweepScreen(LiveScreen):
         from sparktop.launch.prediction import predicted_for_engine
         from sparktop.layouts import layout_of
 
-        s = self.sweep.s if self.sweep is not None else getattr(self, "_settings", None)
+        s = self.sweep.s if self.sweep is not None else getattr(self, "_started_with", None)
         if s is None:
             return
         table = self.query_one("#levels-table", DataTable)
