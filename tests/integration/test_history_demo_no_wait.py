@@ -5,15 +5,12 @@ starts), and `sparktop demo --stop` stops that collector after it saw the engine
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
 from sparktop.demo import COLLECT_PID, _is_collector, demo_root
 from sparktop.twin.cluster import loopback_aliases_work
+from tests.integration.test_demo_journeys import sparktop, until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not loopback_aliases_work(), reason="needs 127.0.0.2 and 127.0.0.3")]
@@ -21,25 +18,9 @@ pytestmark = [pytest.mark.slow,
 URLS = {"http://127.0.0.2:8000", "http://127.0.0.3:8000"}
 
 
-def sparktop(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sparktop", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=timeout)
-
-
 def history() -> dict:
     done = sparktop("history", "--inventory", "demo", "--json", "--since", "1h")
     return json.loads(done.stdout or "{}")
-
-
-def until(check, timeout: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
-        time.sleep(0.5)
 
 
 def test_a_demo_left_running_writes_its_history_and_stop_ends_it():
@@ -54,7 +35,7 @@ def test_a_demo_left_running_writes_its_history_and_stop_ends_it():
             sessions = [s for s in history().get("sessions", []) if s["url"] in URLS]
             return sessions if {s["url"] for s in sessions} == URLS and all(s["open"] for s in sessions) else None
 
-        until(serving, what="the demo's two engines serving in its history, with no app open")
+        until(serving, timeout=90.0, what="the demo's two engines serving in its history, with no app open")
     finally:
         stopped = sparktop("demo", "--stop")
     assert stopped.returncode == 0, stopped.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sparktop.settings import Defaults
@@ -22,3 +24,16 @@ async def cluster(tmp_path, monkeypatch):
     yield c
     for node in c.nodes:
         await node.transport().run("docker ps -aq | xargs -r docker rm -f", timeout=30)
+
+
+@pytest.fixture
+def utc_own_dirs(monkeypatch, tmp_path):
+    """Times shown in UTC, and the state and data directories this test's own (no launch records, runs or
+    fitted constants of the user's)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -34,14 +33,8 @@ SIZES = [(80, 24), (100, 30), (120, 40), (160, 48)]
 
 
 @pytest.fixture(autouse=True)
-def stable(monkeypatch, tmp_path):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+def stable(utc_own_dirs):
     yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def screen_lines(app) -> list[str]:

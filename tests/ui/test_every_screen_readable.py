@@ -5,8 +5,6 @@ sure it is). Text on the rendered screen at a given size; the app is a paused re
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from textual.widgets import DataTable, Input, Select, Static
 
@@ -26,14 +24,8 @@ IDS = [f"{w}x{h}" for w, h in SIZES]
 
 
 @pytest.fixture(autouse=True)
-def stable(monkeypatch, tmp_path):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+def stable(utc_own_dirs):
     yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def shown(app, widget) -> str:
