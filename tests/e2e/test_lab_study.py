@@ -34,6 +34,13 @@ def only_study(lab, before: set[str] | None = None) -> Path:
     return found[0]
 
 
+def started(lab, before: set[str]) -> Path | None:
+    """The study begun since `before`, once its first study.json is there (its directory is made a moment
+    before that file is written, atomically)."""
+    found = [studies_root(lab) / d for d in existing(lab) - before if (studies_root(lab) / d / "study.json").exists()]
+    return found[0] if found else None
+
+
 def existing(lab) -> set[str]:
     root = studies_root(lab)
     return {p.name for p in root.iterdir()} if root.exists() else set()
@@ -127,8 +134,8 @@ def test_a_killed_study_resumes_without_measuring_anything_twice(lab):
         deadline = time.time() + 600
         study_dir = None
         while time.time() < deadline:
-            if study_dir is None and existing(lab) - before:
-                study_dir = only_study(lab, before)
+            if study_dir is None:
+                study_dir = started(lab, before)
             if study_dir is not None:
                 t = read(study_dir)["topologies"][2]
                 requests = study_dir / "runs" / (t["run"] or "-") / "requests.jsonl"
@@ -185,9 +192,9 @@ def test_failures_are_recorded_and_the_study_goes_on(lab, tmp_path):
         # The TP=2 engine dies mid-sweep.
         deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None:
-            dirs = existing(lab) - before
-            if dirs:
-                t = read(studies_root(lab) / dirs.pop())["topologies"][1]
+            study_dir = started(lab, before)
+            if study_dir is not None:
+                t = read(study_dir)["topologies"][1]
                 if t["status"] == "sweeping" and t["run"]:
                     time.sleep(1.0)
                     for host in lab.hosts:
@@ -224,9 +231,9 @@ def test_foreign_traffic_during_a_level_is_caught(lab):
     def foreign():
         # Someone else's requests, once the study's sweep has begun.
         while not stop.is_set():
-            dirs = existing(lab) - before
-            if dirs:
-                t = read(studies_root(lab) / dirs.pop())["topologies"][0]
+            study_dir = started(lab, before)
+            if study_dir is not None:
+                t = read(study_dir)["topologies"][0]
                 if t["status"] == "sweeping" and t["stage"].startswith("sweeping c2"):
                     break
             time.sleep(0.1)
@@ -272,8 +279,8 @@ def test_ctrl_c_stops_what_the_study_started_and_leaves_it_resumable(lab):
                             preexec_fn=_ctrl_c_as_in_a_terminal)
     deadline = time.time() + 300
     while time.time() < deadline:
-        dirs = existing(lab) - before
-        if dirs and read(studies_root(lab) / next(iter(dirs)))["topologies"][0]["status"] == "sweeping":
+        study_dir = started(lab, before)
+        if study_dir is not None and read(study_dir)["topologies"][0]["status"] == "sweeping":
             break
         assert proc.poll() is None
         time.sleep(0.2)
