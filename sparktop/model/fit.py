@@ -93,6 +93,26 @@ CAPPED = ("bandwidth_efficiency", "compute_efficiency", "moe_efficiency", "atten
 # other cells, which makes TP=2 no faster than one node at c1 — against
 # every article (data/gb10-sources.md §1.4).
 BOUNDS = {"allreduce_latency_s": (5e-6, 40e-6)}
+# What a constant is known to be before any fitted figure, and how much that
+# knowledge counts (in the fit's own weight units: a fitted figure weighs 0.11
+# on average, so 5.0 counts as much as about 45 of them). A prior matters
+# where the figures cannot pin a constant: left without its largest source,
+# the fit keeps no dense model's prefill, and the dense GEMM share drifted to
+# 0.35 and missed that source's dense models by 20-40 % on prefill and
+# 55-90 % on TTFT. With the prior it stays near what a dense engine is
+# measured to reach; with every figure the figures still decide.
+#
+# compute_efficiency: the share of the measured large-GEMM rate
+# (hardware/gb10.yaml `achieved_tflops`) that an engine's whole dense prefill
+# reaches on a Spark, from figures the fit does not use (SGLang, LMSYS's
+# review, `lmsys-review` in published-more.yaml; data/gb10-sources.md §1.5):
+# prefill t/s x 2 x the weights a prompt token multiplies (attention and MLP,
+# not the embedding or the LM head) / 188 TFLOPS FP8: Llama-3.1-8B FP8 7,991
+# t/s -> 0.593, Llama-3.1-70B FP8 803 t/s -> 0.585; their geometric mean.
+# (A whole prefill also spends time in attention and non-GEMM kernels, so the
+# GEMMs' own share is a little higher: a lower-side anchor.)
+# tests/unit/test_fit_priors.py computes it again from those figures.
+PRIORS: dict[str, tuple[float, float]] = {"compute_efficiency": (0.589, 5.0)}
 
 
 @dataclass(frozen=True)
@@ -451,10 +471,17 @@ def _cost(e: float) -> float:
     return 2 * ROBUST ** 2 * (math.sqrt(1 + (e / ROBUST) ** 2) - 1)
 
 
-def loss(rows) -> float:
+def prior_terms(k: Constants) -> list[tuple[int, float, float]]:
+    """(index in GLOBAL, log error from the prior's value, weight) of each of PRIORS."""
+    return [(GLOBAL.index(name), math.log(getattr(k, name) / value), weight)
+            for name, (value, weight) in PRIORS.items()]
+
+
+def loss(rows, k: Constants | None = None) -> float:
     """Mean robust log error. Each (source, model, format) group weighs the
     square root of its size, so one source's hundreds of rows do not drown
-    an article's table."""
+    an article's table. With `k`, the PRIORS count as figures of their
+    weight, off by their constant's distance from the prior."""
     groups: dict[tuple, int] = {}
     for cell, _, _ in rows:
         groups[(cell.source, cell.model, cell.quant)] = groups.get((cell.source, cell.model, cell.quant), 0) + 1
@@ -472,6 +499,9 @@ def loss(rows) -> float:
         if (cell.published is None) == fits:
             total += w * _cost(math.log(2))
             weight += w
+    for _, e, w in prior_terms(k) if k is not None else ():
+        total += w * _cost(e)
+        weight += w
     return total / weight if weight else 0.0
 
 
@@ -531,8 +561,8 @@ def refit(cells: list[Cell] | None = None, iterations: int = 150, progress=None,
     start = replace(start, **{n: min(max(getattr(start, n), lo), hi * 0.9) for n, (lo, hi) in BOUNDS.items()})
     workers = min(4, os.cpu_count() or 1)
     base = replace(DEFAULT_CONSTANTS, stack_factors=start.stack_factors)  # the stacks' factors held
-    best, _ = nelder_mead(lambda v: loss(evaluate(_constants(v, base), cells, workers)), _vector(start), step=step,
-                          iterations=iterations, progress=progress)
+    best, _ = nelder_mead(lambda v: loss(evaluate(kv := _constants(v, base), cells, workers), kv), _vector(start),
+                          step=step, iterations=iterations, progress=progress)
     return _constants(best, base)
 
 
@@ -872,6 +902,18 @@ def linear_step(residuals: list[float], weights: list[float], jac: list[list[flo
     return step
 
 
+def with_priors(residuals: list[float], weights: list[float], jac: list[list[float]],
+                k: Constants) -> tuple[list[float], list[float], list[list[float]]]:
+    """The rows of a linearised solve at `k`, with a row per prior (see PRIORS):
+    the constant's log distance from its prior value, of the prior's weight."""
+    res, wts, rows = list(residuals), list(weights), list(jac)
+    for j, e, w in prior_terms(k):
+        res.append(e)
+        wts.append(w)
+        rows.append([1.0 if i == j else 0.0 for i in range(len(GLOBAL))])
+    return res, wts, rows
+
+
 def newton_refit(cells: list[Cell], start: Constants, rounds: int = 3, workers: int = 1,
                  progress: Callable[[str], None] | None = None) -> Constants:
     """The shared constants refitted by damped Gauss–Newton steps from
@@ -880,12 +922,12 @@ def newton_refit(cells: list[Cell], start: Constants, rounds: int = 3, workers: 
     base = replace(DEFAULT_CONSTANTS, stack_factors=start.stack_factors)
     for r in range(rounds):
         rows, jac = jacobian(k, cells, workers, progress)
-        before = loss(rows)
+        before = loss(rows, k)
         res, wts, idx = _residuals(rows)
-        step = linear_step(res, wts, [jac[i] for i in idx])
+        step = linear_step(*with_priors(res, wts, [jac[i] for i in idx], k))
         for shrink in (1.0, 0.5, 0.25):
             trial = _constants([x + shrink * d for x, d in zip(_vector(k), step, strict=True)], base)
-            after = loss(evaluate(trial, cells, workers))
+            after = loss(evaluate(trial, cells, workers), trial)
             if after < before:
                 k = trial
                 break
@@ -963,7 +1005,8 @@ def leave_out(cells: list[Cell], key: Callable[[Cell], str], start: Constants, l
         else:
             jac = linear[1]
             keep = [n for n, i in enumerate(idx) if key(cells[i]) != group]
-            step = linear_step([res[n] for n in keep], [wts[n] for n in keep], [jac[idx[n]] for n in keep])
+            step = linear_step(*with_priors([res[n] for n in keep], [wts[n] for n in keep],
+                                            [jac[idx[n]] for n in keep], start))
             k = _constants([x + d for x, d in zip(_vector(start), step, strict=True)], base)
             if progress:
                 progress(f"without {group}: refitted on {len(keep)} cells, predicting its {len(test)}")
@@ -1127,6 +1170,10 @@ def cross_validation_text(cv: dict) -> str:
         lines += [""] + bands_text(cv["bands"])
     if cv.get("seconds") is not None:
         lines.append(f"({cv.get('method', '')} refits, {cv['seconds']:.0f} s)")
+    if PRIORS:  # what holds a constant the figures left in cannot pin (data/gb10-sources.md §1.5)
+        lines.append("every refit holds " + ", ".join(f"{name} near {value:g} (a prior weighing {weight:g})"
+                                                      for name, (value, weight) in PRIORS.items())
+                     + ": figures it does not fit, data/gb10-sources.md §1.5")
     return "\n".join(lines)
 
 

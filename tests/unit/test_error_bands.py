@@ -47,7 +47,8 @@ def test_leave_out_refits_without_each_group_and_predicts_it(monkeypatch):
     rows = [(c, 55.0, True) for c in cells]
     jac = [[0.1] * len(fit.GLOBAL) for _ in cells]
     table, errors = fit.leave_out(cells, fit.by_source(cells, min_figures=1), DEFAULT_CONSTANTS, (rows, jac))
-    assert seen == [2, 1]  # without a: b's two cells; without b: a's one
+    priors = len(fit.PRIORS)  # and a row per prior, in every solve
+    assert seen == [2 + priors, 1 + priors]  # without a: b's two cells; without b: a's one
     assert table["a"] == {"decode_tps": 0.1, "cells": 1} and table["b"]["cells"] == 2
     assert errors["b"]["decode_tps"] == pytest.approx([0.1, 0.1])
     assert table["mean"] == {"decode_tps": 0.1}
