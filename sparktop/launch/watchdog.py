@@ -283,14 +283,18 @@ class Watchdog:
             return False, f"{node}: {exc}"
         return result.ok, result.stdout if result.ok else f"{node}: {result.first_error_line()}"
 
-    async def _labelled(self, launch_id: str, nodes: list[str]) -> set[tuple[str, str]]:
-        """The containers on `nodes` that carry `sparktop.launch=<launch_id>`."""
-        found: set[tuple[str, str]] = set()
+    async def _labelled(self, launch_id: str, nodes: list[str]) -> dict[tuple[str, str], str]:
+        """The containers on `nodes` that carry `sparktop.launch=<launch_id>`, each with docker's status of it
+        ("Up 3 minutes", "Exited (137) 2 seconds ago")."""
+        found: dict[tuple[str, str], str] = {}
         for node in nodes:
             ok, out = await self._run(node, ["docker", "ps", "-a", "--filter", f"label=sparktop.launch={launch_id}",
-                                             "--format", "{{.Names}}"], timeout=30)
+                                             "--format", "{{.Names}}\t{{.Status}}"], timeout=30)
             if ok:
-                found |= {(node, line.strip()) for line in out.splitlines() if line.strip()}
+                for line in out.splitlines():
+                    name, _, status = line.strip().partition("\t")
+                    if name:
+                        found[(node, name)] = status.strip()
         return found
 
     async def _log_tail(self, g: _Guarded) -> list[str]:
@@ -324,6 +328,12 @@ class Watchdog:
             if record is not None:  # counted before acting: a restart cut short still counts
                 self.state.update(g.launch_id, restarts=[*record.restarts, self.clock.wall()])
             names = ", ".join(name for _, name in g.members)
+            # What docker says of a member that is not up, read now: the poller may not have listed the
+            # containers since the engine stopped answering, so its reason can lack the exit.
+            exits = [f"container {name} {status[0].lower()}{status[1:]}" for (_, name), status in labelled.items()
+                     if status and not status.startswith("Up") and f"container {name} " not in trouble]
+            if exits:
+                trouble = f"{trouble}; {'; '.join(exits)}"
             self.report(WatchdogAction(
                 self.clock.wall(), g.launch_id, g.url, RESTART,
                 f"watchdog: restarting {names} (restart {attempt}, at most {self.policy.cap_text()}): {trouble}",
