@@ -1,0 +1,115 @@
+"""`sparktop setup` from two bare lab hosts (real OpenSSH, no inventory) to an inventory `status` and a launch's
+preflight accept; a second run that finds everything in place; an unknown host key refused.
+
+The hosts' ConnectX-7 ports get addresses (`twin.fabric_tools.set_addresses`: each half of the cable in its own
+/24 on the loopback, as NVIDIA's playbook addresses a pair) and keep the twin's out-of-the-box MTU of 1500,
+which setup raises to 9000 with `ip link set` once told to (`--yes`). Its link test runs the twin's `ib_write_bw`
+over both halves at once, a server per half on spark-b and the clients on spark-a."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sparktop.settings import load_inventory
+from sparktop.twin.fabric_tools import set_addresses
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
+
+
+def sparktop(lab, *args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "sparktop", *args], capture_output=True, text=True,
+                          env=lab.env(), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cabled(lab):
+    for host in lab.hosts:
+        n = host.address.rsplit(".", 1)[1]
+        set_addresses(host.twin.home, {"enp1s0f1np1": [f"{host.address}/24"], "enP2p1s0f1np1": [f"127.0.1.{n}/24"]})
+    return lab
+
+
+def test_setup_from_bare_hosts_then_a_second_run_changes_nothing(cabled):
+    lab = cabled
+    inventory = lab.root / "setup" / "cluster.yaml"
+    assert not inventory.exists()
+    hosts = [f"lab-{h.name}" for h in lab.hosts]
+    first = sparktop(lab, "setup", *hosts, "--yes", "--inventory", str(inventory))
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stdout
+    # Every command shown before it ran; the MTU raised on both halves, after a yes.
+    assert "$ lab-spark-a: id -u" in out
+    assert "$ lab-spark-a: change ip link set dev enP2p1s0f1np1 mtu 9000" in out
+    assert "$ lab-spark-b: change ip link set dev enp1s0f1np1 mtu 9000" in out
+    for host in lab.hosts:
+        assert host.twin.interface("enp1s0f1np1") == ("up", 9000)
+        assert host.twin.interface("enP2p1s0f1np1") == ("up", 9000)
+    # The link measured over both halves at once: two servers on spark-b, two clients on spark-a.
+    assert "$ lab-spark-b: timeout 60 ib_write_bw -d rocep1s0f1 -p 18515 --report_gbits -q 4 -R" in out
+    assert "$ lab-spark-b: timeout 60 ib_write_bw -d roceP2p1s0f1 -p 18516 --report_gbits -q 4 -R" in out
+    assert "ib_write_bw -d roceP2p1s0f1 -p 18516 --report_gbits -q 4 -R 127.0.1.3" in out
+    assert "rocep1s0f1 98.1 + roceP2p1s0f1 98.1, ib_write_bw, all halves at once" in out
+    assert "FAIL" not in out and "Traceback" not in first.stderr
+    assert f"inventory {inventory}: written" in out
+
+    text = inventory.read_text()
+    assert "# " in text.splitlines()[0]  # commented
+    loaded = load_inventory(inventory)
+    assert [(n.name, n.host, n.fabric_ip, n.eth_if, n.ib_if) for n in loaded.nodes] == [
+        ("lab-spark-a", "lab-spark-a", "127.0.0.2", "enp1s0f1np1", ["rocep1s0f1", "roceP2p1s0f1"]),
+        ("lab-spark-b", "lab-spark-b", "127.0.0.3", "enp1s0f1np1", ["rocep1s0f1", "roceP2p1s0f1"])]
+
+    status = sparktop(lab, "status", "--inventory", str(inventory), "--json")
+    assert status.returncode == 0, status.stderr
+    nodes = json.loads(status.stdout)["nodes"]
+    assert sorted(n["name"] for n in nodes) == ["lab-spark-a", "lab-spark-b"]
+    assert [n["state"] for n in nodes] == ["ok", "ok"], nodes
+
+    # A launch's preflight over both nodes passes (the launch then stops: no --yes and no terminal).
+    lab.put_weights(MODEL)
+    launch = sparktop(lab, "launch", "llama-3.1-8b", "-t", "cluster-mp", "--inventory", str(inventory))
+    assert "not launching without confirmation" in launch.stderr, launch.stdout + launch.stderr
+    assert "FAIL" not in launch.stdout
+    assert "[ok  ] lab-spark-b fabric" in launch.stdout
+
+    before = inventory.read_bytes(), inventory.stat().st_mtime_ns
+    second = sparktop(lab, "setup", *hosts, "--yes", "--inventory", str(inventory))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert ": change " not in second.stdout  # no command that changes a host was even shown
+    assert f"inventory {inventory}: unchanged" in second.stdout
+    assert second.stdout.rstrip().endswith("all is well: nothing changed")
+    assert (inventory.read_bytes(), inventory.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in inventory.parent.iterdir()) == ["cluster.yaml"]  # no backup: nothing replaced
+
+
+def test_an_unknown_host_key_is_refused_even_with_yes(cabled):
+    lab = cabled
+    known = lab.ssh_dir / "known_hosts"
+    saved = known.read_text()
+    host = lab.hosts[0]
+    known.write_text("".join(line + "\n" for line in saved.splitlines() if f"[{host.address}]" not in line))
+    try:
+        inventory = lab.root / "refused" / "cluster.yaml"
+        r = sparktop(lab, "setup", f"lab-{host.name}", "--yes", "--inventory", str(inventory))
+        assert r.returncode == 1
+        assert "Traceback" not in r.stderr
+        refused = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
+        assert len(refused) == 1 and "unknown host key SHA256:" in refused[0] and "not trusted" in refused[0], r.stdout
+        assert "refused: an unknown host key is never accepted by --yes" in r.stdout
+        assert f"[{host.address}]" not in known.read_text()  # nothing trusted
+        assert not inventory.exists()
+
+        # Accepted only when asked for by name: then it is in known_hosts and the host is set up.
+        r = sparktop(lab, "setup", f"lab-{host.name}", "--yes", "--accept-new-host-keys", "--inventory",
+                     str(inventory))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"[{host.address}]:{host.port} ssh-ed25519" in known.read_text()
+        assert inventory.exists()
+    finally:
+        known.write_text(saved)
