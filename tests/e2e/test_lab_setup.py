@@ -113,3 +113,12 @@ def test_an_unknown_host_key_is_refused_even_with_yes(cabled):
         assert inventory.exists()
     finally:
         known.write_text(saved)
+
+
+def test_a_host_that_does_not_resolve_is_one_line(cabled):
+    r = sparktop(cabled, "setup", "no-such-spark.invalid", "--yes", "--inventory",
+                 str(cabled.root / "nohost" / "cluster.yaml"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [failed] = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
+    # (what the resolver adds, "(temporary failure in name resolution)", depends on the machine)
+    assert failed.split()[:6] == ["FAIL", "no-such-spark.invalid", "ssh", "cannot", "resolve", "no-such-spark.invalid"]

@@ -1,0 +1,329 @@
+"""`sparktop setup`'s readers, inventory writer, questions and checks, on real captured outputs.
+
+The nodes here answer from captures of real Sparks (`ibdev2netdev`: NVIDIA's playbook and eugr's README; `ip -br
+addr`: starsky and hutch, cabled to each other; `ib_write_bw`: eugr's docs; iputils' `ping`) through a transport
+that records every command; the clocks are the test's own (a counter), so the offsets are exact. The lab runs
+the same over real OpenSSH (tests/e2e/test_lab_setup.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparktop.observe.fabric import DETECT_SCRIPT, parse_ip_br_addr
+from sparktop.remote import CommandResult
+from sparktop.remote.hostkeys import HostKey, Target, copy_id_command, public_key_for, resolve, shown, trust
+from sparktop.settings import load_inventory
+from sparktop.setup import inventory as inv
+from sparktop.setup.events import CheckDone, CommandShown, FixDeclined, FixProposed, InventoryDone, SetupFinished
+from sparktop.setup.parse import (
+    ClockSample,
+    clock_spread,
+    clocks_agree,
+    parse_docker_info,
+    parse_ib_write_bw,
+    parse_iperf3,
+    parse_ntp,
+)
+from sparktop.setup.runner import Options, Setup
+from sparktop.twin import fabric_tools
+from sparktop.twin.host import TwinHost
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+IB_WRITE_BW = FIXTURES / "setup" / "ib_write_bw_dgx-spark_rocep1s0f1-q4-client_eugr-spark-vllm-docker.txt"
+IBDEV = FIXTURES / "captures" / "ibdev2netdev_dgx-spark_rocep1-first_eugr-spark-vllm-docker.txt"
+ADDR = {"starsky": FIXTURES / "fabric" / "ip-br-addr_dgx-spark-starsky_code-monkeys.txt",
+        "hutch": FIXTURES / "fabric" / "ip-br-addr_dgx-spark-hutch_code-monkeys.txt"}
+PING = FIXTURES / "fabric" / "ping_iputils-20221126_reply.txt"
+
+
+# -- readers ------------------------------------------------------------------------
+
+
+def test_ib_write_bw_report_of_a_spark():
+    bw = parse_ib_write_bw(IB_WRITE_BW.read_text())
+    assert bw is not None
+    assert (bw.size, bw.iterations, bw.peak_gbps, bw.average_gbps, bw.msg_rate_mpps) == \
+        (65536, 20000, 111.72, 111.71, 0.21307)
+
+
+def test_ib_write_bw_in_megabytes_and_a_failed_run():
+    text = (" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n"
+            " 65536      5000             11000.00            10000.00\t\t   0.160000\n")
+    bw = parse_ib_write_bw(text)
+    assert bw is not None and round(bw.average_gbps, 2) == round(10000 * 8 * 1.048576 / 1000, 2)
+    assert parse_ib_write_bw(" Unable to perform rdma_client function\n Unable to init the socket connection\n") is None
+
+
+def test_the_twins_ib_write_bw_prints_perftests_layout():
+    """The stand-in's report has the capture's lines in the capture's order, and reads back as its figure."""
+    text = fabric_tools._report("rocep1s0f1", 4, 65536, 9000, 98.1, "client")
+    real = IB_WRITE_BW.read_text().splitlines()
+    ours = text.splitlines()
+    # The capture ran with --force-link IB; over RoCE (the stand-in's) perftest adds the GID index it used.
+    keys = [line.split(":")[0].strip() for line in ours[:16] if not line.startswith(" GID index")]
+    assert keys == [line.split(":")[0].strip() for line in real[:15]]
+    assert ours[-3] == real[-3]  # the column header
+    bw = parse_ib_write_bw(text)
+    assert bw is not None and (bw.iterations, bw.average_gbps, bw.peak_gbps) == (20000, 98.1, 98.11)
+
+
+def test_docker_info():
+    info = parse_docker_info(json.dumps({"ServerVersion": "28.3.3", "DefaultRuntime": "runc",
+                                         "Runtimes": {"io.containerd.runc.v2": {}, "nvidia": {}, "runc": {}}}))
+    assert (info.version, info.nvidia, info.default_runtime) == ("28.3.3", True, "runc")
+    refused = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+    down = parse_docker_info(json.dumps({"ServerErrors": [refused]}))
+    assert down.version is None and down.error.startswith("Cannot connect to the Docker daemon")
+    assert parse_docker_info("permission denied while trying to connect\n").error == \
+        "permission denied while trying to connect"
+    assert not parse_docker_info(json.dumps({"ServerVersion": "28.3.3", "Runtimes": {"runc": {}}})).nvidia
+
+
+def test_iperf3_and_ntp():
+    assert parse_iperf3(json.dumps({"end": {"sum_received": {"bits_per_second": 9.41e9}}})) == pytest.approx(9.41)
+    assert parse_iperf3(json.dumps({"error": "unable to connect to server"})) is None
+    assert (parse_ntp("yes\n"), parse_ntp("no\n"), parse_ntp("")) == (True, False, None)
+
+
+def test_clock_offsets_from_round_trips():
+    a = ClockSample(before=100.0, remote=100.6, after=101.0)  # the node read 100.6 halfway through a 1 s trip
+    assert (a.offset, a.bound) == (pytest.approx(0.1), 0.5)
+    b = ClockSample(100.0, 100.5, 100.0)
+    assert clock_spread({"a": a, "b": b}) == (pytest.approx(0.4), pytest.approx(0.5))
+    assert clocks_agree({"a": a, "b": b})  # 0.4 s apart, but the round trips leave 0.5 s unknown
+    c = ClockSample(100.0, 102.0, 100.002)
+    assert not clocks_agree({"b": b, "c": c})
+
+
+# -- the inventory --------------------------------------------------------------------
+
+
+def nodes() -> list[inv.NodeEntry]:
+    return [inv.NodeEntry("spark-a", "spark-a.local", "nvidia", "169.254.44.136", "enp1s0f1np1",
+                          ("rocep1s0f1", "roceP2p1s0f1"), {"fabric_ip": "enp1s0f1np1's IPv4 address (ip -br addr)"}),
+            inv.NodeEntry("yes", "10.0.0.2", None, None, None, ())]
+
+
+def test_the_inventory_reads_back_with_a_comment_on_every_value(tmp_path):
+    text = inv.render(nodes(), "/data/hf cache")
+    path = tmp_path / "cluster.yaml"
+    assert inv.write(path, text) is None  # nothing was there: no backup
+    loaded = load_inventory(path)
+    assert loaded.defaults.hf_cache == "/data/hf cache"
+    a, b = loaded.nodes
+    assert (a.name, a.host, a.user, a.fabric_ip, a.eth_if, a.ib_if) == \
+        ("spark-a", "spark-a.local", "nvidia", "169.254.44.136", "enp1s0f1np1", ["rocep1s0f1", "roceP2p1s0f1"])
+    assert (b.name, b.host, b.fabric_ip) == ("yes", "10.0.0.2", None)  # a name YAML would read as true stays a name
+    values = [line for line in text.splitlines() if ": " in line and not line.startswith("#")]
+    assert values and all(" # " in line for line in values)
+    assert "# enp1s0f1np1's IPv4 address (ip -br addr)" in text
+
+
+def test_an_inventory_is_replaced_only_with_a_backup(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [old]\n")
+    backup = inv.write(path, inv.render(nodes()))
+    assert backup is not None and backup.read_text() == "nodes: [old]\n"
+    assert backup.name.startswith("cluster.yaml.bak-")
+    assert inv.render(nodes()) == path.read_text()  # the same findings render the same bytes
+
+
+@pytest.mark.parametrize("value, quoted", [("spark-a", "spark-a"), ("yes", '"yes"'), ("1.5", '"1.5"'),
+                                           ("a b", '"a b"'), ("~/.cache/huggingface", "~/.cache/huggingface")])
+def test_scalars(value, quoted):
+    assert inv.scalar(value) == quoted
+
+
+# -- ssh helpers ------------------------------------------------------------------------
+
+
+def test_resolve_copy_id_and_trust(tmp_path, monkeypatch):
+    key = tmp_path / "id_test"
+    key.write_text("private")
+    key.with_name("id_test.pub").write_text("ssh-ed25519 AAAAC3 me@here\n")
+    config = tmp_path / "config"
+    config.write_text(f"Host spark-a\n  HostName 10.0.0.5\n  Port 2222\n  User nvidia\n  IdentityFile {key}\n")
+    target = resolve("spark-a", config=[str(config)])
+    assert (target.host, target.port, target.user, target.known_hosts_name) == \
+        ("10.0.0.5", 2222, "nvidia", "[10.0.0.5]:2222")
+    public = public_key_for(target)
+    assert public == key.with_name("id_test.pub")
+    argv = copy_id_command(target, public)
+    assert argv[:5] == ["ssh", "-l", "nvidia", "-o", "PubkeyAuthentication=no"] and argv[5] == "spark-a"
+    assert shown(argv, public).endswith(f"< {public}")
+    known = tmp_path / "ssh" / "known_hosts"
+    host = HostKey(target, "ssh-ed25519", "SHA256:abc", "[10.0.0.5]:2222 ssh-ed25519 AAAAkey")
+    trust(host, known)
+    trust(host, known)  # once only
+    assert known.read_text() == "[10.0.0.5]:2222 ssh-ed25519 AAAAkey\n"
+    assert known.stat().st_mode & 0o777 == 0o600
+
+
+# -- the run, on captured nodes -----------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        self.t += 0.002
+        return self.t
+
+
+class Node:
+    """A transport answering as a captured Spark does; every command is recorded."""
+
+    def __init__(self, name: str, clock: Clock, offset: float, mtu: int):
+        self.name, self.clock, self.offset, self.mtu = name, clock, offset, mtu
+        self.commands: list[str] = []
+
+    async def run(self, cmd, timeout=30.0, input=None):
+        self.commands.append(cmd)
+        if cmd == "id -u":
+            return CommandResult(0, "1000\n", "")
+        if cmd == DETECT_SCRIPT:
+            net = "".join(f"{n} {self.mtu if 'f1' in n else 1500} {'up' if 'f1' in n else 'down'}\n"
+                          for n in ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"))
+            return CommandResult(0, f"@@ibdev2netdev\n{IBDEV.read_text()}@@sysib\n@@addr\n{ADDR[self.name].read_text()}"
+                                    f"@@net\n{net}@@end\n", "")
+        if cmd.startswith("docker info"):
+            return CommandResult(0, json.dumps({"ServerVersion": "28.3.3", "DefaultRuntime": "runc",
+                                                "Runtimes": {"nvidia": {}, "runc": {}}}) + "\n", "")
+        if cmd.startswith("h="):
+            return CommandResult(0, "hf_cache /home/nvidia/.cache/huggingface\n"
+                                    "Filesystem     1024-blocks       Used  Available Capacity Mounted on\n"
+                                    "/dev/nvme0n1p2  3872070312  258789063 3613281249       7% /\n", "")
+        if cmd == "date +%s.%N":
+            return CommandResult(0, f"{self.clock.t + 0.001 + self.offset:.9f}\n", "")
+        if cmd.startswith("timedatectl"):
+            return CommandResult(0, "yes\n", "")
+        if "ping" in cmd:
+            return CommandResult(0, PING.read_text(), "")
+        if cmd.startswith("for t in"):
+            return CommandResult(0, "timeout\n", "")  # neither ib_write_bw nor iperf3
+        return CommandResult(127, "", f"sh: 1: {cmd.split()[0]}: not found")
+
+    async def close(self):
+        pass
+
+
+async def collect(setup: Setup) -> list:
+    return [e async for e in setup.events()]
+
+
+async def test_a_run_on_captured_sparks_says_what_it_found_and_changes_nothing_unasked(tmp_path):
+    clock = Clock()
+    made = {"starsky": Node("starsky", clock, 0.0, 9000), "hutch": Node("hutch", clock, 2.0, 1500)}
+    asked: list[FixProposed] = []
+
+    async def decide(fix):
+        asked.append(fix)
+        return False
+
+    path = tmp_path / "cluster.yaml"
+    setup = Setup(Options(["starsky", "hutch"], path), decide, transport_for=lambda h, u: made[h], clock=clock)
+    events = await collect(setup)
+    done = {(e.host, e.check): (e.status, e.reason) for e in events if isinstance(e, CheckDone)}
+    assert done[("starsky", "fabric")] == ("ok", "enp1s0f1np1 169.254.44.136/16; RoCE rocep1s0f1,roceP2p1s0f1 "
+                                                 "(ibdev2netdev)")
+    assert done[("starsky", "mtu")][0] == "ok"
+    # hutch's MTU is 1500: a fix was proposed (with sudo: the user is not root), declined, and nothing ran.
+    [fix] = asked
+    assert fix.commands == ("sudo -n ip link set dev enp1s0f1np1 mtu 9000",)
+    assert done[("hutch", "mtu")] == ("warn", "MTU enp1s0f1np1 1500, 9000 recommended for RoCE")
+    assert not any("ip link set" in c for node in made.values() for c in node.commands)
+    assert any(isinstance(e, FixDeclined) for e in events)
+    # hutch's clock runs 2 s ahead of starsky's: said, as a state.
+    assert done[("all", "clocks")][0] == "warn" and "differ by 2000 ms" in done[("all", "clocks")][1]
+    # One half addressed, no ib_write_bw or iperf3: reached, bandwidth not measured.
+    assert done[("hutch", "link")][0] == "warn"
+    assert done[("hutch", "link")][1].startswith("reaches starsky 169.254.44.136 over enp1s0f1np1; bandwidth not "
+                                                 "measured")
+    assert done[("hutch", "docker")] == ("ok", "Docker 28.3.3, NVIDIA runtime, default runc")
+    assert done[("hutch", "disk")][0] == "ok"
+    # Every command was shown before it ran, in order.
+    shown_cmds = [e.command for e in events if isinstance(e, CommandShown) and e.host == "starsky"]
+    assert shown_cmds == made["starsky"].commands
+    # Nothing failed, so the inventory is written (a new file needs no question).
+    [written] = [e for e in events if isinstance(e, InventoryDone)]
+    assert written.outcome == "written" and written.backup is None
+    inventory = load_inventory(path)
+    assert [(n.name, n.fabric_ip, n.eth_if) for n in inventory.nodes] == [
+        ("starsky", "169.254.44.136", "enp1s0f1np1"), ("hutch", "169.254.127.30", "enp1s0f1np1")]
+    assert events[-1] == SetupFinished(ok=True, changed=True, warnings=3, failures=0)
+
+    # Again, with the file there: the same findings, the same bytes, no question about the file.
+    asked.clear()
+    again = await collect(Setup(Options(["starsky", "hutch"], path), decide,
+                                transport_for=lambda h, u: made[h], clock=clock))
+    assert [e.outcome for e in again if isinstance(e, InventoryDone)] == ["unchanged"]
+    assert [f.check for f in asked] == ["mtu"]
+
+
+async def test_dry_run_runs_nothing(tmp_path):
+    def no_transport(host, user):
+        raise AssertionError("a dry run opened a connection")
+
+    async def decide(fix):
+        raise AssertionError("a dry run asked")
+
+    path = tmp_path / "cluster.yaml"
+    events = await collect(Setup(Options(["spark-a", "spark-b"], path, dry_run=True), decide,
+                                 transport_for=no_transport))
+    commands = [e for e in events if isinstance(e, CommandShown)]
+    assert commands and not any(e.ran for e in commands)
+    assert {e.host for e in commands} == {"spark-a", "spark-b"}
+    assert DETECT_SCRIPT in [e.command for e in commands]
+    assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["not written"]
+    assert not path.exists()
+
+
+def test_the_twins_ip_in_both_formats(tmp_path, monkeypatch, capsys):
+    host = TwinHost(tmp_path / "twin")
+    host.setup("spark-a")
+    fabric_tools.set_addresses(host.home, {"enp1s0f1np1": ["127.0.0.2/24"], "enP2p1s0f1np1": ["127.0.1.2/24"]})
+    monkeypatch.setenv("SPARKTOP_TWIN_HOME", str(host.home))
+    assert fabric_tools.main("ip", ["-br", "addr"]) == 0
+    brief = parse_ip_br_addr(capsys.readouterr().out)
+    assert [str(a) for a in brief["enp1s0f1np1"].ipv4] == ["127.0.0.2/24"]
+    assert brief["enp1s0f0np0"].state == "DOWN" and brief["lo"].state == "UNKNOWN"
+    assert fabric_tools.main("ip", ["link", "set", "dev", "enP2p1s0f1np1", "mtu", "9000"]) == 0
+    assert fabric_tools.main("ip", ["-j", "addr", "show", "dev", "enP2p1s0f1np1"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert (row["ifname"], row["mtu"], row["operstate"], row["addr_info"][0]["local"]) == \
+        ("enP2p1s0f1np1", 9000, "UP", "127.0.1.2")
+    assert fabric_tools.main("ip", ["link", "set", "dev", "nope0", "mtu", "9000"]) == 1
+    assert capsys.readouterr().err == 'Cannot find device "nope0"\n'
+
+
+def test_target_names_known_hosts_as_openssh_does():
+    assert Target("a", "10.0.0.5", 22, None).known_hosts_name == "10.0.0.5"
+
+
+async def test_yes_never_trusts_a_host_key_on_its_own(monkeypatch):
+    from rich.console import Console
+
+    from sparktop.setup.commands import asker
+
+    console = Console(record=True, width=200)
+    key = FixProposed("spark-a", "ssh", "the host key ...", kind="trust-host-key")
+    mtu = FixProposed("spark-a", "mtu", "MTU 1500", ("ip link set dev enp1s0f1np1 mtu 9000",))
+    assert await asker(console, yes=True, accept_new_host_keys=False)(key) is False
+    assert await asker(console, yes=True, accept_new_host_keys=False)(mtu) is True
+    assert await asker(console, yes=False, accept_new_host_keys=True)(key) is True
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert await asker(console, yes=False, accept_new_host_keys=False)(mtu) is False  # no terminal: no
+    said = console.export_text()
+    assert said.count("refused: an unknown host key is never accepted by --yes") == 1
+
+
+def test_setup_without_hosts_is_one_line_and_exit_2(capsys):
+    from sparktop.cli import main
+
+    assert main(["setup"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sparktop setup: name the hosts")
