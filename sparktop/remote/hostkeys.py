@@ -4,7 +4,7 @@
 the key the host presents (`host_key`: the handshake only, no authentication), shows its SHA256 fingerprint
 as `ssh` does, and appends it to known_hosts (`trust`) only after the user accepted it. The known_hosts
 entry names the host as OpenSSH does: the HostName the ssh config resolves the alias to, `[host]:port` when
-the port is not 22.
+the port is not 22; the file is the config's UserKnownHostsFile where it names one, else ~/.ssh/known_hosts.
 
 Also here: which public key a host would be given where key authentication fails (`public_key_for`: the
 config's IdentityFile, else the first of ssh's default keys), and the `ssh` command that appends it to the
@@ -34,6 +34,7 @@ class Target:
     port: int
     user: str | None
     identity_files: tuple[str, ...] = ()
+    known_hosts: str | None = None  # the config's UserKnownHostsFile (its first), where a trusted key goes
 
     @property
     def known_hosts_name(self) -> str:
@@ -66,8 +67,10 @@ def resolve(alias: str, user: str | None = None, port: int | None = None,
     except (OSError, asyncssh.Error, ValueError) as exc:
         raise TransportError(alias, f"cannot read the ssh config: {exc}") from None
     files: list[str] = list(options.config.get("IdentityFile") or [])  # type: ignore[call-overload]
+    known: list[str] = list(options.config.get("UserKnownHostsFile") or [])  # type: ignore[call-overload]
     return Target(alias, str(options.host or alias), int(options.port or 22), user or options.username or None,
-                  tuple(str(Path(f).expanduser()) for f in files))
+                  tuple(str(Path(f).expanduser()) for f in files),
+                  str(Path(known[0]).expanduser()) if known else None)
 
 
 async def host_key(target: Target, timeout: float = 10.0) -> HostKey:
@@ -92,7 +95,7 @@ def known_hosts_path() -> Path:
 def trust(key: HostKey, path: Path | None = None) -> Path:
     """Append the key's line to known_hosts (made 0600 in a 0700 ~/.ssh when new); a line already there is
     not added twice."""
-    path = path or known_hosts_path()
+    path = path or (Path(key.target.known_hosts) if key.target.known_hosts else known_hosts_path())
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     existing = path.read_text() if path.exists() else ""
     if key.line in existing.splitlines():
@@ -115,13 +118,18 @@ def public_key_for(target: Target) -> Path | None:
     return None
 
 
-def copy_id_command(target: Target, public_key: Path) -> list[str]:
+def copy_id_command(target: Target, public_key: Path, config: list[str] | None = None) -> list[str]:
     """`ssh` that appends the key to the host's authorized_keys unless it is there (ssh-copy-id's job), over a
-    session the user authenticates (a password, typed at ssh's own prompt); the key goes on its standard input."""
+    session the user authenticates (a password, typed at ssh's own prompt); the key goes on its standard input.
+    It reads the ssh config and known_hosts sparktop itself read (`$HOME`'s: ssh alone would take the passwd
+    entry's home), so it reaches the same host and checks the same host key."""
     remote = ('umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && k=$(cat) && '
               '{ grep -qxF "$k" ~/.ssh/authorized_keys || printf \'%s\\n\' "$k" >> ~/.ssh/authorized_keys; }')
+    files = _config_paths(config)
+    known = target.known_hosts or str(known_hosts_path())
     user = ["-l", target.user] if target.user else []
-    return ["ssh", *user, "-o", "PubkeyAuthentication=no", target.alias, remote]
+    return ["ssh", *(["-F", files[0]] if files else []), "-o", f"UserKnownHostsFile={known}", *user,
+            "-o", "PubkeyAuthentication=no", target.alias, remote]
 
 
 def shown(argv: list[str], public_key: Path) -> str:

@@ -57,8 +57,8 @@ class Printer:
                 for cmd in commands:
                     c.print(f"       would run: {escape(cmd)}", highlight=False, soft_wrap=True)
             case FixApplied(host=host, check=check, ok=ok, reason=reason):
-                c.print(f"{'[green]done[/]' if ok else '[red]FAIL[/]'} {escape(host):10} {check:8} {escape(reason)}",
-                        highlight=False, soft_wrap=True)
+                mark = "[green]done[/]" if ok else "[red]not done[/]"
+                c.print(f"{mark} {escape(host):10} {check:8} {escape(reason)}", highlight=False, soft_wrap=True)
             case FixDeclined(host=host, check=check, reason=reason):
                 c.print(f"[dim]skip[/] {escape(host):10} {check:8} {escape(reason)}", highlight=False)
             case InventoryDone(path=path, outcome=outcome, reason=reason, backup=backup):

@@ -226,7 +226,9 @@ class Setup:
         fix = FixProposed(host.name, "ssh", f"the host key of {target.known_hosts_name} is not in known_hosts: "
                                             f"{key.algorithm} {key.fingerprint}; compare it with the node's own "
                                             "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there) and trust it",
-                          (f"echo {shlex.quote(key.line)} >> ~/.ssh/known_hosts",), kind="trust-host-key")
+                          (f"echo {shlex.quote(key.line)} >> "
+                           f"{shlex.quote(target.known_hosts) if target.known_hosts else '~/.ssh/known_hosts'}",),
+                          kind="trust-host-key")
         if not await self.propose(fix):
             self.done(host.name, "ssh", "fail", f"unknown host key {key.fingerprint} not trusted "
                                                 f"({target.known_hosts_name})")

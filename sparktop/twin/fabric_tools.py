@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import sys
 import zlib
@@ -46,15 +47,32 @@ def addresses(home: Path) -> dict[str, list[str]] | None:
     return read_json(Path(home) / ADDRESSES)
 
 
+SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")  # where this machine's own `ip` is
+
+
 def _real_ip(argv: list[str]) -> int:
-    """This machine's own `ip`, found on PATH past this stand-in."""
-    here = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else None
-    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]:
-        candidate = Path(folder or ".") / "ip"
-        if candidate.is_file() and os.access(candidate, os.X_OK) and candidate.resolve().parent != here:
+    """This machine's own `ip` (never PATH's first, which is this stand-in's script)."""
+    for folder in SYSTEM_DIRS:
+        candidate = Path(folder) / "ip"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
             os.execv(str(candidate), ["ip", *argv])
     print("ip: command not found", file=sys.stderr)
     return 127
+
+
+def ip_script(python: str, src: str) -> str:
+    """The `ip` a twin host's PATH finds: a shell script, so a host given no addresses (the demo, most tests)
+    runs this machine's `ip` without starting Python, as the monitor does every few seconds per node."""
+    prog = (f"import sys; sys.path.insert(0, {src!r}); from sparktop.twin.fabric_tools import ip_main; "
+            "sys.exit(ip_main(sys.argv[1:]))")
+    real = " ".join(SYSTEM_DIRS)
+    return ("#!/bin/sh\n"
+            "# sparktop twin: ip, the host's ConnectX-7 ports when it was given addresses, else this machine's ip\n"
+            f'if [ -n "$SPARKTOP_TWIN_HOME" ] && [ -r "$SPARKTOP_TWIN_HOME/{ADDRESSES}" ]; then\n'
+            f'  exec {shlex.quote(python)} -c {shlex.quote(prog)} "$@"\n'
+            "fi\n"
+            f'for d in {real}; do [ -x "$d/ip" ] && exec "$d/ip" "$@"; done\n'
+            'echo "ip: command not found" >&2; exit 127\n')
 
 
 def _interfaces(host: TwinHost) -> list[str]:

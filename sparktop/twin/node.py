@@ -34,7 +34,7 @@ from sparktop.twin.dialects import PROGRAMS
 
 # The machine's own commands (`ethtool` is a shell script, written apart).
 MACHINE_TOOLS = ("docker", "ray", "nvidia-smi", "ping")
-FABRIC_TOOLS = ("ip", "ib_write_bw")  # twin/fabric_tools.py: the ConnectX-7 ports' addresses, the RDMA test
+FABRIC_TOOLS = ("ib_write_bw",)  # twin/fabric_tools.py: the RDMA test (its `ip` is a shell script, written apart)
 TOOLS = (*MACHINE_TOOLS, *FABRIC_TOOLS, *PROGRAMS)
 
 
@@ -181,4 +181,8 @@ def install(bin_dir: str | Path) -> Path:
             f"sys.exit(main({tool!r}, sys.argv[1:]))\n"
         )
         os.chmod(script, 0o755)
+    from sparktop.twin.fabric_tools import ip_script  # here, not on top: every run of a tool imports node.py
+
+    (bin_dir / "ip").write_text(ip_script(sys.executable, str(src)))
+    os.chmod(bin_dir / "ip", 0o755)
     return bin_dir

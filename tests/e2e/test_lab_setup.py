@@ -122,3 +122,38 @@ def test_a_host_that_does_not_resolve_is_one_line(cabled):
     [failed] = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
     # (what the resolver adds, "(temporary failure in name resolution)", depends on the machine)
     assert failed.split()[:6] == ["FAIL", "no-such-spark.invalid", "ssh", "cannot", "resolve", "no-such-spark.invalid"]
+
+
+def test_dry_run_shows_every_command_and_runs_none(cabled):
+    lab = cabled
+    inventory = lab.root / "dry" / "cluster.yaml"
+    mtus = [h.twin.interface("enp1s0f1np1") for h in lab.hosts]
+    r = sparktop(lab, "setup", *[f"lab-{h.name}" for h in lab.hosts], "--dry-run", "--inventory", str(inventory))
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = [line for line in r.stdout.splitlines() if line.startswith("  $ ")]
+    assert shown and all(line.endswith("(not run: dry run)") for line in shown)
+    assert {line.split()[1] for line in shown} == {"lab-spark-a:", "lab-spark-b:"}
+    assert f"inventory {inventory}: not written (dry run)" in r.stdout
+    assert not inventory.parent.exists()
+    assert [h.twin.interface("enp1s0f1np1") for h in lab.hosts] == mtus
+
+
+def test_a_host_without_the_key_is_offered_the_key_and_says_why_it_failed(cabled):
+    """spark-b stops accepting the lab's key: setup says which key it would install and runs the ssh that
+    would append it (the lab's sshd takes no passwords, so that login is refused, and setup says so)."""
+    lab = cabled
+    host = lab.hosts[1]
+    authorized = host.root / "authorized_keys"
+    saved = authorized.read_text()
+    authorized.write_text("")
+    try:
+        r = sparktop(lab, "setup", f"lab-{host.name}", "--yes", "--inventory", str(lab.root / "nokey" / "c.yaml"))
+    finally:
+        authorized.write_text(saved)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"key authentication failed: install {lab.key}.pub in the host's ~/.ssh/authorized_keys" in r.stdout
+    assert "-o PubkeyAuthentication=no lab-spark-b" in r.stdout
+    assert "Permission denied (publickey)" in r.stderr  # what the real ssh said
+    assert "not done lab-spark-b ssh      `ssh` exited with status 255" in r.stdout
+    [failed] = [line for line in r.stdout.splitlines() if line.startswith("FAIL lab-spark-b")]
+    assert "ssh authentication failed" in failed

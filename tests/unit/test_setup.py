@@ -151,8 +151,9 @@ def test_resolve_copy_id_and_trust(tmp_path, monkeypatch):
         ("10.0.0.5", 2222, "nvidia", "[10.0.0.5]:2222")
     public = public_key_for(target)
     assert public == key.with_name("id_test.pub")
-    argv = copy_id_command(target, public)
-    assert argv[:5] == ["ssh", "-l", "nvidia", "-o", "PubkeyAuthentication=no"] and argv[5] == "spark-a"
+    argv = copy_id_command(target, public, [str(config)])
+    assert argv[:9] == ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={Path.home() / '.ssh/known_hosts'}",
+                        "-l", "nvidia", "-o", "PubkeyAuthentication=no"] and argv[9] == "spark-a"
     assert shown(argv, public).endswith(f"< {public}")
     known = tmp_path / "ssh" / "known_hosts"
     host = HostKey(target, "ssh-ed25519", "SHA256:abc", "[10.0.0.5]:2222 ssh-ed25519 AAAAkey")
@@ -327,3 +328,24 @@ def test_setup_without_hosts_is_one_line_and_exit_2(capsys):
     assert main(["setup"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sparktop setup: name the hosts")
+
+
+def test_the_installed_ip_is_the_twins_only_where_addresses_were_given(tmp_path):
+    import os
+    import subprocess
+
+    from sparktop.twin.node import install
+
+    bin_dir = install(tmp_path / "bin")
+    host = TwinHost(tmp_path / "twin")
+    host.setup("spark-a")
+    env = {**os.environ, "SPARKTOP_TWIN_HOME": str(host.home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def ip_br() -> dict:
+        r = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True, env=env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return parse_ip_br_addr(r.stdout)
+
+    assert "enp1s0f1np1" not in ip_br()  # this machine's own ip: no ConnectX-7 here
+    fabric_tools.set_addresses(host.home, {"enp1s0f1np1": ["127.0.0.2/24"]})
+    assert [str(a) for a in ip_br()["enp1s0f1np1"].ipv4] == ["127.0.0.2/24"]
