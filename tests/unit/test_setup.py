@@ -349,3 +349,20 @@ def test_the_installed_ip_is_the_twins_only_where_addresses_were_given(tmp_path)
     assert "enp1s0f1np1" not in ip_br()  # this machine's own ip: no ConnectX-7 here
     fabric_tools.set_addresses(host.home, {"enp1s0f1np1": ["127.0.0.2/24"]})
     assert [str(a) for a in ip_br()["enp1s0f1np1"].ipv4] == ["127.0.0.2/24"]
+
+
+async def test_an_inventory_that_differs_is_kept_when_the_user_says_no(tmp_path):
+    clock = Clock()
+    made = {"starsky": Node("starsky", clock, 0.0, 9000)}
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [mine]\n")
+    asked: list[FixProposed] = []
+
+    async def decide(fix):
+        asked.append(fix)
+        return False
+
+    events = await collect(Setup(Options(["starsky"], path), decide, transport_for=lambda h, u: made[h], clock=clock))
+    assert [f.check for f in asked] == ["inventory"]
+    assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["kept"]
+    assert path.read_text() == "nodes: [mine]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
