@@ -4,5 +4,6 @@
 devices, the link between the nodes, the clocks, the Hugging Face cache's disk, Docker and the NVIDIA
 runtime) and yields typed events (`events`); what it would change on a host it proposes first and does only
 when told to. `parse` reads the tools' outputs, `inventory` writes the inventory with its comments,
-`commands` (imported by the CLI only) renders the events and asks.
+`discover` lists the Sparks mDNS finds (`--discover`), `commands` (imported by the CLI only) renders the
+events and asks.
 """

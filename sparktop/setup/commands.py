@@ -15,7 +15,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from sparktop.remote import LocalTransport
 from sparktop.settings import inventory_path
+from sparktop.setup.discover import AVAHI, discover
 from sparktop.setup.events import (
     CheckDone,
     CheckStarted,
@@ -96,14 +98,29 @@ def asker(console: Console, yes: bool, accept_new_host_keys: bool):
     return decide
 
 
+def _discovered(console: Console) -> list[str]:
+    """Hosts mDNS lists from this machine, the first the head (a SparktopError when there is none)."""
+    console.print(f"  [dim]$ local:[/] {escape(AVAHI)}", highlight=False)
+    found = asyncio.run(discover(LocalTransport("local")))
+    for f in found:
+        console.print(f"found {escape(f.host)} ({', '.join(f.addresses)} on {', '.join(f.interfaces)})",
+                      highlight=False)
+    console.print(f"[dim]{escape(found[0].host)} is the head (the first found); name the hosts to choose[/]",
+                  highlight=False)
+    return [f.host for f in found]
+
+
 def cmd_setup(args) -> int:
     console = Console(highlight=False)
-    if not args.hosts:
-        print("sparktop setup: name the hosts to set up (`sparktop setup spark-a spark-b`); finding Sparks over "
-              "mDNS or the ConnectX-7 subnet is not built yet", file=sys.stderr)
+    hosts = list(args.hosts)
+    if not hosts and args.discover:
+        hosts = _discovered(console)
+    if not hosts:
+        print("sparktop setup: name the hosts to set up (`sparktop setup spark-a spark-b`), or --discover them "
+              "over mDNS", file=sys.stderr)
         return 2
     path = Path(args.inventory).expanduser() if args.inventory else inventory_path()
-    options = Options(list(args.hosts), path, user=args.user, dry_run=args.dry_run)
+    options = Options(hosts, path, user=args.user, dry_run=args.dry_run)
     setup = Setup(options, asker(console, args.yes, args.accept_new_host_keys))
     ok = asyncio.run(setup.run(Printer(console, verbose=not args.quiet)))
     return 0 if ok else 1

@@ -22,6 +22,10 @@ CLOCK_WARN_S = 0.05  # nodes further apart than this (beyond what the round trip
 HF_FREE_WARN_GIB = 200.0  # a 70B model at 16 bits is ~140 GB
 HF_FREE_FAIL_GIB = 20.0
 LINK_BOTH_HALVES_GBPS = 150.0  # both halves of a Spark's cable at once read ~196 Gb/s; one half ~100-112
+# Per rail (one half of the cable), as NVIDIA's playbook judges `ib_write_bw -q 4` (connect-two-sparks'
+# check-connectx-bandwidth @ a6a4e7a6: 80 Gb/s healthy; 8-25 Gb/s is the ConnectX-7's stale initialisation).
+RAIL_HEALTHY_GBPS = 80.0
+STALE_INIT_GBPS = (8.0, 25.0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,16 @@ def parse_ib_write_bw(text: str) -> BwResult | None:
             return BwResult(int(row.group(1)), int(row.group(2)), float(row.group(3)) * scale,
                             float(row.group(4)) * scale, float(row.group(5)))
     return None
+
+
+def rail_verdict(gbps: float) -> str | None:
+    """What is wrong with one rail's RDMA write rate (None: healthy)."""
+    if gbps >= RAIL_HEALTHY_GBPS:
+        return None
+    if STALE_INIT_GBPS[0] <= gbps <= STALE_INIT_GBPS[1]:
+        return ("the ConnectX-7's stale initialisation state (NVIDIA's playbook): reboot both nodes with the cable "
+                "in; if it stays, power both off at the wall for 60 s")
+    return f"under the {RAIL_HEALTHY_GBPS:.0f} Gb/s a healthy rail carries: check the cable, the MTU and the PCIe link"
 
 
 def parse_iperf3(text: str) -> float | None:

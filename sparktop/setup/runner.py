@@ -56,6 +56,7 @@ from sparktop.setup.parse import (
     parse_ib_write_bw,
     parse_iperf3,
     parse_ntp,
+    rail_verdict,
 )
 
 GIB = 1024**3
@@ -498,7 +499,10 @@ class Setup:
         total = sum(g for _, g in figures)
         each = " + ".join(f"{d} {g:.1f}" for d, g in figures)
         text = f"{reached}; RDMA write {total:.1f} Gb/s ({each}, ib_write_bw, all halves at once)"
-        if len(figures) < 2:
+        wrong = [f"{d}: {why}" for d, g in figures if (why := rail_verdict(g))]
+        if wrong:
+            self.done(worker.name, "link", "warn", f"{text}; {'; '.join(wrong)}")
+        elif len(figures) < 2:
             self.done(worker.name, "link", "warn", f"{text}: only one half of the cable is addressed on both ends, "
                                                    "so NCCL gets about half the link; address the other half too")
         elif total < LINK_BOTH_HALVES_GBPS:

@@ -26,6 +26,7 @@ from sparktop.setup.parse import (
     parse_ib_write_bw,
     parse_iperf3,
     parse_ntp,
+    rail_verdict,
 )
 from sparktop.setup.runner import Options, Setup
 from sparktop.twin import fabric_tools
@@ -68,6 +69,12 @@ def test_the_twins_ib_write_bw_prints_perftests_layout():
     assert ours[-3] == real[-3]  # the column header
     bw = parse_ib_write_bw(text)
     assert bw is not None and (bw.iterations, bw.average_gbps, bw.peak_gbps) == (20000, 98.1, 98.11)
+
+
+def test_rails_judged_as_nvidias_playbook_does():
+    assert rail_verdict(parse_ib_write_bw(IB_WRITE_BW.read_text()).average_gbps) is None
+    assert "stale initialisation" in rail_verdict(13.0)  # the 13 Gb/s per channel issue 40 quotes for a Spark pair
+    assert "under the 80 Gb/s" in rail_verdict(50.0)
 
 
 def test_docker_info():
@@ -366,3 +373,28 @@ async def test_an_inventory_that_differs_is_kept_when_the_user_says_no(tmp_path)
     assert [f.check for f in asked] == ["inventory"]
     assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["kept"]
     assert path.read_text() == "nodes: [mine]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
+def test_mdns_discovery_lines():
+    """`avahi-browse -p -r` lines in the layout NVIDIA's discover-sparks reads (`=;interface;IPv4;name;description;
+    local;fqdn;address;port;txt`, its comment), `+` lines (not resolved) and IPv6 ones skipped."""
+    from sparktop.setup.discover import parse_avahi
+
+    text = ("+;enP7s7;IPv4;spark-1a2b;SSH Remote Terminal;local\n"
+            "=;enP7s7;IPv4;spark-1a2b;SSH Remote Terminal;local;spark-1a2b.local;192.168.1.163;22;\n"
+            "=;enp1s0f1np1;IPv4;spark-1a2b;SSH Remote Terminal;local;spark-1a2b.local;169.254.127.30;22;\n"
+            "=;enP7s7;IPv6;spark-3c4d;SSH Remote Terminal;local;spark-3c4d.local;fe80::1;22;\n"
+            "=;enP7s7;IPv4;spark-3c4d;SSH Remote Terminal;local;spark-3c4d.local;192.168.1.120;22;\n")
+    found = parse_avahi(text)
+    assert [(f.host, f.addresses, f.interfaces) for f in found] == [
+        ("spark-1a2b.local", ["192.168.1.163", "169.254.127.30"], ["enP7s7", "enp1s0f1np1"]),
+        ("spark-3c4d.local", ["192.168.1.120"], ["enP7s7"])]
+
+
+def test_discover_without_avahi_is_one_line(capsys, monkeypatch, tmp_path):
+    from sparktop.cli import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no avahi-browse
+    assert main(["setup", "--discover", "--inventory", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "avahi-browse is not installed" in err
