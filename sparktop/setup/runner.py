@@ -174,7 +174,7 @@ class Setup:
     async def _host(self, host: Host) -> None:
         self._emit(CheckStarted(host.name, "ssh"))
         if self.options.dry_run:
-            for check, cmd in (("ssh", "true"), ("fabric", DETECT_SCRIPT), ("docker", DOCKER_INFO),
+            for check, cmd in (("ssh", "id -u"), ("fabric", DETECT_SCRIPT), ("docker", DOCKER_INFO),
                                ("disk", _disk_script(self.options.hf_cache)), ("clock", "date +%s.%N"),
                                ("clock", "timedatectl show -p NTPSynchronized --value"), ("link", TOOLS)):
                 await self.sh(host, check, cmd)
@@ -195,7 +195,7 @@ class Setup:
     # -- ssh ----------------------------------------------------------------------
 
     async def _ssh(self, host: Host) -> bool:
-        for _attempt in range(2):  # once more after a key was trusted or installed
+        for attempt in range(2):  # once more after a key was trusted or installed
             try:
                 r = await self.sh(host, "ssh", "id -u")
             except HostKeyError as exc:
@@ -206,7 +206,7 @@ class Setup:
                     return False
                 continue
             except TransportError as exc:
-                if "authentication failed" in exc.message and _attempt == 0 and await self._copy_id(host):
+                if "authentication failed" in exc.message and attempt == 0 and await self._copy_id(host):
                     continue
                 self.done(host.name, "ssh", "fail", exc.message)
                 return False
@@ -452,13 +452,14 @@ class Setup:
         assert worker.fabric is not None and head.transport is not None and worker.transport is not None
         wdev = {link.netdev: link.ibdev for link in worker.fabric.links}
         halves = self._halves(head, worker)
-        limit = "timeout 60 " if "timeout" in worker.tools else ""
+        # Bounded on the nodes too: a server whose client never came (or a client stuck) ends by itself.
+        limit = {h.name: "timeout 60 " if "timeout" in h.tools else "" for h in (head, worker)}
         servers, clients = [], []
         for i, (hdev, _h, w) in enumerate(halves):
-            port = IB_PORT + i
-            common = f"-p {port} --report_gbits -q 4 -R"
-            servers.append(f"{limit}ib_write_bw -d {shlex.quote(wdev.get(w.netdev, w.netdev))} {common}")
-            clients.append(f"{limit}ib_write_bw -d {shlex.quote(hdev)} {common} {shlex.quote(str(w.address.ip))}")
+            common = f"-p {IB_PORT + i} --report_gbits -q 4 -R"
+            servers.append(f"{limit[worker.name]}ib_write_bw -d {shlex.quote(wdev.get(w.netdev, w.netdev))} {common}")
+            clients.append(f"{limit[head.name]}ib_write_bw -d {shlex.quote(hdev)} {common} "
+                           f"{shlex.quote(str(w.address.ip))}")
         ready: list[asyncio.Event] = [asyncio.Event() for _ in servers]
         server_out: list[list[str]] = [[] for _ in servers]
 
@@ -475,6 +476,11 @@ class Setup:
         try:
             async with asyncio.timeout(30):  # bounded: a server that never says it waits fails the check
                 await asyncio.gather(*(e.wait() for e in ready))
+            for cmd, out in zip(servers, server_out, strict=True):
+                if not any("Waiting for client" in line for line in out):  # it ended without waiting: why
+                    said = next((line.strip() for line in out if line.strip()), "no output")
+                    self.done(worker.name, "link", "fail", f"{reached}; `{cmd}` on {worker.name}: {said}")
+                    return
             for cmd in clients:
                 self._emit(CommandShown(head.name, "link", cmd))
             results = await asyncio.gather(*(head.transport.run(cmd, timeout=90) for cmd in clients))

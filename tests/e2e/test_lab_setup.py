@@ -157,3 +157,22 @@ def test_a_host_without_the_key_is_offered_the_key_and_says_why_it_failed(cabled
     assert "not done lab-spark-b ssh      `ssh` exited with status 255" in r.stdout
     [failed] = [line for line in r.stdout.splitlines() if line.startswith("FAIL lab-spark-b")]
     assert "ssh authentication failed" in failed
+
+
+def test_one_half_of_the_cable_unaddressed_is_said(cabled):
+    """NVIDIA's link-local netplan gives the second half no IPv4 address (the starsky/hutch captures): the link
+    is measured over the one half both ends address, and setup says NCCL gets about half the link."""
+    lab = cabled
+    b = lab.hosts[1]
+    set_addresses(b.twin.home, {"enp1s0f1np1": [f"{b.address}/24"]})
+    try:
+        inventory = lab.root / "half" / "cluster.yaml"
+        r = sparktop(lab, "setup", *[f"lab-{h.name}" for h in lab.hosts], "--yes", "--inventory", str(inventory))
+    finally:
+        set_addresses(b.twin.home, {"enp1s0f1np1": [f"{b.address}/24"], "enP2p1s0f1np1": ["127.0.1.3/24"]})
+    assert r.returncode == 0, r.stdout + r.stderr
+    [link] = [line for line in r.stdout.splitlines() if " link " in line and not line.startswith("  $")]
+    assert link.startswith("warn lab-spark-b link") and "RDMA write 98.1 Gb/s (rocep1s0f1 98.1" in link
+    assert "only one half of the cable is addressed on both ends" in link
+    assert "18516" not in r.stdout  # no second server or client was started
+    assert load_inventory(inventory).nodes[1].fabric_ip == b.address
