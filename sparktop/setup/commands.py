@@ -67,8 +67,11 @@ class Printer:
                 kept = f"; the old one is {backup}" if backup else ""
                 c.print(f"inventory {escape(path)}: {outcome} ({escape(reason)}{escape(kept)})", highlight=False,
                         soft_wrap=True)
-            case SetupFinished(ok=ok, changed=changed, warnings=warnings, failures=failures):
-                if not ok:
+            case SetupFinished(ok=ok, changed=changed, warnings=warnings, failures=failures, dry_run=dry_run):
+                if dry_run:
+                    c.print("dry run: nothing was run and no connection opened; these are each node's checks, "
+                            "then the link test, the fixes and the inventory follow from what they find")
+                elif not ok:
                     c.print(f"[red]setup failed[/]: {failures} check(s) failed, {warnings} warning(s)")
                 elif warnings:
                     c.print(f"setup done with {warnings} warning(s){'' if changed else '; nothing changed'}")
@@ -111,7 +114,7 @@ def _discovered(console: Console) -> list[str]:
 
 
 def cmd_setup(args) -> int:
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # a line per event, however narrow the terminal
     hosts = list(args.hosts)
     if not hosts and args.discover:
         hosts = _discovered(console)

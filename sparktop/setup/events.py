@@ -74,6 +74,7 @@ class SetupFinished:
     changed: bool  # something was changed (on a host, in known_hosts or the inventory)
     warnings: int
     failures: int
+    dry_run: bool = False  # nothing ran: the commands shown are the checks' first ones
 
 
 SetupEvent = (CheckStarted | CommandShown | CheckDone | FixProposed | FixApplied | FixDeclined | InventoryDone

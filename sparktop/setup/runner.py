@@ -168,7 +168,7 @@ class Setup:
                     with contextlib.suppress(Exception):
                         await host.transport.close()
         ok = self.failures == 0
-        emit(SetupFinished(ok, self.changed, self.warnings, self.failures))
+        emit(SetupFinished(ok, self.changed, self.warnings, self.failures, self.options.dry_run))
         return ok
 
     async def _host(self, host: Host) -> None:
@@ -178,7 +178,6 @@ class Setup:
                                ("disk", _disk_script(self.options.hf_cache)), ("clock", "date +%s.%N"),
                                ("clock", "timedatectl show -p NTPSynchronized --value"), ("link", TOOLS)):
                 await self.sh(host, check, cmd)
-            self.done(host.name, "ssh", "ok", "dry run: nothing was run, no connection opened")
             return
         host.transport = self.transport_for(host.given, self.options.user)
         if not await self._ssh(host):

@@ -134,6 +134,8 @@ def test_dry_run_shows_every_command_and_runs_none(cabled):
     assert shown and all(line.endswith("(not run: dry run)") for line in shown)
     assert {line.split()[1] for line in shown} == {"lab-spark-a:", "lab-spark-b:"}
     assert f"inventory {inventory}: not written (dry run)" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("dry run: nothing was run and no connection opened")
+    assert not any(line.startswith(("ok ", "warn", "FAIL")) for line in r.stdout.splitlines())
     assert not inventory.parent.exists()
     assert [h.twin.interface("enp1s0f1np1") for h in lab.hosts] == mtus
 

@@ -288,6 +288,8 @@ async def test_dry_run_runs_nothing(tmp_path):
     assert DETECT_SCRIPT in [e.command for e in commands]
     assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["not written"]
     assert not path.exists()
+    assert not any(isinstance(e, CheckDone) for e in events)  # nothing ran, so nothing is judged
+    assert events[-1] == SetupFinished(ok=True, changed=False, warnings=0, failures=0, dry_run=True)
 
 
 def test_the_twins_ip_in_both_formats(tmp_path, monkeypatch, capsys):
