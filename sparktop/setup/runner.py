@@ -223,9 +223,10 @@ class Setup:
         except TransportError as exc:
             self.done(host.name, "ssh", "fail", exc.message)
             return False
+        kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key.algorithm, "ecdsa")
         fix = FixProposed(host.name, "ssh", f"the host key of {target.known_hosts_name} is not in known_hosts: "
                                             f"{key.algorithm} {key.fingerprint}; compare it with the node's own "
-                                            "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there) and trust it",
+                                            f"(`ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` there) and trust it",
                           (f"echo {shlex.quote(key.line)} >> "
                            f"{shlex.quote(target.known_hosts) if target.known_hosts else '~/.ssh/known_hosts'}",),
                           kind="trust-host-key")
@@ -271,11 +272,12 @@ class Setup:
         r = await self.sh(host, "fabric", DETECT_SCRIPT)
         found = host.fabric = parse_detect(r.stdout if r else "")
         host.ports = found.ports()
+        # A warning, as in a launch's preflight: NCCL and Gloo then pick an interface themselves (slowly).
         if not found.links:
-            self.done(host.name, "fabric", "fail", found.describe())
+            self.done(host.name, "fabric", "warn", found.describe())
             return
         if not host.ports:
-            self.done(host.name, "fabric", "fail", f"no ConnectX-7 port is up with an IPv4 address ({found.describe()})"
+            self.done(host.name, "fabric", "warn", f"no ConnectX-7 port is up with an IPv4 address ({found.describe()})"
                                                    ": cable a QSFP port and address it (NVIDIA's connect-two-sparks "
                                                    "playbook: netplan, MTU 9000)")
             return
@@ -380,6 +382,9 @@ class Setup:
             await self._clocks(hosts)
         head, workers = hosts[0], hosts[1:]
         if not all(h.ports for h in hosts):
+            if workers:
+                bare = ", ".join(h.name for h in hosts if not h.ports)
+                self.done("all", "link", "warn", f"not tested: {bare} has no ConnectX-7 port up with an address")
             return
         if not workers:
             head.chosen = head.ports[0]

@@ -400,3 +400,30 @@ def test_discover_without_avahi_is_one_line(capsys, monkeypatch, tmp_path):
     assert main(["setup", "--discover", "--inventory", str(tmp_path / "c.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "avahi-browse is not installed" in err
+
+
+class Bare(Node):
+    """A machine with no ConnectX-7 (no RDMA device, one Ethernet port)."""
+
+    async def run(self, cmd, timeout=30.0, input=None):
+        if cmd == DETECT_SCRIPT:
+            self.commands.append(cmd)
+            return CommandResult(0, "@@ibdev2netdev\n@@sysib\n@@addr\nlo               UNKNOWN        127.0.0.1/8 \n"
+                                    "eth0             UP             10.0.0.5/24 \n@@net\neth0 1500 up\n@@end\n", "")
+        return await super().run(cmd, timeout, input)
+
+
+async def test_nodes_without_a_fabric_get_an_inventory_and_a_warning(tmp_path):
+    clock = Clock()
+    made = {"a": Bare("starsky", clock, 0.0, 9000), "b": Bare("hutch", clock, 0.0, 9000)}
+
+    async def decide(fix):
+        raise AssertionError(f"nothing to fix, asked {fix}")
+
+    path = tmp_path / "cluster.yaml"
+    events = await collect(Setup(Options(["a", "b"], path), decide, transport_for=lambda h, u: made[h], clock=clock))
+    done = {(e.host, e.check): (e.status, e.reason) for e in events if isinstance(e, CheckDone)}
+    assert done[("a", "fabric")][0] == "warn" and "no ConnectX-7 (RDMA) interface found" in done[("a", "fabric")][1]
+    assert done[("all", "link")] == ("warn", "not tested: a, b has no ConnectX-7 port up with an address")
+    assert [(n.name, n.fabric_ip, n.eth_if, n.ib_if) for n in load_inventory(path).nodes] == [
+        ("a", None, None, []), ("b", None, None, [])]
