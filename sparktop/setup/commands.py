@@ -48,8 +48,8 @@ class Printer:
                 lead = "[magenta]change[/] " if changes else ""
                 tail = "  [dim](not run: dry run)[/]" if not ran else ""
                 if self.verbose or changes or not ran:
-                    first, *more = command.splitlines() or [""]
-                    text = first if not more else f"{first} …"
+                    # All of it, however long: what runs is what was shown (a program's further lines indented).
+                    text = "\n      ".join(command.splitlines() or [""])
                     c.print(f"  [dim]$ {escape(host)}:[/] {lead}{escape(text)}{tail}", highlight=False, soft_wrap=True)
             case CheckDone(host=host, check=check, status=status, reason=reason):
                 c.print(f"{MARK[status]} {escape(host):10} {check:8} {escape(reason)}", highlight=False,

@@ -5,7 +5,8 @@ The fabric's own outputs (`ibdev2netdev`, `/sys/class/infiniband`, `ip -br addr`
 
 - `ib_write_bw --report_gbits` (perftest): the result row under `#bytes #iterations BW peak[Gb/sec] ...`
   (`REPORT_FMT` in perftest's src/perftest_parameters.h);
-- `iperf3 -J`: the receiver's bits per second;
+- `iperf3 -J`: the receiver's bits per second; the python3 TCP probe's bytes and seconds, where neither
+  perftest nor iperf3 is installed;
 - `docker info --format '{{json .}}'`: the server's version, its runtimes and default runtime, or why the
   daemon did not answer (`ServerErrors`);
 - `date +%s.%N` round trips: a node's clock against this machine's, with the round trip's half as the bound.
@@ -66,6 +67,19 @@ def rail_verdict(gbps: float) -> str | None:
         return ("the ConnectX-7's stale initialisation state (NVIDIA's playbook): reboot both nodes with the cable "
                 "in; if it stays, power both off at the wall for 60 s")
     return f"under the {RAIL_HEALTHY_GBPS:.0f} Gb/s a healthy rail carries: check the cable, the MTU and the PCIe link"
+
+
+def parse_tcp_probe(text: str) -> float | None:
+    """The python3 TCP source's `BYTES SECONDS`: Gb/s (None when it printed no such line)."""
+    for line in reversed(text.splitlines()):
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                sent, seconds = int(parts[0]), float(parts[1])
+            except ValueError:
+                continue
+            return sent * 8 / seconds / 1e9 if seconds > 0 else None
+    return None
 
 
 def parse_iperf3(text: str) -> float | None:

@@ -7,7 +7,8 @@ MTU, the RoCE devices; an MTU under 9000 is offered `ip link set ... mtu 9000`),
 the Hugging Face cache's free space, the clock (sampled with `date +%s.%N` round trips on the injected clock,
 and NTP's word from `timedatectl`). Then, between the nodes: the pair of ports every worker reaches the head over
 (`observe.fabric.pairs`, pinged), the link measured with the real tools where both ends have them
-(`ib_write_bw` over both halves of the cable at once, else `iperf3`), the clocks compared. Last, the inventory.
+(`ib_write_bw` over both halves of the cable at once, each rail judged as NVIDIA's playbook does; else TCP with
+`iperf3`, else one stream of python3's sockets), the clocks compared. Last, the inventory.
 
 Every command is emitted (`CommandShown`) before it runs; `--dry-run` emits them and runs none (no connection
 is even opened). Every value put in a command line is `shlex.quote`d. Nothing that changes a host or this
@@ -56,6 +57,7 @@ from sparktop.setup.parse import (
     parse_ib_write_bw,
     parse_iperf3,
     parse_ntp,
+    parse_tcp_probe,
     rail_verdict,
 )
 
@@ -64,7 +66,31 @@ Decide = Callable[[FixProposed], Awaitable[bool]]
 Emit = Callable[[SetupEvent], None]
 IB_PORT = 18515  # perftest's default port; the second half's server listens on the next one
 DOCKER_INFO = "docker info --format '{{json .}}'"
-TOOLS = "for t in ib_write_bw iperf3 timeout; do command -v \"$t\" >/dev/null 2>&1 && echo \"$t\"; done; true"
+TCP_PORT = IB_PORT + 5
+# The last resort of the link test, one TCP stream with python3's sockets (DGX OS has python3): a sink on the worker
+# that says when it listens and counts what arrives, and a source on the head that sends for N seconds and prints
+# the bytes and the seconds it took until the sink had them all (the sink closes once it has counted them).
+TCP_SINK = ("import socket, sys\n"
+            "s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
+            "s.settimeout(60)\n"
+            "print('listening', flush=True)\n"
+            "c, _ = s.accept()\n"
+            "n = 0\n"
+            "while b := c.recv(1 << 20):\n"
+            "    n += len(b)\n"
+            "print(n, flush=True)\n"
+            "c.close()\n")
+TCP_SOURCE = ("import socket, sys, time\n"
+              "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)\n"
+              "buf, n = bytes(1 << 20), 0\n"
+              "t = time.monotonic()\n"
+              "while time.monotonic() - t < float(sys.argv[3]):\n"
+              "    c.sendall(buf)\n"
+              "    n += len(buf)\n"
+              "c.shutdown(socket.SHUT_WR)\n"
+              "c.recv(1)\n"
+              "print(n, time.monotonic() - t)\n")
+TOOLS = "for t in ib_write_bw iperf3 python3 timeout; do command -v \"$t\" >/dev/null 2>&1 && echo \"$t\"; done; true"
 
 
 def _disk_script(hf_cache: str) -> str:
@@ -430,12 +456,12 @@ class Setup:
         reached = f"reaches {head.name} {h.address.ip} over {w.netdev}"
         if "ib_write_bw" in head.tools and "ib_write_bw" in worker.tools:
             await self._rdma(head, worker, reached)
-        elif "iperf3" in head.tools and "iperf3" in worker.tools:
-            await self._iperf(head, worker, h, reached)
+        elif all({"iperf3", "python3"} & h.tools for h in (head, worker)):
+            await self._tcp(head, worker, reached)
         else:
             self.done(worker.name, check, "warn", f"{reached}; bandwidth not measured: neither ib_write_bw "
-                                                  "(perftest) nor iperf3 is on both nodes (`sudo apt install "
-                                                  "perftest`)")
+                                                  "(perftest), iperf3 nor python3 is on both nodes (`sudo apt "
+                                                  "install perftest`)")
 
     def _halves(self, head: Host, worker: Host) -> list[tuple[str, Port, Port]]:
         """(RoCE device on the head, head port, worker port) for each half of the cable addressed on both ends."""
@@ -450,10 +476,49 @@ class Setup:
             out.append((devices[h.netdev], h, w))
         return out
 
+    async def _pair(self, head: Host, worker: Host, servers: list[str], ready: str,
+                    clients: list[str]) -> tuple[list, str | None]:
+        """Servers started on the worker (their output streamed), and once each has printed `ready`, the clients
+        run on the head all at once: the clients' results, or why a server did not start (bounded throughout)."""
+        assert head.transport is not None and worker.transport is not None
+        waiting = [asyncio.Event() for _ in servers]
+        said: list[list[str]] = [[] for _ in servers]
+
+        async def serve(i: int, cmd: str) -> None:
+            self._emit(CommandShown(worker.name, "link", cmd))
+            assert worker.transport is not None
+            async for line in worker.transport.stream(cmd):
+                said[i].append(line)
+                if ready in line:
+                    waiting[i].set()
+            waiting[i].set()  # it ended: below, whether it ever waited says why
+
+        tasks = [asyncio.create_task(serve(i, cmd)) for i, cmd in enumerate(servers)]
+        try:
+            async with asyncio.timeout(30):
+                await asyncio.gather(*(e.wait() for e in waiting))
+            for cmd, out in zip(servers, said, strict=True):
+                if not any(ready in line for line in out):
+                    why = next((line.strip() for line in out if line.strip()), "no output")
+                    return [], f"`{cmd}` on {worker.name}: {why}"
+            for cmd in clients:
+                self._emit(CommandShown(head.name, "link", cmd))
+            results = await asyncio.gather(*(head.transport.run(cmd, timeout=90) for cmd in clients))
+            async with asyncio.timeout(30):  # the servers end once their client is done
+                await asyncio.gather(*tasks)
+            return list(results), None
+        except TimeoutError:
+            last = " ".join(out[-1] for out in said if out) or "no output"
+            return [], f"a server on {worker.name} did not get ready or did not end ({last})"
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _rdma(self, head: Host, worker: Host, reached: str) -> None:
         """`ib_write_bw` over every half at once: a server per half on the worker, then a client per half
         here, all clients together (one half at a time reads about half of what the cable carries)."""
-        assert worker.fabric is not None and head.transport is not None and worker.transport is not None
+        assert worker.fabric is not None
         wdev = {link.netdev: link.ibdev for link in worker.fabric.links}
         halves = self._halves(head, worker)
         # Bounded on the nodes too: a server whose client never came (or a client stuck) ends by itself.
@@ -464,40 +529,10 @@ class Setup:
             servers.append(f"{limit[worker.name]}ib_write_bw -d {shlex.quote(wdev.get(w.netdev, w.netdev))} {common}")
             clients.append(f"{limit[head.name]}ib_write_bw -d {shlex.quote(hdev)} {common} "
                            f"{shlex.quote(str(w.address.ip))}")
-        ready: list[asyncio.Event] = [asyncio.Event() for _ in servers]
-        server_out: list[list[str]] = [[] for _ in servers]
-
-        async def serve(i: int, cmd: str) -> None:
-            self._emit(CommandShown(worker.name, "link", cmd))
-            assert worker.transport is not None
-            async for line in worker.transport.stream(cmd):
-                server_out[i].append(line)
-                if "Waiting for client" in line:
-                    ready[i].set()
-            ready[i].set()  # it ended (failed to start): the client will say so
-
-        tasks = [asyncio.create_task(serve(i, cmd)) for i, cmd in enumerate(servers)]
-        try:
-            async with asyncio.timeout(30):  # bounded: a server that never says it waits fails the check
-                await asyncio.gather(*(e.wait() for e in ready))
-            for cmd, out in zip(servers, server_out, strict=True):
-                if not any("Waiting for client" in line for line in out):  # it ended without waiting: why
-                    said = next((line.strip() for line in out if line.strip()), "no output")
-                    self.done(worker.name, "link", "fail", f"{reached}; `{cmd}` on {worker.name}: {said}")
-                    return
-            for cmd in clients:
-                self._emit(CommandShown(head.name, "link", cmd))
-            results = await asyncio.gather(*(head.transport.run(cmd, timeout=90) for cmd in clients))
-            async with asyncio.timeout(30):
-                await asyncio.gather(*tasks)
-        except TimeoutError:
-            self.done(worker.name, "link", "fail", f"{reached}; ib_write_bw's server on {worker.name} did not start "
-                                                   f"({' '.join(server_out[0][-1:]) or 'no output'})")
+        results, failed = await self._pair(head, worker, servers, "Waiting for client", clients)
+        if failed:
+            self.done(worker.name, "link", "fail", f"{reached}; {failed}")
             return
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
         figures = []
         for (hdev, _h, _w), r in zip(halves, results, strict=True):
             bw = parse_ib_write_bw(r.stdout)
@@ -521,29 +556,28 @@ class Setup:
         else:
             self.done(worker.name, "link", "ok", text)
 
-    async def _iperf(self, head: Host, worker: Host, h: Port, reached: str) -> None:
+    async def _tcp(self, head: Host, worker: Host, reached: str) -> None:
+        """No ib_write_bw on both ends: TCP over the fabric with iperf3 (4 streams), else one stream of python3's
+        sockets (a floor: one Python stream does not fill the link)."""
         w = worker.chosen
-        assert w is not None and worker.transport is not None
-        server = f"iperf3 -s -1 -B {shlex.quote(str(w.address.ip))}"
-        self._emit(CommandShown(worker.name, "link", server))
-        started = asyncio.create_task(worker.transport.run(server, timeout=60))
-        try:
-            client = f"iperf3 -c {shlex.quote(str(w.address.ip))} -t 3 -P 4 -J"
-            r = None
-            for _ in range(20):  # bounded: the server needs a moment to listen
-                r = await self.sh(head, "link", client, timeout=30)
-                if r is not None and r.ok:
-                    break
-                await asyncio.sleep(0.25)
-        finally:
-            started.cancel()
-            await asyncio.gather(started, return_exceptions=True)
-        gbps = parse_iperf3(r.stdout) if r is not None else None
-        if gbps is None:
-            self.done(worker.name, "link", "warn", f"{reached}; iperf3 measured nothing")
+        assert w is not None
+        address = shlex.quote(str(w.address.ip))
+        if "iperf3" in head.tools and "iperf3" in worker.tools:
+            tool, servers, ready = "iperf3, 4 streams", [f"iperf3 -s -1 --forceflush -B {address}"], "listening"
+            clients = [f"iperf3 -c {address} -t 3 -P 4 -J"]
         else:
-            self.done(worker.name, "link", "ok", f"{reached}; TCP {gbps:.1f} Gb/s (iperf3, 4 streams; RDMA not "
-                                                 "measured: no ib_write_bw)")
+            tool, servers, ready = "python3, one stream: a floor", [f"python3 -c {shlex.quote(TCP_SINK)} {address} "
+                                                                   f"{TCP_PORT}"], "listening"
+            clients = [f"python3 -c {shlex.quote(TCP_SOURCE)} {address} {TCP_PORT} 2"]
+        results, failed = await self._pair(head, worker, servers, ready, clients)
+        r = results[0] if results else None
+        gbps = (parse_iperf3(r.stdout) if tool.startswith("iperf3") else parse_tcp_probe(r.stdout)) if r else None
+        if failed or gbps is None:
+            why = failed or (r.first_error_line() if r else "no result")
+            self.done(worker.name, "link", "warn", f"{reached}; the TCP test measured nothing: {why}")
+        else:
+            self.done(worker.name, "link", "ok", f"{reached}; TCP {gbps:.1f} Gb/s ({tool}); RDMA not measured: no "
+                                                 "ib_write_bw on both nodes (`sudo apt install perftest`)")
 
     # -- the inventory ------------------------------------------------------------
 

@@ -178,3 +178,22 @@ def test_one_half_of_the_cable_unaddressed_is_said(cabled):
     assert "only one half of the cable is addressed on both ends" in link
     assert "18516" not in r.stdout  # no second server or client was started
     assert load_inventory(inventory).nodes[1].fabric_ip == b.address
+
+
+def test_without_perftest_the_link_is_measured_over_tcp(cabled):
+    """No ib_write_bw on the nodes (nor iperf3 here): one TCP stream of python3's sockets over the fabric
+    address, said to be a floor; the figure is this machine's, so only what it says is checked."""
+    lab = cabled
+    tool = lab.bin / "ib_write_bw"
+    hidden = tool.rename(lab.bin / ".ib_write_bw")
+    try:
+        inventory = lab.root / "tcp" / "cluster.yaml"
+        r = sparktop(lab, "setup", *[f"lab-{h.name}" for h in lab.hosts], "--yes", "--inventory", str(inventory))
+    finally:
+        hidden.rename(tool)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "$ lab-spark-b: python3 -c 'import socket, sys" in r.stdout
+    assert "127.0.0.3 18520" in r.stdout  # the worker's fabric address
+    [link] = [line for line in r.stdout.splitlines() if " link " in line and not line.startswith("  $")]
+    assert link.startswith("ok   lab-spark-b link     reaches lab-spark-a 127.0.0.2 over enp1s0f1np1; TCP ")
+    assert "Gb/s (python3, one stream: a floor); RDMA not measured" in link
