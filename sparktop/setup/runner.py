@@ -73,7 +73,7 @@ TCP_PORT = IB_PORT + 5
 TCP_SINK = ("import socket, sys\n"
             "s = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
             "s.settimeout(60)\n"
-            "print('listening', flush=True)\n"
+            'print("listening", flush=True)\n'
             "c, _ = s.accept()\n"
             "n = 0\n"
             "while b := c.recv(1 << 20):\n"

@@ -27,6 +27,12 @@ def sparktop(lab, *args, timeout=180):
                           env=lab.env(), timeout=timeout)
 
 
+def results(r, check: str) -> list[str]:
+    """The result lines of one check (`ok   lab-spark-b link     ...`)."""
+    return [line for line in r.stdout.splitlines() if line.split()[:1] in (["ok"], ["warn"], ["FAIL"])
+            and line.split()[2:3] == [check]]
+
+
 @pytest.fixture(scope="module")
 def cabled(lab):
     for host in lab.hosts:
@@ -173,7 +179,7 @@ def test_one_half_of_the_cable_unaddressed_is_said(cabled):
     finally:
         set_addresses(b.twin.home, {"enp1s0f1np1": [f"{b.address}/24"], "enP2p1s0f1np1": ["127.0.1.3/24"]})
     assert r.returncode == 0, r.stdout + r.stderr
-    [link] = [line for line in r.stdout.splitlines() if " link " in line and not line.startswith("  $")]
+    [link] = results(r, "link")
     assert link.startswith("warn lab-spark-b link") and "RDMA write 98.1 Gb/s (rocep1s0f1 98.1" in link
     assert "only one half of the cable is addressed on both ends" in link
     assert "18516" not in r.stdout  # no second server or client was started
@@ -194,6 +200,6 @@ def test_without_perftest_the_link_is_measured_over_tcp(cabled):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "$ lab-spark-b: python3 -c 'import socket, sys" in r.stdout
     assert "127.0.0.3 18520" in r.stdout  # the worker's fabric address
-    [link] = [line for line in r.stdout.splitlines() if " link " in line and not line.startswith("  $")]
+    [link] = results(r, "link")
     assert link.startswith("ok   lab-spark-b link     reaches lab-spark-a 127.0.0.2 over enp1s0f1np1; TCP ")
     assert "Gb/s (python3, one stream: a floor); RDMA not measured" in link
