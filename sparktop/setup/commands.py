@@ -95,7 +95,9 @@ def asker(console: Console, yes: bool, accept_new_host_keys: bool):
         elif not sys.stdin.isatty():
             console.print("       no (no terminal to ask on; --yes answers yes)")
             return False
-        answer = await asyncio.to_thread(input, "       Do it? [y/N] ")
+        # Blocking on purpose: nothing else runs while a question waits, and Ctrl-C then stops at once (a prompt in
+        # a thread would keep the process alive until Enter).
+        answer = input("       Do it? [y/N] ")
         return answer.strip().lower() in ("y", "yes")
 
     return decide

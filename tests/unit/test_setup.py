@@ -329,6 +329,12 @@ async def test_yes_never_trusts_a_host_key_on_its_own(monkeypatch):
     assert await asker(console, yes=False, accept_new_host_keys=False)(mtu) is False  # no terminal: no
     said = console.export_text()
     assert said.count("refused: an unknown host key is never accepted by --yes") == 1
+    # At a terminal, the person answers, host keys too.
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    answers = iter(["y", "", "yes"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    decide = asker(console, yes=False, accept_new_host_keys=False)
+    assert [await decide(mtu), await decide(mtu), await decide(key)] == [True, False, True]
 
 
 def test_setup_without_hosts_is_one_line_and_exit_2(capsys):
