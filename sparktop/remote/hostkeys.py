@@ -13,6 +13,7 @@ host's authorized_keys over a session the user authenticates (what `ssh-copy-id`
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,23 @@ async def host_key(target: Target, timeout: float = 10.0) -> HostKey:
     public = key.export_public_key("openssh").decode().split()
     return HostKey(target, public[0], key.get_fingerprint("sha256"),
                    f"{target.known_hosts_name} {public[0]} {public[1]}")
+
+
+def known_fingerprints(target: Target, path: Path | None = None) -> list[str]:
+    """The fingerprints of the keys known_hosts already holds for this host (hashed entries too): a key presented
+    that is not among them is a changed key, which is never trusted here, whatever the user passed."""
+    path = path or (Path(target.known_hosts) if target.known_hosts else known_hosts_path())
+    try:
+        known = asyncssh.read_known_hosts(str(path))
+    except (OSError, ValueError, asyncssh.Error):
+        return []
+    try:
+        ipaddress.ip_address(target.host)
+        addr = target.host
+    except ValueError:
+        addr = ""
+    keys = known.match(target.host, addr, target.port if target.port != 22 else None)[0]
+    return [k.get_fingerprint("sha256") for k in keys]
 
 
 def known_hosts_path() -> Path:

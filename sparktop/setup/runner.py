@@ -29,7 +29,15 @@ from sparktop.events import emitting
 from sparktop.observe.fabric import DETECT_SCRIPT, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_disks
 from sparktop.remote import HostKeyError, Transport, TransportError
-from sparktop.remote.hostkeys import copy_id_command, host_key, public_key_for, resolve, shown, trust
+from sparktop.remote.hostkeys import (
+    copy_id_command,
+    host_key,
+    known_fingerprints,
+    public_key_for,
+    resolve,
+    shown,
+    trust,
+)
 from sparktop.settings import Defaults
 from sparktop.setup import inventory as inv
 from sparktop.setup.events import (
@@ -248,6 +256,13 @@ class Setup:
             key = await host_key(target)
         except TransportError as exc:
             self.done(host.name, "ssh", "fail", exc.message)
+            return False
+        known = known_fingerprints(target)
+        if known:  # asyncssh says "not trusted" for a changed key too: never offer to add a second one
+            self.done(host.name, "ssh", "fail", f"host key does not match known_hosts: {target.known_hosts_name} "
+                                                f"presents {key.fingerprint}, known_hosts has {', '.join(known)}; if "
+                                                "the node was reinstalled, check its new key there and remove the old "
+                                                f"with `ssh-keygen -R {shlex.quote(target.known_hosts_name)}`")
             return False
         kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key.algorithm, "ecdsa")
         fix = FixProposed(host.name, "ssh", f"the host key of {target.known_hosts_name} is not in known_hosts: "

@@ -203,3 +203,29 @@ def test_without_perftest_the_link_is_measured_over_tcp(cabled):
     [link] = results(r, "link")
     assert link.startswith("ok   lab-spark-b link     reaches lab-spark-a 127.0.0.2 over enp1s0f1np1; TCP ")
     assert "Gb/s (python3, one stream: a floor); RDMA not measured" in link
+
+
+def test_a_changed_host_key_is_never_replaced(cabled, tmp_path):
+    """known_hosts holds another key for spark-a (a reinstalled node, or someone in between): setup stops there,
+    with `--yes` and `--accept-new-host-keys` both, and says how to clear the old key once it is checked."""
+    lab = cabled
+    host = lab.hosts[0]
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    known = lab.ssh_dir / "known_hosts"
+    saved = known.read_text()
+    kind, key = other.with_suffix(".pub").read_text().split()[:2]
+    lines = [f"[{host.address}]:{host.port} {kind} {key}" if f"[{host.address}]" in line else line
+             for line in saved.splitlines()]
+    known.write_text("\n".join(lines) + "\n")
+    try:
+        r = sparktop(lab, "setup", f"lab-{host.name}", "--yes", "--accept-new-host-keys", "--inventory",
+                     str(lab.root / "changed" / "cluster.yaml"))
+        assert known.read_text() == "\n".join(lines) + "\n"  # nothing added, nothing removed
+    finally:
+        known.write_text(saved)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [failed] = results(r, "ssh")
+    assert failed.startswith("FAIL lab-spark-a ssh      host key does not match known_hosts")
+    assert "ssh-keygen -R" in failed
+    assert not any(line.startswith("fix ") for line in r.stdout.splitlines())  # nothing was offered

@@ -433,3 +433,23 @@ async def test_nodes_without_a_fabric_get_an_inventory_and_a_warning(tmp_path):
     assert done[("all", "link")] == ("warn", "not tested: a, b has no ConnectX-7 port up with an address")
     assert [(n.name, n.fabric_ip, n.eth_if, n.ib_if) for n in load_inventory(path).nodes] == [
         ("a", None, None, []), ("b", None, None, [])]
+
+
+def test_a_host_known_under_a_hashed_name_is_known(tmp_path):
+    """known_hosts as `HashKnownHosts yes` writes it (Debian's and Ubuntu's default): the host is still found, so a
+    different key it presents is a changed key, never a new one."""
+    import subprocess
+
+    from sparktop.remote.hostkeys import known_fingerprints
+
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    kind, blob = key.with_name("k.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[10.0.0.5]:2222 {kind} {blob}\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(known)], check=True, capture_output=True)
+    assert known.read_text().startswith("|1|")
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", str(key)], capture_output=True, text=True).stdout.split()[1]
+    target = Target("spark-a", "10.0.0.5", 2222, None)
+    assert known_fingerprints(target, known) == [fingerprint]
+    assert known_fingerprints(Target("spark-b", "10.0.0.6", 2222, None), known) == []
