@@ -275,6 +275,7 @@ class Setup:
             self.done(host.name, "ssh", "fail", f"unknown host key {key.fingerprint} not trusted "
                                                 f"({target.known_hosts_name})")
             return False
+        self._emit(CommandShown(host.name, "ssh", fix.commands[0], changes=True))  # done here, not on the host
         path = trust(key)
         self.changed = True
         self._emit(FixApplied(host.name, "ssh", True, f"{key.fingerprint} added to {path}"))
@@ -296,10 +297,11 @@ class Setup:
                           (shown(argv, public),))
         if not await self.propose(fix):
             return False
+        self._emit(CommandShown(host.name, "ssh", fix.commands[0], changes=True))
         with public.open("rb") as key:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=key)
             status = await proc.wait()
-        self.changed = True
+        self.changed = self.changed or status == 0
         self._emit(FixApplied(host.name, "ssh", status == 0, "key installed" if status == 0 else
                               f"`ssh` exited with status {status}"))
         if host.transport is not None:
@@ -348,7 +350,7 @@ class Setup:
             r = await self.sh(host, "mtu", cmd, changes=True)
             if r is not None and not r.ok:
                 failed.append(f"`{cmd}`: {r.first_error_line()}")
-        self.changed = True
+        self.changed = self.changed or len(failed) < len(cmds)
         self._emit(FixApplied(host.name, "mtu", not failed, "; ".join(failed) or f"MTU {RECOMMENDED_MTU} set"))
         # Read back, so what the inventory and the link test see is the node's word, not ours.
         r = await self.sh(host, "mtu", DETECT_SCRIPT)

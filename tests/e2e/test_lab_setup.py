@@ -116,6 +116,7 @@ def test_an_unknown_host_key_is_refused_even_with_yes(cabled):
                      str(inventory))
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"[{host.address}]:{host.port} ssh-ed25519" in known.read_text()
+        assert f"$ lab-spark-a: change echo '[{host.address}]:{host.port} ssh-ed25519 " in r.stdout
         assert inventory.exists()
     finally:
         known.write_text(saved)
@@ -160,6 +161,7 @@ def test_a_host_without_the_key_is_offered_the_key_and_says_why_it_failed(cabled
         authorized.write_text(saved)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert f"key authentication failed: install {lab.key}.pub in the host's ~/.ssh/authorized_keys" in r.stdout
+    assert "$ lab-spark-b: change ssh -F " in r.stdout  # shown before it ran
     assert "-o PubkeyAuthentication=no lab-spark-b" in r.stdout
     assert "Permission denied (publickey)" in r.stderr  # what the real ssh said
     assert "not done lab-spark-b ssh      `ssh` exited with status 255" in r.stdout
