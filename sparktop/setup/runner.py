@@ -6,7 +6,7 @@ authenticates), the ConnectX-7 fabric (`observe.fabric.DETECT_SCRIPT`: ports up 
 MTU, the RoCE devices; an MTU under 9000 is offered `ip link set ... mtu 9000`), Docker and the NVIDIA runtime,
 the Hugging Face cache's free space, the clock (sampled with `date +%s.%N` round trips on the injected clock,
 and NTP's word from `timedatectl`). Then, between the nodes: the pair of ports every worker reaches the head over
-(`observe.fabric.pairs`, pinged), the link measured with the real tools where both ends have them
+(`observe.fabric.pairs`, pinged; with three nodes or more every pair of workers too, NCCL's ring), the link measured with the real tools where both ends have them
 (`ib_write_bw` over both halves of the cable at once, each rail judged as NVIDIA's playbook does; else TCP with
 `iperf3`, else one stream of python3's sockets), the clocks compared. Last, the inventory.
 
@@ -434,6 +434,30 @@ class Setup:
             return
         for worker in workers:
             await self._link(head, worker)
+        if len(workers) > 1 and all(w.chosen is not None for w in workers):
+            await self._ring(workers)
+
+    async def _ring(self, workers: list[Host]) -> None:
+        """Tensor parallel over three nodes or more rings every node to its neighbours (NCCL), not only to the
+        head: every pair of workers pings over the ports chosen, as a launch's preflight does."""
+        self._emit(CheckStarted("all", "ring"))
+        missed = []
+        for i, a in enumerate(workers):
+            for b in workers[i + 1:]:
+                assert a.chosen is not None and b.chosen is not None
+                r = await self.sh(a, "ring", f"LC_ALL=C ping -c1 -W2 -I {shlex.quote(a.chosen.netdev)} "
+                                             f"{shlex.quote(str(b.chosen.address.ip))}", timeout=15)
+                assert r is not None
+                ping = parse_ping(r.stdout + "\n" + r.stderr, r.exit_status)
+                if not ping.ok:
+                    missed.append(f"{a.name} → {b.name} {b.chosen.address.ip} "
+                                  f"({ping.error or ping.summary or r.first_error_line()})")
+        if missed:
+            self.done("all", "ring", "fail", f"not every pair of nodes reaches each other over the fabric: "
+                                             f"{'; '.join(missed)} (NCCL's ring needs every pair)")
+        else:
+            self.done("all", "ring", "ok", f"every pair of the {len(workers) + 1} nodes reaches each other over the "
+                                           "fabric")
 
     async def _clocks(self, hosts: list[Host]) -> None:
         samples = {h.name: h.clock for h in hosts if h.clock is not None}

@@ -38,6 +38,7 @@ IBDEV = FIXTURES / "captures" / "ibdev2netdev_dgx-spark_rocep1-first_eugr-spark-
 ADDR = {"starsky": FIXTURES / "fabric" / "ip-br-addr_dgx-spark-starsky_code-monkeys.txt",
         "hutch": FIXTURES / "fabric" / "ip-br-addr_dgx-spark-hutch_code-monkeys.txt"}
 PING = FIXTURES / "fabric" / "ping_iputils-20221126_reply.txt"
+NO_REPLY = FIXTURES / "fabric" / "ping_iputils-20221126_no-reply.txt"
 
 
 # -- readers ------------------------------------------------------------------------
@@ -185,8 +186,11 @@ class Clock:
 class Node:
     """A transport answering as a captured Spark does; every command is recorded."""
 
-    def __init__(self, name: str, clock: Clock, offset: float, mtu: int):
+    def __init__(self, name: str, clock: Clock, offset: float, mtu: int, addr: str | None = None,
+                 unreachable: frozenset[str] = frozenset()):
         self.name, self.clock, self.offset, self.mtu = name, clock, offset, mtu
+        self.addr = addr if addr is not None else ADDR[name].read_text()
+        self.unreachable = unreachable  # addresses its pings get no reply from
         self.commands: list[str] = []
 
     async def run(self, cmd, timeout=30.0, input=None):
@@ -196,7 +200,7 @@ class Node:
         if cmd == DETECT_SCRIPT:
             net = "".join(f"{n} {self.mtu if 'f1' in n else 1500} {'up' if 'f1' in n else 'down'}\n"
                           for n in ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1"))
-            return CommandResult(0, f"@@ibdev2netdev\n{IBDEV.read_text()}@@sysib\n@@addr\n{ADDR[self.name].read_text()}"
+            return CommandResult(0, f"@@ibdev2netdev\n{IBDEV.read_text()}@@sysib\n@@addr\n{self.addr}"
                                     f"@@net\n{net}@@end\n", "")
         if cmd.startswith("docker info"):
             return CommandResult(0, json.dumps({"ServerVersion": "28.3.3", "DefaultRuntime": "runc",
@@ -210,6 +214,8 @@ class Node:
         if cmd.startswith("timedatectl"):
             return CommandResult(0, "yes\n", "")
         if "ping" in cmd:
+            if cmd.split()[-1] in self.unreachable:
+                return CommandResult(1, NO_REPLY.read_text(), "")
             return CommandResult(0, PING.read_text(), "")
         if cmd.startswith("for t in"):
             return CommandResult(0, "timeout\n", "")  # neither ib_write_bw nor iperf3
@@ -453,3 +459,30 @@ def test_a_host_known_under_a_hashed_name_is_known(tmp_path):
     target = Target("spark-a", "10.0.0.5", 2222, None)
     assert known_fingerprints(target, known) == [fingerprint]
     assert known_fingerprints(Target("spark-b", "10.0.0.6", 2222, None), known) == []
+
+
+async def test_three_nodes_ring_every_pair(tmp_path):
+    """A third Spark on the same link-local subnet (its `ip -br addr` written like the captures): the workers
+    must reach each other too; hutch gets no reply from the third, which fails the ring in one line."""
+    clock = Clock()
+    third = ADDR["hutch"].read_text().replace("169.254.127.30/16", "169.254.9.9/16")
+    made = {"starsky": Node("starsky", clock, 0.0, 9000), "hutch": Node("hutch", clock, 0.0, 9000,
+                                                                        unreachable=frozenset({"169.254.9.9"})),
+            "third": Node("third", clock, 0.0, 9000, addr=third)}
+
+    async def decide(fix):
+        return False
+
+    events = await collect(Setup(Options(list(made), tmp_path / "c.yaml"), decide, transport_for=lambda h, u: made[h],
+                                 clock=clock))
+    done = {(e.host, e.check): (e.status, e.reason) for e in events if isinstance(e, CheckDone)}
+    assert done[("hutch", "link")][0] == done[("third", "link")][0] == "warn"  # reached the head; not measured
+    assert done[("all", "ring")] == ("fail", "not every pair of nodes reaches each other over the fabric: hutch → "
+                                             "third 169.254.9.9 (1 packets transmitted, 0 received, 100% packet loss, "
+                                             "time 0ms) (NCCL's ring needs every pair)")
+    assert "LC_ALL=C ping -c1 -W2 -I enp1s0f1np1 169.254.9.9" in made["hutch"].commands
+    made["hutch"].unreachable = frozenset()
+    events = await collect(Setup(Options(list(made), tmp_path / "c.yaml"), decide, transport_for=lambda h, u: made[h],
+                                 clock=clock))
+    assert [e.reason for e in events if isinstance(e, CheckDone) and e.check == "ring"] == [
+        "every pair of the 3 nodes reaches each other over the fabric"]
