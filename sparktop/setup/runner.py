@@ -1,14 +1,15 @@
 """`Setup`: each host checked, what can be fixed fixed once the user says so, and the inventory written.
 
-Per host, in order: ssh (an unknown host key is shown by its fingerprint and trusted only when `decide`
-says so; failed key authentication offers to install the user's public key over a session the user
-authenticates), the ConnectX-7 fabric (`observe.fabric.DETECT_SCRIPT`: ports up with an IPv4 address, their
-MTU, the RoCE devices; an MTU under 9000 is offered `ip link set ... mtu 9000`), Docker and the NVIDIA runtime,
-the Hugging Face cache's free space, the clock (sampled with `date +%s.%N` round trips on the injected clock,
-and NTP's word from `timedatectl`). Then, between the nodes: the pair of ports every worker reaches the head over
-(`observe.fabric.pairs`, pinged; with three nodes or more every pair of workers too, NCCL's ring), the link measured with the real tools where both ends have them
-(`ib_write_bw` over both halves of the cable at once, each rail judged as NVIDIA's playbook does; else TCP with
-`iperf3`, else one stream of python3's sockets), the clocks compared. Last, the inventory.
+Per host, in order: ssh (an unknown host key is shown by its fingerprint and trusted only when `decide` says so, a
+changed one never; failed key authentication offers to install the user's public key over a session the user
+authenticates), the ConnectX-7 fabric (`observe.fabric.DETECT_SCRIPT`: ports up with an IPv4 address, their MTU,
+the RoCE devices; an MTU under 9000 is offered `ip link set ... mtu 9000`), Docker and the NVIDIA runtime, the
+Hugging Face cache's free space, the clock (sampled with `date +%s.%N` round trips on the injected clock, and NTP's
+word from `timedatectl`). Then, between the nodes: the pair of ports every worker reaches the head over
+(`observe.fabric.pairs`, pinged; with three nodes or more every pair of workers too, NCCL's ring), the link
+measured with the real tools where both ends have them (`ib_write_bw` over both halves of the cable at once, each
+rail judged as NVIDIA's playbook does; else TCP with `iperf3`, else one stream of python3's sockets), the clocks
+compared. Last, the inventory.
 
 Every command is emitted (`CommandShown`) before it runs; `--dry-run` emits them and runs none (no connection
 is even opened). Every value put in a command line is `shlex.quote`d. Nothing that changes a host or this
