@@ -813,7 +813,8 @@ def cmd_setup(args) -> int:
 def _add_setup(add) -> None:
     setup = add("setup", "check and fix what a cluster of Sparks needs (ssh, the ConnectX-7 link, clocks, disk, "
                          "Docker) and write its inventory", cmd_setup)
-    setup.add_argument("hosts", nargs="*", metavar="HOST", help="the nodes, the head first (ssh names or addresses)")
+    setup.add_argument("hosts", nargs="*", metavar="HOST", help="the nodes, the head first (ssh names or addresses, "
+                       "[user@]host)")
     setup.add_argument("--discover", action="store_true", help="with no HOST: the Sparks mDNS lists (avahi-browse "
                        "_ssh._tcp, as NVIDIA's discover-sparks)")
     setup.add_argument("--user", help="the ssh user on every node (default: ~/.ssh/config's, else yours)")

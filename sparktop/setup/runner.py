@@ -113,7 +113,8 @@ def _disk_script(hf_cache: str) -> str:
 class Host:
     """One host as setup finds it."""
 
-    given: str  # as typed on the command line
+    given: str  # as typed on the command line, less a `user@` in front
+    user: str | None = None  # from `user@host`, else --user (None: the ssh config's, else this machine's)
     transport: Transport | None = None
     reachable: bool = False
     fabric: NodeFabric | None = None
@@ -151,7 +152,10 @@ class Setup:
         self.decide = decide
         self.transport_for = transport_for
         self.clock = clock  # this machine's wall clock, for the nodes' clock offsets (a test gives its own)
-        self.hosts = [Host(h) for h in dict.fromkeys(options.hosts)]
+        self.hosts = []
+        for typed in dict.fromkeys(options.hosts):
+            user, at, name = typed.rpartition("@")  # `nvidia@spark-a`, as ssh takes it
+            self.hosts.append(Host(name, user if at and user else options.user))
         self._emit: Emit = lambda e: None
         self.warnings = 0
         self.failures = 0
@@ -214,7 +218,7 @@ class Setup:
                                ("clock", "timedatectl show -p NTPSynchronized --value"), ("link", TOOLS)):
                 await self.sh(host, check, cmd)
             return
-        host.transport = self.transport_for(host.given, self.options.user)
+        host.transport = self.transport_for(host.given, host.user)
         if not await self._ssh(host):
             return
         host.reachable = True
@@ -253,7 +257,7 @@ class Setup:
 
     async def _trust(self, host: Host) -> bool:
         try:
-            target = resolve(host.given, self.options.user)
+            target = resolve(host.given, host.user)
             key = await host_key(target)
         except TransportError as exc:
             self.done(host.name, "ssh", "fail", exc.message)
@@ -284,7 +288,7 @@ class Setup:
 
     async def _copy_id(self, host: Host) -> bool:
         try:
-            target = resolve(host.given, self.options.user)
+            target = resolve(host.given, host.user)
         except TransportError:
             return False
         public = public_key_for(target)
@@ -626,7 +630,7 @@ class Setup:
     def entries(self) -> list[inv.NodeEntry]:
         out = []
         for host in self.hosts:
-            entry = inv.NodeEntry(host.name, host.given, self.options.user,
+            entry = inv.NodeEntry(host.name, host.given, host.user,
                                   sources={"host": "how ssh reaches it (as given; ~/.ssh/config applies)"})
             port = host.chosen
             if port is not None and host.fabric is not None:

@@ -486,3 +486,22 @@ async def test_three_nodes_ring_every_pair(tmp_path):
                                  clock=clock))
     assert [e.reason for e in events if isinstance(e, CheckDone) and e.check == "ring"] == [
         "every pair of the 3 nodes reaches each other over the fabric"]
+
+
+async def test_user_at_host_as_ssh_takes_it(tmp_path):
+    clock = Clock()
+    asked: list[tuple[str, str | None]] = []
+
+    def transport_for(host, user):
+        asked.append((host, user))
+        return Node("starsky" if host == "starsky" else "hutch", clock, 0.0, 9000)
+
+    async def decide(fix):
+        return False
+
+    path = tmp_path / "c.yaml"
+    await collect(Setup(Options(["nvidia@starsky", "hutch"], path, user="ops"), decide, transport_for=transport_for,
+                        clock=clock))
+    assert asked == [("starsky", "nvidia"), ("hutch", "ops")]
+    assert [(n.name, n.host, n.user) for n in load_inventory(path).nodes] == [("starsky", "starsky", "nvidia"),
+                                                                             ("hutch", "hutch", "ops")]
