@@ -505,3 +505,28 @@ async def test_user_at_host_as_ssh_takes_it(tmp_path):
     assert asked == [("starsky", "nvidia"), ("hutch", "ops")]
     assert [(n.name, n.host, n.user) for n in load_inventory(path).nodes] == [("starsky", "starsky", "nvidia"),
                                                                              ("hutch", "hutch", "ops")]
+
+
+def test_the_printer_shows_every_command_unless_quiet():
+    from rich.console import Console
+
+    from sparktop.setup.commands import Printer
+    from sparktop.setup.events import FixApplied
+
+    events = [CommandShown("spark-a", "fabric", "ip -br addr"),
+              CommandShown("spark-a", "mtu", "ip link set dev enp1s0f1np1 mtu 9000", changes=True),
+              CheckDone("spark-a", "mtu", "ok", "MTU 9000 now"),
+              FixApplied("spark-b", "ssh", False, "`ssh` exited with status 255"),
+              InventoryDone("/c.yaml", "written", "2 node(s)", "/c.yaml.bak-1"),
+              SetupFinished(ok=True, changed=True, warnings=1, failures=0)]
+    for quiet, expected in ((False, ["  $ spark-a: ip -br addr"]), (True, [])):
+        console = Console(record=True, width=60, soft_wrap=True)
+        printer = Printer(console, verbose=not quiet)
+        for e in events:
+            printer(e)
+        lines = console.export_text().splitlines()
+        assert lines == [*expected, "  $ spark-a: change ip link set dev enp1s0f1np1 mtu 9000",
+                         "ok   spark-a    mtu      MTU 9000 now",
+                         "not done spark-b    ssh      `ssh` exited with status 255",
+                         "inventory /c.yaml: written (2 node(s); the old one is /c.yaml.bak-1)",
+                         "setup done with 1 warning(s)"]
