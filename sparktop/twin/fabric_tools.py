@@ -7,7 +7,8 @@ loopback addresses, so what listens on them is reachable between the lab's hosts
 
 - `ip [-j] [-br] addr [show [dev IF]]` in iproute2's brief and JSON formats, `ip link set [dev] IF mtu N`
   (the MTU file, as `ip` sets the kernel's). A host given no addresses is left to this machine's real `ip`, so
-  the demo and the tests that do not set addresses see what they always saw.
+  the demo and the tests that do not set addresses see what they always saw; the installed `ip` is a shell
+  script (`ip_script`) that decides that without starting Python.
 - `ib_write_bw` (perftest): a server (no address) binds the port (`-p`, 18515) on its device's address, says it
   waits as perftest does and answers one client; a client connects to the server's address. Both print
   perftest's report (`RESULT_FMT_G`/`REPORT_FMT` of src/perftest_parameters.h, the header as a Spark prints it)
