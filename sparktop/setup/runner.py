@@ -438,9 +438,15 @@ class Setup:
             head.chosen = head.ports[0]
             return
         for worker in workers:
-            await self._link(head, worker)
+            try:
+                await self._link(head, worker)
+            except TransportError as exc:  # a node that stopped answering, a command past its time: one line
+                self.done(worker.name, "link", "fail", exc.message)
         if len(workers) > 1 and all(w.chosen is not None for w in workers):
-            await self._ring(workers)
+            try:
+                await self._ring(workers)
+            except TransportError as exc:
+                self.done("all", "ring", "fail", exc.message)
 
     async def _ring(self, workers: list[Host]) -> None:
         """Tensor parallel over three nodes or more rings every node to its neighbours (NCCL), not only to the

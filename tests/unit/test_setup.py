@@ -530,3 +530,26 @@ def test_the_printer_shows_every_command_unless_quiet():
                          "not done spark-b    ssh      `ssh` exited with status 255",
                          "inventory /c.yaml: written (2 node(s); the old one is /c.yaml.bak-1)",
                          "setup done with 1 warning(s)"]
+
+
+async def test_a_node_that_stops_answering_mid_link_test_is_one_line(tmp_path):
+    from sparktop.remote import CommandTimeout
+
+    class Stalls(Node):
+        async def run(self, cmd, timeout=30.0, input=None):
+            if "ping" in cmd:
+                raise CommandTimeout(self.name, cmd, timeout)
+            return await super().run(cmd, timeout, input)
+
+    clock = Clock()
+    made = {"starsky": Node("starsky", clock, 0.0, 9000), "hutch": Stalls("hutch", clock, 0.0, 9000)}
+
+    async def decide(fix):
+        return False
+
+    events = await collect(Setup(Options(list(made), tmp_path / "c.yaml"), decide, transport_for=lambda h, u: made[h],
+                                 clock=clock))
+    [link] = [e for e in events if isinstance(e, CheckDone) and e.check == "link"]
+    assert (link.host, link.status) == ("hutch", "fail")
+    assert link.reason.startswith("command timed out after 15s: LC_ALL=C ping -c1 -W2 -I enp1s0f1np1")
+    assert events[-1].failures == 1
