@@ -649,6 +649,10 @@ class Setup:
             out.append(entry)
         return out
 
+    def _not_written(self, path: Path, exc: OSError) -> None:
+        self.failures += 1
+        self._emit(InventoryDone(str(path), "not written", exc.strerror or str(exc)))
+
     async def _inventory(self) -> None:
         path = self.options.inventory
         if self.options.dry_run:
@@ -658,7 +662,11 @@ class Setup:
             self._emit(InventoryDone(str(path), "not written", "a check failed; fix it and run setup again"))
             return
         text = inv.render(self.entries(), self.options.hf_cache)
-        old = path.read_text() if path.exists() else None
+        try:
+            old = path.read_text() if path.exists() else None
+        except OSError as exc:  # a directory, no permission: said, never a traceback
+            self._not_written(path, exc)
+            return
         if old == text:
             self._emit(InventoryDone(str(path), "unchanged", "it already says what was found"))
             return
@@ -668,7 +676,11 @@ class Setup:
             if not await self.propose(fix):
                 self._emit(InventoryDone(str(path), "kept", "left as it was"))
                 return
-        backup = inv.write(path, text)
+        try:
+            backup = inv.write(path, text)
+        except OSError as exc:
+            self._not_written(path, exc)
+            return
         self.changed = True
         self._emit(InventoryDone(str(path), "written", f"{len(self.hosts)} node(s)",
                                  str(backup) if backup else None))

@@ -553,3 +553,18 @@ async def test_a_node_that_stops_answering_mid_link_test_is_one_line(tmp_path):
     assert (link.host, link.status) == ("hutch", "fail")
     assert link.reason.startswith("command timed out after 15s: LC_ALL=C ping -c1 -W2 -I enp1s0f1np1")
     assert events[-1].failures == 1
+
+
+async def test_an_inventory_that_cannot_be_written_is_one_line(tmp_path):
+    clock = Clock()
+    made = {"starsky": Node("starsky", clock, 0.0, 9000)}
+    path = tmp_path / "taken"
+    path.mkdir()  # a directory where the file should be
+
+    async def decide(fix):
+        return True
+
+    events = await collect(Setup(Options(["starsky"], path), decide, transport_for=lambda h, u: made[h], clock=clock))
+    [done] = [e for e in events if isinstance(e, InventoryDone)]
+    assert (done.outcome, done.reason) == ("not written", "Is a directory")
+    assert events[-1].ok is False
