@@ -281,7 +281,13 @@ class Setup:
                                                 f"({target.known_hosts_name})")
             return False
         self._emit(CommandShown(host.name, "ssh", fix.commands[0], changes=True))  # done here, not on the host
-        path = trust(key)
+        try:
+            path = trust(key)
+        except OSError as exc:
+            self._emit(FixApplied(host.name, "ssh", False, f"cannot write known_hosts: {exc.strerror or exc}"))
+            self.done(host.name, "ssh", "fail", f"unknown host key {key.fingerprint} not trusted: known_hosts "
+                                                "could not be written")
+            return False
         self.changed = True
         self._emit(FixApplied(host.name, "ssh", True, f"{key.fingerprint} added to {path}"))
         return True
@@ -303,9 +309,13 @@ class Setup:
         if not await self.propose(fix):
             return False
         self._emit(CommandShown(host.name, "ssh", fix.commands[0], changes=True))
-        with public.open("rb") as key:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=key)
-            status = await proc.wait()
+        try:
+            with public.open("rb") as key:
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=key)
+                status = await proc.wait()
+        except OSError as exc:  # no `ssh` client here, the key unreadable
+            self._emit(FixApplied(host.name, "ssh", False, f"`{argv[0]}`: {exc.strerror or exc}"))
+            return False
         self.changed = self.changed or status == 0
         self._emit(FixApplied(host.name, "ssh", status == 0, "key installed" if status == 0 else
                               f"`ssh` exited with status {status}"))
