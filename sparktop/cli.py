@@ -804,6 +804,29 @@ def _twin_serve_own_help() -> str:
     return own.format_help()
 
 
+def cmd_setup(args) -> int:
+    from sparktop.setup.commands import cmd_setup as run
+
+    return run(args)
+
+
+def _add_setup(add) -> None:
+    setup = add("setup", "check and fix what a cluster of Sparks needs (ssh, the ConnectX-7 link, clocks, disk, "
+                         "Docker) and write its inventory", cmd_setup)
+    setup.add_argument("hosts", nargs="*", metavar="HOST", help="the nodes, the head first (ssh names or addresses, "
+                       "[user@]host)")
+    setup.add_argument("--discover", action="store_true", help="with no HOST: the Sparks mDNS lists (avahi-browse "
+                       "_ssh._tcp, as NVIDIA's discover-sparks)")
+    setup.add_argument("--user", help="the ssh user on every node (default: ~/.ssh/config's, else yours)")
+    setup.add_argument("--inventory", metavar="FILE", help="the inventory to write (default: "
+                       "$XDG_CONFIG_HOME/sparktop/cluster.yaml)")
+    setup.add_argument("--yes", "-y", action="store_true", help="answer yes to every fix (not to an unknown host key)")
+    setup.add_argument("--accept-new-host-keys", action="store_true",
+                       help="trust a host key that is not in known_hosts yet (its fingerprint is printed)")
+    setup.add_argument("--dry-run", action="store_true", help="print every command it would run; run none")
+    setup.add_argument("--quiet", "-q", action="store_true", help="print only results, fixes and changing commands")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparktop",
@@ -820,6 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # In the order `sparktop --help` lists them.
     _add_watching(add, _watch_options)
+    _add_setup(add)
     _add_launching(add)
     _add_status(add, _watch_options)
     _add_web(add, _watch_options)

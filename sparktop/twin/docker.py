@@ -232,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             print("Docker version 28.2.2, build sparktop-twin")
             return 0
         if cmd == "info":
+            if rest[:1] == ["--format"] and rest[1:2] == ["{{json .}}"]:  # what `sparktop setup` reads
+                print(json.dumps({"Name": host.name, "ServerVersion": "28.2.2", "DefaultRuntime": "runc",
+                                  "Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "nvidia": {
+                                      "path": "nvidia-container-runtime"}, "runc": {"path": "runc"}},
+                                  "DockerRootDir": "/var/lib/docker"}))
+                return 0
             print(f"Server Version: 28.2.2\nName: {host.name}\nRuntimes: nvidia runc")
             return 0
     except DockerError as exc:

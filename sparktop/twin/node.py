@@ -4,7 +4,8 @@
 `ray`, `nvidia-smi` and `ping`, and `ethtool`, a shell script: the monitor
 runs `ethtool -S` every second per RDMA port, so it starts no Python: it
 prints what link.py keeps; `df`, a shell script too, the host's one disk as
-its `disk` file says) and every program an engine's image runs that
+its `disk` file says; `ip` and `ib_write_bw`, the fabric's, in
+`fabric_tools.py`) and every program an engine's image runs that
 the twin speaks: each dialect's programs (`dialects.PROGRAMS`: its
 `engine_ids` row's, such as `vllm`, `sglang`, `llama-server` and
 `rpc-server`, and the helpers its images run beside the server, such as
@@ -33,7 +34,8 @@ from sparktop.twin.dialects import PROGRAMS
 
 # The machine's own commands (`ethtool` is a shell script, written apart).
 MACHINE_TOOLS = ("docker", "ray", "nvidia-smi", "ping")
-TOOLS = (*MACHINE_TOOLS, *PROGRAMS)
+FABRIC_TOOLS = ("ib_write_bw",)  # twin/fabric_tools.py: the RDMA test (its `ip` is a shell script, written apart)
+TOOLS = (*MACHINE_TOOLS, *FABRIC_TOOLS, *PROGRAMS)
 
 
 def main(tool: str, argv: list[str]) -> int:
@@ -46,6 +48,10 @@ def main(tool: str, argv: list[str]) -> int:
         from sparktop.twin.ray import main as run
     elif tool == "ping":
         from sparktop.twin.ping import main as run
+    elif tool in FABRIC_TOOLS:
+        from sparktop.twin.fabric_tools import main as fabric
+
+        return fabric(tool, argv)
     elif tool in PROGRAMS:
         # An engine's program: its dialect's module is imported only now, when it runs.
         from sparktop.twin.dialects import dialect_for
@@ -175,4 +181,8 @@ def install(bin_dir: str | Path) -> Path:
             f"sys.exit(main({tool!r}, sys.argv[1:]))\n"
         )
         os.chmod(script, 0o755)
+    from sparktop.twin.fabric_tools import ip_script  # here, not on top: every run of a tool imports node.py
+
+    (bin_dir / "ip").write_text(ip_script(sys.executable, str(src)))
+    os.chmod(bin_dir / "ip", 0o755)
     return bin_dir

@@ -25,6 +25,7 @@ ALLOWED = {
     "launch": {"remote", "observe", "bench", "model"},
     "twin": {"remote", "model"},
     "status": {"remote", "observe", "launch"},
+    "setup": {"remote", "observe"},
     "study": {"remote", "observe", "bench", "model", "launch"},
     # web: the token rules its metrics endpoint shares; launch: the router keys of what sparktop launched
     "history": {"remote", "observe", "web", "launch"},
@@ -32,7 +33,7 @@ ALLOWED = {
     "demo": {"remote", "observe", "launch", "twin", "ui"},
     "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
     "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web",
-            "history"},
+            "history", "setup"},
     "__main__": {"cli"},
 }
 

@@ -20,7 +20,7 @@ def test_every_dialect_program_is_installed_and_owned_by_one_dialect(tmp_path):
     assert PROGRAMS["vllm"] == "vllm" and PROGRAMS["ggml-rpc-server"] == "llama.cpp"
     assert {PROGRAMS[p] for p in ("trtllm-serve", "trtllm-llmapi-launch", "mpirun", "sshd")} == {"trtllm"}
     installed = {p.name for p in node.install(tmp_path).iterdir()}
-    assert installed == {*node.MACHINE_TOOLS, *PROGRAMS, "ethtool", "df"}
+    assert installed == {*node.MACHINE_TOOLS, *node.FABRIC_TOOLS, *PROGRAMS, "ethtool", "df", "ip"}
 
 
 def test_a_program_runs_its_dialect(capsys):
