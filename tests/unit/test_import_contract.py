@@ -30,9 +30,10 @@ ALLOWED = {
     "history": {"remote", "observe", "web", "launch"},
     "ui": {"remote", "observe", "bench", "model", "launch", "study", "history"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
+    "sync": {"remote"},  # copies between nodes and lists their caches: the inventory and the transports only
     "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
     "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web",
-            "history"},
+            "history", "sync"},
     "__main__": {"cli"},
 }
 

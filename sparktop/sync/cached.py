@@ -1,0 +1,64 @@
+"""What each node has cached: the models in its Hugging Face cache (sizes, complete or not) and its Docker images.
+
+`sparktop cache` prints it; one shell round trip per node for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from dataclasses import dataclass, field
+
+from sparktop.remote import Transport, TransportError
+from sparktop.settings import Inventory
+from sparktop.sync import hfcache
+from sparktop.sync.images import LIST_COMMAND, Image, parse_images
+
+
+@dataclass
+class NodeCache:
+    node: str
+    hf_cache: str
+    models: list[hfcache.CachedModel] = field(default_factory=list)
+    images: list[Image] = field(default_factory=list)
+    error: str | None = None  # the node could not be read
+    images_error: str | None = None  # docker could not list its images
+
+    def as_dict(self) -> dict:
+        return {
+            "node": self.node, "hf_cache": self.hf_cache, "error": self.error, "images_error": self.images_error,
+            "models": [{"repo_id": m.repo_id, "bytes": m.size, "revision": m.revision, "complete": m.complete,
+                        "problems": m.problems()} for m in self.models],
+            "images": [{"name": i.name, "id": i.id, "bytes": i.size} for i in self.images],
+        }
+
+
+def _hub(hf_cache: str) -> str:
+    """The hub folder as the node's shell reads it (`~/` is the node user's home)."""
+    cache = hf_cache.rstrip("/")
+    if cache == "~" or cache.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(cache[1:] + "/hub") if cache != "~" else "/hub")
+    return shlex.quote(cache + "/hub")
+
+
+async def node_cache(name: str, transport: Transport, hf_cache: str) -> NodeCache:
+    out = NodeCache(name, hf_cache)
+    try:
+        r = await transport.run(hfcache.listing_script(_hub(hf_cache)), timeout=120)
+        if not r.ok:
+            out.error = f"listing {hf_cache}: {r.first_error_line()}"
+        else:
+            out.models = sorted(hfcache.parse_listing(r.stdout).values(), key=lambda m: m.repo_id)
+        r = await transport.run(LIST_COMMAND)
+        if r.ok:
+            out.images = parse_images(r.stdout)
+        else:
+            out.images_error = f"{LIST_COMMAND}: {r.first_error_line()}"
+    except TransportError as exc:
+        out.error = exc.message
+    return out
+
+
+async def cluster_cache(inventory: Inventory, transports: dict[str, Transport]) -> list[NodeCache]:
+    return list(await asyncio.gather(*(node_cache(n.name, transports[n.name], inventory.defaults.hf_cache)
+                                       for n in inventory.nodes)))

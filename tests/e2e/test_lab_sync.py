@@ -1,0 +1,278 @@
+"""`sparktop sync` and `sparktop cache` between the lab's real OpenSSH hosts, with Debian's real rsync.
+
+A generated snapshot (blobs, snapshot symlinks, refs/main) is copied from
+spark-a's cache to spark-b's, node to node: sparktop runs rsync on spark-a,
+which reaches spark-b over ssh with spark-a's own key and known_hosts
+(`Lab.ssh_mesh`). An interrupted copy leaves nothing in spark-b's cache and
+the next one resumes, which rsync's own `--stats` shows (fewer literal bytes
+than the snapshot). The twin's docker saves and loads an image through the
+same ssh, and the ID on spark-b must equal spark-a's.
+
+Interruptions are made by polling the staging folder's size (a copy slowed
+with --bwlimit so there is something to interrupt), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparktop.twin.images import put_image
+from tests.helpers.hfsnapshot import REVISION, write_snapshot
+from tests.helpers.small_disk import small_tmpfs
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+if not __import__("shutil").which("rsync"):
+    pytest.skip("rsync is not installed (scripts/test installs it)", allow_module_level=True)
+
+
+def sparktop(lab, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sparktop", *args], capture_output=True, text=True,
+                          env=lab.env(), timeout=timeout)
+
+
+def start_sparktop(lab, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sparktop", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=lab.env())
+
+
+@pytest.fixture(scope="module")
+def inventory(lab) -> Path:
+    """The lab's nodes, each with the RSYNC_RSH that points its ssh at its own keys and known_hosts."""
+    rsh = lab.ssh_mesh()
+    lines = ["nodes:"]
+    for host in lab.hosts:
+        lines += [f"  - name: {host.name}", f"    host: lab-{host.name}", f"    fabric_ip: {host.address}",
+                  "    eth_if: enp1s0f1np1", "    env:", f"      RSYNC_RSH: {rsh[host.name]}"]
+    path = lab.root / "sync-cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def hub(host) -> Path:
+    return host.home / ".cache/huggingface/hub"
+
+
+def staging(host) -> Path:
+    return host.home / ".cache/huggingface/.sparktop-sync"
+
+
+def tree(folder: Path) -> dict[str, tuple[str, int | str]]:
+    """Every file (its size) and symlink (its target) under `folder`."""
+    out: dict[str, tuple[str, int | str]] = {}
+    for path in sorted(folder.rglob("*")):
+        rel = str(path.relative_to(folder))
+        if path.is_symlink():
+            out[rel] = ("l", os.readlink(path))
+        elif path.is_file():
+            out[rel] = ("f", path.stat().st_size)
+    return out
+
+
+def folder_bytes(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            p = Path(root) / name
+            if not p.is_symlink():
+                with contextlib.suppress(FileNotFoundError):  # rsync renamed its temporary file meanwhile
+                    total += p.stat().st_size
+    return total
+
+
+def wait_for(predicate, timeout: float, what: str, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout:g}s")
+        time.sleep(step)
+
+
+def sent_bytes(out: str) -> int:
+    m = re.search(r"sent \(([\d,]+) bytes\)", out)
+    assert m, out
+    return int(m.group(1).replace(",", ""))
+
+
+def test_sync_copies_a_snapshot_node_to_node(lab, inventory):
+    a, b = lab.hosts[:2]
+    repo = "lab-org/tiny-model"
+    write_snapshot(hub(a), repo, {"model-00001-of-00002.safetensors": 3_000_000,
+                                  "model-00002-of-00002.safetensors": 1_500_000, "tokenizer.json": 20_000})
+    r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "spark-b" in r.stdout and "done" in r.stdout
+    folder = "models--lab-org--tiny-model"
+    assert tree(hub(b) / folder) == tree(hub(a) / folder)
+    link = hub(b) / folder / "snapshots" / REVISION / "model-00001-of-00002.safetensors"
+    assert link.is_symlink() and link.resolve().stat().st_size == 3_000_000
+    assert (hub(b) / folder / "refs/main").read_text() == REVISION
+    assert not (staging(b) / folder).exists()
+    # A second sync has nothing to do.
+    again = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    assert again.returncode == 0 and "already has" in again.stdout, again.stdout + again.stderr
+    # ... and `cache` shows it complete on both nodes.
+    shown = sparktop(lab, "cache", "--inventory", str(inventory), "--json")
+    assert shown.returncode == 0, shown.stderr
+    nodes = {n["node"]: n for n in json.loads(shown.stdout)}
+    for name in ("spark-a", "spark-b"):
+        model = next(m for m in nodes[name]["models"] if m["repo_id"] == repo)
+        assert model["complete"] and model["revision"] == REVISION
+        assert model["bytes"] == sum(s for _, s in tree(hub(a) / folder).values() if isinstance(s, int))
+
+
+def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
+    a, b = lab.hosts[:2]
+    repo = "lab-org/dry-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 100_000})
+    r = sparktop(lab, "sync", repo, "--inventory", str(inventory), "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rsync -a --partial" in r.stdout and "BatchMode=yes" in r.stdout and "mv -T" in r.stdout
+    assert not (hub(b) / "models--lab-org--dry-model").exists()
+    assert not (staging(b) / "models--lab-org--dry-model").exists()
+
+
+def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, inventory):
+    a, b = lab.hosts[:2]
+    repo = "lab-org/big-model"
+    folder = "models--lab-org--big-model"
+    sizes = write_snapshot(hub(a), repo, {"model.safetensors": 48_000_000})
+    total = sum(sizes.values()) + len(REVISION)
+    proc = start_sparktop(lab, "sync", repo, "--inventory", str(inventory), "--bwlimit", "4M")
+    try:
+        # Interrupted once a quarter of it is in spark-b's staging folder (rsync's temporary file counts).
+        wait_for(lambda: folder_bytes(staging(b) / folder) > total // 4 or proc.poll() is not None, 120,
+                 "a quarter of the snapshot staged")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not (hub(b) / folder).exists()
+    # rsync on spark-a was stopped (its pid, by sparktop): the staging folder stops growing, partial data kept.
+    kept = wait_for(lambda: (lambda s: s if s == folder_bytes(staging(b) / folder) else 0)(
+        folder_bytes(staging(b) / folder)), 30, "the staging folder to stop changing", step=0.5)
+    assert 0 < kept < total
+    r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "already staged" in r.stdout
+    sent = sent_bytes(r.stdout)
+    print(f"snapshot {total} bytes; {kept} staged before the interruption; the resumed copy sent {sent} bytes")
+    assert sent < total - total // 8  # rsync sent only what was not there yet (its own Literal data count)
+    assert tree(hub(b) / folder) == tree(hub(a) / folder)
+    assert not (staging(b) / folder).exists()
+
+
+def test_a_snapshot_that_changes_while_copied_is_not_moved_in(lab, inventory):
+    a, b = lab.hosts[:2]
+    repo = "lab-org/moving-model"
+    folder = "models--lab-org--moving-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 24_000_000})
+    proc = start_sparktop(lab, "sync", repo, "--inventory", str(inventory), "--bwlimit", "4M")
+    try:
+        wait_for(lambda: folder_bytes(staging(b) / folder) > 1_000_000 or proc.poll() is not None, 120,
+                 "the copy to start")
+        # The download on spark-a goes on meanwhile: its revision's ref is rewritten.
+        ref = hub(a) / folder / "refs/main"
+        ref.write_text("fedcba9876543210fedcba9876543210fedcba98")
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    fail = [line for line in out.splitlines() if "FAIL" in line]
+    assert fail and "changed on spark-a while it was copied" in fail[0], out
+    assert not (hub(b) / folder).exists()
+
+
+def test_no_space_on_the_target_is_refused_before_copying(lab, inventory):
+    """The free space is what the twin's `df` says for spark-b's disk (TwinHost.set_disk): the stand-in df
+    answers for every path of a lab host, so the test sets it."""
+    a, b = lab.hosts[:2]
+    repo = "lab-org/roomy-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 2_000_000})
+    before = b.twin.disk()
+    b.twin.set_disk(500_000)
+    try:
+        r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    finally:
+        b.twin.set_disk(before[1], before[0])
+    assert r.returncode == 1
+    fail = [line for line in r.stdout.splitlines() if "FAIL" in line]
+    assert len(fail) == 1, r.stdout
+    assert "spark-b: not enough space in" in fail[0] and ".cache/huggingface" in fail[0]
+    assert re.search(r"needs 2\.0 MB, [\d.]+ kB free", fail[0]), fail[0]
+    assert not (hub(b) / "models--lab-org--roomy-model").exists()
+    assert not (staging(b) / "models--lab-org--roomy-model").exists()
+    assert "Traceback" not in r.stderr
+
+
+def test_a_disk_that_fills_during_the_copy_leaves_the_cache_untouched(lab, inventory, tmp_path):
+    """A real small filesystem (a 1 MB tmpfs over spark-b's cache): rsync itself runs out of space."""
+    a, b = lab.hosts[:2]
+    repo = "lab-org/full-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 3_000_000})
+    cache = b.home / ".cache/huggingface"
+    saved = tmp_path / "saved-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.rename(saved)
+    try:
+        with small_tmpfs(cache, "1m"):
+            r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+            assert r.returncode == 1, r.stdout + r.stderr
+            fail = [line for line in r.stdout.splitlines() if "FAIL" in line]
+            # rsync over ssh passes the receiver's exit status on, not always its message: exit 11 is file I/O.
+            assert fail and "rsync on spark-a failed (exit 11: error in file I/O" in fail[0], r.stdout
+            assert not (cache / "hub/models--lab-org--full-model").exists()
+    finally:
+        if cache.exists():
+            cache.rmdir()
+        saved.rename(cache)
+
+
+def test_an_image_is_saved_and_loaded_with_the_same_id(lab, inventory):
+    a, b = lab.hosts[:2]
+    image = "lab/sync-test:1"
+    put_image(a.twin, {"name": image, "size": 12_000_000})
+    r = sparktop(lab, "sync", image, "--inventory", str(inventory))
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids = [lab.sh(h, f"docker image inspect --format '{{{{.Id}}}}' {image}").stdout.strip() for h in (a, b)]
+    assert ids[0].startswith("sha256:") and ids[0] == ids[1]
+    assert "image ID" in r.stdout and "done" in r.stdout
+    assert sent_bytes(r.stdout) >= 12_000_000  # dd's count of the bytes through the pipe
+    shown = sparktop(lab, "cache", "--inventory", str(inventory), "--json")
+    images = {i["name"]: i for i in next(n for n in json.loads(shown.stdout) if n["node"] == "spark-b")["images"]}
+    assert images[image]["bytes"] == 12_000_000
+
+
+def test_a_host_key_the_source_does_not_know_is_refused(lab, inventory):
+    a, b = lab.hosts[:2]
+    repo = "lab-org/trust-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 10_000})
+    known = a.home / ".ssh/known_hosts"
+    saved = known.read_text()
+    known.write_text("")
+    try:
+        r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    finally:
+        known.write_text(saved)
+    assert r.returncode == 1
+    fail = [line for line in r.stdout.splitlines() if "FAIL" in line]
+    assert fail and "Host key verification failed" in fail[0], r.stdout
+    assert not (hub(b) / "models--lab-org--trust-model").exists()
