@@ -192,4 +192,6 @@ def missing_or_short(source: CachedModel, copy: CachedModel | None) -> list[str]
         elif c.kind != e.kind or (e.kind == "f" and c.size != e.size) or (e.kind == "l" and c.target != e.target):
             out.append(f"{path} differs ({c.size} bytes, {e.size} expected)" if e.kind == "f"
                        else f"{path} differs")
+    out += [f"refs/{ref} names {copy.refs.get(ref) or 'nothing'}, the source's {rev}"
+            for ref, rev in source.refs.items() if copy.refs.get(ref) != rev]
     return out

@@ -255,8 +255,12 @@ class Syncer:
                                  f"{human_bytes(free)} free"))
             return
         node = self.inventory.node(target)
-        mkdir = f"mkdir -p {shlex.quote(stage)}"
-        rsync = ["rsync", "-a", "--partial", "--info=progress2", "--stats", "--exclude=*" + hfcache.INCOMPLETE]
+        # Refs are not left to rsync: a rewritten ref has the same 40 bytes, and rsync's quick check (size and mtime
+        # to the second, against the staging folder or --link-dest's) can take it for the old one. They are
+        # written from the source's listing once the copy is whole (`_refs_script`); an older attempt's go first.
+        mkdir = f"mkdir -p {shlex.quote(stage)} && rm -rf {shlex.quote(stage + '/refs')}"
+        rsync = ["rsync", "-a", "--partial", "--info=progress2", "--stats", "--exclude=*" + hfcache.INCOMPLETE,
+                 "--exclude=/refs/"]
         if req.bwlimit:
             rsync.append(f"--bwlimit={req.bwlimit}")
         if have is not None:
@@ -264,9 +268,11 @@ class Syncer:
         words = " ".join(shlex.quote(w) for w in rsync)
         rsync_line = (f'{words} -e "{ssh_command(node)}" {shlex.quote(sp.hub + "/" + folder + "/")} '
                       f"{shlex.quote(address_of(node) + ':' + stage + '/')}")
+        refs = self._refs_script(stage, src.refs)
         finish = self._finish_script(tp.hub, stage, dest)
         emit(CommandShown(target, mkdir))
         emit(CommandShown(source, rsync_line))
+        emit(CommandShown(target, refs))
         emit(CommandShown(target, finish))
         if req.dry_run:
             return
@@ -296,6 +302,11 @@ class Syncer:
             emit(Refused(target, f"{target}: {repo} changed on {source} while it was copied ({changed[0]}); "
                                  "nothing was moved into the cache"))
             return
+        r = await self._run_on(target, refs)
+        if not r.ok:
+            self.failed = True
+            emit(Refused(target, f"{target}: writing the refs in {stage} failed: {r.first_error_line()}"))
+            return
         arrived = await self._listing(target, tp.staging, repo)
         short = hfcache.missing_or_short(src, arrived)
         if short:
@@ -321,14 +332,25 @@ class Syncer:
                           f"{files} files with the source's sizes, {links} snapshot links, in {dest}"))
 
     @staticmethod
+    def _refs_script(stage: str, refs: dict[str, str]) -> str:
+        """The source's refs, written into the staging folder as the hub writes them (the revision, no newline)."""
+        lines = ["set -e"]
+        for ref, rev in sorted(refs.items()):
+            path = f"{stage}/refs/{ref}"
+            lines.append(f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}; printf %s {shlex.quote(rev)} > "
+                         f"{shlex.quote(path)}")
+        return "; ".join(lines)
+
+    @staticmethod
     def _finish_script(hub: str, stage: str, dest: str) -> str:
         """Move the staging folder into the cache: one rename when the model is not there at all; else merged
-        (hard links, no bytes copied) blobs first, then snapshots, then the rest (refs)."""
+        (hard links, no bytes copied) blobs first, then snapshots, then the rest (refs, copied whatever their
+        mtimes say: a rewritten ref has the same size)."""
         h, s, d = shlex.quote(hub), shlex.quote(stage), shlex.quote(dest)
         return (f"set -e; mkdir -p {h}; if [ ! -e {d} ]; then mv -T {s} {d}; else "
                 f"for sub in blobs snapshots; do if [ -d {s}/$sub ]; then "
                 f"rsync -a --link-dest={s}/$sub {s}/$sub/ {d}/$sub/; fi; done; "
-                f"rsync -a --exclude=/blobs --exclude=/snapshots --link-dest={s} {s}/ {d}/; rm -rf {s}; fi")
+                f"rsync -a --ignore-times --exclude=/blobs --exclude=/snapshots {s}/ {d}/; rm -rf {s}; fi")
 
     # -- an image ---------------------------------------------------------------------
 
