@@ -95,6 +95,8 @@ _EXITS = {1: "syntax or usage error", 2: "protocol incompatibility", 3: "errors 
 def exit_words(status: int) -> str:
     """`exit 11: error in file I/O: ...` (rsync over ssh does not always pass the receiver's own message on)."""
     words = _EXITS.get(status)
+    if words is None and 128 < status < 160:  # the shell's status for a process a signal ended
+        words = f"killed by signal {status - 128}"
     return f"exit {status}: {words}" if words else f"exit {status}"
 
 

@@ -200,6 +200,49 @@ def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, invent
     assert not (staging(b) / folder).exists()
 
 
+def test_rsync_killed_on_the_source_leaves_nothing_in_the_cache_and_resumes(lab, inventory):
+    """The transfer itself dies (rsync on spark-a killed, as a dropped link or an OOM kill would): sparktop says so
+    in one line and the next sync resumes from what spark-b's staging folder kept."""
+    psutil = pytest.importorskip("psutil")
+    a, b = lab.hosts[:2]
+    repo = "lab-org/killed-model"
+    folder = "models--lab-org--killed-model"
+    sizes = write_snapshot(hub(a), repo, {"model.safetensors": 32_000_000})
+    total = sum(sizes.values()) + len(REVISION)
+    proc = start_sparktop(lab, "sync", repo, "--inventory", str(inventory), "--bwlimit", "4M")
+    try:
+        wait_for(lambda: folder_bytes(staging(b) / folder) > total // 4 or proc.poll() is not None, 120,
+                 "a quarter of the snapshot staged")
+
+        def sender():
+            # The rsync spark-a's sshd (which the lab started) runs for this copy: the one sending from its cache.
+            for child in psutil.Process(a.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    cmd = child.cmdline()
+                    if cmd and cmd[0].endswith("rsync") and "--server" not in cmd and any(folder in c for c in cmd):
+                        return child
+            return None
+
+        wait_for(sender, 30, "spark-a's rsync").kill()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    fail = [line for line in out.splitlines() if "FAIL" in line]
+    assert len(fail) == 1 and "spark-b: rsync on spark-a failed (exit 137: killed by signal 9)" in fail[0], out
+    assert "the next sync resumes from" in fail[0] and "Traceback" not in err
+    assert not (hub(b) / folder).exists()
+    kept = folder_bytes(staging(b) / folder)
+    assert kept > 0
+    r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+    assert r.returncode == 0, r.stdout + r.stderr
+    sent = sent_bytes(r.stdout)
+    print(f"snapshot {total} bytes; {kept} kept after rsync was killed; the resumed copy sent {sent} bytes")
+    assert sent < total - kept + 1_000_000
+    assert tree(hub(b) / folder) == tree(hub(a) / folder)
+
+
 def test_a_snapshot_that_changes_while_copied_is_not_moved_in(lab, inventory):
     a, b = lab.hosts[:2]
     repo = "lab-org/moving-model"

@@ -51,6 +51,7 @@ def test_rsync_failure_says_the_receivers_reason():
     assert rsync_reason([]) == "no message"
     assert exit_words(11).startswith("exit 11: error in file I/O")
     assert exit_words(99) == "exit 99"
+    assert exit_words(137) == "exit 137: killed by signal 9"
 
 
 def test_dd_progress():
