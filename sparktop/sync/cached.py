@@ -13,6 +13,7 @@ from sparktop.remote import Transport, TransportError
 from sparktop.settings import Inventory
 from sparktop.sync import hfcache
 from sparktop.sync.images import LIST_COMMAND, Image, parse_images
+from sparktop.sync.transfer import human_bytes
 
 
 @dataclass
@@ -39,6 +40,31 @@ def _hub(hf_cache: str) -> str:
     if cache == "~" or cache.startswith("~/"):
         return '"$HOME"' + (shlex.quote(cache[1:] + "/hub") if cache != "~" else "/hub")
     return shlex.quote(cache + "/hub")
+
+
+COLUMNS = ("node", "kind", "name", "size", "state")
+
+
+def rows(caches: list[NodeCache]) -> list[tuple[str, str, str, str, str, str]]:
+    """A row per model and image of every node, as `sparktop cache` and the app's cache screen show them:
+    (node, kind, name, size, state, level), level `ok`, `warn` (incomplete, docker unreadable) or `error` (the
+    node unreachable)."""
+    out = []
+    for cache in caches:
+        if cache.error:
+            out.append((cache.node, "", "", "", cache.error, "error"))
+            continue
+        for m in cache.models:
+            problems = m.problems()
+            state = f"complete, revision {(m.revision or '?')[:12]}" if not problems else f"incomplete: {problems[0]}"
+            out.append((cache.node, "model", m.repo_id, human_bytes(m.size), state, "warn" if problems else "ok"))
+        for i in cache.images:
+            out.append((cache.node, "image", i.name, human_bytes(i.size), i.id[:19], "ok"))
+        if cache.images_error:
+            out.append((cache.node, "image", "", "", cache.images_error, "warn"))
+        if not cache.models and not cache.images:
+            out.append((cache.node, "", f"nothing in {cache.hf_cache}, no images", "", "", "ok"))
+    return out
 
 
 async def node_cache(name: str, transport: Transport, hf_cache: str) -> NodeCache:

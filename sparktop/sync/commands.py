@@ -22,7 +22,7 @@ from rich.table import Table
 
 from sparktop.remote import Transport, transport_for
 from sparktop.settings import Inventory, load_inventory
-from sparktop.sync.cached import NodeCache, cluster_cache
+from sparktop.sync.cached import COLUMNS, NodeCache, cluster_cache, rows
 from sparktop.sync.events import (
     CommandShown,
     Found,
@@ -136,22 +136,12 @@ def cmd_sync(args) -> int:
 
 def _table(caches: list[NodeCache]) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("node", "kind", "name", "size", "state"):
+    for column in COLUMNS:
         table.add_column(column, justify="right" if column == "size" else "left")
-    for cache in caches:
-        if cache.error:
-            table.add_row(cache.node, "", "", "", f"[red]{escape(cache.error)}[/red]")
-            continue
-        for m in cache.models:
-            problems = m.problems()
-            state = f"complete, revision {(m.revision or '?')[:12]}" if not problems else f"incomplete: {problems[0]}"
-            table.add_row(cache.node, "model", escape(m.repo_id), human_bytes(m.size), escape(state))
-        for i in cache.images:
-            table.add_row(cache.node, "image", escape(i.name), human_bytes(i.size), escape(i.id[:19]))
-        if cache.images_error:
-            table.add_row(cache.node, "image", "", "", f"[yellow]{escape(cache.images_error)}[/yellow]")
-        if not cache.models and not cache.images:
-            table.add_row(cache.node, "", f"[dim]nothing in {escape(cache.hf_cache)}, no images[/dim]", "", "")
+    style = {"ok": "", "warn": "yellow", "error": "red"}
+    for *cells, level in rows(caches):
+        table.add_row(*(escape(c) for c in cells[:4]), f"[{style[level]}]{escape(cells[4])}[/]" if style[level]
+                      else escape(cells[4]))
     return table
 
 

@@ -28,7 +28,7 @@ ALLOWED = {
     "study": {"remote", "observe", "bench", "model", "launch"},
     # web: the token rules its metrics endpoint shares; launch: the router keys of what sparktop launched
     "history": {"remote", "observe", "web", "launch"},
-    "ui": {"remote", "observe", "bench", "model", "launch", "study", "history"},
+    "ui": {"remote", "observe", "bench", "model", "launch", "study", "history", "sync"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
     "sync": {"remote"},  # copies between nodes and lists their caches: the inventory and the transports only
     "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
