@@ -340,3 +340,60 @@ def test_a_host_key_the_source_does_not_know_is_refused(lab, inventory):
     fail = [line for line in r.stdout.splitlines() if "FAIL" in line]
     assert fail and "Host key verification failed" in fail[0], r.stdout
     assert not (hub(b) / "models--lab-org--trust-model").exists()
+
+
+async def test_preflight_offers_sync_and_passes_after_it(lab, inventory, monkeypatch):
+    """Preflight on spark-b names `sparktop sync` for the missing weights and image; after both syncs the weights
+    and image checks pass on both nodes."""
+    from sparktop.launch.catalog import find_recipe
+    from sparktop.launch.preflight import run_preflight
+    from sparktop.launch.topology import make_plan
+    from sparktop.remote import transport_for
+    from sparktop.settings import load_inventory
+
+    a, b = lab.hosts[:2]
+    model, image = "nvidia/Llama-3.1-8B-Instruct-FP8", "lab/vllm-synced:1"
+    write_snapshot(hub(a), model, {"model-00001-of-00001.safetensors": 1_000_000})
+    put_image(a.twin, {"name": image, "size": 3_000_000})
+    path = lab.root / "sync-preflight.yaml"
+    path.write_text(f"defaults:\n  image: {image}\n" + inventory.read_text())
+    monkeypatch.setenv("HOME", str(lab.client_home))  # the lab's ssh config and known_hosts, as the CLI's
+    inv = load_inventory(path)
+    recipe = find_recipe("llama-3.1-8b")
+    plan = make_plan(recipe, "shuffle", inv)
+
+    async def checks() -> dict[tuple[str, str], object]:
+        transports = {n.name: transport_for(n) for n in inv.nodes}
+        try:
+            result = await run_preflight(plan, recipe, inv, transports)
+        finally:
+            for t in transports.values():
+                await t.close()
+        return {(c.name, c.node): c for c in result.checks}
+
+    before = await checks()
+    assert before[("weights", "spark-b")].status == "warn"
+    assert f"sparktop sync {model} --to spark-b" in before[("weights", "spark-b")].message
+    assert before[("image", "spark-b")].status == "fail"
+    assert f"sparktop sync {image} --to spark-b" in before[("image", "spark-b")].message
+    for what in (model, image):
+        r = sparktop(lab, "sync", what, "--inventory", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+    after = await checks()
+    for node in ("spark-a", "spark-b"):
+        assert after[("weights", node)].status == "pass", after[("weights", node)]
+        assert after[("image", node)].status == "pass", after[("image", node)]
+    assert ("image", "all") not in after  # the same ID on both
+
+
+def test_bad_input_is_one_line(lab, inventory):
+    for args, said in (
+        (["sync", "lab-org/nowhere"], "no node has a complete snapshot of lab-org/nowhere (spark-a: not cached; "
+                                      "spark-b: not cached)"),
+        (["sync", "lab/no-such-image:1"], "has no image lab/no-such-image:1 to copy"),
+        (["sync", "lab-org/tiny-model", "--to", "spark-z"], "no node named 'spark-z'"),
+    ):
+        r = sparktop(lab, *args, "--inventory", str(inventory))
+        assert r.returncode != 0, r.stdout
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0] and lines[0].startswith("sparktop: "), r.stderr
