@@ -88,7 +88,7 @@ _EXITS = {1: "syntax or usage error", 2: "protocol incompatibility", 3: "errors 
           5: "error starting the client-server protocol", 10: "error in socket I/O",
           11: "error in file I/O: a full disk, or a folder it cannot write", 12: "error in the protocol data stream",
           20: "interrupted", 23: "some files were not transferred", 24: "some source files vanished",
-          30: "timeout in data send/receive", 35: "timeout waiting for daemon connection",
+          30: "timeout in data send/receive", 127: "command not found", 35: "timeout waiting for daemon connection",
           255: "ssh failed, or the connection was lost"}
 
 

@@ -90,10 +90,16 @@ def address_of(target: Node) -> str:
 
 
 def streamed(script: str) -> str:
-    """Run `script` in the background under bash, say its pid and its exit status, and turn the progress lines'
-    carriage returns into newlines as they come (stdbuf: tr would otherwise hold them in a 4 kB buffer)."""
-    return ("{ bash -c " + shlex.quote("set -o pipefail; " + script) + " & "
-            f"echo \"{PID_MARK}$!\"; wait $!; echo \"{EXIT_MARK}$?\"; }} 2>&1 | stdbuf -o0 tr '\\r' '\\n'")
+    """Run `script` under bash in the background, in a process group of its own (`set -m`), say that group's id
+    and then its exit status, and turn the progress lines' carriage returns into newlines as they come (stdbuf:
+    tr would otherwise hold them in a 4 kB buffer). The group is what a cancel kills: rsync and its ssh, or
+    every command of the docker pipeline."""
+    inner = "set -o pipefail; " + script
+    # The job's stderr joins its stdout; the shell's own (job control's "[1]+ Exit 3 ..." notices) goes nowhere.
+    # The exit status on a line of its own: a process killed mid-line left its last progress line unfinished.
+    outer = (f"{{ set -m; bash -c {shlex.quote(inner)} 2>&1 & echo \"{PID_MARK}$!\"; wait $!; s=$?; "
+             f"echo; echo \"{EXIT_MARK}$s\"; }} 2>/dev/null | stdbuf -o0 tr '\\r' '\\n'")
+    return "bash -c " + shlex.quote(outer)
 
 
 @dataclass
@@ -175,17 +181,25 @@ class Syncer:
         status = 255
         try:
             async for line in self.transports[source].stream(streamed(script)):
+                for mark in (PID_MARK, EXIT_MARK):  # a marker the job's output ran into, without a newline
+                    at = line.find(mark)
+                    if at > 0:
+                        lines.append(line[:at])
+                        on_line(line[:at])
+                        line = line[at:]
                 if line.startswith(PID_MARK):
                     pid.append(line[len(PID_MARK):].strip())
                 elif line.startswith(EXIT_MARK):
-                    status = int(line[len(EXIT_MARK):].strip() or 255)
+                    value = line[len(EXIT_MARK):].strip()
+                    status = int(value) if value.isdigit() else 255
                 else:
                     lines.append(line)
                     on_line(line)
         except BaseException:
             if pid and pid[0].isdigit():
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._run_on(source, f"kill -TERM {int(pid[0])} 2>/dev/null", timeout=10))
+                    # The group (a negative pid): rsync and the ssh it started, or the whole pipeline.
+                    await asyncio.shield(self._run_on(source, f"kill -TERM -{int(pid[0])} 2>/dev/null", timeout=10))
             raise
         return status, lines
 

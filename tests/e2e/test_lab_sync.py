@@ -101,6 +101,18 @@ def wait_for(predicate, timeout: float, what: str, step: float = 0.05):
         time.sleep(step)
 
 
+def rsync_sending(host, folder: str):
+    """The rsync that `host`'s sshd (which the lab started) runs to send `folder` from its cache, or None."""
+    import psutil
+
+    for child in psutil.Process(host.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = child.cmdline()
+            if cmd and cmd[0].endswith("rsync") and "--server" not in cmd and any(folder in c for c in cmd):
+                return child
+    return None
+
+
 def sent_bytes(out: str) -> int:
     m = re.search(r"sent \(([\d,]+) bytes\)", out)
     assert m, out
@@ -184,7 +196,9 @@ def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, invent
     assert proc.returncode == 130, out + err
     assert "interrupted" in err and "Traceback" not in err
     assert not (hub(b) / folder).exists()
-    # rsync on spark-a was stopped (its pid, by sparktop): the staging folder stops growing, partial data kept.
+    # sparktop stopped the rsync it ran on spark-a (its process group, by the id the command reported).
+    wait_for(lambda: rsync_sending(a, folder) is None, 30, "spark-a's rsync to end")
+    # The staging folder stops growing, its partial data kept.
     kept = wait_for(lambda: (lambda s: s if s == folder_bytes(staging(b) / folder) else 0)(
         folder_bytes(staging(b) / folder)), 30, "the staging folder to stop changing", step=0.5)
     assert 0 < kept < total
@@ -203,7 +217,6 @@ def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, invent
 def test_rsync_killed_on_the_source_leaves_nothing_in_the_cache_and_resumes(lab, inventory):
     """The transfer itself dies (rsync on spark-a killed, as a dropped link or an OOM kill would): sparktop says so
     in one line and the next sync resumes from what spark-b's staging folder kept."""
-    psutil = pytest.importorskip("psutil")
     a, b = lab.hosts[:2]
     repo = "lab-org/killed-model"
     folder = "models--lab-org--killed-model"
@@ -213,17 +226,7 @@ def test_rsync_killed_on_the_source_leaves_nothing_in_the_cache_and_resumes(lab,
     try:
         wait_for(lambda: folder_bytes(staging(b) / folder) > total // 4 or proc.poll() is not None, 120,
                  "a quarter of the snapshot staged")
-
-        def sender():
-            # The rsync spark-a's sshd (which the lab started) runs for this copy: the one sending from its cache.
-            for child in psutil.Process(a.proc.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    cmd = child.cmdline()
-                    if cmd and cmd[0].endswith("rsync") and "--server" not in cmd and any(folder in c for c in cmd):
-                        return child
-            return None
-
-        wait_for(sender, 30, "spark-a's rsync").kill()
+        wait_for(lambda: rsync_sending(a, folder), 30, "spark-a's rsync").kill()
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
