@@ -120,6 +120,8 @@ def sent_bytes(out: str) -> int:
 
 
 def test_sync_copies_a_snapshot_node_to_node(lab, inventory):
+    """spark-a's snapshot arrives whole in spark-b's cache (files, sizes, symlinks, refs), a second sync has
+    nothing to do, and `cache` shows it complete on both."""
     a, b = lab.hosts[:2]
     repo = "lab-org/tiny-model"
     write_snapshot(hub(a), repo, {"model-00001-of-00002.safetensors": 3_000_000,
@@ -166,6 +168,7 @@ def test_a_new_revision_is_merged_beside_the_one_the_target_has(lab, inventory):
 
 
 def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
+    """--dry-run prints the mkdir, the rsync and the move, and runs none of them."""
     a, b = lab.hosts[:2]
     repo = "lab-org/dry-model"
     write_snapshot(hub(a), repo, {"model.safetensors": 100_000})
@@ -177,6 +180,8 @@ def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
 
 
 def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, inventory):
+    """Ctrl-C (SIGINT to sparktop) mid-copy: exit 130, nothing in spark-b's cache, spark-a's rsync stopped; the
+    next sync sends only what was not staged."""
     a, b = lab.hosts[:2]
     repo = "lab-org/big-model"
     folder = "models--lab-org--big-model"
@@ -247,6 +252,7 @@ def test_rsync_killed_on_the_source_leaves_nothing_in_the_cache_and_resumes(lab,
 
 
 def test_a_snapshot_that_changes_while_copied_is_not_moved_in(lab, inventory):
+    """A file of the snapshot rewritten on spark-a during the copy: one FAIL line, nothing moved into the cache."""
     a, b = lab.hosts[:2]
     repo = "lab-org/moving-model"
     folder = "models--lab-org--moving-model"
@@ -314,6 +320,7 @@ def test_a_disk_that_fills_during_the_copy_leaves_the_cache_untouched(lab, inven
 
 
 def test_an_image_is_saved_and_loaded_with_the_same_id(lab, inventory):
+    """docker save | dd | ssh spark-b docker load: the same image ID on both, the bytes counted through the pipe."""
     a, b = lab.hosts[:2]
     image = "lab/sync-test:1"
     put_image(a.twin, {"name": image, "size": 12_000_000})
@@ -329,6 +336,7 @@ def test_an_image_is_saved_and_loaded_with_the_same_id(lab, inventory):
 
 
 def test_a_host_key_the_source_does_not_know_is_refused(lab, inventory):
+    """spark-a does not know spark-b's host key: ssh in batch mode refuses, sparktop says so, nothing copied."""
     a, b = lab.hosts[:2]
     repo = "lab-org/trust-model"
     write_snapshot(hub(a), repo, {"model.safetensors": 10_000})
@@ -390,6 +398,7 @@ async def test_preflight_offers_sync_and_passes_after_it(lab, inventory, monkeyp
 
 
 def test_bad_input_is_one_line(lab, inventory):
+    """Nothing to copy, or a node the inventory does not have: one line on stderr, non-zero exit."""
     for args, said in (
         (["sync", "lab-org/nowhere"], "no node has a complete snapshot of lab-org/nowhere (spark-a: not cached; "
                                       "spark-b: not cached)"),
