@@ -324,6 +324,19 @@ def test_an_image_is_saved_and_loaded_with_the_same_id(lab, inventory):
     a, b = lab.hosts[:2]
     image = "lab/sync-test:1"
     put_image(a.twin, {"name": image, "size": 12_000_000})
+    dry = sparktop(lab, "sync", image, "--inventory", str(inventory), "--dry-run")
+    assert dry.returncode == 0 and "docker save lab/sync-test:1 | dd" in dry.stdout, dry.stdout + dry.stderr
+    # Docker's disk on spark-b as the twin's df says it (TwinHost.set_disk): too small, refused before anything.
+    before = b.twin.disk()
+    b.twin.set_disk(5_000_000)
+    try:
+        small = sparktop(lab, "sync", image, "--inventory", str(inventory))
+    finally:
+        b.twin.set_disk(before[1], before[0])
+    fail = [line for line in small.stdout.splitlines() if "FAIL" in line]
+    assert small.returncode == 1 and len(fail) == 1, small.stdout + small.stderr
+    assert re.search(r"spark-b: not enough space in \S+ for lab/sync-test:1: needs 12\.0 MB, [\d.]+ MB free", fail[0])
+    assert lab.sh(b, f"docker image inspect {image}").returncode != 0
     r = sparktop(lab, "sync", image, "--inventory", str(inventory))
     assert r.returncode == 0, r.stdout + r.stderr
     ids = [lab.sh(h, f"docker image inspect --format '{{{{.Id}}}}' {image}").stdout.strip() for h in (a, b)]
