@@ -83,8 +83,12 @@ def ssh_command(target: Node) -> str:
     return "${RSYNC_RSH:-ssh} -o BatchMode=yes" + port
 
 
-def address_of(target: Node) -> str:
-    """Where the source sends the bytes: the fabric address where there is one."""
+def address_of(target: Node, source: Node | None = None) -> str:
+    """Where the source sends the bytes: the fabric address where there is one, else the target's host. A target
+    the inventory names `localhost` (this machine) has no address another node could use: an error."""
+    if not target.fabric_ip and target.is_local and source is not None and not source.is_local:
+        raise SyncError(f"{source.name} cannot reach {target.name}: the inventory gives {target.name} no fabric_ip "
+                        f"and its host is {target.host or 'localhost'} (add `fabric_ip:` to {target.name})")
     host = target.fabric_ip or target.host
     return f"{target.user}@{host}" if target.user else host
 
@@ -247,7 +251,7 @@ class Syncer:
                 continue
             if target not in paths:
                 self.failed = True
-                emit(Refused(target, f"{target}: unreachable ({dict(states).get(target, '')})"))
+                emit(Refused(target, f"{target}: {dict(states).get(target, 'unreachable')}"))
                 continue
             have = found.get(target)
             if have is not None and not hfcache.missing_or_short(src, have):
@@ -269,19 +273,22 @@ class Syncer:
                                  f"{human_bytes(free)} free"))
             return
         node = self.inventory.node(target)
+        via = address_of(node, self.inventory.node(source))
         # Refs are not left to rsync: a rewritten ref has the same 40 bytes, and rsync's quick check (size and mtime
         # to the second, against the staging folder or --link-dest's) can take it for the old one. They are
         # written from the source's listing once the copy is whole (`_refs_script`); an older attempt's go first.
         mkdir = f"mkdir -p {shlex.quote(stage)} && rm -rf {shlex.quote(stage + '/refs')}"
-        rsync = ["rsync", "-a", "--partial", "--info=progress2", "--stats", "--exclude=*" + hfcache.INCOMPLETE,
-                 "--exclude=/refs/"]
+        # --delete: the staging folder mirrors the source, so a file an older attempt staged that the source no
+        # longer has is not moved into the cache with the rest.
+        rsync = ["rsync", "-a", "--partial", "--delete", "--info=progress2", "--stats",
+                 "--exclude=*" + hfcache.INCOMPLETE, "--exclude=/refs/"]
         if req.bwlimit:
             rsync.append(f"--bwlimit={req.bwlimit}")
         if have is not None:
             rsync.append(f"--link-dest={dest}")  # the blobs the target already has are linked, not sent
         words = " ".join(shlex.quote(w) for w in rsync)
         rsync_line = (f'{words} -e "{ssh_command(node)}" {shlex.quote(sp.hub + "/" + folder + "/")} '
-                      f"{shlex.quote(address_of(node) + ':' + stage + '/')}")
+                      f"{shlex.quote(via + ':' + stage + '/')}")
         refs = self._refs_script(stage, src.refs)
         finish = self._finish_script(tp.hub, stage, dest)
         emit(CommandShown(target, mkdir))
@@ -295,7 +302,7 @@ class Syncer:
             self.failed = True
             emit(Refused(target, f"{target}: {mkdir}: {r.first_error_line()}"))
             return
-        emit(TransferStarted(target, source, src.size, address_of(node), link, already))
+        emit(TransferStarted(target, source, src.size, via, link, already))
 
         def progress(line: str) -> None:
             p = parse_progress2(line)
@@ -417,6 +424,7 @@ class Syncer:
                         link: float | None, emit) -> None:
         image = req.what
         node = self.inventory.node(target)
+        via = address_of(node, self.inventory.node(source))
         if size is not None and not req.dry_run:
             root = ("d=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null); "
                     "[ -d \"$d\" ] || d=/var/lib/docker; [ -d \"$d\" ] || d=/; printf %s \"$d\"")
@@ -430,12 +438,12 @@ class Syncer:
                 return
         # `docker load` as two words: ssh hands the remote shell its arguments joined by spaces.
         script = (f"docker save {shlex.quote(image)} | dd bs=1M iflag=fullblock status=progress | "
-                  f"{ssh_command(node)} {shlex.quote(address_of(node))} docker load")
+                  f"{ssh_command(node)} {shlex.quote(via)} docker load")
         emit(CommandShown(source, script))
         if req.dry_run:
             return
         total = size or 0
-        emit(TransferStarted(target, source, total, address_of(node), link))
+        emit(TransferStarted(target, source, total, via, link))
         moved = [0]
 
         def progress(line: str) -> None:

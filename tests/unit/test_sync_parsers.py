@@ -5,6 +5,7 @@ huggingface_hub's own scan of the same folder)."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -77,8 +78,9 @@ def test_docker_images_json():
 
 
 def _listing(hub: Path, repo: str | None = None) -> str:
-    r = subprocess.run(["sh", "-c", hfcache.listing_script(str(hub), repo)], capture_output=True, text=True,
-                       check=True)
+    # listing_script takes the hub as the shell should read it: quoted (or "$HOME"/... rendered).
+    script = hfcache.listing_script(shlex.quote(str(hub)), repo)
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
     return r.stdout
 
 
@@ -143,3 +145,43 @@ def test_names():
     assert kind_of("redis@sha256:abc", None) == "image"
     assert kind_of("org/name", "image") == "image"
     assert human_bytes(2_000_123) == "2.0 MB" and human_bytes(999) == "999 B"
+
+
+def test_the_move_into_the_cache_quotes_every_path_and_merges(tmp_path):
+    """The scripts run on the target, for real, in a cache whose path has a space and a quote: the first copy of a
+    model is one rename; a second revision is merged (blobs linked, refs replaced) and the staging folder goes."""
+    from sparktop.sync.transfer import Syncer
+
+    cache = tmp_path / "it's a cache"
+    hub, staging = cache / "hub", cache / ".sparktop-sync"
+    folder = "models--org--m"
+    write_snapshot(staging, "org/m", {"a.safetensors": 1000}, revision="1" * 40)
+    (staging / folder / "refs" / "main").unlink()
+    refs = Syncer._refs_script(str(staging / folder), {"main": "1" * 40, "pr/7": "9" * 40})
+    finish = Syncer._finish_script(str(hub), str(staging / folder), str(hub / folder))
+    for script in (refs, finish):
+        subprocess.run(["sh", "-c", script], check=True)
+    assert (hub / folder / "refs/main").read_text() == "1" * 40
+    assert (hub / folder / "refs/pr/7").read_text() == "9" * 40
+    assert not (staging / folder).exists()
+    first = hfcache.parse_listing(_listing(hub))["org/m"]
+    assert first.complete and first.revision == "1" * 40
+    # A second revision staged beside the first, then merged.
+    write_snapshot(staging, "org/m", {"a.safetensors": 1000, "b.safetensors": 2000}, revision="2" * 40)
+    subprocess.run(["sh", "-c", Syncer._refs_script(str(staging / folder), {"main": "2" * 40})], check=True)
+    subprocess.run(["sh", "-c", finish], check=True)
+    merged = hfcache.parse_listing(_listing(hub))["org/m"]
+    assert merged.complete and merged.revision == "2" * 40 and merged.revisions == ["1" * 40, "2" * 40]
+    assert not (staging / folder).exists()
+
+
+def test_a_target_only_this_machine_can_reach_is_an_error():
+    from sparktop.settings import Node
+    from sparktop.sync.transfer import SyncError, address_of, ssh_command
+
+    here, there = Node("spark-a", host="localhost"), Node("spark-b", host="spark-b", user="me", port=2222)
+    assert address_of(there, here) == "me@spark-b"
+    assert ssh_command(there) == "${RSYNC_RSH:-ssh} -o BatchMode=yes -p 2222"
+    assert address_of(Node("spark-b", host="spark-b", fabric_ip="192.168.100.11")) == "192.168.100.11"
+    with pytest.raises(SyncError, match="spark-b cannot reach spark-a: the inventory gives spark-a no fabric_ip"):
+        address_of(here, there)
