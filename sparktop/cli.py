@@ -740,6 +740,7 @@ def _add_sync(add) -> None:
     sync.add_argument("--inventory", metavar="FILE", help="the nodes (default: sparktop's cluster.yaml)")
     sync.add_argument("-n", "--dry-run", action="store_true", help="show every command that would change a node, "
                       "run none (the nodes' caches are still read, to know what to copy)")
+    sync.add_argument("-v", "--verbose", action="store_true", help="print every command before it runs")
     sync.add_argument("--bwlimit", metavar="RATE", help="rsync's --bwlimit for a model's copy (e.g. 500M: bytes per "
                       "second, K/M/G suffixes)")
     kind = sync.add_mutually_exclusive_group()

@@ -56,8 +56,9 @@ def kind_of(what: str, forced: str | None) -> str:
 class _Renderer:
     """Prints a sync's events: what was found, each command, a bar per transfer, how each ended."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, verbose: bool = True):
         self.console = console
+        self.verbose = verbose  # print every command (--dry-run, -v); else only what was found and what happened
         self.progress: Progress | None = None
         self.tasks: dict[str, TaskID] = {}
         self.links: dict[str, float | None] = {}
@@ -81,7 +82,7 @@ class _Renderer:
                 self.console.print(f"{kind} {escape(what)}: copying from {source}")
                 for node, state in states:
                     self.console.print(f"  {node:12} {escape(state)}")
-            case CommandShown(node=node, command=command):
+            case CommandShown(node=node, command=command) if self.verbose:
                 self.console.print(f"[dim]+ {node}:[/dim] {escape(command)}", soft_wrap=True)
             case TransferStarted(target=target, source=source, total=total, via=via, link_bps=link, resumed=resumed):
                 self.links[target] = link
@@ -111,7 +112,7 @@ def cmd_sync(args) -> int:
     request = SyncRequest(args.what, kind_of(args.what, args.kind), args.source, list(args.targets or []),
                           args.dry_run, args.bwlimit)
     console = Console(highlight=False)
-    renderer = _Renderer(console)
+    renderer = _Renderer(console, verbose=args.verbose or args.dry_run)
 
     async def run() -> int:
         transports = _transports(inventory)
