@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shlex
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -127,8 +128,10 @@ class Syncer:
 
     async def _run(self, request: SyncRequest, emit: Callable[[SyncEvent], None]) -> None:
         names = [n.name for n in self.inventory.nodes]
-        for name in [*(request.targets or []), *([request.source] if request.source else [])]:
-            self.inventory.node(name)  # an unknown node is a ConfigError naming the known ones
+        # A node named by its name or its host; an unknown one is a ConfigError naming the known ones.
+        request = dataclasses.replace(
+            request, source=self.inventory.node(request.source).name if request.source else None,
+            targets=[self.inventory.node(t).name for t in request.targets or []])
         if request.kind == "model":
             await self._model(request, names, emit)
         else:

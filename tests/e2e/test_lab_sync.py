@@ -172,8 +172,11 @@ def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
     a, b = lab.hosts[:2]
     repo = "lab-org/dry-model"
     write_snapshot(hub(a), repo, {"model.safetensors": 100_000})
-    r = sparktop(lab, "sync", repo, "--inventory", str(inventory), "--dry-run")
+    # Nodes named by their inventory names or their hosts alike.
+    r = sparktop(lab, "sync", repo, "--inventory", str(inventory), "--dry-run", "--from", "spark-a",
+                 "--to", "lab-spark-b")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "+ spark-b: mkdir -p" in r.stdout
     assert "rsync -a --partial" in r.stdout and "BatchMode=yes" in r.stdout and "mv -T" in r.stdout
     assert not (hub(b) / "models--lab-org--dry-model").exists()
     assert not (staging(b) / "models--lab-org--dry-model").exists()
