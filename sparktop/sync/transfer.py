@@ -283,7 +283,9 @@ class Syncer:
         mkdir = f"mkdir -p {shlex.quote(stage)} && rm -rf {shlex.quote(stage + '/refs')}"
         # --delete: the staging folder mirrors the source, so a file an older attempt staged that the source no
         # longer has is not moved into the cache with the rest.
-        rsync = ["rsync", "-a", "--partial", "--delete", "--info=progress2", "--stats",
+        # -s (--protect-args): the remote path reaches the target's rsync as one argument, spaces and all, with
+        # rsync before 3.2.4 too (later ones protect it by default).
+        rsync = ["rsync", "-a", "-s", "--partial", "--delete", "--info=progress2", "--stats",
                  "--exclude=*" + hfcache.INCOMPLETE, "--exclude=/refs/"]
         if req.bwlimit:
             rsync.append(f"--bwlimit={req.bwlimit}")

@@ -177,7 +177,7 @@ def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
                  "--to", "lab-spark-b")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "+ spark-b: mkdir -p" in r.stdout
-    assert "rsync -a --partial" in r.stdout and "BatchMode=yes" in r.stdout and "mv -T" in r.stdout
+    assert "rsync -a -s --partial" in r.stdout and "BatchMode=yes" in r.stdout and "mv -T" in r.stdout
     assert not (hub(b) / "models--lab-org--dry-model").exists()
     assert not (staging(b) / "models--lab-org--dry-model").exists()
 
@@ -425,3 +425,20 @@ def test_bad_input_is_one_line(lab, inventory):
         assert r.returncode != 0, r.stdout
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and said in lines[0] and lines[0].startswith("sparktop: "), r.stderr
+
+
+def test_a_cache_path_with_a_space_and_a_quote(lab, inventory):
+    """`hf_cache: ~/hf cache's/huggingface`: every path reaches every shell (and the target's rsync) whole."""
+    a, b = lab.hosts[:2]
+    repo = "lab-org/spaced-model"
+    odd = "hf cache's/huggingface"
+    write_snapshot(a.home / odd / "hub", repo, {"model.safetensors": 200_000})
+    path = lab.root / "sync-spaced.yaml"
+    path.write_text(f'defaults:\n  hf_cache: "~/{odd}"\n' + inventory.read_text())
+    r = sparktop(lab, "sync", repo, "--inventory", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    folder = "models--lab-org--spaced-model"
+    assert tree(b.home / odd / "hub" / folder) == tree(a.home / odd / "hub" / folder)
+    shown = sparktop(lab, "cache", "--inventory", str(path), "--json")
+    models = next(n for n in json.loads(shown.stdout) if n["node"] == "spark-b")["models"]
+    assert [m["repo_id"] for m in models] == [repo] and models[0]["complete"]
