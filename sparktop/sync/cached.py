@@ -1,6 +1,7 @@
-"""What each node has cached: the models in its Hugging Face cache (sizes, complete or not) and its Docker images.
+"""What each node has cached: the models in its Hugging Face cache (sizes, complete or not), the copies
+`sparktop sync` left staged beside it (an interrupted copy, which the next sync resumes), and its Docker images.
 
-`sparktop cache` prints it; one shell round trip per node for each.
+`sparktop cache` prints it, the app's cache screen shows it; one shell round trip per node for each listing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sparktop.remote import Transport, TransportError
 from sparktop.settings import Inventory
 from sparktop.sync import hfcache
 from sparktop.sync.images import LIST_COMMAND, Image, parse_images
-from sparktop.sync.transfer import human_bytes
+from sparktop.sync.transfer import STAGING, human_bytes
 
 
 @dataclass
@@ -22,6 +23,7 @@ class NodeCache:
     hf_cache: str
     models: list[hfcache.CachedModel] = field(default_factory=list)
     images: list[Image] = field(default_factory=list)
+    staged: list[hfcache.CachedModel] = field(default_factory=list)  # partial copies in the sync's staging folder
     error: str | None = None  # the node could not be read
     images_error: str | None = None  # docker could not list its images
 
@@ -31,15 +33,16 @@ class NodeCache:
             "models": [{"repo_id": m.repo_id, "bytes": m.size, "revision": m.revision, "complete": m.complete,
                         "problems": m.problems()} for m in self.models],
             "images": [{"name": i.name, "id": i.id, "bytes": i.size} for i in self.images],
+            "staged": [{"repo_id": m.repo_id, "bytes": m.size} for m in self.staged],
         }
 
 
-def _hub(hf_cache: str) -> str:
-    """The hub folder as the node's shell reads it (`~/` is the node user's home)."""
+def _under(hf_cache: str, sub: str) -> str:
+    """A folder of the cache as the node's shell reads it (`~/` is the node user's home)."""
     cache = hf_cache.rstrip("/")
     if cache == "~" or cache.startswith("~/"):
-        return '"$HOME"' + (shlex.quote(cache[1:] + "/hub") if cache != "~" else "/hub")
-    return shlex.quote(cache + "/hub")
+        return '"$HOME"' + shlex.quote(cache[1:] + "/" + sub)
+    return shlex.quote(cache + "/" + sub)
 
 
 COLUMNS = ("node", "kind", "name", "size", "state")
@@ -47,8 +50,8 @@ COLUMNS = ("node", "kind", "name", "size", "state")
 
 def rows(caches: list[NodeCache]) -> list[tuple[str, str, str, str, str, str]]:
     """A row per model and image of every node, as `sparktop cache` and the app's cache screen show them:
-    (node, kind, name, size, state, level), level `ok`, `warn` (incomplete, docker unreadable) or `error` (the
-    node unreachable)."""
+    (node, kind, name, size, state, level), level `ok`, `warn` (incomplete, a copy left staged, docker unreadable)
+    or `error` (the node unreachable)."""
     out = []
     for cache in caches:
         if cache.error:
@@ -58,6 +61,9 @@ def rows(caches: list[NodeCache]) -> list[tuple[str, str, str, str, str, str]]:
             problems = m.problems()
             state = f"complete, revision {(m.revision or '?')[:12]}" if not problems else f"incomplete: {problems[0]}"
             out.append((cache.node, "model", m.repo_id, human_bytes(m.size), state, "warn" if problems else "ok"))
+        for m in cache.staged:
+            out.append((cache.node, "staged", m.repo_id, human_bytes(m.size),
+                        "a copy interrupted: the next sparktop sync resumes it", "warn"))
         for i in cache.images:
             out.append((cache.node, "image", i.name, human_bytes(i.size), i.id[:19], "ok"))
         if cache.images_error:
@@ -70,11 +76,14 @@ def rows(caches: list[NodeCache]) -> list[tuple[str, str, str, str, str, str]]:
 async def node_cache(name: str, transport: Transport, hf_cache: str) -> NodeCache:
     out = NodeCache(name, hf_cache)
     try:
-        r = await transport.run(hfcache.listing_script(_hub(hf_cache)), timeout=120)
+        r = await transport.run(hfcache.listing_script(_under(hf_cache, "hub")), timeout=120)
         if not r.ok:
             out.error = f"listing {hf_cache}: {r.first_error_line()}"
         else:
             out.models = sorted(hfcache.parse_listing(r.stdout).values(), key=lambda m: m.repo_id)
+        r = await transport.run(hfcache.listing_script(_under(hf_cache, STAGING)), timeout=120)
+        if r.ok:
+            out.staged = sorted(hfcache.parse_listing(r.stdout).values(), key=lambda m: m.repo_id)
         r = await transport.run(LIST_COMMAND)
         if r.ok:
             out.images = parse_images(r.stdout)

@@ -210,6 +210,11 @@ def test_an_interrupted_copy_leaves_nothing_in_the_cache_and_resumes(lab, invent
     kept = wait_for(lambda: (lambda s: s if s == folder_bytes(staging(b) / folder) else 0)(
         folder_bytes(staging(b) / folder)), 30, "the staging folder to stop changing", step=0.5)
     assert 0 < kept < total
+    # `cache` shows the interrupted copy as staged on spark-b, not as a model.
+    shown = json.loads(sparktop(lab, "cache", "--inventory", str(inventory), "--json").stdout)
+    node_b = next(n for n in shown if n["node"] == "spark-b")
+    assert repo not in [m["repo_id"] for m in node_b["models"]]
+    assert [s["bytes"] for s in node_b["staged"] if s["repo_id"] == repo] == [kept]
     r = sparktop(lab, "sync", repo, "--inventory", str(inventory))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "already staged" in r.stdout
