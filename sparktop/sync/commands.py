@@ -160,5 +160,8 @@ def cmd_cache(args) -> int:
     if args.json:
         print(json.dumps([c.as_dict() for c in caches], indent=2))
     else:
-        Console(highlight=False).print(_table(caches))
+        console = Console(highlight=False)
+        if not console.is_terminal:  # piped or captured: whole rows, one a line, not wrapped at 80 columns
+            console = Console(highlight=False, width=240)
+        console.print(_table(caches))
     return 1 if any(c.error for c in caches) else 0

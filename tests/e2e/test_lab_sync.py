@@ -138,7 +138,12 @@ def test_sync_copies_a_snapshot_node_to_node(lab, inventory):
     # A second sync has nothing to do.
     again = sparktop(lab, "sync", repo, "--inventory", str(inventory))
     assert again.returncode == 0 and "already has" in again.stdout, again.stdout + again.stderr
-    # ... and `cache` shows it complete on both nodes.
+    # ... and `cache` shows it complete on both nodes, as a table and as JSON.
+    table = sparktop(lab, "cache", "--inventory", str(inventory))
+    assert table.returncode == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines() if repo in line]
+    assert [r[:3] for r in rows] == [["spark-a", "model", repo], ["spark-b", "model", repo]], table.stdout
+    assert all(f"complete, revision {REVISION[:12]}" in line for line in table.stdout.splitlines() if repo in line)
     shown = sparktop(lab, "cache", "--inventory", str(inventory), "--json")
     assert shown.returncode == 0, shown.stderr
     nodes = {n["node"]: n for n in json.loads(shown.stdout)}
