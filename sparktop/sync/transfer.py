@@ -291,11 +291,16 @@ class Syncer:
             rsync.append(f"--bwlimit={req.bwlimit}")
         if have is not None:
             rsync.append(f"--link-dest={dest}")  # the blobs the target already has are linked, not sent
+        # One sync at a time into a staging folder: the target's rsync runs under flock on a file beside it (the
+        # lock goes with the process, so a sync that died holds nothing); a second one is refused, in words.
+        lock = f"{stage}.lock"
+        busy = f"another sparktop sync is copying {repo} into {stage} (it holds {lock})"
+        rsync.append("--rsync-path=" + self._locked(lock, busy, 'rsync "$@"'))
         words = " ".join(shlex.quote(w) for w in rsync)
         rsync_line = (f'{words} -e "{ssh_command(node)}" {shlex.quote(sp.hub + "/" + folder + "/")} '
                       f"{shlex.quote(via + ':' + stage + '/')}")
         refs = self._refs_script(stage, src.refs)
-        finish = self._finish_script(tp.hub, stage, dest)
+        finish = self._locked(lock, busy, "sh -c " + shlex.quote(self._finish_script(tp.hub, stage, dest)))
         emit(CommandShown(target, mkdir))
         emit(CommandShown(source, rsync_line))
         emit(CommandShown(target, refs))
@@ -356,6 +361,14 @@ class Syncer:
         links = sum(1 for e in src.entries.values() if e.kind == "l")
         emit(TransferDone(target, src.size, stats.get("Literal data"),
                           f"{files} files with the source's sizes, {links} snapshot links, in {dest}"))
+
+    @staticmethod
+    def _locked(lock: str, busy: str, command: str) -> str:
+        """`command` run under `flock -n` on `lock` (its arguments, rsync's own when rsync runs it as its remote
+        program, follow as "$@"); the lock held elsewhere prints `busy` and exits 75 (flock -E)."""
+        inner = (f'flock -n -E 75 {shlex.quote(lock)} {command}; s=$?; '
+                 f'if [ "$s" = 75 ]; then echo {shlex.quote(busy)} >&2; fi; exit "$s"')
+        return f"sh -c {shlex.quote(inner)} sh"
 
     @staticmethod
     def _refs_script(stage: str, refs: dict[str, str]) -> str:

@@ -264,6 +264,29 @@ def test_rsync_killed_on_the_source_leaves_nothing_in_the_cache_and_resumes(lab,
     assert tree(hub(b) / folder) == tree(hub(a) / folder)
 
 
+def test_a_second_sync_into_the_same_staging_folder_is_refused(lab, inventory):
+    """Two syncs of one model to one node at once: the second is refused in words (the target's rsync runs under
+    flock on a file beside the staging folder) and the first finishes whole."""
+    a, b = lab.hosts[:2]
+    repo = "lab-org/twice-model"
+    folder = "models--lab-org--twice-model"
+    write_snapshot(hub(a), repo, {"model.safetensors": 16_000_000})
+    first = start_sparktop(lab, "sync", repo, "--inventory", str(inventory), "--bwlimit", "4M")
+    try:
+        wait_for(lambda: folder_bytes(staging(b) / folder) > 1_000_000 or first.poll() is not None, 120,
+                 "the first copy to start")
+        second = sparktop(lab, "sync", repo, "--inventory", str(inventory))
+        out, err = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 1, second.stdout + second.stderr
+    fail = [line for line in second.stdout.splitlines() if "FAIL" in line]
+    assert len(fail) == 1 and "another sparktop sync is copying lab-org/twice-model into" in fail[0], second.stdout
+    assert first.returncode == 0, out + err
+    assert tree(hub(b) / folder) == tree(hub(a) / folder)
+
+
 def test_a_snapshot_that_changes_while_copied_is_not_moved_in(lab, inventory):
     """A file of the snapshot rewritten on spark-a during the copy: one FAIL line, nothing moved into the cache."""
     a, b = lab.hosts[:2]
