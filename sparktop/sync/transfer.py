@@ -9,6 +9,9 @@ file is there with the source's size, and the source did not change while
 it was copied (its listing, sizes and mtimes, taken again at the end), is
 the folder moved into `hub/` (blobs first, then the snapshot's symlinks,
 then refs: a reader never finds a symlink to a blob that is not there yet).
+The target's rsync and that move run under `flock -n` on a file beside the
+staging folder, so a second sync of the same model to the same node is
+refused rather than mixed in.
 
 An image goes as `docker save | dd | ssh target docker load`, streamed from
 the source (dd counts the bytes through the pipe), and the target's image
