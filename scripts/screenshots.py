@@ -7,6 +7,7 @@
     python scripts/screenshots.py --only engines [--record-dir tests/fixtures]
         # mixed engines: vLLM beside llama.cpp on two nodes, and vLLM, llama.cpp, SGLang and
         # TensorRT-LLM on four (recorded as recording-engines-2/4.jsonl for the snapshot tests)
+    python scripts/screenshots.py --only sync     # sparktop sync and the cache screen (two lab hosts: root, sshd)
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
 lets the histories fill, then drives the app headless (Textual's
@@ -403,6 +404,11 @@ async def main(args) -> None:
     if args.only == "history":
         await shoot_history()
         return
+    if args.only == "sync":  # `sparktop sync` and the cache screen, between two lab hosts (scripts/sync_screenshots.py)
+        from scripts.sync_screenshots import shoot as shoot_sync
+
+        await shoot_sync(OUT, png)
+        return
     if args.only == "link":
         await shoot_link(args.model, args.warmup)
         return
@@ -475,7 +481,8 @@ if __name__ == "__main__":
     ap.add_argument("--record", help="also record the session to this JSONL file")
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
-    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link", "history"],
+    ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link", "history",
+                                       "sync"],
                     help="only these pictures")
     ap.add_argument("--record-dir", help="with --only engines: record each mix there (recording-engines-N.jsonl)")
     asyncio.run(main(ap.parse_args()))

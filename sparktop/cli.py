@@ -340,6 +340,18 @@ def cmd_replay(args) -> int:
     return main_replay(args.file, args.speed)
 
 
+def cmd_sync(args) -> int:
+    from sparktop.sync.commands import cmd_sync as run
+
+    return run(args)
+
+
+def cmd_cache(args) -> int:
+    from sparktop.sync.commands import cmd_cache as run
+
+    return run(args)
+
+
 def cmd_twin_serve(args) -> int:
     return _twin_serve(args.rest)
 
@@ -715,6 +727,33 @@ def _add_replay(add) -> None:
     replay.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1)")
 
 
+def _add_sync(add) -> None:
+    """`sparktop sync` and `sparktop cache`."""
+    sync = add("sync", "copy a Hugging Face model or a Docker image from the node that has it to the nodes that "
+               "lack it (rsync over SSH; docker save | docker load), resumable, checked on arrival", cmd_sync)
+    sync.add_argument("what", metavar="MODEL_OR_IMAGE", help="a model's repo id (org/name, as in the HF cache) or an "
+                      "image (repo:tag)")
+    sync.add_argument("--from", dest="source", metavar="NODE", help="the node to copy from (default: the first that "
+                      "has it whole)")
+    sync.add_argument("--to", dest="targets", action="append", metavar="NODE", help="a node to copy to (repeat; "
+                      "default: every other node)")
+    sync.add_argument("--inventory", metavar="FILE", help="the nodes (default: sparktop's cluster.yaml)")
+    sync.add_argument("-n", "--dry-run", action="store_true", help="show every command that would change a node, "
+                      "run none (the nodes' caches are still read, to know what to copy)")
+    sync.add_argument("-v", "--verbose", action="store_true", help="print every command before it runs")
+    sync.add_argument("--bwlimit", metavar="RATE", help="rsync's --bwlimit for a model's copy (e.g. 500M: bytes per "
+                      "second, K/M/G suffixes)")
+    kind = sync.add_mutually_exclusive_group()
+    kind.add_argument("--model", dest="kind", action="store_const", const="model",
+                      help="MODEL_OR_IMAGE is a model (where it could be either)")
+    kind.add_argument("--image", dest="kind", action="store_const", const="image",
+                      help="MODEL_OR_IMAGE is a Docker image")
+    cache = add("cache", "what each node has cached: the models in its Hugging Face cache and its Docker images",
+                cmd_cache)
+    cache.add_argument("--inventory", metavar="FILE", help="the nodes (default: sparktop's cluster.yaml)")
+    cache.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
 def _add_twin(sub) -> None:
     """`sparktop twin serve, node, fit and cards`."""
     twin = sub.add_parser("twin", help="the digital twin of a Spark node (serve, node, cards)",
@@ -852,6 +891,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_studying(add)
     _add_recipes_and_predict(add)
     _add_replay(add)
+    _add_sync(add)
     _add_twin(sub)
     return parser
 

@@ -246,8 +246,8 @@ async def _image(on: NodeChecks) -> None:
     elif "command not found" in r.stderr or r.exit_status == 127:
         on.add("image", "fail", "docker is not installed")
     else:
-        on.add("image", "fail", f"{image} is not on this node: docker pull {image} (or copy it: docker save "
-                                f"{image} | ssh {on.node.host} docker load)")
+        on.add("image", "fail", f"{image} is not on this node: docker pull {image} (or copy it from a node that "
+                                f"has it: sparktop sync {image} --to {on.node.name})")
 
 
 async def _weights(on: NodeChecks) -> None:
@@ -265,7 +265,8 @@ async def _weights(on: NodeChecks) -> None:
     else:
         size = f"~{on.want.weights_per_node:.0f} GiB" if on.want.weights_per_node else "the weights"
         on.add("weights", "warn", f"{model} is not in {hf_cache}: {engine} will download {size} at startup (or run "
-                                  f"`hf download {model}` there first)")
+                                  f"`hf download {model}` there first, or copy it from a node that has it: "
+                                  f"`sparktop sync {model} --to {on.node.name}`)")
 
 
 async def _gguf(on: NodeChecks, model: str, hf_cache: str) -> None:
@@ -445,7 +446,8 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
         if len(set(ids.values())) > 1:
             checks.append(Check("image", "all", "fail" if cluster else "warn",
                                 "the image differs between nodes (" + ", ".join(f"{n}: {i}" for n, i in ids.items())
-                                + "): copy the head's image to the others"))
+                                + f"): copy the head's image to the others (sparktop sync {image} --from "
+                                f"{plan.nodes[0]})"))
     return Preflight(checks, fabric)
 
 

@@ -4,8 +4,8 @@ Only what sparktop's launcher and monitor use: `run` (-d, --name, -e, -v,
 --gpus, --ipc, --network, --ulimit, --entrypoint, ...), `exec`, `ps` (with
 `--format`, `-a`, `-q`, `--filter`), `logs` (`-f`, `--tail`), `rm -f`,
 `stop`, `kill`, `start`, `restart`, `inspect`, `image inspect`, `images`, `pull` (offline: only
-images the host already has). Messages and exit codes follow the Docker
-CLI's (125 for daemon errors, 127 for a missing executable, 1 otherwise).
+images the host already has), `save` and `load` (twin/images.py: tar streams keeping the ID).
+Messages and exit codes follow the Docker CLI's (125 for daemon errors, 127 for a missing executable, 1 otherwise).
 
 A container is a supervisor process that runs the command in its own
 session with the container's environment, writes its output to the
@@ -35,6 +35,7 @@ from sparktop.twin.containers import (
 )
 from sparktop.twin.docker_lifecycle import cmd_exec, cmd_restart, cmd_rm, cmd_run, cmd_start, cmd_stop, supervise
 from sparktop.twin.host import TwinHost
+from sparktop.twin.images import cmd_load, cmd_save, human_size, image_size
 
 # What `sparktop.twin.docker` has always offered stays importable from here.
 __all__ = ["Containers", "DockerError", "cmd_exec", "cmd_images", "cmd_inspect", "cmd_logs", "cmd_ps", "cmd_restart",
@@ -150,7 +151,8 @@ def cmd_inspect(host: TwinHost, argv: list[str], kind: str = "container") -> int
             if not iid:
                 missing.append(f"Error response from daemon: No such image: {ref}")
                 continue
-            results.append({"Id": iid, "RepoTags": [ref], "Config": {"Entrypoint": image_entrypoint(host, ref)}})
+            results.append({"Id": iid, "RepoTags": [ref], "Size": image_size(host, ref),
+                            "Config": {"Entrypoint": image_entrypoint(host, ref)}})
         else:
             try:
                 results.append(inspect_container(Containers(host).find(ref)))
@@ -167,13 +169,23 @@ def cmd_inspect(host: TwinHost, argv: list[str], kind: str = "container") -> int
 
 
 def cmd_images(host: TwinHost, argv: list[str]) -> int:
-    print(f"{'REPOSITORY':<40}{'TAG':<20}{'IMAGE ID':<15}SIZE")
+    fmt = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--format"), None)
+    fmt = fmt or next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), None)
+    no_trunc = "--no-trunc" in argv
+    if not fmt:
+        print(f"{'REPOSITORY':<40}{'TAG':<20}{'IMAGE ID':<15}SIZE")
     for entry in host.images:
         name = entry["name"] if isinstance(entry, dict) else entry
         repo, _, tag = name.partition(":")
         iid = image_id(host, name)
         assert iid is not None  # name is one of host.images
-        print(f"{repo:<40}{tag or 'latest':<20}{iid[7:19]:<15}20GB")
+        size = human_size(image_size(host, name))
+        if fmt:  # the row as `docker images --format` sees it
+            row = {"Repository": repo, "Tag": tag or "latest", "ID": iid if no_trunc else iid[7:19], "Size": size,
+                   "CreatedSince": "N/A", "Digest": "<none>"}
+            print(render_template("{{json .}}" if fmt == "json" else fmt, row))
+        else:
+            print(f"{repo:<40}{tag or 'latest':<20}{iid[7:19]:<15}{size}")
     return 0
 
 
@@ -221,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(host, rest, kind="image")
         if cmd == "images":
             return cmd_images(host, rest)
+        if cmd == "save":
+            return cmd_save(host, rest)
+        if cmd == "load":
+            return cmd_load(host, rest)
         if cmd == "pull":
             image = rest[-1] if rest else ""
             if image_id(host, image):

@@ -91,6 +91,7 @@ class SparktopApp(App):
         Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
         Binding("right_square_bracket", "seek(10)", "+10s", show=False),
         Binding("y,b", "study", "Study", show=False),
+        Binding("c", "cache", "Cache", show=False),
     ]
 
     def __init__(self, source=None, *, start_source=None, recorder=None, replay: bool = False, label: str = "",
@@ -472,6 +473,22 @@ class SparktopApp(App):
             self.push_screen(HistoryScreen(None, self.preferences, note=note))
             return
         self.push_screen(HistoryScreen(HistoryReader(writer.store), self.preferences, note=writer.status))
+
+    def action_cache(self) -> None:
+        """Each node's cached models and images (ui/cache.py), read over the launcher's connections."""
+        from sparktop.ui.cache import CacheScreen
+
+        if isinstance(self.screen, CacheScreen):
+            return
+        if self.replay or self.launcher is None:
+            why = "a replay reads no nodes" if self.replay else "this session watches endpoints only"
+            self.push_screen(CacheScreen(None, note=f"No nodes to read: {why}."))
+            return
+        from sparktop.sync.cached import cluster_cache
+
+        inventory = self.inventory
+        transports = self.launcher.transports([n.name for n in inventory.nodes])
+        self.push_screen(CacheScreen(lambda: cluster_cache(inventory, transports)))
 
     def action_sweep(self) -> None:
         if self.replay:

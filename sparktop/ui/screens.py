@@ -437,6 +437,9 @@ HELP = """\
            started elsewhere
   [b]h[/b]        history: the last 24 hours or 7 days charted, the serving
            sessions, daily totals and events (1/7/w switch, r refresh)
+  [b]c[/b]        what each node has cached: models in its Hugging Face
+           cache and its docker images (r refresh; sparktop sync
+           copies one to the nodes that lack it)
 
 Memory is unified on a GB10: the bar shows the engines' share (magenta), other \
 used memory, page cache (▒) and free memory (░). A node card turns yellow \

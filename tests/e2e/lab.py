@@ -180,6 +180,37 @@ class Lab:
             snap = host.home / ".cache/huggingface/hub" / ("models--" + model.replace("/", "--")) / "snapshots/abc"
             snap.mkdir(parents=True, exist_ok=True)
 
+    def ssh_mesh(self) -> dict[str, str]:
+        """Let every host reach every other over ssh, as `sparktop sync` needs (rsync and docker load run from
+        one host to another): each host a key of its own, authorized on the others, and an ssh config and
+        known_hosts in its HOME naming the others by their addresses with their real host keys. OpenSSH reads
+        ~/.ssh from the user's passwd entry, not $HOME (every lab host is this machine's user), so a host's ssh
+        is pointed at its files with -F: the value of RSYNC_RSH for each host, by name, which the inventory
+        gives as the node's env. Host keys stay checked: nothing is accepted that is not in known_hosts."""
+        rsh = {}
+        for host in self.hosts:
+            ssh = host.home / ".ssh"
+            ssh.mkdir(parents=True, exist_ok=True)
+            key = ssh / "id_ed25519"
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            for other in self.hosts:
+                authorized = other.root / "authorized_keys"
+                pub = key.with_suffix(".pub").read_text()
+                if pub not in authorized.read_text():
+                    with authorized.open("a") as f:
+                        f.write(pub)
+            user = os.environ.get("USER") or "root"
+            others = [o for o in self.hosts if o is not host]
+            (ssh / "config").write_text("".join(
+                f"Host {o.address}\n  Port {o.port}\n  User {user}\n  IdentityFile {key}\n"
+                f"  UserKnownHostsFile {ssh / 'known_hosts'}\n  IdentitiesOnly yes\n" for o in others))
+            (ssh / "known_hosts").write_text("".join(
+                f"[{o.address}]:{o.port} {' '.join((o.root / 'ssh_host_ed25519_key.pub').read_text().split()[:2])}\n"
+                for o in others))
+            rsh[host.name] = f"ssh -F {ssh / 'config'}"
+        return rsh
+
     # -- inspecting --------------------------------------------------------------
 
     def sh(self, host: LabHost, command: str) -> subprocess.CompletedProcess:

@@ -29,11 +29,12 @@ ALLOWED = {
     "study": {"remote", "observe", "bench", "model", "launch"},
     # web: the token rules its metrics endpoint shares; launch: the router keys of what sparktop launched
     "history": {"remote", "observe", "web", "launch"},
-    "ui": {"remote", "observe", "bench", "model", "launch", "study", "history"},
+    "ui": {"remote", "observe", "bench", "model", "launch", "study", "history", "sync"},
     "demo": {"remote", "observe", "launch", "twin", "ui"},
+    "sync": {"remote"},  # copies between nodes and lists their caches: the inventory and the transports only
     "web": set(),  # serves `sparktop monitor` by its command line, never imports the app
     "cli": {"remote", "observe", "bench", "model", "launch", "study", "twin", "ui", "status", "demo", "web",
-            "history", "setup"},
+            "history", "setup", "sync"},
     "__main__": {"cli"},
 }
 
