@@ -8,6 +8,7 @@
         # mixed engines: vLLM beside llama.cpp on two nodes, and vLLM, llama.cpp, SGLang and
         # TensorRT-LLM on four (recorded as recording-engines-2/4.jsonl for the snapshot tests)
     python scripts/screenshots.py --only sync     # sparktop sync and the cache screen (two lab hosts: root, sshd)
+    python scripts/screenshots.py --only setup    # sparktop setup from two bare lab hosts (root, sshd)
 
 Starts a two-node twin cluster serving gpt-oss-120b under a light load,
 lets the histories fill, then drives the app headless (Textual's
@@ -409,6 +410,11 @@ async def main(args) -> None:
 
         await shoot_sync(OUT, png)
         return
+    if args.only == "setup":  # `sparktop setup` from two bare lab hosts (scripts/setup_screenshots.py)
+        from scripts.setup_screenshots import shoot as shoot_setup
+
+        shoot_setup(OUT, png)
+        return
     if args.only == "link":
         await shoot_link(args.model, args.warmup)
         return
@@ -482,7 +488,7 @@ if __name__ == "__main__":
     ap.add_argument("--incident", action="store_true",
                     help="during the warm-up, kill spark-b's engine and start it again (events to show)")
     ap.add_argument("--only", choices=["sweep", "launcher", "120x40", "nodes", "engines", "link", "history",
-                                       "sync"],
+                                       "sync", "setup"],
                     help="only these pictures")
     ap.add_argument("--record-dir", help="with --only engines: record each mix there (recording-engines-N.jsonl)")
     asyncio.run(main(ap.parse_args()))
