@@ -82,7 +82,7 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
     under the demo's load until the monitor has seen both serve it."""
     cluster, _ = await start_demo_cluster("gpt-oss-120b", speed=4, nodes=4, engines=False)
     said: list[str] = []
-    launcher, plan = await launch_layout(cluster, "gpt-oss-120b", "2x tp=2", say=said.append)
+    launcher, plan = await launch_layout(cluster, "gpt-oss-120b", "2x tp=2,least-busy", say=said.append)
     load = None
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=0.5,
                     default_port=None, router_key=lambda url: launcher.state.key(plan.launch_id))
@@ -119,10 +119,11 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
 
 
 def test_a_layout_demo_left_running_is_stopped_with_its_router_key(state_home, lab_litellm):
-    """`sparktop demo --layout "2x tp=2"` over four twin nodes: two multi-node engines and a real LiteLLM
+    """`sparktop demo --layout "2x tp=2,least-busy"` over four twin nodes: two multi-node engines and a real LiteLLM
     start (some 20 s of LiteLLM's imports on two cores), then `stop` with its key."""
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2", "--no-wait", "--speed", "4", env=env)
+    started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2,least-busy", "--no-wait", "--speed", "4",
+                       env=env)
     try:
         assert started.returncode == 0, started.stderr
         lines = started.stdout.splitlines()
