@@ -131,6 +131,9 @@ async def test_two_solo_replicas_behind_haproxy_split_every_burst_exactly(lab):
         seen = {e["url"]: e for e in status["engines"]}
         assert (seen[ROUTER]["kind"], seen[ROUTER]["state"], seen[ROUTER]["topology"]) == \
             ("haproxy", "ready", "2x solo,leastconn"), seen[ROUTER]
+        # ... read from its own exporter (so with the key): nothing in flight now, nothing queued.
+        assert (seen[ROUTER]["running"], seen[ROUTER]["waiting"]) == (0, 0), seen[ROUTER]
+        assert seen[ROUTER]["recognised"] == "Via: 1.1 haproxy header", seen[ROUTER]
 
         # A wrong key, and none: LiteLLM's 401, and neither backend sees the request.
         before = served()

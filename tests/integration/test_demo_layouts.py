@@ -1,6 +1,6 @@
 """`sparktop demo --nodes N [--layout L]`: a twin cluster of N nodes on this
 machine, with a solo engine on each or the model's recipe launched in a
-layout through the real launcher (a LiteLLM router in front of replicas),
+layout through the real launcher (HAProxy, or LiteLLM where the layout names its strategy, in front of replicas),
 left running with --no-wait and removed by --stop."""
 
 from __future__ import annotations
@@ -170,3 +170,29 @@ def test_a_demo_of_another_runtime_launches_its_recipe_over_two_nodes(state_home
         stopped = sparktop("demo", "--stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert not twin_processes(state_home), twin_processes(state_home)
+
+
+def test_a_demo_of_two_solo_replicas_serves_behind_haproxy(state_home):
+    """`sparktop demo --layout "2x solo"`: the default router, this machine's HAProxy (Debian's, which
+    scripts/test installs), in front of two twin engines; its key is kept, checked, and never printed."""
+    from tests.e2e.lab import HAPROXY
+
+    if not os.path.exists(HAPROXY):
+        pytest.fail("the demo's default router needs HAProxy: run the tests with scripts/test, which installs it "
+                    "(or apt-get install haproxy)")
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    started = sparktop("demo", "--nodes", "2", "--layout", "2x solo", "--no-wait", "--speed", "4", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        lines = started.stdout.splitlines()
+        assert any("2x-solo-leastconn" in line and "ready in" in line for line in lines), started.stdout
+        [key_file] = list((state_home / "sparktop/launches/keys").glob("*.key"))
+        key = key_file.read_text().strip()
+        assert key not in started.stdout + started.stderr
+        r = httpx.get("http://127.0.0.2:4000/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "gpt-oss-120b"
+        assert r.headers["via"] == "1.1 haproxy"
+        assert httpx.get("http://127.0.0.2:4000/v1/models", timeout=30).status_code == 401
+    finally:
+        stopped = sparktop("demo", "--stop", env=env)
+    assert stopped.returncode == 0 and "3 containers removed" in stopped.stdout, stopped.stdout
