@@ -134,6 +134,7 @@ async def test_two_solo_replicas_behind_haproxy_split_every_burst_exactly(lab):
         # ... read from its own exporter (so with the key): nothing in flight now, nothing queued.
         assert (seen[ROUTER]["running"], seen[ROUTER]["waiting"]) == (0, 0), seen[ROUTER]
         assert seen[ROUTER]["recognised"] == "Via: 1.1 haproxy header", seen[ROUTER]
+        assert seen[ROUTER]["backends"] == {"spark-a": "UP", "spark-b": "UP"}, seen[ROUTER]
 
         # A wrong key, and none: LiteLLM's 401, and neither backend sees the request.
         before = served()
@@ -150,6 +151,9 @@ async def test_two_solo_replicas_behind_haproxy_split_every_burst_exactly(lab):
         assert lab.sh(lab.hosts[1], f"docker stop {engine_b}").returncode == 0
         until(lambda: router_view(key).get("spark-b") == "DOWN", "spark-b DOWN in the router's view")
         assert router_view(key)["spark-a"] == "UP"
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        seen = {e["url"]: e for e in status["engines"]}
+        assert seen[ROUTER]["backends"] == {"spark-a": "UP", "spark-b": "DOWN"}, seen[ROUTER]  # the monitor too
         before_a = metric(ENGINES["spark-a"], "vllm:request_success_total")
         async with httpx.AsyncClient(timeout=120) as client:
             statuses = await asyncio.gather(*(stream(client, key) for _ in range(4)))

@@ -154,6 +154,11 @@ async def test_the_router_is_recognised_by_its_header_and_read_from_its_exporter
     d = await found.read(get, 1.0, False)
     assert (d.running, d.waiting, d.requests) == (4.0, 3.0, 20.0)
     assert found.version == "2.6.12-1+deb12u4"
+    from sparktop.observe.snapshot import EngineSnapshot
+
+    snap = EngineSnapshot(key="r", url="r", t=1.0)
+    found.fill(snap, d)
+    assert (snap.kind, snap.engine, snap.backends) == (HAPROXY, "HAProxy", {"spark-a": "UP", "spark-b": "DOWN"})
 
     async def plain(path: str) -> Answer:  # the replica itself: still vLLM
         return Answer(path, 200, {}, models)

@@ -23,7 +23,7 @@ from sparktop import engine_ids
 from sparktop.engine_ids import HAPROXY
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get
 from sparktop.observe.prometheus import Derived
-from sparktop.observe.snapshot import FIGURES
+from sparktop.observe.snapshot import FIGURES, EngineSnapshot
 
 BACKEND = "replicas"  # the backend section sparktop's config names (launch/haproxy.py)
 HEALTH = "/haproxy/health"  # its monitor-uri: answered before the key is checked
@@ -97,6 +97,10 @@ class Haproxy(Engine):
     def claims_info(cls, answer: Answer) -> str | None:
         return f"{HEALTH} answered as HAProxy" if via_haproxy(answer) else None
 
+    def fill(self, snap: EngineSnapshot, d: Derived) -> None:
+        super().fill(snap, d)
+        snap.backends = {b.server: b.state for b in self.backends} or None
+
     async def read(self, get: Get, t: float, histograms: bool) -> Derived:
         answer = await get("/metrics")
         missing = [f for f in FIGURES if f not in ("running", "waiting")]
@@ -104,6 +108,7 @@ class Haproxy(Engine):
             health = await get(HEALTH)
             if health.status not in (200, 503):
                 raise EngineUnreachable(f"{HEALTH} answered HTTP {health.status}", bound=True)
+            self.backends = ()
             return Derived(missing=list(FIGURES))
         if answer.status != 200 or answer.text is None:
             raise EngineUnreachable(f"/metrics answered HTTP {answer.status}", bound=True)
