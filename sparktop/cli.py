@@ -410,7 +410,8 @@ def _add_watching(add, watch_options) -> None:
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b); "
                       "with --layout, the recipe to launch")
     demo.add_argument("--layout", "-t", metavar="L", help="launch the recipe in this layout over the demo's nodes "
-                      "instead of a solo engine on each (tp=4, 2x tp=2, 4x solo,shuffle, ...)")
+                      "instead of a solo engine on each (tp=4, 2x tp=2 behind HAProxy, 4x solo,shuffle behind "
+                      "LiteLLM, ...)")
     demo.add_argument("--runtime", metavar="R", help=f"serve with the twin of another engine: {_TWIN_OTHERS}, or "
                                                      "several the nodes take in turn (vllm,llama-cpp)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
