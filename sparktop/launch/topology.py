@@ -307,7 +307,10 @@ class Builder:
         text = haproxy_config(head.bind, port, [(e.node, e.url) for e in backends], ROUTER_KEY_ENV,
                               self.runtime.ready_path())
         config_path = Home(f"{self.state_dir}/{HAPROXY_CONFIG}")
-        self.steps.append(Step(head.name, ["sh", "-c", f'mkdir -p "$1" && cat > "$1/{HAPROXY_CONFIG}"', "sh",
+        # Readable by all (it holds no secret): the official image runs HAProxy as its own user (uid 99), which
+        # must read it whatever the node's umask.
+        self.steps.append(Step(head.name, ["sh", "-c", f'umask 022 && mkdir -p "$1" && cat > "$1/{HAPROXY_CONFIG}"',
+                                           "sh",
                                            Home(self.state_dir)],
                                f"write the HAProxy config (leastconn over {len(backends)} replicas) on {head.name}",
                                stdin_text=text, role="setup"))

@@ -120,6 +120,7 @@ async def test_two_solo_replicas_behind_haproxy_split_every_burst_exactly(lab):
         listed = lab.sh(lab.hosts[0], "docker ps --no-trunc --format '{{.Command}} {{.Labels}}'")
         assert listed.returncode == 0 and "haproxy" in listed.stdout and key not in listed.stdout
         assert (config.parent / "router.env").stat().st_mode & 0o077 == 0
+        assert config.stat().st_mode & 0o044 == 0o044  # no secret in it, and the image's haproxy user reads it
 
         assert until(lambda: router_view(key) == {"spark-a": "UP", "spark-b": "UP"}, "both backends UP")
         for c in LEVELS:

@@ -57,6 +57,7 @@ def test_the_key_is_never_in_the_file_and_the_value_never_in_the_plan(monkeypatc
     assert "sk-a-key-from-the-environment" not in text
     [config] = [s for s in plan.steps if "HAProxy config" in s.title]
     assert config.stdin_text is not None and "sk-a" not in config.stdin_text and config.stdin_secrets == []
+    assert config.command.startswith("sh -c 'umask 022 && ")  # HAProxy's own user in the image reads it
     [router] = [s for s in plan.steps if s.role == "router"]
     argv = [str(a) for a in router.argv]
     # The key reaches the container by its env file (written 0600 from standard input), never -e or a label.
