@@ -429,9 +429,10 @@ def _add_launching(add) -> None:
     launch.add_argument("--layout", "--topology", "-t", dest="topology", default="solo", metavar="LAYOUT",
                         help="solo, cluster-ray, cluster-mp, shuffle, least-busy, or a layout over more nodes: "
                              "tp=4, tp=4,ray, tp=2,pp=2, tp=2,ep, '2x tp=2', '2x solo' (default: solo)")
-    launch.add_argument("--router", choices=["leastconn", "shuffle", "least-busy"],
-                        help="how requests are spread over replicas: leastconn (HAProxy, the default) or LiteLLM's "
-                             "shuffle or least-busy, for LiteLLM's own features")
+    launch.add_argument("--router", choices=["leastconn", "shuffle", "least-busy", "litellm"],
+                        help="how requests are spread over replicas: leastconn (HAProxy, the default), LiteLLM's "
+                             "shuffle or least-busy (for LiteLLM's own features), or litellm (LiteLLM in front of "
+                             "HAProxy leastconn)")
     launch.add_argument("--inventory", metavar="FILE", help="cluster inventory (sparktop cluster.yaml, a sparkrun "
                         "cluster file, or eugr's .env)")
     launch.add_argument("--nodes", metavar="A,B", help="ssh hosts for a one-off launch (the first is the head)")

@@ -5,7 +5,8 @@ A layout is `r` replicas of one engine, each engine over `tp × pp` nodes
 distributed machinery: Ray (`ray`) or `--nnodes/--node-rank` multiprocessing
 (`mp`); replicas sit behind a router: HAProxy `leastconn` unless the layout
 names one of LiteLLM's strategies (`shuffle`, `least-busy`), for LiteLLM's
-own features (its spend tracking, per-key limits, fallbacks).
+own features (its spend tracking, per-key limits, fallbacks), or `litellm`:
+LiteLLM in front of HAProxy, its features with HAProxy's split.
 Written the way vLLM's flags read, short enough to type:
 
     solo             one engine on one node
@@ -18,6 +19,7 @@ Written the way vLLM's flags read, short enough to type:
     2x solo,leastconn  the same router said outright: a burst of c splits c/2 each, exactly
     4x solo,shuffle  four solo engines behind LiteLLM, simple-shuffle
     2x solo,least-busy  two behind LiteLLM's least-busy
+    2x solo,litellm  two behind HAProxy leastconn, LiteLLM in front of it
 
 The five two-node names sparktop started with stay as aliases of their
 layouts, so recipes, runs and reports written with them keep reading the
@@ -37,10 +39,11 @@ from dataclasses import dataclass
 from sparktop.errors import SparktopError
 
 BACKENDS = ("mp", "ray")
-ROUTERS = ("leastconn", "shuffle", "least-busy")
+ROUTERS = ("leastconn", "shuffle", "least-busy", "litellm")
 DEFAULT_ROUTER = "leastconn"  # counts each replica's requests in flight exactly (model.routers: `even`)
 # What runs for each router word (the launcher starts it; `model.routers` has each one's behaviour).
-ROUTER_PRODUCTS = {"leastconn": "HAProxy", "shuffle": "LiteLLM", "least-busy": "LiteLLM"}
+ROUTER_PRODUCTS = {"leastconn": "HAProxy leastconn", "shuffle": "LiteLLM shuffle", "least-busy": "LiteLLM least-busy",
+                   "litellm": "LiteLLM in front of HAProxy leastconn"}
 MAX_NODES = 8  # a QSFP switch's worth of Sparks
 ALIASES = {
     "solo": "solo",
@@ -62,7 +65,8 @@ class Layout:
     pp: int = 1
     replicas: int = 1
     backend: str = "mp"  # how the nodes of one engine are joined: mp (--nnodes) or ray
-    router: str | None = None  # with replicas > 1: leastconn (HAProxy) | shuffle | least-busy (LiteLLM)
+    # with replicas > 1: leastconn (HAProxy) | shuffle | least-busy (LiteLLM) | litellm (LiteLLM before HAProxy)
+    router: str | None = None
     ep: bool = False  # expert parallel (vLLM's --enable-expert-parallel) across the tensor-parallel ranks
 
     @property
@@ -183,7 +187,7 @@ def parse_layout(text: str, *, aliases: bool = True) -> Layout:
             router = part
         else:
             raise LayoutError(f"layout {raw!r}: unknown {part!r} (solo, tp=N, pp=N, ep, ray, mp, leastconn, "
-                              f"shuffle, least-busy, or Nx before them for replicas)")
+                              f"shuffle, least-busy, litellm, or Nx before them for replicas)")
     if solo and (tp > 1 or pp > 1):
         raise LayoutError(f"layout {raw!r}: solo is one node; tp= or pp= spread an engine over several")
     if router and replicas == 1:
@@ -217,7 +221,7 @@ def describe(layout: Layout) -> str:
 
 def router_text(router: str | None) -> str:
     """"HAProxy leastconn", "LiteLLM shuffle": a layout's router word with what runs it."""
-    return f"{ROUTER_PRODUCTS.get(router or '', 'router')} {router}"
+    return ROUTER_PRODUCTS.get(router or "", f"router {router}")
 
 
 def order(name: str) -> tuple:

@@ -5,8 +5,9 @@ each engine is started in its runtime's own commands (`launch/runtimes/`:
 vLLM, SGLang, llama.cpp, TensorRT-LLM), and replicas sit behind a router on
 the head: HAProxy `leastconn` (the default, `launch/haproxy.py`) or, where
 the layout names one of its strategies (`shuffle`, `least-busy`), the
-LiteLLM proxy. One or the other: sparktop does not chain LiteLLM in front of
-HAProxy. With vLLM:
+LiteLLM proxy; with `litellm`, both: LiteLLM in front (the endpoint clients
+use, its features), HAProxy behind it on the next port splitting the
+replicas. With vLLM:
 
 | topology    | what runs                                                            |
 |-------------|----------------------------------------------------------------------|
@@ -294,16 +295,26 @@ class Builder:
             self.haproxy(backends)
             why = ("as the layout says" if said else "the default for replicas") + \
                 f": it counts each replica's requests in flight exactly, so a burst of c splits c/{len(backends)} " \
-                "each (`,least-busy` or `,shuffle` puts LiteLLM there instead, for its own features)"
+                "each (`,least-busy` or `,shuffle` puts LiteLLM there instead, `,litellm` LiteLLM in front of it)"
+        elif self.layout.router == "litellm":
+            port = self.inv.defaults.router_port + 1
+            balancer = self.haproxy(backends, port=port, role="balancer")
+            # LiteLLM's one deployment is HAProxy, reached with the router's key (both read it from router.env).
+            self.litellm([balancer], word="shuffle", backend_key=f"os.environ/{ROUTER_KEY_ENV}",
+                         what="in front of HAProxy")
+            # The front first: what clients, studies and the demo's load use.
+            self.endpoints[-2], self.endpoints[-1] = self.endpoints[-1], self.endpoints[-2]
+            why = ("as the layout says: LiteLLM's keys, spend tracking and features in front, HAProxy leastconn "
+                   f"behind it on port {port}, so a burst of c still splits c/{len(backends)} each")
         else:
             self.litellm(backends)
             why = "as the layout names it (LiteLLM's routing, spend tracking and keys; HAProxy leastconn, " \
                 "the default without a router word, splits bursts exactly)"
         return f"router: {row.product} {row.strategy} on {self.nodes[0].name}, {why}"
 
-    def haproxy(self, backends: list[Endpoint]) -> None:
+    def haproxy(self, backends: list[Endpoint], port: int | None = None, role: str = "router") -> Endpoint:
         head = self.nodes[0]
-        port = self.inv.defaults.router_port
+        port = port or self.inv.defaults.router_port
         text = haproxy_config(head.bind, port, [(e.node, e.url) for e in backends], ROUTER_KEY_ENV,
                               self.runtime.ready_path())
         config_path = Home(f"{self.state_dir}/{HAPROXY_CONFIG}")
@@ -318,20 +329,25 @@ class Builder:
         # Its own program, not the image's entrypoint script: -W (master-worker) -db (foreground, logs to the
         # container's output); the config mounted at the same path inside, the key from the env file.
         name, argv = self.docker_run(
-            head, "router", {}, "haproxy", ["-W", "-db", "-f", config_path], endpoint=url, kind=HAPROXY,
+            head, role, {}, "haproxy", ["-W", "-db", "-f", config_path], endpoint=url, kind=HAPROXY,
             gpu=False, volumes=[_home_mount(self.state_dir, HAPROXY_CONFIG)], image=self.inv.defaults.haproxy_image,
             env_file=self.router_secrets_file)
-        self.steps.append(Step(head.name, argv, f"start the HAProxy router (leastconn) on {head.name}",
+        said = "router" if role == "router" else "balancer behind LiteLLM"
+        self.steps.append(Step(head.name, argv, f"start the HAProxy {said} (leastconn) on {head.name}",
                                container=name, role="router"))
         self.endpoints.append(Endpoint(url, HAPROXY, head.name, self.recipe.served_name, self.topology, name,
                                        api_key_env=ROUTER_KEY_ENV, members=[(head.name, name)]))
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
+        return self.endpoints[-1]
 
-    def litellm(self, backends: list[Endpoint]) -> None:
+    def litellm(self, backends: list[Endpoint], word: str | None = None, backend_key: str = "none",
+                what: str | None = None) -> None:
         head = self.nodes[0]
-        strategy = litellm_strategy(self.layout.router)
-        text = yaml.safe_dump(litellm_config(self.recipe.served_name, self.layout.router,
-                                             [(f"{self.runtime.router_provider}/{e.model}", e.url) for e in backends]),
+        word = word or self.layout.router
+        strategy = what or litellm_strategy(word)
+        text = yaml.safe_dump(litellm_config(self.recipe.served_name, word,
+                                             [(f"{self.runtime.router_provider}/{e.model}", e.url) for e in backends],
+                                             backend_key),
                               sort_keys=False)
         config_path = Home(f"{self.state_dir}/litellm.yaml")
         self.steps.append(Step(head.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/litellm.yaml"', "sh",
@@ -355,13 +371,16 @@ class Builder:
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
 
 
-def litellm_config(served_name: str, router: str | None, backends: list[tuple[str, str]]) -> dict:
+def litellm_config(served_name: str, router: str | None, backends: list[tuple[str, str]],
+                   api_key: str = "none") -> dict:
     """The LiteLLM proxy's config for replicas behind `router` (a layout's `shuffle` / `least-busy`): one
-    deployment per backend, (LiteLLM's `provider/model`, the engine's base URL), under the served name."""
+    deployment per backend, (LiteLLM's `provider/model`, the engine's base URL), under the served name.
+    `api_key`: what LiteLLM sends its backends (`os.environ/NAME` for the HAProxy behind it: the name, never
+    the key)."""
     return {
         "model_list": [
             {"model_name": served_name,
-             "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": "none"}}
+             "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": api_key}}
             for model, url in backends
         ],
         "router_settings": {"routing_strategy": litellm_strategy(router)},

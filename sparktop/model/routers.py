@@ -141,11 +141,16 @@ ROWS: tuple[Router, ...] = (
            "each request to a replica at random"),
     Router(f"{ARTICLES}/least-busy", "least-busy", "LiteLLM (the articles' setup)", "least-busy", "first",
            "a lockstep batch to the first node, as the articles measured"),
+    # LiteLLM in front of HAProxy (`2x solo,litellm`): LiteLLM's one deployment is HAProxy, which splits as
+    # leastconn does; each request pays LiteLLM's cost (the fitted router_overhead_s).
+    Router(f"litellm-{LITELLM_VERSION}+{HAPROXY}/litellm", "litellm",
+           f"LiteLLM {LITELLM_VERSION} + HAProxy {HAPROXY_VERSION}", "leastconn",
+           "even", "LiteLLM in front, HAProxy's exact split behind it: c/r each"),
 )
 LITELLM_LAUNCHED = f"litellm-{LITELLM_VERSION}"  # the LiteLLM sparktop launches for `shuffle`, `least-busy`
 # The router version sparktop launches for each layout word (`leastconn`, the default, is HAProxy's).
 LAUNCHED = {"leastconn": HAPROXY, "shuffle": LITELLM_LAUNCHED, "least-busy": LITELLM_LAUNCHED,
-            "latency": LITELLM_LAUNCHED}
+            "latency": LITELLM_LAUNCHED, "litellm": f"{LITELLM_LAUNCHED}+{HAPROXY}"}
 
 
 def router_for(layout_router: str, version: str | None = None) -> Router:

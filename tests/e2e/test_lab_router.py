@@ -65,9 +65,9 @@ def until(condition, what: str, timeout: float = 60.0, every: float = 0.1):
         time.sleep(every)
 
 
-async def stream(client: httpx.AsyncClient, key: str) -> int:
+async def stream(client: httpx.AsyncClient, key: str, router: str = ROUTER) -> int:
     """One streamed chat through the router, read to its end; its status."""
-    async with client.stream("POST", ROUTER + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+    async with client.stream("POST", router + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                              json={"model": RECIPE, "messages": [{"role": "user", "content": "split me"}],
                                    "max_tokens": 4, "ignore_eos": True, "stream": True}) as r:
         async for _ in r.aiter_bytes():
@@ -75,14 +75,14 @@ async def stream(client: httpx.AsyncClient, key: str) -> int:
         return r.status_code
 
 
-async def burst(c: int, key: str, nodes=ENGINES) -> dict[str, int]:
+async def burst(c: int, key: str, nodes=ENGINES, router: str = ROUTER) -> dict[str, int]:
     """c requests at once through the router, held by the engines' stall until all c run; each backend's
     requests served, from its own counter."""
     before = served()
     stall(1, nodes)
     try:
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=c + 4)) as client:
-            tasks = [asyncio.create_task(stream(client, key)) for _ in range(c)]
+            tasks = [asyncio.create_task(stream(client, key, router)) for _ in range(c)]
             await asyncio.to_thread(until, lambda: sum(running().values()) == c, f"{c} requests running")
             stall(None, nodes)
             statuses = await asyncio.gather(*tasks)
@@ -94,9 +94,9 @@ async def burst(c: int, key: str, nodes=ENGINES) -> dict[str, int]:
     return {node: int(after[node] - before[node]) for node in ENGINES}
 
 
-def router_view(key: str) -> dict[str, str]:
+def router_view(key: str, router: str = ROUTER) -> dict[str, str]:
     """Each backend's state as HAProxy's own exporter says it (read by sparktop's parser)."""
-    r = httpx.get(ROUTER + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    r = httpx.get(router + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     r.raise_for_status()
     return {b.server: b.state for b in parse(r.text).backends}
 
@@ -165,5 +165,41 @@ async def test_two_solo_replicas_behind_haproxy_split_every_burst_exactly(lab):
         if SPLITS:
             print("\nHAProxy leastconn over two twin vLLMs, requests per backend: "
                   + ", ".join(f"c{c} {s['spark-a']}/{s['spark-b']}" for c, s in SPLITS.items()))
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(lab)
+
+
+async def test_litellm_in_front_of_haproxy_keeps_its_exact_split(lab):
+    """`2x solo,litellm`: the real LiteLLM on the router's port, its one deployment the HAProxy behind it on
+    the next; bursts through LiteLLM split exactly as HAProxy's own do, and LiteLLM checks the key."""
+    if not Path(HAPROXY).exists():
+        pytest.fail("the router tests need HAProxy: run the tests with scripts/test, which installs it "
+                    "(or apt-get install haproxy)")
+    inventory = lab.inventory()
+    lab.put_weights(MODEL)
+    launched = sparktop(lab, "launch", RECIPE, "--layout", "2x solo,litellm", "--inventory", str(inventory),
+                        "--yes", "--timeout", "300", timeout=500)
+    balancer = "http://127.0.0.2:4001"
+    splits = {}
+    try:
+        assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+        assert "router: LiteLLM 1.106.2 + HAProxy 3.2.24 leastconn on spark-a, as the layout says" in launched.stdout
+        key = router_key(lab)
+        assert key
+        until(lambda: router_view(key, balancer) == {"spark-a": "UP", "spark-b": "UP"}, "both backends UP")
+        for c in (2, 4, 8):
+            splits[c] = await burst(c, key)  # through LiteLLM, on the router's port
+            assert splits[c] == {"spark-a": c // 2, "spark-b": c // 2}, (c, splits[c])
+        before = served()
+        r = httpx.post(ROUTER + "/v1/chat/completions", headers={"Authorization": "Bearer not-the-key"}, timeout=60,
+                       json={"model": RECIPE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code in (400, 401) and "via" not in r.headers, r.text  # LiteLLM's refusal, not HAProxy's
+        assert served() == before
+        status = json.loads(sparktop(lab, "status", "--inventory", str(inventory), "--json").stdout)
+        seen = {e["url"]: e for e in status["engines"]}
+        assert (seen[ROUTER]["kind"], seen[balancer]["kind"]) == ("router", "haproxy"), seen
+        assert seen[balancer]["backends"] == {"spark-a": "UP", "spark-b": "UP"}, seen[balancer]
+    finally:
+        stopped = sparktop(lab, "stop", "--inventory", str(inventory), "--all")
     assert stopped.returncode == 0, stopped.stderr
     assert_nothing_left(lab)

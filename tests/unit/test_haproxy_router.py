@@ -175,3 +175,38 @@ async def test_without_the_key_the_router_is_read_by_liveness_alone():
 
     d = await reader.Haproxy("given").read(get, 1.0, False)
     assert d.running is None and "running" in d.missing
+
+
+def test_litellm_in_front_of_haproxy_is_one_layout_word_and_its_key_goes_by_name(monkeypatch):
+    """`2x solo,litellm`: HAProxy on the next port splits the replicas, LiteLLM in front (the endpoint listed
+    first) has HAProxy as its one deployment and sends it the router's key by name."""
+    import yaml
+
+    from sparktop.launch.catalog import find_recipe
+    from sparktop.launch.topology import make_plan
+    from sparktop.layouts import describe, parse_layout
+    from sparktop.model.routers import router_for
+    from sparktop.settings import Defaults, Inventory, Node
+
+    monkeypatch.setenv(KEY_ENV, "sk-never-in-a-plan")
+    layout = parse_layout("2x solo,litellm")
+    assert (layout.router, layout.text, describe(layout)) == (
+        "litellm", "2x solo,litellm", "solo x2 + LiteLLM in front of HAProxy leastconn")
+    row = router_for("litellm")
+    assert row.behaviour == "even" and row.splits(8, 2) == [((4, 4), 1.0)] and row.overhead_s is None
+    inv = Inventory(nodes=[Node("spark-a", "a", fabric_ip="192.168.100.10"), Node("spark-b", "b")],
+                    defaults=Defaults())
+    plan = make_plan(find_recipe("llama-3.1-8b"), "2x solo,litellm", inv, lid="t")
+    assert "sk-never" not in plan.render()
+    assert [(e.url, e.kind) for e in plan.endpoints][-2:] == [("http://192.168.100.10:4000", "router"),
+                                                            ("http://192.168.100.10:4001", "haproxy")]
+    config = yaml.safe_load(next(s for s in plan.steps if "LiteLLM config" in s.title).stdin_text)
+    assert config["model_list"] == [{"model_name": "llama-3.1-8b", "litellm_params": {
+        "model": "hosted_vllm/llama-3.1-8b", "api_base": "http://192.168.100.10:4001/v1",
+        "api_key": f"os.environ/{KEY_ENV}"}}]
+    haproxy = next(s for s in plan.steps if "HAProxy config" in s.title).stdin_text
+    assert 'bind "0.0.0.0:4001"' in haproxy and haproxy.count("    server ") == 2
+    assert [n for n in plan.notes if n.startswith("router:")] == [
+        "router: LiteLLM 1.106.2 + HAProxy 3.2.24 leastconn on spark-a, as the layout says: LiteLLM's keys, spend "
+        "tracking and features in front, HAProxy leastconn behind it on port 4001, so a burst of c still splits "
+        "c/2 each"]

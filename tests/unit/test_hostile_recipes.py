@@ -29,7 +29,7 @@ from sparktop.layouts import parse_layout
 from sparktop.settings import Inventory, Node
 
 TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy",
-              "tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle"]
+              "tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle", "2x solo,litellm"]
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
 ROUTER_IMAGE = "ghcr.io/berriai/litellm:v1.106.2"
 
@@ -164,16 +164,18 @@ def test_hostile_recipe_values_reach_vllm_literally_and_never_run(tmp_path_facto
         if "--headless" not in argv:
             assert value_after(argv, "--served-model-name") == served
         assert container_env == env_value
-    if layout.router == "leastconn":  # HAProxy: its config names the replicas, never a recipe's value
+    if layout.router in ("leastconn", "litellm"):  # HAProxy: its config names the replicas, no recipe's value
         [(router_argv, _)] = recorded(root, "haproxy")
         config = Path(value_after(router_argv, "-f")).read_text()
         assert "balance leastconn" in config and config.count("\n    server ") == layout.replicas
+    if layout.router == "leastconn":
         assert recorded(root, "litellm") == []
     elif layout.router:
         [(router_argv, _)] = recorded(root, "litellm")
         config = yaml.safe_load(Path(value_after(router_argv, "--config")).read_text())
         assert {m["model_name"] for m in config["model_list"]} == {served}
-        assert recorded(root, "haproxy") == []
+        if layout.router != "litellm":
+            assert recorded(root, "haproxy") == []
     else:
         assert recorded(root, "litellm") == recorded(root, "haproxy") == []
     docker_runs = [line for line in (root / "rec" / "docker.jsonl").read_text().splitlines()]
