@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from sparktop.errors import SparktopError
 
 BACKENDS = ("mp", "ray")
-ROUTERS = ("leastconn", "shuffle", "least-busy", "litellm")
+ROUTERS = ("leastconn", "shuffle", "least-busy", "litellm")  # the last is CHAINED
 DEFAULT_ROUTER = "leastconn"  # counts each replica's requests in flight exactly (model.routers: `even`)
+CHAINED = "litellm"  # LiteLLM in front of HAProxy leastconn
 # What runs for each router word (the launcher starts it; `model.routers` has each one's behaviour).
 ROUTER_PRODUCTS = {"leastconn": "HAProxy leastconn", "shuffle": "LiteLLM shuffle", "least-busy": "LiteLLM least-busy",
                    "litellm": "LiteLLM in front of HAProxy leastconn"}

@@ -48,7 +48,7 @@ from sparktop.launch.haproxy import haproxy_config
 from sparktop.launch.plan import Endpoint, Home, HomeMount, Plan, Step, Wait
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import runtime_for
-from sparktop.layouts import ALIASES, LayoutError, parse_layout, to_label
+from sparktop.layouts import ALIASES, CHAINED, LayoutError, parse_layout, to_label
 from sparktop.model.routers import litellm_strategy, router_for
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
@@ -296,9 +296,9 @@ class Builder:
             why = ("as the layout says" if said else "the default for replicas") + \
                 f": it counts each replica's requests in flight exactly, so a burst of c splits c/{len(backends)} " \
                 "each (`,least-busy` or `,shuffle` puts LiteLLM there instead, `,litellm` LiteLLM in front of it)"
-        elif self.layout.router == "litellm":
+        elif self.layout.router == CHAINED:
             port = self.inv.defaults.router_port + 1
-            balancer = self.haproxy(backends, port=port, role="balancer")
+            balancer = self.haproxy(backends, port=port, behind_litellm=True)
             # LiteLLM's one deployment is HAProxy, reached with the router's key (both read it from router.env).
             self.litellm([balancer], word="shuffle", backend_key=f"os.environ/{ROUTER_KEY_ENV}",
                          what="in front of HAProxy")
@@ -312,8 +312,9 @@ class Builder:
                 "the default without a router word, splits bursts exactly)"
         return f"router: {row.product} {row.strategy} on {self.nodes[0].name}, {why}"
 
-    def haproxy(self, backends: list[Endpoint], port: int | None = None, role: str = "router") -> Endpoint:
+    def haproxy(self, backends: list[Endpoint], port: int | None = None, behind_litellm: bool = False) -> Endpoint:
         head = self.nodes[0]
+        role = "balancer" if behind_litellm else "router"
         port = port or self.inv.defaults.router_port
         text = haproxy_config(head.bind, port, [(e.node, e.url) for e in backends], ROUTER_KEY_ENV,
                               self.runtime.ready_path())
@@ -332,7 +333,7 @@ class Builder:
             head, role, {}, "haproxy", ["-W", "-db", "-f", config_path], endpoint=url, kind=HAPROXY,
             gpu=False, volumes=[_home_mount(self.state_dir, HAPROXY_CONFIG)], image=self.inv.defaults.haproxy_image,
             env_file=self.router_secrets_file)
-        said = "router" if role == "router" else "balancer behind LiteLLM"
+        said = "balancer behind LiteLLM" if behind_litellm else "router"
         self.steps.append(Step(head.name, argv, f"start the HAProxy {said} (leastconn) on {head.name}",
                                container=name, role="router"))
         self.endpoints.append(Endpoint(url, HAPROXY, head.name, self.recipe.served_name, self.topology, name,
