@@ -15,6 +15,7 @@ liveness alone, at `/haproxy/health` (503 once no replica is up).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +29,10 @@ from sparktop.observe.snapshot import FIGURES, EngineSnapshot
 BACKEND = "replicas"  # the backend section sparktop's config names (launch/haproxy.py)
 HEALTH = "/haproxy/health"  # its monitor-uri: answered before the key is checked
 VIA = "haproxy"  # what its `Via` header says
+# The series read, out of the ~50 kB the exporter answers (every proxy's and server's every figure): only
+# their lines are parsed, as engines' scrapes are filtered before prometheus-client sees them.
+_SERIES = re.compile(r"^(?:haproxy_process_build_info|haproxy_server_status|haproxy_server_current_sessions|"
+                     r"haproxy_server_sessions_total|haproxy_backend_current_queue)\{.*$", re.M)
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def parse(text: str, backend: str = BACKEND) -> Reading:
     flight: dict[str, float] = {}
     total: dict[str, float] = {}
     out = Reading()
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families("\n".join(_SERIES.findall(text)) + "\n"):
         for sample in family.samples:
             labels = sample.labels
             if sample.name == "haproxy_process_build_info":
