@@ -422,7 +422,8 @@ def _add_watching(add, watch_options) -> None:
     demo.add_argument("--model", default="gpt-oss-120b", help="model card to serve (default: gpt-oss-120b); "
                       "with --layout, the recipe to launch")
     demo.add_argument("--layout", "-t", metavar="L", help="launch the recipe in this layout over the demo's nodes "
-                      "instead of a solo engine on each (tp=4, 2x tp=2, 4x solo,shuffle, ...)")
+                      "instead of a solo engine on each (tp=4, 2x tp=2 behind HAProxy, 4x solo,shuffle behind "
+                      "LiteLLM, ...)")
     demo.add_argument("--runtime", metavar="R", help=f"serve with the twin of another engine: {_TWIN_OTHERS}, or "
                                                      "several the nodes take in turn (vllm,llama-cpp)")
     demo.add_argument("--speed", type=float, default=1.0, help="run the twins this many times faster")
@@ -439,9 +440,11 @@ def _add_launching(add) -> None:
     launch.add_argument("recipe", help="a recipe's name (see `sparktop recipes`) or a YAML file")
     launch.add_argument("--layout", "--topology", "-t", dest="topology", default="solo", metavar="LAYOUT",
                         help="solo, cluster-ray, cluster-mp, shuffle, least-busy, or a layout over more nodes: "
-                             "tp=4, tp=4,ray, tp=2,pp=2, tp=2,ep, '2x tp=2', '4x solo' (default: solo)")
-    launch.add_argument("--router", choices=["shuffle", "least-busy"],
-                        help="how the router spreads requests over replicas (default: least-busy)")
+                             "tp=4, tp=4,ray, tp=2,pp=2, tp=2,ep, '2x tp=2', '2x solo' (default: solo)")
+    launch.add_argument("--router", choices=["leastconn", "shuffle", "least-busy", "litellm"],
+                        help="how requests are spread over replicas: leastconn (HAProxy, the default), LiteLLM's "
+                             "shuffle or least-busy (for LiteLLM's own features), or litellm (LiteLLM in front of "
+                             "HAProxy leastconn)")
     launch.add_argument("--inventory", metavar="FILE", help="cluster inventory (sparktop cluster.yaml, a sparkrun "
                         "cluster file, or eugr's .env)")
     launch.add_argument("--nodes", metavar="A,B", help="ssh hosts for a one-off launch (the first is the head)")

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparktop.engine_ids import DEFAULT, is_router
+from sparktop.engine_ids import DEFAULT, HAPROXY, ROUTER, is_router
 from sparktop.errors import SparktopError
 from sparktop.layouts import MAX_NODES
 from sparktop.remote import Transport
@@ -145,7 +145,7 @@ async def start_demo_cluster(model: str, speed: float = 1.0, startup_speed: floa
             await stop_everything(TwinCluster(root, names=left).setup(fresh=False))
         stop_collector(root, settle=COLLECT_SETTLE_S if left else 0.0)  # it holds the demo history's lock
     cluster = TwinCluster(root, names=node_names(nodes), speed=speed, startup_speed=startup_speed,
-                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image,
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image, defaults.haproxy_image,
                                   *RUNTIME_IMAGES.values(), *recipe_images(recipes)]).setup()
     write_demo_inventory(cluster)
     if not engines:
@@ -165,7 +165,8 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
     defaults = Defaults()
     root = demo_root()
     cluster = TwinCluster(root, speed=speed, startup_speed=startup_speed,
-                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image, *RUNTIME_IMAGES.values()])
+                          images=[DEFAULT_IMAGE, defaults.image, defaults.router_image, defaults.haproxy_image,
+                                  *RUNTIME_IMAGES.values()])
     cluster.setup(fresh=not root.exists())
     _link_litellm(cluster)
     write_demo_inventory(cluster)
@@ -173,12 +174,17 @@ def demo_inventory(speed: float = 1.0, startup_speed: float = 30.0):
 
 
 def _link_litellm(cluster: TwinCluster) -> None:
-    # The router topologies run the real LiteLLM proxy inside the twin's
-    # "container": the one on this machine's PATH, when there is one.
-    litellm = shutil.which("litellm")
-    link = cluster.root / "bin" / "litellm"
-    if litellm and not link.exists():
-        link.symlink_to(litellm)
+    # The router topologies run the real LiteLLM proxy or HAProxy inside the twin's
+    # "container": the ones on this machine (Debian's haproxy is in /usr/sbin), when there are.
+    for program, found in (("litellm", shutil.which("litellm")),
+                           ("haproxy", shutil.which("haproxy") or _executable("/usr/sbin/haproxy"))):
+        link = cluster.root / "bin" / program
+        if found and not link.exists():
+            link.symlink_to(found)
+
+
+def _executable(path: str) -> str | None:
+    return path if os.access(path, os.X_OK) else None
 
 
 async def launch_layout(cluster: TwinCluster, recipe_id: str, layout: str, say=print):
@@ -195,9 +201,13 @@ async def launch_layout(cluster: TwinCluster, recipe_id: str, layout: str, say=p
     try:
         request = LaunchRequest(recipe, layout)
         plan = launcher.plan(request)
-        if any(is_router(e.kind) for e in plan.endpoints) and not (cluster.root / "bin" / "litellm").exists():
-            raise SparktopError(f"--layout {layout}: the router needs LiteLLM on this machine "
-                                "(pip install 'litellm[proxy]')")
+        for e in plan.endpoints:
+            if e.kind == HAPROXY and not (cluster.root / "bin" / "haproxy").exists():
+                raise SparktopError(f"--layout {layout}: the router needs HAProxy on this machine "
+                                    "(apt-get install haproxy), or name LiteLLM's: --layout '2x solo,least-busy'")
+            if e.kind == ROUTER and not (cluster.root / "bin" / "litellm").exists():
+                raise SparktopError(f"--layout {layout}: the router needs LiteLLM on this machine "
+                                    "(pip install 'litellm[proxy]')")
         result = await launcher.preflight(plan, recipe)
         if not result.ok:
             failed = result.failures[0]

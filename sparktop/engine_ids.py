@@ -12,8 +12,9 @@ not sparkrun's `llama-cpp`, which is an alias and the `sparkrun` column).
 
 Three ids are special: `DEFAULT` where nothing is known yet (a container
 before it answers, a recipe without `runtime:`), `ROUTER` for the LiteLLM
-router in front of replicas (`is_router`), and `GENERIC` for a server that
-answers as OpenAI does and as no engine sparktop knows.
+router in front of replicas, and `GENERIC` for a server that answers as
+OpenAI does and as no engine sparktop knows. `HAPROXY` is the other router
+(`leastconn`, the default in front of replicas); `is_router` says it of both.
 
 Foundation: imports only `sparktop.errors`.
 """
@@ -41,7 +42,8 @@ class EngineId:
 
 
 DEFAULT = "vllm"  # where nothing is known yet (a container before it answers, a recipe without runtime:)
-ROUTER = "router"
+ROUTER = "router"  # LiteLLM (the id its snapshots, plans and recordings have always carried)
+HAPROXY = "haproxy"
 GENERIC = "openai"
 
 # In observe's recognition order, GENERIC last.
@@ -65,6 +67,10 @@ ROWS: tuple[EngineId, ...] = (
     EngineId(ROUTER, "LiteLLM", aliases=("litellm",), images=(r"litellm",),
              default_image="ghcr.io/berriai/litellm:v1.106.2", programs=("litellm",), default_port=4000,
              router=True),
+    # HAProxy's official image (Debian trixie, built with its Prometheus exporter), pinned to a 3.2 LTS release.
+    # No image patterns or programs: HAProxy fronts many things besides models, so only what sparktop launched
+    # (labelled `sparktop.kind=haproxy`) or an address given is watched as a router, never any haproxy found.
+    EngineId(HAPROXY, "HAProxy", default_image="haproxy:3.2.24", default_port=4000, router=True),
     EngineId(GENERIC, "an OpenAI-compatible server"),
 )
 

@@ -3,7 +3,10 @@
 A layout is `r` replicas of one engine, each engine over `tp × pp` nodes
 (tensor parallel across nodes, pipeline stages across nodes), on vLLM's own
 distributed machinery: Ray (`ray`) or `--nnodes/--node-rank` multiprocessing
-(`mp`); replicas sit behind the LiteLLM router (`shuffle` or `least-busy`).
+(`mp`); replicas sit behind a router: HAProxy `leastconn` unless the layout
+names one of LiteLLM's strategies (`shuffle`, `least-busy`), for LiteLLM's
+own features (its spend tracking, per-key limits, fallbacks), or `litellm`:
+LiteLLM in front of HAProxy, its features with HAProxy's split.
 Written the way vLLM's flags read, short enough to type:
 
     solo             one engine on one node
@@ -12,8 +15,11 @@ Written the way vLLM's flags read, short enough to type:
     pp=2             two pipeline stages on two nodes
     tp=2,pp=2        four nodes: two stages, each tensor parallel over two
     tp=2,ep          tensor parallel with expert parallel (MoE models)
-    2x tp=2          two engines of two nodes each behind the router (least-busy unless told)
-    4x solo,shuffle  four solo engines behind the router, simple-shuffle
+    2x tp=2          two engines of two nodes each behind the router (HAProxy leastconn unless told)
+    2x solo,leastconn  the same router said outright: a burst of c splits c/2 each, exactly
+    4x solo,shuffle  four solo engines behind LiteLLM, simple-shuffle
+    2x solo,least-busy  two behind LiteLLM's least-busy
+    2x solo,litellm  two behind HAProxy leastconn, LiteLLM in front of it
 
 The five two-node names sparktop started with stay as aliases of their
 layouts, so recipes, runs and reports written with them keep reading the
@@ -33,7 +39,12 @@ from dataclasses import dataclass
 from sparktop.errors import SparktopError
 
 BACKENDS = ("mp", "ray")
-ROUTERS = ("shuffle", "least-busy")
+ROUTERS = ("leastconn", "shuffle", "least-busy", "litellm")  # the last is CHAINED
+DEFAULT_ROUTER = "leastconn"  # counts each replica's requests in flight exactly (model.routers: `even`)
+CHAINED = "litellm"  # LiteLLM in front of HAProxy leastconn
+# What runs for each router word (the launcher starts it; `model.routers` has each one's behaviour).
+ROUTER_PRODUCTS = {"leastconn": "HAProxy leastconn", "shuffle": "LiteLLM shuffle", "least-busy": "LiteLLM least-busy",
+                   "litellm": "LiteLLM in front of HAProxy leastconn"}
 MAX_NODES = 8  # a QSFP switch's worth of Sparks
 ALIASES = {
     "solo": "solo",
@@ -55,7 +66,8 @@ class Layout:
     pp: int = 1
     replicas: int = 1
     backend: str = "mp"  # how the nodes of one engine are joined: mp (--nnodes) or ray
-    router: str | None = None  # with replicas > 1: shuffle | least-busy
+    # with replicas > 1: leastconn (HAProxy) | shuffle | least-busy (LiteLLM) | litellm (LiteLLM before HAProxy)
+    router: str | None = None
     ep: bool = False  # expert parallel (vLLM's --enable-expert-parallel) across the tensor-parallel ranks
 
     @property
@@ -175,8 +187,8 @@ def parse_layout(text: str, *, aliases: bool = True) -> Layout:
         elif part in ROUTERS:
             router = part
         else:
-            raise LayoutError(f"layout {raw!r}: unknown {part!r} (solo, tp=N, pp=N, ep, ray, mp, shuffle, "
-                              f"least-busy, or Nx before them for replicas)")
+            raise LayoutError(f"layout {raw!r}: unknown {part!r} (solo, tp=N, pp=N, ep, ray, mp, leastconn, "
+                              f"shuffle, least-busy, litellm, or Nx before them for replicas)")
     if solo and (tp > 1 or pp > 1):
         raise LayoutError(f"layout {raw!r}: solo is one node; tp= or pp= spread an engine over several")
     if router and replicas == 1:
@@ -186,7 +198,7 @@ def parse_layout(text: str, *, aliases: bool = True) -> Layout:
     if ep and tp == 1:
         raise LayoutError(f"layout {raw!r}: ep spreads a MoE model's experts over its tp ranks; add tp=N")
     layout = Layout(tp=tp, pp=pp, replicas=replicas, backend=backend or "mp",
-                    router=router or ("least-busy" if replicas > 1 else None), ep=ep)
+                    router=router or (DEFAULT_ROUTER if replicas > 1 else None), ep=ep)
     if layout.nodes > MAX_NODES:
         raise LayoutError(f"layout {raw!r} needs {layout.nodes} nodes; sparktop runs layouts of up to {MAX_NODES}")
     return layout
@@ -194,18 +206,23 @@ def parse_layout(text: str, *, aliases: bool = True) -> Layout:
 
 def describe(layout: Layout) -> str:
     """A layout in words, for a list to choose from: "TP=4 over 4 nodes, Ray",
-    "2 engines of TP=2 + LiteLLM least-busy"."""
+    "2 engines of TP=2 + HAProxy leastconn"."""
     parts = [f"TP={layout.tp}"] if layout.tp > 1 else []
     parts += [f"PP={layout.pp}"] if layout.pp > 1 else []
     shape = " x ".join(parts) + (" + EP" if layout.ep else "")
     ray = layout.backend == "ray"
     if layout.replicas > 1:
         if not layout.spans_nodes:
-            return f"solo x{layout.replicas} + LiteLLM {layout.router}"
-        return f"{layout.replicas} engines of {shape}{' over Ray' if ray else ''} + LiteLLM {layout.router}"
+            return f"solo x{layout.replicas} + {router_text(layout.router)}"
+        return f"{layout.replicas} engines of {shape}{' over Ray' if ray else ''} + {router_text(layout.router)}"
     if not layout.spans_nodes:
         return "one node"
     return f"{shape} over {layout.nodes_per_engine} nodes, " + ("Ray" if ray else "no Ray")
+
+
+def router_text(router: str | None) -> str:
+    """"HAProxy leastconn", "LiteLLM shuffle": a layout's router word with what runs it."""
+    return ROUTER_PRODUCTS.get(router or "", f"router {router}")
 
 
 def order(name: str) -> tuple:
@@ -269,12 +286,12 @@ def split_layouts(text: str) -> list[str]:
 
 
 def layouts_for(node_count: int, *, max_nodes: int | None = None, min_nodes_per_engine: int = 1,
-                moe: bool = False, routers: tuple[str, ...] = ("least-busy",)) -> list[Layout]:
+                moe: bool = False, routers: tuple[str, ...] = (DEFAULT_ROUTER,)) -> list[Layout]:
     """Every layout over at most `node_count` nodes (and a recipe's
     `max_nodes`), engines of at least `min_nodes_per_engine` nodes (a model
     that fits no fewer): what `predict --layout all` ranks. Powers of two for
     tp (vLLM needs tp to divide the attention heads), Ray and mp both for one
-    engine over nodes, least-busy for replicas, ep beside tp for MoE models."""
+    engine over nodes, HAProxy leastconn for replicas, ep beside tp for MoE models."""
     limit = min(node_count, max_nodes or node_count, MAX_NODES)
     out: list[Layout] = []
     for tp in (1, 2, 4, 8):

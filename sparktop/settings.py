@@ -82,9 +82,12 @@ class Defaults:
     # LiteLLM's released proxy image (ENTRYPOINT ["litellm"], amd64 and arm64), pinned in engine_ids to the
     # version the lab tests against (litellm[proxy]==1.106.2); change it with `router_image:` under `defaults:`.
     router_image: str = engine_ids.get(engine_ids.ROUTER).default_image
+    # HAProxy's official image (ENTRYPOINT docker-entrypoint.sh; sparktop runs `haproxy` itself), the router
+    # in front of replicas unless a layout names a LiteLLM strategy; change it with `haproxy_image:`.
+    haproxy_image: str = engine_ids.get(engine_ids.HAPROXY).default_image
     hf_cache: str = "~/.cache/huggingface"
     port: int = engine_ids.get(engine_ids.DEFAULT).default_port
-    router_port: int = engine_ids.get(engine_ids.ROUTER).default_port
+    router_port: int = engine_ids.get(engine_ids.ROUTER).default_port  # either router's (HAProxy's or LiteLLM's)
     ray_port: int = 6379
     master_port: int = 29501
     container_env: dict = field(default_factory=dict)  # added to every container sparktop starts

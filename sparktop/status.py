@@ -161,6 +161,7 @@ def engine_json(e: EngineSnapshot, state: ClusterState | None = None, prefs: Pre
         "not_exported": e.not_exported,
         "topology": e.topology, "container": e.container, "model": e.model, "version": e.version,
         "kv_cache_usage": _r(e.kv_usage, 4), "running": e.running, "waiting": e.waiting,
+        "backends": e.backends,  # a router's replicas as it sees them (HAProxy: UP, DOWN, ...), null otherwise
         "prompt_tps": _r(e.prompt_tps, 1), "gen_tps": _r(e.gen_tps, 1),
         "ttft_p50_ms": _r(e.ttft_p50 * 1000 if e.ttft_p50 is not None else None, 1),
         "ttft_p95_ms": _r(e.ttft_p95 * 1000 if e.ttft_p95 is not None else None, 1),

@@ -28,7 +28,7 @@ from sparktop.launch.catalog import discover, find_recipe, runtime_recipes
 from sparktop.launch.events import Failed, LaunchEvent, LogLine, Ready, Stage, StepDone, StepStarted, TornDown
 from sparktop.launch.recipe import Recipe, parse_sets
 from sparktop.launch.runtimes import RUNTIMES, runtime_id
-from sparktop.layouts import LayoutError, layout_of, layouts_for, parse_layout, split_layouts
+from sparktop.layouts import ROUTERS, LayoutError, layout_of, layouts_for, parse_layout, split_layouts
 from sparktop.model.cards import ModelCard, UnknownModel, find_card
 from sparktop.model.simulate import TOPOLOGIES
 from sparktop.settings import Inventory, load_inventory
@@ -133,6 +133,9 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
         sys.stdout.write(plan.render())
         return 0
     console.print(f"[bold]{recipe.id}[/] as [bold]{topology}[/] on {', '.join(plan.nodes)}  (launch {plan.launch_id})")
+    for note in plan.notes:  # which router runs in front of replicas, and why
+        if note.startswith("router:"):
+            console.print(note, highlight=False, markup=False, soft_wrap=True)
     transports = transports_for(inventory, plan.nodes)
     try:
         preflight = await run_preflight(plan, recipe, inventory, transports)
@@ -315,13 +318,15 @@ def _predict_topologies(args, recipe: Recipe | None, card: ModelCard, nodes: int
 
     note = None
     if args.topology == "all" and nodes > 2:
-        fits = [layout for layout in layouts_for(nodes, moe=card.is_moe, routers=("shuffle", "least-busy"))
+        fits = [layout for layout in layouts_for(nodes, moe=card.is_moe, routers=ROUTERS)
                 if card.weights_gib / layout.nodes_per_engine < 0.9 * GB10.memory_gib
                 and (recipe is None or recipe.why_not_layout(layout, nodes) is None)]
         topologies = [layout.name for layout in fits]
         note = f"every layout of {nodes} nodes whose weights fit its nodes: {len(topologies)}"
     elif args.topology == "all":
         topologies = [t for t in TOPOLOGIES if recipe is None or t in recipe.allowed_topologies(2)]
+        if "shuffle" in topologies:  # the two solo replicas behind the default router, HAProxy, too
+            topologies.append(parse_layout("2x solo").name)
     elif args.topology:
         topologies = []
         for text in split_layouts(args.topology):

@@ -30,7 +30,7 @@ from sparktop.launch.recipe import RESERVED_FLAGS, Recipe, _flag_map
 from sparktop.launch.runtimes import runtime_for
 from sparktop.launch.state import LaunchRecord, LaunchState
 from sparktop.launch.topology import launch_id, make_plan
-from sparktop.layouts import layouts_for
+from sparktop.layouts import layouts_for, parse_layout
 from sparktop.model.hardware import GB10
 from sparktop.observe.fabric import Fabric
 from sparktop.remote import Transport, TransportError, transport_for
@@ -218,9 +218,12 @@ class Launcher:
     def topologies(self, recipe: Recipe) -> list[str]:
         """The layouts offered for `recipe`: the five two-node names it allows,
         then, with more than two nodes, every layout of three nodes or more
-        whose weights fit its nodes (least-busy for replicas, as `--layout 2x tp=2`)."""
+        whose weights fit its nodes (HAProxy leastconn for replicas, as `--layout 2x tp=2`). With two nodes
+        or more, two solo replicas behind HAProxy come right after the five."""
         count = len(self.inventory.nodes)
         names = recipe.allowed_topologies(count)
+        if "shuffle" in names:  # two solo replicas are allowed: behind the default router too
+            names.append(parse_layout("2x solo").name)
         if count <= 2:
             return names
         card = recipe.twin_card()

@@ -2,8 +2,12 @@
 
 A layout (`layouts.py`) is replicas of one engine, each over some nodes;
 each engine is started in its runtime's own commands (`launch/runtimes/`:
-vLLM, SGLang, llama.cpp, TensorRT-LLM), and replicas sit behind a LiteLLM
-proxy on the head (`shuffle`, `least-busy`). With vLLM:
+vLLM, SGLang, llama.cpp, TensorRT-LLM), and replicas sit behind a router on
+the head: HAProxy `leastconn` (the default, `launch/haproxy.py`) or, where
+the layout names one of its strategies (`shuffle`, `least-busy`), the
+LiteLLM proxy; with `litellm`, both: LiteLLM in front (the endpoint clients
+use, its features), HAProxy behind it on the next port splitting the
+replicas. With vLLM:
 
 | topology    | what runs                                                            |
 |-------------|----------------------------------------------------------------------|
@@ -13,6 +17,7 @@ proxy on the head (`shuffle`, `least-busy`). With vLLM:
 |             | worker container: `ray start --address HEAD --block`                 |
 | cluster-mp  | worker: `vllm serve -tp 2 --nnodes 2 --node-rank 1 --headless`,      |
 |             | then head: the same with `--node-rank 0` (PyTorch distributed)       |
+| 2x solo     | solo on each node + HAProxy on the head, balance leastconn           |
 | shuffle     | solo on each node + a LiteLLM proxy on the head, simple-shuffle      |
 | least-busy  | the same with routing_strategy least-busy                            |
 
@@ -36,16 +41,19 @@ import time
 
 import yaml
 
-from sparktop.engine_ids import ROUTER
+from sparktop.engine_ids import HAPROXY, ROUTER, is_router
 from sparktop.errors import SparktopError
+from sparktop.launch.haproxy import CONFIG as HAPROXY_CONFIG
+from sparktop.launch.haproxy import haproxy_config
 from sparktop.launch.plan import Endpoint, Home, HomeMount, Plan, Step, Wait
 from sparktop.launch.recipe import Recipe
 from sparktop.launch.runtimes import runtime_for
-from sparktop.layouts import LayoutError, parse_layout, to_label
-from sparktop.model.routers import litellm_strategy
+from sparktop.layouts import ALIASES, CHAINED, LayoutError, parse_layout, to_label
+from sparktop.model.routers import litellm_strategy, router_for
 from sparktop.observe.fabric import Fabric
 from sparktop.settings import Inventory, Node
 
+# The router's API key, by name: LiteLLM's master key, and the variable HAProxy's config reads it from too.
 ROUTER_KEY_ENV = "LITELLM_MASTER_KEY"
 SECRET_ENV = ("HF_TOKEN",)  # passed by name when set in the launching environment
 
@@ -86,6 +94,7 @@ class Builder:
         self.detected = dict(fabric or {})  # node -> what preflight found where the inventory gives nothing
         self.layout = parse_layout(topology)
         self.topology = self.layout.name  # the alias of a two-node layout, else its spelling
+        self.written = topology  # as it was asked for: does it name its router?
         self.inv = inventory
         self.nodes = nodes
         flags, extra, env, image, recipe_port = recipe.settings(topology)
@@ -164,7 +173,7 @@ class Builder:
             if kind is None:
                 raise ValueError(f"{role}: a container with an endpoint is labelled with its kind")
             out += ["--label", f"sparktop.endpoint={endpoint}", "--label", f"sparktop.kind={kind}"]
-        if kind != ROUTER:
+        if not is_router(kind):
             out += self.predicted_labels()
         return out
 
@@ -242,11 +251,12 @@ class Builder:
             endpoint = self.runtime.engine_steps(self, nodes, suffix)
             endpoint.members = self.started_by(self.steps[before:])
             engines.append(endpoint)
+        notes = []
         if self.layout.router:
-            self.router(engines)
+            notes.append(self.router(engines))
         else:
             self.wait_ready(engines[0])
-        notes = self.fabric_notes()
+        notes += self.fabric_notes()
         return Plan(self.lid, self.recipe.id, self.recipe.name, self.topology, [n.name for n in self.nodes],
                     self.steps, self.endpoints, self.containers, self.secrets + self.router_secrets, self.state_dir,
                     flags=dict(self.flags), image=self.image, notes=notes, runtime=self.runtime.id)
@@ -271,14 +281,74 @@ class Builder:
                                wait=Wait("http", container=endpoint.container, url=endpoint.url,
                                          model=endpoint.model), role="wait"))
 
-    def router(self, backends: list[Endpoint]) -> None:
-        head = self.nodes[0]
+    def router(self, backends: list[Endpoint]) -> str:
+        """The router's steps; returns the plan's line saying which router and why."""
         # Every engine has started (each loads its weights on its own nodes); now wait for each to serve.
         for endpoint in backends:
             self.wait_for(endpoint)
-        strategy = litellm_strategy(self.layout.router)
-        text = yaml.safe_dump(litellm_config(self.recipe.served_name, self.layout.router,
-                                             [(f"{self.runtime.router_provider}/{e.model}", e.url) for e in backends]),
+        assert self.layout.router is not None
+        row = router_for(self.layout.router)
+        written = self.written.strip().lower()
+        said = written in ALIASES and "," in ALIASES[written] or \
+            self.layout.router in [p.strip() for p in written.split(",")]
+        if row.engine == HAPROXY:
+            self.haproxy(backends)
+            why = ("as the layout says" if said else "the default for replicas") + \
+                f": it counts each replica's requests in flight exactly, so a burst of c splits c/{len(backends)} " \
+                "each (`,least-busy` or `,shuffle` puts LiteLLM there instead, `,litellm` LiteLLM in front of it)"
+        elif self.layout.router == CHAINED:
+            port = self.inv.defaults.router_port + 1
+            balancer = self.haproxy(backends, port=port, behind_litellm=True)
+            # LiteLLM's one deployment is HAProxy, reached with the router's key (both read it from router.env).
+            self.litellm([balancer], word="shuffle", backend_key=f"os.environ/{ROUTER_KEY_ENV}",
+                         what="in front of HAProxy")
+            # The front first: what clients, studies and the demo's load use.
+            self.endpoints[-2], self.endpoints[-1] = self.endpoints[-1], self.endpoints[-2]
+            why = ("as the layout says: LiteLLM's keys, spend tracking and features in front, HAProxy leastconn "
+                   f"behind it on port {port}, so a burst of c still splits c/{len(backends)} each")
+        else:
+            self.litellm(backends)
+            why = "as the layout names it (LiteLLM's routing, spend tracking and keys; HAProxy leastconn, " \
+                "the default without a router word, splits bursts exactly)"
+        return f"router: {row.product} {row.strategy} on {self.nodes[0].name}, {why}"
+
+    def haproxy(self, backends: list[Endpoint], port: int | None = None, behind_litellm: bool = False) -> Endpoint:
+        head = self.nodes[0]
+        role = "balancer" if behind_litellm else "router"
+        port = port or self.inv.defaults.router_port
+        text = haproxy_config(head.bind, port, [(e.node, e.url) for e in backends], ROUTER_KEY_ENV,
+                              self.runtime.ready_path())
+        config_path = Home(f"{self.state_dir}/{HAPROXY_CONFIG}")
+        # Readable by all (it holds no secret): the official image runs HAProxy as its own user (uid 99), which
+        # must read it whatever the node's umask.
+        self.steps.append(Step(head.name, ["sh", "-c", f'umask 022 && mkdir -p "$1" && cat > "$1/{HAPROXY_CONFIG}"',
+                                           "sh",
+                                           Home(self.state_dir)],
+                               f"write the HAProxy config (leastconn over {len(backends)} replicas) on {head.name}",
+                               stdin_text=text, role="setup"))
+        url = self.url(head, port)
+        # Its own program, not the image's entrypoint script: -W (master-worker) -db (foreground, logs to the
+        # container's output); the config mounted at the same path inside, the key from the env file.
+        name, argv = self.docker_run(
+            head, role, {}, "haproxy", ["-W", "-db", "-f", config_path], endpoint=url, kind=HAPROXY,
+            gpu=False, volumes=[_home_mount(self.state_dir, HAPROXY_CONFIG)], image=self.inv.defaults.haproxy_image,
+            env_file=self.router_secrets_file)
+        said = "balancer behind LiteLLM" if behind_litellm else "router"
+        self.steps.append(Step(head.name, argv, f"start the HAProxy {said} (leastconn) on {head.name}",
+                               container=name, role="router"))
+        self.endpoints.append(Endpoint(url, HAPROXY, head.name, self.recipe.served_name, self.topology, name,
+                                       api_key_env=ROUTER_KEY_ENV, members=[(head.name, name)]))
+        self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
+        return self.endpoints[-1]
+
+    def litellm(self, backends: list[Endpoint], word: str | None = None, backend_key: str = "none",
+                what: str | None = None) -> None:
+        head = self.nodes[0]
+        word = word or self.layout.router
+        strategy = what or litellm_strategy(word)
+        text = yaml.safe_dump(litellm_config(self.recipe.served_name, word,
+                                             [(f"{self.runtime.router_provider}/{e.model}", e.url) for e in backends],
+                                             backend_key),
                               sort_keys=False)
         config_path = Home(f"{self.state_dir}/litellm.yaml")
         self.steps.append(Step(head.name, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/litellm.yaml"', "sh",
@@ -302,13 +372,16 @@ class Builder:
         self.wait_ready(self.endpoints[-1], key_env=ROUTER_KEY_ENV)
 
 
-def litellm_config(served_name: str, router: str | None, backends: list[tuple[str, str]]) -> dict:
+def litellm_config(served_name: str, router: str | None, backends: list[tuple[str, str]],
+                   api_key: str = "none") -> dict:
     """The LiteLLM proxy's config for replicas behind `router` (a layout's `shuffle` / `least-busy`): one
-    deployment per backend, (LiteLLM's `provider/model`, the engine's base URL), under the served name."""
+    deployment per backend, (LiteLLM's `provider/model`, the engine's base URL), under the served name.
+    `api_key`: what LiteLLM sends its backends (`os.environ/NAME` for the HAProxy behind it: the name, never
+    the key)."""
     return {
         "model_list": [
             {"model_name": served_name,
-             "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": "none"}}
+             "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": api_key}}
             for model, url in backends
         ],
         "router_settings": {"routing_strategy": litellm_strategy(router)},

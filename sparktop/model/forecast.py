@@ -47,7 +47,7 @@ class Subject:
     fitted_path: str | None = None  # an inventory fit's file, read directly (a twin's label)
     speed: float = 1.0  # the nodes' pace: rates times it, times divided by it
     source: str = ""  # what it is, for text: "recipe gpt-oss-120b", "card gpt-oss-120b"
-    router: str | None = None  # the replicas' router version (model.routers); None: the LiteLLM sparktop launches
+    router: str | None = None  # the replicas' router version (model.routers); None: what sparktop launches for the word
 
     def serving_for(self, topology: str) -> Serving:
         return self.serving(topology) if callable(self.serving) else self.serving

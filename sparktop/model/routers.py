@@ -9,6 +9,14 @@ that distribution.
 
 Behaviours, from how each router works:
 
+- `even` (HAProxy `balance leastconn`, the router sparktop puts in front of
+  replicas unless a layout names a LiteLLM strategy): each request goes to
+  the server with the fewest requests in flight, counted by HAProxy itself
+  as it assigns the request, so requests that arrive together still see
+  each other: a lockstep burst of c over r replicas splits as evenly as it
+  goes, c // r each and one more on c % r of them, every time (measured
+  with HAProxy 2.6 over two twin engines, c2 to c16: c/2 each, exactly;
+  tests/e2e/test_lab_router.py asserts it).
 - `random` (LiteLLM simple-shuffle): every request to a replica drawn
   uniformly and independently: the binomial split over two replicas (every
   split for small c, five quantiles for large), seeded multinomial draws
@@ -45,6 +53,8 @@ from sparktop import engine_ids
 
 # The LiteLLM sparktop launches: its proxy image's tag (settings.Defaults.router_image, from engine_ids).
 LITELLM_VERSION = engine_ids.get(engine_ids.ROUTER).default_image.rsplit(":", 1)[-1].lstrip("v")
+# ... and the HAProxy (settings.Defaults.haproxy_image).
+HAPROXY_VERSION = engine_ids.get(engine_ids.HAPROXY).default_image.rsplit(":", 1)[-1]
 
 # least-busy's race probability: how often a request reads the in-flight counts before the request just before it
 # has counted itself (a burst of c then all goes to one replica with probability q**(c-1)). Fitted (maximum
@@ -72,16 +82,19 @@ Split = tuple[int, ...]
 @dataclass(frozen=True)
 class Router:
     id: str
-    layout: str  # the layout's router word (`2x solo,least-busy`): shuffle | least-busy
-    product: str  # "LiteLLM 1.106.2"
-    strategy: str  # LiteLLM's routing_strategy
-    behaviour: str  # random | race | first
+    layout: str  # the layout's router word (`2x solo,least-busy`): leastconn | shuffle | least-busy
+    product: str  # "LiteLLM 1.106.2", "HAProxy 3.2.24"
+    strategy: str  # LiteLLM's routing_strategy, HAProxy's `balance`
+    behaviour: str  # even | random | race | first
     note: str  # how it splits, for text
     race: float = 0.0  # `race`: the probability a request reads before its predecessor counted
-    overhead_s: float | None = None  # per request; None: the fitted router_overhead_s
+    overhead_s: float | None = None  # per request; None: the fitted router_overhead_s (LiteLLM's)
+    engine: str = engine_ids.ROUTER  # what runs it (engine_ids: ROUTER is LiteLLM, HAPROXY)
 
     def splits(self, c: int, replicas: int) -> list[tuple[Split, float]]:
         """How a lockstep burst of c requests is split over the replicas, with weights."""
+        if self.behaviour == "even":
+            return [(even_split(c, replicas), 1.0)]
         if self.behaviour == "random":
             return shuffle_splits(c, replicas)
         if self.behaviour == "race":
@@ -109,7 +122,13 @@ class Router:
 
 LITELLM = f"LiteLLM {LITELLM_VERSION}"
 ARTICLES = "litellm-articles"  # the version the published articles ran (they do not name it)
+HAPROXY = f"haproxy-{HAPROXY_VERSION}"
 ROWS: tuple[Router, ...] = (
+    # HAProxy forwards in C without reading the body: its per-request cost is well under a millisecond, next to
+    # the ~30 ms fitted for LiteLLM's Python proxy (router_overhead_s), so none is added.
+    Router(f"{HAPROXY}/leastconn", "leastconn", f"HAProxy {HAPROXY_VERSION}", "leastconn", "even",
+           "requests in flight counted exactly: a lockstep burst of c splits c/r each", overhead_s=0.0,
+           engine=engine_ids.HAPROXY),
     Router(f"litellm-{LITELLM_VERSION}/shuffle", "shuffle", LITELLM, "simple-shuffle", "random",
            "each request to a replica at random"),
     Router(f"litellm-{LITELLM_VERSION}/least-busy", "least-busy", LITELLM, "least-busy", "race",
@@ -122,16 +141,26 @@ ROWS: tuple[Router, ...] = (
            "each request to a replica at random"),
     Router(f"{ARTICLES}/least-busy", "least-busy", "LiteLLM (the articles' setup)", "least-busy", "first",
            "a lockstep batch to the first node, as the articles measured"),
+    # LiteLLM in front of HAProxy (`2x solo,litellm`): LiteLLM's one deployment is HAProxy, which splits as
+    # leastconn does; each request pays LiteLLM's cost (the fitted router_overhead_s).
+    Router(f"litellm-{LITELLM_VERSION}+{HAPROXY}/litellm", "litellm",
+           f"LiteLLM {LITELLM_VERSION} + HAProxy {HAPROXY_VERSION}", "leastconn",
+           "even", "LiteLLM in front, HAProxy's exact split behind it: c/r each"),
 )
-LAUNCHED = f"litellm-{LITELLM_VERSION}"  # the router version sparktop launches
+LITELLM_LAUNCHED = f"litellm-{LITELLM_VERSION}"  # the LiteLLM sparktop launches for `shuffle`, `least-busy`
+# The router version sparktop launches for each layout word (`leastconn`, the default, is HAProxy's).
+LAUNCHED = {"leastconn": HAPROXY, "shuffle": LITELLM_LAUNCHED, "least-busy": LITELLM_LAUNCHED,
+            "latency": LITELLM_LAUNCHED, "litellm": f"{LITELLM_LAUNCHED}+{HAPROXY}"}
 
 
 def router_for(layout_router: str, version: str | None = None) -> Router:
-    """The row of `layout_router` (shuffle | least-busy) in `version` (LAUNCHED when None), or a row's own id."""
+    """The row of `layout_router` (leastconn | shuffle | least-busy) in `version` (what sparktop launches for
+    that word when None: `LAUNCHED`), or a row's own id."""
+    family = version or LAUNCHED.get(layout_router, LITELLM_LAUNCHED)
     for row in ROWS:
-        if row.id == version or row.id == f"{version or LAUNCHED}/{layout_router}":
+        if row.id == version or row.id == f"{family}/{layout_router}":
             return row
-    raise KeyError(f"no router {layout_router!r} in version {version or LAUNCHED!r}")
+    raise KeyError(f"no router {layout_router!r} in version {family!r}")
 
 
 def litellm_strategy(layout_router: str | None) -> str:
@@ -157,6 +186,11 @@ def for_source(source: str) -> str | None:
 
 
 # -- the split distributions --------------------------------------------------------------------
+
+
+def even_split(c: int, replicas: int) -> Split:
+    """c requests over `replicas` as evenly as they go, the larger shares first: 5 over 2 is (3, 2)."""
+    return tuple(c // replicas + (1 if i < c % replicas else 0) for i in range(replicas))
 
 
 def _binom(c: int, a: int) -> float:

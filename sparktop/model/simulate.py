@@ -10,9 +10,10 @@ recomputes, as vLLM does, and the throughput falls the way it falls on a
 real engine; nothing is only flagged.
 
 Topologies: solo (one engine), cluster-ray / cluster-mp (one TP=2 engine,
-Ray adding its per-step cost), and replicas behind a router (shuffle,
-least-busy): every statistic is the expectation over the router's split of
-the batch, a distribution each router row gives (`model.routers`): shuffle
+Ray adding its per-step cost), and replicas behind a router (leastconn,
+shuffle, least-busy): every statistic is the expectation over the router's
+split of the batch, a distribution each router row gives (`model.routers`):
+HAProxy's leastconn one split, as even as it goes (the default), shuffle
 the binomial (multinomial) split, least-busy as the LiteLLM sparktop
 launches behaves (its in-flight counts move when a request is sent, so a
 batch splits close to even and only small bursts race to one node), and the
@@ -284,7 +285,8 @@ def predict(card: ModelCard, topology: str, c: int, pp: int = 1024, tg: int = 12
             k: Constants = DEFAULT_CONSTANTS, serving: Serving = DEFAULT_SERVING,
             router: str | None = None) -> Prediction:
     """One lockstep batch of c requests (a llama-benchy level), as measured. `router`: the router's version
-    (`model.routers`: a version such as `litellm-articles`, or a row's id); None: the LiteLLM sparktop launches."""
+    (`model.routers`: a version such as `litellm-articles`, or a row's id); None: the router sparktop launches for
+    the layout's word (HAProxy for `leastconn`, LiteLLM for `shuffle` and `least-busy`)."""
     perf = perf_for(card, topology, k, serving)
     layout = parse_layout(topology)
     row = router_for(layout.router, router) if layout.router else None

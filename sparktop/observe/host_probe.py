@@ -721,7 +721,7 @@ def engines_in(container: Container, node_address: str) -> DiscoveredEngine | No
     host = engine.host(args)
     address = host or node_address
     return DiscoveredEngine(url=f"http://{address}:{port}", port=port, host=host, container=container.name,
-                            kind=ROUTER if engine.router else engine.id,
+                            kind=engine.id,
                             topology=None if engine.router else engine.layout(args).name,
                             model=None if engine.router else engine.served_model(args), argv=args,
                             image=container.image or None)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from sparktop.clock import SYSTEM, Clock
-from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, is_router
+from sparktop.engine_ids import DEFAULT, GENERIC, is_router
 from sparktop.observe.canary import Canary, CanaryPolicy
 from sparktop.observe.engine_log import latest_run, runtime_failure, startup_state
 from sparktop.observe.engine_probe import HISTOGRAM_EVERY_S, EngineProbe, EngineUnreachable, NotAnEngine
@@ -638,7 +638,7 @@ class Poller:
         # answered, nothing ("": what it is is not known, it is not called a vLLM).
         snap = copy.copy(w.last) if w.last else EngineSnapshot(
             key=w.probe.url, url=w.probe.url, t=self.clock.wall(), node=w.target.node, container=w.target.container,
-            topology=w.target.topology, kind=(ROUTER if engine.router else engine.id) if engine is not None
+            topology=w.target.topology, kind=engine.id if engine is not None
             else w.target.kind or "", model=w.target.model or (engine.model if engine is not None else None),
             engine=engine.name if engine is not None else None,
             recognised=engine.how if engine is not None else None)

@@ -224,6 +224,8 @@ class EngineSnapshot:
     spec_acceptance: float | None = None  # speculative decoding: drafted tokens accepted, 0..1, last 30 s
     spec_accept_len: float | None = None  # ... and tokens per step of a draft accepted, mean
     slots: int | None = None  # llama.cpp: parallel slots (its largest batch); busy ones are `running`
+    # a router that says how it sees its replicas (HAProxy's health checks): each one's state, UP, DOWN, ...
+    backends: dict[str, str] | None = None
     poll_ms: float | None = None
     error: str | None = None  # failed: the first error line of its death, from the container's log
     # how it was found: "given (--engine)", "container vllm-solo", "process 4242 (vllm serve, port 8000)",

@@ -671,6 +671,13 @@ class EngineCard(Card):
         together = replicas_text(snap, self.engines(), width) if layout and layout.replicas > 1 else ""
         if together:
             lines.append(Text(together, style="cyan"))
+        if snap.backends:  # as its health checks see them: one taken out is what matters
+            line = Text("replicas ", style="bold")
+            for i, (name, state) in enumerate(snap.backends.items()):
+                line.append((" · " if i else "") + f"{name} {state}", style="green" if state == "UP" else "bold red")
+            lines.append(line if line.cell_len <= width else Text(line.plain[:width - 1] + "…", style="red"
+                                                                 if any(s != "UP" for s in snap.backends.values())
+                                                                 else "green"))
         lines.append(Text("its figures are its engines'"[:width], style="dim"))
         if snap.state != "ready" and snap.reason:
             lines.append(Text(snap.reason[:width], style="red" if snap.state in ("unreachable", "failed")

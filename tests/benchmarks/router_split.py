@@ -1,9 +1,11 @@
-"""How the real LiteLLM splits requests over two replicas, beside the router model.
+"""How the real routers split requests over two replicas, beside the router model.
 
 The LiteLLM proxy sparktop launches (the lab's `litellm[proxy]==1.106.2`,
 tests/e2e/lab.py `ensure_litellm`), configured by the launcher's own
-`litellm_config` (sparktop.launch.topology), in front of two twin engines
-(`sparktop twin serve`, fast). For each routing strategy: lockstep bursts of
+`litellm_config` (sparktop.launch.topology), and HAProxy (Debian's, with the
+launcher's own `haproxy_config`, sparktop.launch.haproxy: `leastconn`, the
+default), in front of two twin engines (`sparktop twin serve`, fast). For
+each routing strategy: lockstep bursts of
 c simultaneous streamed requests (each burst waits for the one before to
 finish), and a continuous load (c in flight, each refilled as one ends).
 Requests per backend are read from each twin's own counters
@@ -36,7 +38,7 @@ import yaml
 
 from tests.benchmarks.common import ROOT, Bench, Row, say
 
-TITLE = "LiteLLM's split over two replicas vs the router model"
+TITLE = "LiteLLM's and HAProxy's split over two replicas vs the router model"
 NEEDS = ("twin",)
 
 MODEL = "llama-3.1-8b"
@@ -46,7 +48,8 @@ KEY = "sk-router-split"
 LEVELS = (2, 4, 8, 16)
 # (LiteLLM's routing_strategy, the layout's router word the launcher writes it from, the model's row id)
 STRATEGIES = (("simple-shuffle", "shuffle"), ("least-busy", "least-busy"),
-              ("latency-based-routing", "latency"))
+              ("latency-based-routing", "latency"), ("leastconn", "leastconn"))
+HAPROXY_WORD = "leastconn"  # HAProxy's, not LiteLLM's
 
 
 def free_port() -> int:
@@ -113,9 +116,37 @@ async def continuous(router: str, c: int, requests: int) -> None:
         await asyncio.gather(*(slot() for _ in range(c)))
 
 
-def start_router(strategy_word: str, backends: list[str], work: Path, litellm: Path) -> tuple[subprocess.Popen, str]:
+def start_haproxy(backends: list[str], work: Path) -> tuple[subprocess.Popen, str]:
+    """Debian's HAProxy with the config the launcher writes, its key from the environment as in a launch."""
+    from sparktop.launch.haproxy import HEALTH, haproxy_config
+    from sparktop.launch.topology import ROUTER_KEY_ENV
+    from tests.e2e.lab import HAPROXY
+
+    port = free_port()
+    path = work / "haproxy.cfg"
+    path.write_text(haproxy_config("127.0.0.1", port, [(f"r{i + 1}", u) for i, u in enumerate(backends)],
+                                   ROUTER_KEY_ENV))
+    log = open(work / "haproxy.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(path)], stdout=log, stderr=log, cwd=work,
+                            env={**os.environ, ROUTER_KEY_ENV: KEY})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + HEALTH, time.monotonic() + 30)
+    except RuntimeError as exc:
+        proc.terminate()
+        tail = (work / "haproxy.log").read_text().strip().splitlines()[-3:]
+        raise RuntimeError(f"HAProxy did not start: {' | '.join(tail)}") from exc
+    return proc, url
+
+
+def start_router(strategy_word: str, backends: list[str], work: Path, litellm: Path | None) -> tuple[
+        subprocess.Popen, str]:
     from sparktop.launch.runtimes.vllm import VllmRuntime
     from sparktop.launch.topology import ROUTER_KEY_ENV, litellm_config
+
+    if strategy_word == HAPROXY_WORD:
+        return start_haproxy(backends, work)
+    assert litellm is not None
 
     config = litellm_config(MODEL, strategy_word, [(f"{VllmRuntime.router_provider}/{MODEL}", u) for u in backends])
     path = work / f"litellm-{strategy_word}.yaml"
@@ -140,7 +171,7 @@ def measure(reps: int, levels=LEVELS, strategies=STRATEGIES, work: Path | None =
     """{(strategy, c, "burst"|"continuous"): [(requests on backend 1, on backend 2), ...]}"""
     from tests.e2e.lab import ensure_litellm
 
-    litellm = ensure_litellm()
+    litellm = ensure_litellm() if any(word != HAPROXY_WORD for _, word in strategies) else None
     out: dict = {}
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,8 +236,9 @@ def report(out: dict) -> list[str]:
         if load == "burst":
             mm, mo = model_figures(words[strategy], c)
             model = f"{mm:>9.2f} {mo:>9.0%}"
-        else:  # predict_serve splits a continuous load evenly over the replicas of shuffle and least-busy
-            model = f"{0.5:>9.2f} {0.0:>9.0%}" if words[strategy] in ("shuffle", "least-busy") else f"{'-':>9} {'-':>9}"
+        else:  # predict_serve splits a continuous load evenly over the replicas of these
+            model = f"{0.5:>9.2f} {0.0:>9.0%}" if words[strategy] in ("shuffle", "least-busy", HAPROXY_WORD) \
+                else f"{'-':>9} {'-':>9}"
         lines.append(f"{strategy:22} {c:>3} {load:10} {mx:>9.2f} {one_:>10.0%} {model}  {seen}")
     return lines
 
@@ -228,16 +260,17 @@ def fit_race(out: dict, strategy: str = "least-busy") -> float | None:
 
 def run(bench: Bench) -> list[Row]:
     reps = bench.pick(6, 20)
-    out = measure(reps, strategies=STRATEGIES[:2])
+    out = measure(reps, strategies=(*STRATEGIES[:2], STRATEGIES[3]))
     rows = []
     for (strategy, c, load), splits in out.items():
         if load != "burst":
             continue
         mx, one_ = figures(splits)
         mm, mo = model_figures(dict(STRATEGIES)[strategy], c)
-        rows.append(Row("router_split", f"{strategy} c{c}: bursts all on one backend", mo, one_, "LiteLLM 1.106.2",
+        product = "HAProxy" if strategy == HAPROXY_WORD else "LiteLLM 1.106.2"
+        rows.append(Row("router_split", f"{strategy} c{c}: bursts all on one backend", mo, one_, product,
                         "share", len(splits), compare="diff"))
-        rows.append(Row("router_split", f"{strategy} c{c}: busiest backend's share", mm, mx, "LiteLLM 1.106.2",
+        rows.append(Row("router_split", f"{strategy} c{c}: busiest backend's share", mm, mx, product,
                         "share", len(splits), compare="diff"))
     return rows
 
@@ -254,7 +287,7 @@ def main() -> None:
     levels = tuple(int(x) for x in args.levels.split(","))
     want = args.strategies.split(",")
     out = measure(args.reps, levels, tuple(s for s in STRATEGIES if s[0] in want), warm=args.warm)
-    print(f"LiteLLM 1.106.2 over two twin engines ({MODEL}, x{SPEED}), {args.reps} lockstep bursts per c "
+    print(f"{', '.join(want)} over two twin engines ({MODEL}, x{SPEED}), {args.reps} lockstep bursts per c "
           f"({'kept-alive' if args.warm else 'fresh'} connections), "
           "continuous load 8c requests with c in flight; counts from each twin's /metrics")
     for line in report(out):

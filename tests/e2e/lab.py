@@ -8,7 +8,9 @@ ssh config and known_hosts written here, exactly as it reaches real Sparks.
 The router topologies use the real LiteLLM proxy, installed from PyPI into
 a virtual environment of its own (`.lab/`, made on first use): its
 `litellm[proxy]` pins rich<14, which Textual 8 cannot share, and on a Spark
-it runs in its own container anyway.
+it runs in its own container anyway. The default router, HAProxy, is
+Debian's (`apt-get install haproxy`, which scripts/test does): the twin's
+`docker run` of the HAProxy image runs it, as it runs LiteLLM's install.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ ADDRESSES = tuple(f"127.0.0.{i + 2}" for i in range(8))
 NAMES = tuple(f"spark-{c}" for c in "abcdefgh")
 IMAGE = Defaults().image
 ROUTER_IMAGE = Defaults().router_image
+HAPROXY_IMAGE = Defaults().haproxy_image
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 LITELLM = "litellm[proxy]==1.106.2"
 LITELLM_VENV = Path(__file__).resolve().parents[2] / ".lab" / "litellm-1.106.2"
 
@@ -98,13 +102,15 @@ class Lab:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
         install(self.bin)
         (self.bin / "litellm").symlink_to(ensure_litellm())  # only the proxy, not its Python, on PATH
+        if Path(HAPROXY).exists():  # the HAProxy image's program: Debian's (a test that needs it says so)
+            (self.bin / "haproxy").symlink_to(HAPROXY)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         venv_bin = str(Path(sys.executable).parent)
         known, config = [], []
         for name, address in zip(NAMES[: self.size], ADDRESSES[: self.size], strict=True):
             root = self.root / name
             twin = TwinHost(root / "twin")
-            images: list = [IMAGE, ROUTER_IMAGE]
+            images: list = [IMAGE, ROUTER_IMAGE, HAPROXY_IMAGE]
             if self.real_vllm_env is not None:
                 images.append({"name": REAL_IMAGE, "env": self.real_vllm_env})
             if self.real_llama_env is not None:
@@ -156,7 +162,7 @@ class Lab:
         raise RuntimeError(f"sshd on {address}:{port} did not start")
 
     def inventory(self, **defaults) -> Path:
-        defaults = {"image": IMAGE, "router_image": ROUTER_IMAGE, **defaults}
+        defaults = {"image": IMAGE, "router_image": ROUTER_IMAGE, "haproxy_image": HAPROXY_IMAGE, **defaults}
         lines = ["defaults:"]
         lines += [f"  {k}: {v}" for k, v in defaults.items()]
         lines.append("nodes:")

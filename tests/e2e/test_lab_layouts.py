@@ -150,7 +150,7 @@ async def test_two_engines_of_two_nodes_launched_from_the_app_choosing_four_node
         await poller.start()
         return poller
 
-    layout = "2x tp=2,least-busy"
+    layout = "2x tp=2,leastconn"  # behind HAProxy, the default router the app offers
     app = SparktopApp(start_source=start, inventory=inventory, launch_timeout=180)
     passed = False
     try:
@@ -162,7 +162,8 @@ async def test_two_engines_of_two_nodes_launched_from_the_app_choosing_four_node
             select = screen.query_one("#topology", Select)
             offered = [value for _, value in select._options if value is not Select.NULL]
             assert offered[:5] == ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
-            assert {"tp=4", "tp=4,ray", "tp=2,pp=2", layout, "4x solo,least-busy"} <= set(offered)
+            assert offered[5] == "2x solo,leastconn"  # two solo replicas behind HAProxy, after the five
+            assert {"tp=4", "tp=4,ray", "tp=2,pp=2", layout, "4x solo,leastconn"} <= set(offered)
             select.value = layout
             # Every node is in; take spark-d out: the plan says what is missing; put it back.
             pick = screen.query_one("#pick-nodes", SelectionList)
@@ -182,7 +183,7 @@ async def test_two_engines_of_two_nodes_launched_from_the_app_choosing_four_node
             run = app.screen.run
             await until(pilot, lambda: run.status != "running", timeout=240)
             assert run.status == "ready", (run.reason, run.lines)
-            router = next(e for e in run.plan.endpoints if e.kind == "router")
+            router = next(e for e in run.plan.endpoints if e.kind == "haproxy")
             answer = await asyncio.to_thread(chat, router.url, app.launcher.state.key(run.plan.launch_id))
             assert answer["usage"]["completion_tokens"] == 8
 

@@ -1,6 +1,6 @@
 """`sparktop demo --nodes N [--layout L]`: a twin cluster of N nodes on this
 machine, with a solo engine on each or the model's recipe launched in a
-layout through the real launcher (a LiteLLM router in front of replicas),
+layout through the real launcher (HAProxy, or LiteLLM where the layout names its strategy, in front of replicas),
 left running with --no-wait and removed by --stop."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
     under the demo's load until the monitor has seen both serve it."""
     cluster, _ = await start_demo_cluster("gpt-oss-120b", speed=4, nodes=4, engines=False)
     said: list[str] = []
-    launcher, plan = await launch_layout(cluster, "gpt-oss-120b", "2x tp=2", say=said.append)
+    launcher, plan = await launch_layout(cluster, "gpt-oss-120b", "2x tp=2,least-busy", say=said.append)
     load = None
     poller = Poller([NodeTarget(n.name, n.transport(), n.address) for n in cluster.nodes], interval=0.5,
                     default_port=None, router_key=lambda url: launcher.state.key(plan.launch_id))
@@ -119,10 +119,11 @@ async def test_replicas_behind_the_router_serve_the_demo_load_and_the_monitor_se
 
 
 def test_a_layout_demo_left_running_is_stopped_with_its_router_key(state_home, lab_litellm):
-    """`sparktop demo --layout "2x tp=2"` over four twin nodes: two multi-node engines and a real LiteLLM
+    """`sparktop demo --layout "2x tp=2,least-busy"` over four twin nodes: two multi-node engines and a real LiteLLM
     start (some 20 s of LiteLLM's imports on two cores), then `stop` with its key."""
     env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
-    started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2", "--no-wait", "--speed", "4", env=env)
+    started = sparktop("demo", "--nodes", "4", "--layout", "2x tp=2,least-busy", "--no-wait", "--speed", "4",
+                       env=env)
     try:
         assert started.returncode == 0, started.stderr
         lines = started.stdout.splitlines()
@@ -169,3 +170,29 @@ def test_a_demo_of_another_runtime_launches_its_recipe_over_two_nodes(state_home
         stopped = sparktop("demo", "--stop", env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert not twin_processes(state_home), twin_processes(state_home)
+
+
+def test_a_demo_of_two_solo_replicas_serves_behind_haproxy(state_home):
+    """`sparktop demo --layout "2x solo"`: the default router, this machine's HAProxy (Debian's, which
+    scripts/test installs), in front of two twin engines; its key is kept, checked, and never printed."""
+    from tests.e2e.lab import HAPROXY
+
+    if not os.path.exists(HAPROXY):
+        pytest.fail("the demo's default router needs HAProxy: run the tests with scripts/test, which installs it "
+                    "(or apt-get install haproxy)")
+    env = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    started = sparktop("demo", "--nodes", "2", "--layout", "2x solo", "--no-wait", "--speed", "4", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        lines = started.stdout.splitlines()
+        assert any("2x-solo-leastconn" in line and "ready in" in line for line in lines), started.stdout
+        [key_file] = list((state_home / "sparktop/launches/keys").glob("*.key"))
+        key = key_file.read_text().strip()
+        assert key not in started.stdout + started.stderr
+        r = httpx.get("http://127.0.0.2:4000/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "gpt-oss-120b"
+        assert r.headers["via"] == "1.1 haproxy"
+        assert httpx.get("http://127.0.0.2:4000/v1/models", timeout=30).status_code == 401
+    finally:
+        stopped = sparktop("demo", "--stop", env=env)
+    assert stopped.returncode == 0 and "3 containers removed" in stopped.stdout, stopped.stdout

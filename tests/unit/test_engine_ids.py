@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sparktop import engine_ids
-from sparktop.engine_ids import DEFAULT, GENERIC, ROUTER, ROWS, EngineId, UnknownEngine
+from sparktop.engine_ids import DEFAULT, GENERIC, HAPROXY, ROUTER, ROWS, EngineId, UnknownEngine
 from sparktop.launch.runtimes import RUNTIMES
 from sparktop.observe import engines
 from sparktop.observe.engines import ENGINES, by_id, for_command, for_image
@@ -75,8 +75,10 @@ def test_a_name_given_twice_is_refused_when_the_table_is_built():
         engine_ids._index(rows)
 
 
-def test_the_three_special_ids():
-    assert [r.id for r in ROWS if r.router] == [ROUTER] and engine_ids.is_router(ROUTER)
+def test_the_three_special_ids_and_the_two_routers():
+    assert [r.id for r in ROWS if r.router] == [ROUTER, HAPROXY] and engine_ids.is_router(ROUTER)
+    assert engine_ids.is_router(HAPROXY) and engine_ids.name_of(HAPROXY) == "HAProxy"
+    assert HAPROXY not in {r.id for r in engine_ids.KNOWN_ENGINES}  # a router, not an engine of its own
     assert engine_ids.is_router("litellm") and not engine_ids.is_router("vllm") and not engine_ids.is_router(None)
     assert not engine_ids.is_router("something else")
     assert [r.id for r in ROWS if r.base_model] == [DEFAULT]
@@ -119,7 +121,7 @@ def test_each_rows_programs_and_default_image_are_recognised_as_it():
         for program in row.programs:
             found = for_command([f"/usr/bin/{program}", "serve", "some-model"])
             assert found is not None and found[0].id == row.id, program
-        if row.default_image:
+        if row.default_image and row.images:  # HAProxy has none: only its launch's labels say it is a router
             found_image = for_image(row.default_image)
             assert found_image is not None and found_image.id == row.id, row.default_image
 

@@ -52,7 +52,8 @@ def test_predict_states_the_saved_error_without_predicting_a_published_cell(monk
         f"gpt-oss-120b was measured by published sources: the fit is off by {saved['mean_error']:.0%} on average "
         f"on its {saved['figures']} figures (fitted-constants.json); for a model no source measured expect ±")
     assert NOTE not in data["uncertainty"]
-    assert {r["topology"] for r in data["rows"]} == {"solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"}
+    assert {r["topology"] for r in data["rows"]} == {"solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy",
+                                                     "2x solo,leastconn"}
     # Another runtime over two nodes: whether its figures span nodes is saved with its factors as well.
     assert main(["predict", "gpt-oss-120b", "-c", "1", "--runtime", "trtllm", "--layout", "cluster-mp", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"]

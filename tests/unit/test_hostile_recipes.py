@@ -5,7 +5,7 @@ quotes, newlines, `$()`, backticks, payloads that try to `touch` a marker
 file) in the model, served name, a flag value, an extra argument and an
 environment value. Its plan, for every topology, is executed by a real
 `sh -c` exactly as a node would run it, with stand-ins for `docker`, `vllm`,
-`ray` and `litellm` that record the argument vectors they receive. The
+`ray`, `litellm` and `haproxy` that record the argument vectors they receive. The
 stand-in `docker run` runs the container's command the way Docker would
 (entrypoint plus arguments, `-e` variables set), so the Ray head's nested
 `sh -c` script is executed too. The marker must never appear, and each
@@ -29,7 +29,7 @@ from sparktop.layouts import parse_layout
 from sparktop.settings import Inventory, Node
 
 TOPOLOGIES = ["solo", "cluster-mp", "cluster-ray", "shuffle", "least-busy",
-              "tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle"]
+              "tp=4", "tp=4,ray", "tp=2,pp=2", "2x tp=2", "2x tp=2,ray", "4x solo,shuffle", "2x solo,litellm"]
 IMAGE = "nvcr.io/nvidia/vllm:25.11-py3"
 ROUTER_IMAGE = "ghcr.io/berriai/litellm:v1.106.2"
 
@@ -98,7 +98,7 @@ def sandbox(root: Path) -> dict[str, str]:
     docker = bin_dir / "docker"
     docker.write_text(f"#!{sys.executable} -S\n" + FAKE_DOCKER)
     ray_status = "[ \"$1\" = status ] && printf ' node_%s\\n' 1 2 3 4 5 6 7 8"
-    for name, extra in (("vllm", ""), ("ray", ray_status), ("litellm", "")):
+    for name, extra in (("vllm", ""), ("ray", ray_status), ("litellm", ""), ("haproxy", "")):
         (bin_dir / name).write_text(RECORDER.format(name=name, extra=extra))
     for exe in bin_dir.iterdir():
         exe.chmod(0o755)
@@ -164,11 +164,19 @@ def test_hostile_recipe_values_reach_vllm_literally_and_never_run(tmp_path_facto
         if "--headless" not in argv:
             assert value_after(argv, "--served-model-name") == served
         assert container_env == env_value
-    if layout.router:
+    if layout.router in ("leastconn", "litellm"):  # HAProxy: its config names the replicas, no recipe's value
+        [(router_argv, _)] = recorded(root, "haproxy")
+        config = Path(value_after(router_argv, "-f")).read_text()
+        assert "balance leastconn" in config and config.count("\n    server ") == layout.replicas
+    if layout.router == "leastconn":
+        assert recorded(root, "litellm") == []
+    elif layout.router:
         [(router_argv, _)] = recorded(root, "litellm")
         config = yaml.safe_load(Path(value_after(router_argv, "--config")).read_text())
         assert {m["model_name"] for m in config["model_list"]} == {served}
+        if layout.router != "litellm":
+            assert recorded(root, "haproxy") == []
     else:
-        assert recorded(root, "litellm") == []
+        assert recorded(root, "litellm") == recorded(root, "haproxy") == []
     docker_runs = [line for line in (root / "rec" / "docker.jsonl").read_text().splitlines()]
     assert len(docker_runs) == len(plan.steps) - sum(1 for s in plan.steps if not s.argv or s.role == "setup")

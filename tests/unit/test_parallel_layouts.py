@@ -18,11 +18,12 @@ from sparktop.layouts import ALIASES, MAX_NODES, Layout, LayoutError, layouts_fo
                                    "distributed-executor-backend": "mp"}),
     ("tp=2,ep", "tp=2,ep", 2, {"tensor-parallel-size": 2, "enable-expert-parallel": True,
                                "distributed-executor-backend": "mp"}),
-    ("2x tp=2", "2x tp=2,least-busy", 4, {"tensor-parallel-size": 2, "distributed-executor-backend": "mp"}),
-    ("2xtp=2,ray", "2x tp=2,ray,least-busy", 4, {"tensor-parallel-size": 2, "distributed-executor-backend": "ray"}),
+    ("2x tp=2", "2x tp=2,leastconn", 4, {"tensor-parallel-size": 2, "distributed-executor-backend": "mp"}),
+    ("2xtp=2,ray", "2x tp=2,ray,leastconn", 4, {"tensor-parallel-size": 2, "distributed-executor-backend": "ray"}),
     ("4x solo,shuffle", "4x solo,shuffle", 4, {}),
     ("4x shuffle", "4x solo,shuffle", 4, {}),
-    ("8x solo", "8x solo,least-busy", 8, {}),
+    ("8x solo", "8x solo,leastconn", 8, {}),
+    ("2x solo,least-busy", "2x solo,least-busy", 2, {}),  # LiteLLM where the layout names it
 ])
 def test_a_layout_reads_as_written_and_says_what_it_needs(text, canonical, nodes, flags):
     layout = parse_layout(text)
@@ -81,8 +82,8 @@ def test_a_bad_layout_is_one_line_that_says_what_was_expected(text, says):
 
 def test_every_layout_a_four_node_inventory_allows():
     found = {layout.text for layout in layouts_for(4)}
-    for text in ("solo", "tp=2", "tp=2,ray", "tp=4", "tp=4,ray", "pp=2", "pp=4", "tp=2,pp=2", "2x tp=2,least-busy",
-                 "4x solo,least-busy", "3x solo,least-busy"):
+    for text in ("solo", "tp=2", "tp=2,ray", "tp=4", "tp=4,ray", "pp=2", "pp=4", "tp=2,pp=2", "2x tp=2,leastconn",
+                 "4x solo,leastconn", "3x solo,leastconn"):
         assert text in found
     assert all(layout.nodes <= 4 for layout in layouts_for(4))
     assert not any(layout.ep for layout in layouts_for(4))  # ep only for MoE models
@@ -101,6 +102,7 @@ def test_every_layout_a_four_node_inventory_allows():
     ("solo,shuffle", ["solo", "shuffle"]),
     ("tp=4,ray,tp=2,ep", ["tp=4,ray", "tp=2,ep"]),
     ("2x solo,least-busy,4x solo,shuffle", ["2x solo,least-busy", "4x solo,shuffle"]),
+    ("2x solo,leastconn,tp=2", ["2x solo,leastconn", "tp=2"]),
     ("tp=2,pp=2;pp=4", ["tp=2,pp=2", "pp=4"]),
 ])
 def test_a_list_of_layouts_splits_where_a_person_would(text, expected):

@@ -188,7 +188,7 @@ def test_pipeline_and_expert_parallel_reach_vllm_once():
 
 def test_two_engines_of_two_nodes_behind_the_router():
     plan = make_plan(find_recipe("gpt-oss-120b"), "2x tp=2", inventory(4), lid="t")
-    assert plan.topology == "2x tp=2,least-busy"
+    assert plan.topology == "2x tp=2,leastconn"  # HAProxy, unless the layout names a LiteLLM strategy
     engines = [e for e in plan.endpoints if e.kind == "vllm"]
     assert [(e.node, e.url) for e in engines] == [("spark-a", "http://192.168.100.10:8000"),
                                                   ("spark-c", "http://192.168.100.12:8000")]
@@ -196,8 +196,8 @@ def test_two_engines_of_two_nodes_behind_the_router():
     assert len(names) == len(set(names)) == 5  # two heads, two workers, the router
     assert plan.containers["spark-b"] == ["sparktop-t-worker1-spark-a"]
     assert plan.containers["spark-d"] == ["sparktop-t-worker1-spark-c"]
-    config = next(s for s in plan.steps if "LiteLLM config" in s.title).stdin_text
-    assert "192.168.100.10:8000" in config and "192.168.100.12:8000" in config and "least-busy" in config
+    config = next(s for s in plan.steps if "HAProxy config" in s.title).stdin_text
+    assert '"192.168.100.10:8000"' in config and '"192.168.100.12:8000"' in config and "leastconn" in config
     # The second engine's workers meet at their own head, not the first's.
     worker = next(s for s in plan.steps if s.node == "spark-d")
     assert argv_of(worker)[argv_of(worker).index("--master-addr") + 1] == "192.168.100.12"
@@ -208,7 +208,7 @@ def test_layout_names_stay_the_same_in_plan_launch_id_and_labels():
 
     recipe = find_recipe("llama-3.1-8b")
     lid = launch_id(recipe, "2x tp=2", ["spark-a", "spark-b", "spark-c", "spark-d"], 8000)
-    assert lid.startswith("llama-3.1-8b-2x-tp2-least-busy-")  # a container name may hold no = or ,
+    assert lid.startswith("llama-3.1-8b-2x-tp2-leastconn-")  # a container name may hold no = or ,
     plan = make_plan(recipe, "cluster-mp", inventory(4), lid="t")
     assert plan.topology == "cluster-mp" and plan.nodes == ["spark-a", "spark-b"]  # the alias takes two nodes
     assert "sparktop.topology=cluster-mp" in plan.steps[-1].command or any(

@@ -21,7 +21,9 @@ def test_predict_json_rows_for_every_topology_the_recipe_allows(capsys):
     keys = {"model", "topology", "concurrency", "pp", "tg", "decode_tps", "per_request_tps", "prefill_tps", "band",
             "ttft_ms", "kv_cache_usage", "fits", "e2e_tps_total", "e2e_tps_req", "wall_s_mean", "preempted"}
     assert all(set(r) == keys for r in rows)
-    assert {r["topology"] for r in rows} == {"solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"}
+    # The five two-node names, and two solo replicas behind the default router (HAProxy leastconn).
+    assert {r["topology"] for r in rows} == {"solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy",
+                                             "2x solo,leastconn"}
     by = {(r["topology"], r["concurrency"]): r for r in rows}
     # Physics a user can check: TP=2 beats one node at c1; batching raises the total; TTFT grows with c.
     assert by[("cluster-mp", 1)]["decode_tps"] > by[("solo", 1)]["decode_tps"]
@@ -32,7 +34,11 @@ def test_predict_json_rows_for_every_topology_the_recipe_allows(capsys):
     assert by[("least-busy", 64)]["decode_tps"] >= 0.99 * by[("shuffle", 64)]["decode_tps"]
     assert data["router"]["least-busy"]["strategy"] == "least-busy"
     assert data["router"]["least-busy"]["product"].startswith("LiteLLM 1.106.2")
-    assert set(data["router"]) == {"shuffle", "least-busy"}
+    assert set(data["router"]) == {"shuffle", "least-busy", "2x solo,leastconn"}
+    # HAProxy's exact split: no slower than least-busy's near-even one at c64, nor at c8 where least-busy races.
+    for c in (8, 64):
+        assert by[("2x solo,leastconn", c)]["decode_tps"] >= 0.99 * by[("least-busy", c)]["decode_tps"]
+    assert data["router"]["2x solo,leastconn"]["product"] == "HAProxy 3.2.24"
     workloads = [r["workload"] for r in data["recommendation"]]
     assert workloads == ["single user", "agents at c8-c16", "high concurrency", "prefill-heavy", "latency at scale"]
     assert "measured by published sources" in data["uncertainty"]
@@ -86,6 +92,7 @@ def test_predict_works_for_every_shipped_recipe(capsys):
         assert main(["predict", rid, "--topology", "all", "-c", "1,8", "--json"]) == 0, rid
         data = json.loads(capsys.readouterr().out)
         allowed = set(recipes[rid].allowed_topologies(2))
+        allowed |= {"2x solo,leastconn"} if "shuffle" in allowed else set()  # behind the default router too
         assert {r["topology"] for r in data["rows"]} == allowed, rid
         assert all(r["decode_tps"] and r["decode_tps"] > 0 for r in data["rows"]), rid
         assert data["recommendation"], rid

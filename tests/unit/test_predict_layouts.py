@@ -48,7 +48,7 @@ def test_all_ranks_every_layout_four_nodes_allow(capsys, inventory4):
 
 def test_layouts_predicted_without_the_nodes_and_bad_ones_refused(capsys):
     data = rows(capsys, "llama-3.1-70b", "--layout", "tp=4,2x tp=2", "-c", "1")
-    assert [r["topology"] for r in data["rows"]] == ["tp=4", "2x tp=2,least-busy"]
+    assert [r["topology"] for r in data["rows"]] == ["tp=4", "2x tp=2,leastconn"]
     assert main(["predict", "llama-3.1-70b", "--layout", "tp=4,ep"]) == 2
     assert "dense model" in capsys.readouterr().err
     assert main(["predict", "llama-3.1-70b", "--layout", "tp=x"]) == 2

@@ -168,3 +168,61 @@ def test_least_busy_as_launched_matches_the_labs_measured_split():
     for c in (2, 8, 16):
         measured = sum(max(s) / c for s in bursts[c]) / len(bursts[c])
         assert abs(mean_max_share(router_for("least-busy").splits(c, 2)) - measured) <= 0.05, (c, measured)
+
+
+# -- HAProxy leastconn, the default in front of replicas ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("c", "replicas", "split"), [(2, 2, (1, 1)), (4, 2, (2, 2)), (8, 2, (4, 4)),
+                                                      (16, 2, (8, 8)), (5, 2, (3, 2)), (7, 3, (3, 2, 2)),
+                                                      (1, 4, (1, 0, 0, 0)), (0, 2, (0, 0))])
+def test_haproxy_leastconn_splits_every_burst_as_evenly_as_it_goes(c, replicas, split):
+    """HAProxy counts a request in flight as it assigns it, so a burst's requests see each other: one split,
+    the even one, every time (the lab measures c/2 each over two twins at c2-c16: test_lab_router.py)."""
+    row = router_for("leastconn")
+    assert row.splits(c, replicas) == [(split, 1.0)]
+    assert row.busiest(c, replicas) == max(split)
+    assert one_backend_share(row.splits(c, replicas)) == (1.0 if c <= 1 else 0.0)
+
+
+def test_the_default_router_is_haproxy_and_the_litellm_words_keep_litellm():
+    from sparktop import engine_ids
+    from sparktop.layouts import parse_layout
+    from sparktop.settings import Defaults
+
+    assert parse_layout("2x solo").router == parse_layout("2x tp=2").router == "leastconn"
+    row = router_for("leastconn")
+    assert (row.id, row.product, row.strategy, row.engine) == (
+        f"haproxy-{routers.HAPROXY_VERSION}/leastconn", f"HAProxy {routers.HAPROXY_VERSION}", "leastconn",
+        engine_ids.HAPROXY)
+    assert row.overhead_s == 0.0  # the fitted router_overhead_s is LiteLLM's Python proxy
+    assert Defaults().haproxy_image == f"haproxy:{routers.HAPROXY_VERSION}"
+    assert routers.HAPROXY_VERSION.startswith("3.2.")  # pinned to the 3.2 LTS branch
+    for word in ("shuffle", "least-busy"):
+        assert router_for(word).engine == engine_ids.ROUTER and router_for(word).product.startswith("LiteLLM")
+    with pytest.raises(KeyError):
+        router_for("leastconn", routers.ARTICLES)  # the articles never ran HAProxy
+
+
+def test_predict_says_it_modelled_haproxy_for_replicas_without_a_router_word(capsys):
+    from sparktop.cli import main
+
+    assert main(["predict", "--model", "llama-3.1-8b", "--topology", "2x solo", "-c", "1,4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"router: HAProxy {routers.HAPROXY_VERSION} leastconn (requests in flight counted exactly: a lockstep " \
+           "burst of c splits c/r each) for 2x solo,leastconn" in out
+    assert main(["predict", "--model", "llama-3.1-8b", "--topology", "2x solo", "-c", "4", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["router"]["2x solo,leastconn"]
+    assert (said["product"], said["behaviour"]) == (f"HAProxy {routers.HAPROXY_VERSION}", "even")
+
+
+def test_leastconn_predicts_the_even_split_no_lower_than_least_busy_as_launched():
+    """Same engines, same batch: the even split makes the slowest replica no busier than least-busy's races."""
+    from sparktop.model.cards import find_card
+    from sparktop.model.simulate import predict
+
+    card = find_card("llama-3.1-8b")
+    for c in (2, 4):
+        even = predict(card, "2x solo,leastconn", c).stats.tg_tps_total
+        race = predict(card, "2x solo,least-busy", c).stats.tg_tps_total
+        assert even >= race

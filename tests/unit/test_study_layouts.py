@@ -20,7 +20,7 @@ def test_all_is_the_five_names_the_recipe_allows_whatever_the_node_count():
 def test_a_list_of_layouts_is_named_as_everywhere_else():
     recipe = find_recipe("llama-3.1-8b")
     assert choose_topologies(recipe, "tp=4,2x tp=2,4x solo,shuffle", 4) == \
-        ["tp=4", "2x tp=2,least-busy", "4x solo,shuffle"]
+        ["tp=4", "2x tp=2,leastconn", "4x solo,shuffle"]
     assert choose_topologies(recipe, "tp=2,solo,cluster-mp", 2) == ["cluster-mp", "solo"]  # tp=2 is cluster-mp
 
 

@@ -4,10 +4,11 @@ llama.cpp playbook serves on 30000, SGLang's default).
 
 Recognition asks, in order, until an engine claims the answers:
 1. `/v1/models`: its `owned_by` (vllm, sglang, tensorrt_llm, llamacpp) and
-   its `Server` header (llama.cpp);
+   its `Server` header (llama.cpp); the routers are asked first, since the
+   list a router passes on is its engine's (HAProxy adds its `Via` header);
 2. each engine's own route (`info_path`: vLLM's /version, SGLang's
    /server_info, llama.cpp's /props, Ollama's /api/version, TGI's /info,
-   LiteLLM's /health/liveliness), the engine a container or process
+   LiteLLM's /health/liveliness, HAProxy's /haproxy/health), the engine a container or process
    suggested first;
 3. a model list with none of those: any other OpenAI-compatible server;
 4. the metrics routes (`/prometheus/metrics` before `/metrics`: TensorRT-LLM's
@@ -29,6 +30,7 @@ import re
 
 from sparktop import engine_ids
 from sparktop.observe.engines.base import Answer, Engine, EngineUnreachable, Get, NotAnEngine, what_is_wrong
+from sparktop.observe.engines.haproxy import Haproxy
 from sparktop.observe.engines.litellm import Litellm
 from sparktop.observe.engines.llamacpp import LlamaCpp
 from sparktop.observe.engines.ollama import Ollama
@@ -41,7 +43,7 @@ from sparktop.observe.engines.vllm import Vllm
 __all__ = ["ENGINES", "Answer", "Engine", "EngineUnreachable", "NotAnEngine", "by_id", "for_command", "recognise"]
 
 # Most specific first: a generic answer (a model list) is claimed by the first that recognises more.
-ENGINES: tuple[type[Engine], ...] = (Vllm, Sglang, LlamaCpp, TensorRtLlm, Ollama, Tgi, Litellm)
+ENGINES: tuple[type[Engine], ...] = (Vllm, Sglang, LlamaCpp, TensorRtLlm, Ollama, Tgi, Litellm, Haproxy)
 GENERIC = OpenAICompatible
 _KNOWN: tuple[type[Engine], ...] = (*ENGINES, GENERIC)
 _BY_ID: dict[str, type[Engine]] = {e.id: e for e in _KNOWN}
@@ -107,6 +109,9 @@ async def recognise(get: Get, hint: str | None = None) -> Engine:
     (with why, in a line) when what answers is none of them."""
     hinted = by_id(hint)
     order = sorted(ENGINES, key=lambda e: e is not hinted)
+    # A router passes its engines' model list on (HAProxy's is a replica's, owned_by vllm): the routers are
+    # asked about it before the engines are, by what they add to it (HAProxy's Via header).
+    models_order = sorted(order, key=lambda e: e is not hinted and not e.router)
     asked: dict[str, Answer | None] = {}
 
     async def ask(path: str) -> Answer | None:
@@ -119,7 +124,7 @@ async def recognise(get: Get, hint: str | None = None) -> Engine:
 
     models = await get("/v1/models")  # does it answer at all? (unreachable: raised as is)
     asked["/v1/models"] = models
-    for engine in order:
+    for engine in models_order:
         how = engine.claims_models(models)
         if how:
             return await _found(engine, how, get, models)

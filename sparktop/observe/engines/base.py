@@ -284,7 +284,7 @@ class Engine:
         for name in DERIVED_FIELDS:
             setattr(snap, name, getattr(d, name))
         snap.not_exported = list(d.missing)
-        snap.kind = engine_ids.ROUTER if self.router else self.id
+        snap.kind = self.id  # LiteLLM's id is engine_ids.ROUTER
         snap.engine = self.name
         snap.recognised = self.how
         snap.model = self.model
