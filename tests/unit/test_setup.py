@@ -721,11 +721,23 @@ async def test_the_nodes_ssh_to_each_other_is_fixed_once_asked_and_then_left_alo
         "${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 169.254.127.30 true"]
 
 
+class Changed(Meshless):
+    """hutch's known_hosts holds another key for starsky: ssh says so, and that is never fixed here."""
+
+    async def run(self, cmd, timeout=30.0, input=None):
+        if cmd.startswith("${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 "):
+            self.commands.append(cmd)
+            return CommandResult(255, "", CHANGED)
+        return await super().run(cmd, timeout, input)
+
+
 async def test_a_declined_or_unfixable_peer_is_one_line(tmp_path):
     clock = Clock()
-    made = {"starsky": Meshless("starsky", clock, 0.0, 9000), "hutch": Meshless("hutch", clock, 0.0, 9000)}
+    made = {"starsky": Meshless("starsky", clock, 0.0, 9000), "hutch": Changed("hutch", clock, 0.0, 9000)}
+    asked: list[FixProposed] = []
 
     async def decide(fix):
+        asked.append(fix)
         return False
 
     events = await collect(Setup(Options(list(made), tmp_path / "c.yaml"), decide,
@@ -734,4 +746,9 @@ async def test_a_declined_or_unfixable_peer_is_one_line(tmp_path):
     assert done[("starsky", "mesh")] == ("fail", "ssh to hutch 169.254.127.30: host key unknown to the source (not in "
                                                  "its known_hosts) (not fixed)")
     assert not any("ssh-keygen" in c and "-f" in c for c in made["starsky"].commands)
+    assert done[("hutch", "mesh")] == ("fail", "ssh to starsky 169.254.44.136: its host key differs from the one in "
+                                               "the source's known_hosts (a reinstalled node, or someone in between): "
+                                               "not replaced here")
+    assert [f.host for f in asked if f.check == "mesh"] == ["starsky"]  # nothing offered for the changed key
+    assert not any(c.startswith(("f=", "umask")) for node in made.values() for c in node.commands)
     assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["not written"]
