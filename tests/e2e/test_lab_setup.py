@@ -4,7 +4,9 @@ preflight accept; a second run that finds everything in place; an unknown host k
 The hosts' ConnectX-7 ports get addresses (`twin.fabric_tools.set_addresses`: each half of the cable in its own
 /24 on the loopback, as NVIDIA's playbook addresses a pair) and keep the twin's out-of-the-box MTU of 1500,
 which setup raises to 9000 with `ip link set` once told to (`--yes`). Its link test runs the twin's `ib_write_bw`
-over both halves at once, a server per half on spark-b and the clients on spark-a."""
+over both halves at once, a server per half on spark-b and the clients on spark-a. The hosts' ssh to each other
+(each reads its own ~/.ssh through RSYNC_RSH, `Lab._peer_config`) starts bare and setup puts it in place, which a
+real `sparktop sync` then uses."""
 
 from __future__ import annotations
 
