@@ -153,6 +153,14 @@ class SSHTransport:
             self.last_error = None
             return conn
 
+    async def server_host_key(self) -> str | None:
+        """The host key this connection verified against known_hosts, as `algorithm base64` (what another node's
+        known_hosts may be given for this host: never a key read and trusted blindly)."""
+        key = (await self.connection()).get_server_host_key()
+        if key is None:
+            return None
+        return " ".join(key.export_public_key("openssh").decode().split()[:2])
+
     def _host_key_hint(self, detail: str) -> str:
         port = f"-p {self._port} " if self._port else ""
         if "mismatch" in detail.lower() or "changed" in detail.lower():

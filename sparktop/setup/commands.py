@@ -70,7 +70,8 @@ class Printer:
             case SetupFinished(ok=ok, changed=changed, warnings=warnings, failures=failures, dry_run=dry_run):
                 if dry_run:
                     c.print("dry run: nothing was run and no connection opened; these are each node's checks, "
-                            "then the link test, the fixes and the inventory follow from what they find")
+                            "then the link test, the nodes' ssh to each other, the fixes and the inventory follow "
+                            "from what they find")
                 elif not ok:
                     c.print(f"[red]setup failed[/]: {failures} check(s) failed, {warnings} warning(s)")
                 elif warnings:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 RECOMMENDED_MTU = 9000  # RoCE's 4096-byte path MTU needs an interface MTU above 4200; NVIDIA's netplan sets 9000
 CLOCK_WARN_S = 0.05  # nodes further apart than this (beyond what the round trips leave unknown) disagree
@@ -163,3 +164,69 @@ def parse_ntp(text: str) -> bool | None:
     """`timedatectl show -p NTPSynchronized --value`: yes/no (None: not said)."""
     word = text.strip().lower()
     return True if word == "yes" else False if word == "no" else None
+
+
+# -- the nodes' ssh to each other (`remote.peers.check_command`: `ssh -o BatchMode=yes ... true`) -----------------
+
+PeerKind = Literal["ok", "unknown-host-key", "changed-host-key", "refused", "unreachable", "no-ssh", "config",
+                   "other"]
+
+
+@dataclass(frozen=True)
+class PeerSSH:
+    kind: PeerKind
+    reason: str  # one line; "" when ok
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+    @property
+    def fixable(self) -> bool:
+        """What setup can put in place: the source's key authorized on the target, the target's host key (the one
+        this machine verified) in the source's known_hosts. A changed host key is never replaced."""
+        return self.kind in ("unknown-host-key", "refused")
+
+
+_UNREACHABLE = ("connection refused", "connection timed out", "no route to host", "network is unreachable",
+                "could not resolve hostname", "name or service not known", "temporary failure in name resolution",
+                "operation timed out", "connection closed by", "connection reset by")
+
+
+def parse_peer_ssh(stderr: str, exit_status: int) -> PeerSSH:
+    """OpenSSH's reason, from its stderr, in one line: the host key unknown to the source (BatchMode: "No ED25519
+    host key is known for ... and you have requested strict checking"), changed ("REMOTE HOST IDENTIFICATION HAS
+    CHANGED"), the key refused ("Permission denied (publickey)"), the target unreachable, no ssh, a bad config."""
+    lines = [line.strip().rstrip(".") for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+    low = stderr.lower()
+    if exit_status == 0:
+        return PeerSSH("ok", "")
+    if "remote host identification has changed" in low or ("host key for" in low and "has changed" in low):
+        return PeerSSH("changed-host-key", "its host key differs from the one in the source's known_hosts (a "
+                                           "reinstalled node, or someone in between): not replaced here")
+    if "host key verification failed" in low or "host key is known" in low:
+        return PeerSSH("unknown-host-key", "host key unknown to the source (not in its known_hosts)")
+    if "permission denied" in low:
+        said = next((line for line in lines if "permission denied" in line.lower()), "permission denied")
+        return PeerSSH("refused", f"key refused ({said})")
+    if exit_status == 127 or "command not found" in low or ": not found" in low:
+        return PeerSSH("no-ssh", "no ssh client on the source: `sudo apt install openssh-client`")
+    if any(word in low for word in _UNREACHABLE):
+        said = next((line for line in lines if any(w in line.lower() for w in _UNREACHABLE)), lines[-1])
+        return PeerSSH("unreachable", f"unreachable ({said})")
+    if "bad configuration option" in low or "can't open user config file" in low or "configuration file" in low:
+        said = next((line for line in lines if "config" in line.lower()), lines[-1])
+        return PeerSSH("config", f"the source's ssh config: {said}")
+    return PeerSSH("other", lines[-1] if lines else f"ssh exited with status {exit_status}")
+
+
+def parse_ssh_g(text: str) -> dict[str, list[str]]:
+    """`ssh -G`: every option (lower case) with its values in order (identityfile and userknownhostsfile repeat
+    or hold several)."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key and value:
+            out.setdefault(key.lower(), []).extend(value.split() if key.lower() == "userknownhostsfile"
+                                                    else [value.strip()])
+    return out

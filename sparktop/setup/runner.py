@@ -9,7 +9,12 @@ word from `timedatectl`). Then, between the nodes: the pair of ports every worke
 (`observe.fabric.pairs`, pinged; with three nodes or more every pair of workers too, NCCL's ring), the link
 measured with the real tools where both ends have them (`ib_write_bw` over both halves of the cable at once, each
 rail judged as NVIDIA's playbook does; else TCP with `iperf3`, else one stream of python3's sockets), the clocks
-compared. Last, the inventory.
+compared. Then every ordered pair of nodes over ssh, as `sparktop sync` runs it (`remote.peers`: A's `$RSYNC_RSH`
+or `ssh`, BatchMode, to B's fabric address): a host key unknown to A or A's key refused by B is fixed once the user
+says so (A's key made where it has none, never over one; appended to B's ~/.ssh/authorized_keys through this
+machine's own session to B; B's host key, the one this machine's session verified against its known_hosts, added
+to the known_hosts A's `ssh -G` names; never ssh-keyscan, never StrictHostKeyChecking=no); a changed host key is
+never replaced. Last, the inventory.
 
 Every command is emitted (`CommandShown`) before it runs; `--dry-run` emits them and runs none (no connection
 is even opened). Every value put in a command line is `shlex.quote`d. Nothing that changes a host or this
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +35,7 @@ from pathlib import Path
 from sparktop.events import emitting
 from sparktop.observe.fabric import DETECT_SCRIPT, NodeFabric, Port, pairs, parse_detect, parse_ping
 from sparktop.observe.hostparse import parse_disks
-from sparktop.remote import HostKeyError, Transport, TransportError
+from sparktop.remote import HostKeyError, Transport, TransportError, peers
 from sparktop.remote.hostkeys import (
     copy_id_command,
     host_key,
@@ -59,6 +65,7 @@ from sparktop.setup.parse import (
     LINK_BOTH_HALVES_GBPS,
     RECOMMENDED_MTU,
     ClockSample,
+    PeerSSH,
     clock_spread,
     clocks_agree,
     parse_date,
@@ -66,6 +73,8 @@ from sparktop.setup.parse import (
     parse_ib_write_bw,
     parse_iperf3,
     parse_ntp,
+    parse_peer_ssh,
+    parse_ssh_g,
     parse_tcp_probe,
     rail_verdict,
 )
@@ -100,6 +109,18 @@ TCP_SOURCE = ("import socket, sys, time\n"
               "c.recv(1)\n"
               "print(n, time.monotonic() - t)\n")
 TOOLS = "for t in ib_write_bw iperf3 python3 timeout; do command -v \"$t\" >/dev/null 2>&1 && echo \"$t\"; done; true"
+
+
+# Appends the key on its standard input to ~/.ssh/authorized_keys unless it is there (ssh-copy-id's job), 0600.
+AUTHORIZE = ("umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys "
+             "&& k=$(cat) && { grep -qxF \"$k\" ~/.ssh/authorized_keys || "
+             "printf '%s\\n' \"$k\" >> ~/.ssh/authorized_keys; }")
+_PUBLIC_KEY = re.compile(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n]*)?")
+
+
+def _on_home(path: str) -> str:
+    """A path for the node's shell, `~/` as its $HOME (quoted either way)."""
+    return '"$HOME"' + shlex.quote(path[1:]) if path.startswith("~/") else shlex.quote(path)
 
 
 def _disk_script(hf_cache: str) -> str:
@@ -436,6 +457,11 @@ class Setup:
     # -- between the nodes ----------------------------------------------------------
 
     async def _between(self, hosts: list[Host]) -> None:
+        await self._fabric_between(hosts)
+        if len(hosts) > 1:
+            await self._mesh(hosts)
+
+    async def _fabric_between(self, hosts: list[Host]) -> None:
         if len(hosts) > 1:
             await self._clocks(hosts)
         head, workers = hosts[0], hosts[1:]
@@ -640,6 +666,110 @@ class Setup:
         else:
             self.done(worker.name, "link", "ok", f"{reached}; TCP {gbps:.1f} Gb/s ({tool}); RDMA not measured: no "
                                                  "ib_write_bw on both nodes (`sudo apt install perftest`)")
+
+    # -- the nodes' ssh to each other ------------------------------------------------
+
+    async def _mesh(self, hosts: list[Host]) -> None:
+        """Every ordered pair: A reaches B over ssh as `sparktop sync` will (`remote.peers`: A's `$RSYNC_RSH` or
+        ssh, BatchMode), at the address the inventory gives B (its fabric address, else its host). A host key
+        unknown to A, or A's key refused by B, is fixed once the user says so."""
+        entries = {e.name: e for e in self.entries()}
+        for a in hosts:
+            for b in hosts:
+                if a is b:
+                    continue
+                try:
+                    await self._peer(a, b, entries[b.name])
+                except TransportError as exc:
+                    self.done(a.name, "mesh", "fail", f"ssh to {b.name}: {exc.message}")
+
+    async def _peer_check(self, a: Host, address: str) -> PeerSSH:
+        r = await self.sh(a, "mesh", peers.check_command(address), timeout=30)
+        assert r is not None
+        return parse_peer_ssh(r.stderr, r.exit_status)
+
+    async def _peer(self, a: Host, b: Host, entry: inv.NodeEntry) -> None:
+        self._emit(CheckStarted(a.name, "mesh"))
+        where = entry.fabric_ip or entry.host
+        address = f"{entry.user}@{where}" if entry.user else where
+        said = f"ssh to {b.name} {where}"
+        first = await self._peer_check(a, address)
+        if first.ok:
+            self.done(a.name, "mesh", "ok", f"{said}: key authentication, host key known (as sync reaches it)")
+            return
+        why = await self._peer_fix(a, b, address, first, said) if first.fixable else first.reason
+        if why is not None:
+            self.done(a.name, "mesh", "fail", f"{said}: {why}")
+            return
+        again = await self._peer_check(a, address)
+        self.done(a.name, "mesh", "ok" if again.ok else "fail",
+                  f"{said}: key authentication, host key known now" if again.ok else
+                  f"{said}: still {again.reason} after the fix")
+
+    async def _peer_fix(self, a: Host, b: Host, address: str, first: PeerSSH, said: str) -> str | None:
+        """A's key (made when A has none, never over one) appended to B's ~/.ssh/authorized_keys through this
+        machine's session to B; B's host key, as this machine verified it, added to the known_hosts A's ssh reads
+        (`ssh -G` says which files: the config's, as on a Spark). None once done, else why not."""
+        assert a.transport is not None and b.transport is not None
+        r = await self.sh(a, "mesh", peers.config_command(address))
+        conf = parse_ssh_g(r.stdout) if r is not None and r.ok else {}
+        if not conf:
+            return f"{first.reason}; cannot read the source's ssh settings (`ssh -G`): " \
+                   f"{r.first_error_line() if r else 'no output'}"
+        identities = [f for f in conf.get("identityfile", []) if "%" not in f] or ["~/.ssh/id_ed25519"]
+        known = next(iter(conf.get("userknownhostsfile", [])), "~/.ssh/known_hosts")
+        name = next(iter(conf.get("hostkeyalias", []) or conf.get("hostname", [])), address.rpartition("@")[2])
+        port = next(iter(conf.get("port", [])), "22")
+        known_name = name if port == "22" else f"[{name}]:{port}"
+        files = " ".join(_on_home(f) for f in identities)
+        r = await self.sh(a, "mesh", f'for f in {files}; do [ -f "$f" ] && [ -f "$f.pub" ] && '
+                                     '{ printf \'%s\\n\' "$f"; break; }; done; true')
+        have = (r.stdout.strip().splitlines() or [None])[0] if r is not None else None
+        key = have or next((f for f in identities if f.endswith("/id_ed25519")), identities[0])
+        host_line = None
+        if first.kind == "unknown-host-key":
+            verified = getattr(b.transport, "server_host_key", None)
+            trusted = await verified() if verified is not None else None
+            if not trusted:
+                return f"{first.reason}; this machine has no verified host key of {b.name} to give it"
+            host_line = f"{known_name} {trusted}"
+        commands = []
+        if have is None:
+            commands.append((a, f"k={_on_home(key)}; mkdir -p -m 700 -- \"$(dirname -- \"$k\")\" && "
+                                "{ [ -e \"$k\" ] || ssh-keygen -q -t ed25519 -N '' -f \"$k\"; }"))
+        commands.append((b, AUTHORIZE))
+        if host_line is not None:
+            commands.append((a, f"f={_on_home(known)}; umask 077; mkdir -p -- \"$(dirname -- \"$f\")\" && "
+                                f"touch -- \"$f\" && {{ grep -qxF {shlex.quote(host_line)} \"$f\" || "
+                                f"printf '%s\\n' {shlex.quote(host_line)} >> \"$f\"; }}"))
+        pub = f"{key}.pub"
+        shown_cmds = tuple(f"{h.name}: {cmd}" + (f" < {a.name}:{pub}" if cmd is AUTHORIZE else "")
+                           for h, cmd in commands)
+        make = f"make a key on {a.name} ({key}), " if have is None else ""
+        what = (f"{said}: {first.reason}: {make}authorize {a.name}'s {pub} in {b.name}'s ~/.ssh/authorized_keys "
+                f"(through your session to {b.name})"
+                + (f", and add {b.name}'s host key as this machine verified it to {a.name}'s {known}"
+                   if host_line else ""))
+        if not await self.propose(FixProposed(a.name, "mesh", what, shown_cmds)):
+            return f"{first.reason} (not fixed)"
+        for host, cmd in commands:
+            if cmd is AUTHORIZE:
+                r = await self.sh(a, "mesh", f"cat -- {_on_home(pub)}")
+                public = r.stdout.strip() if r is not None and r.ok else ""
+                if not _PUBLIC_KEY.fullmatch(public):  # one public key line, never anything else of the file
+                    self._emit(FixApplied(a.name, "mesh", False, f"{pub} on {a.name} is not one public key line"))
+                    return f"{first.reason} (not fixed)"
+                self._emit(CommandShown(host.name, "mesh", f"{cmd} < {a.name}:{pub}", changes=True))
+                r = await host.transport.run(cmd, timeout=30, input=public + "\n")  # type: ignore[union-attr]
+            else:
+                r = await self.sh(host, "mesh", cmd, changes=True)
+            if r is not None and not r.ok:
+                self._emit(FixApplied(a.name, "mesh", False, f"on {host.name}: {r.first_error_line()}"))
+                return f"{first.reason} (the fix failed on {host.name}: {r.first_error_line()})"
+        self.changed = True
+        self._emit(FixApplied(a.name, "mesh", True, f"{a.name}'s key authorized on {b.name}"
+                              + (f", {b.name}'s host key in {known}" if host_line else "")))
+        return None
 
     # -- the inventory ------------------------------------------------------------
 

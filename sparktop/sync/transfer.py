@@ -19,8 +19,9 @@ ID must then equal the source's.
 
 Nodes reach each other with `$RSYNC_RSH` where set on the source (rsync's
 own variable: an ssh with its options), else `ssh`, always with
-`BatchMode=yes`: a host key the source does not know fails the copy, with
-the reason; nothing here accepts a key.
+`BatchMode=yes` (`remote.peers`, which `sparktop setup` checks the nodes
+with): a host key the source does not know fails the copy, with the
+reason; nothing here accepts a key.
 
 Every value that reaches a shell is quoted with `shlex.quote`.
 """
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 from sparktop.errors import SparktopError
 from sparktop.events import emitting
-from sparktop.remote import Transport, TransportError
+from sparktop.remote import Transport, TransportError, peers
 from sparktop.settings import Inventory, Node
 from sparktop.sync import hfcache
 from sparktop.sync.events import (
@@ -81,10 +82,9 @@ class SyncRequest:
 
 
 def ssh_command(target: Node) -> str:
-    """The ssh the source runs to reach `target`, as shell words (`$RSYNC_RSH` expanded on the source)."""
-    port = f" -p {int(target.port)}" if target.port else ""
-    # ${RSYNC_RSH:-ssh} is left unquoted on purpose: it holds a command and its options, split into words.
-    return "${RSYNC_RSH:-ssh} -o BatchMode=yes" + port
+    """The ssh the source runs to reach `target`, as shell words (`$RSYNC_RSH` expanded on the source): the one
+    `sparktop setup` checks the nodes with (`remote.peers`)."""
+    return peers.ssh_command(target.port)
 
 
 def address_of(target: Node, source: Node | None = None) -> str:

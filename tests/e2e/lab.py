@@ -5,6 +5,8 @@ Each host has its own sshd on its own loopback address (127.0.0.2,
 HOME with the twin's `docker`, `vllm`, `ray`, `nvidia-smi` and `ping` first on PATH
 (sshd's SetEnv). sparktop reaches them with its real SSHTransport through an
 ssh config and known_hosts written here, exactly as it reaches real Sparks.
+A host's own ssh (to another host: sync, setup's check of the nodes' ssh)
+reads the files in its HOME through RSYNC_RSH (`Lab._peer_config`).
 The router topologies use the real LiteLLM proxy, installed from PyPI into
 a virtual environment of its own (`.lab/`, made on first use): its
 `litellm[proxy]` pins rich<14, which Textual 8 cannot share, and on a Spark
@@ -129,12 +131,13 @@ class Lab:
                 f"ListenAddress {address}:{host.port}\n"
                 f"HostKey {key}\n"
                 f"PidFile {root / 'sshd.pid'}\n"
-                f"AuthorizedKeysFile {authorized}\n"
+                f"AuthorizedKeysFile {authorized} {host.home / '.ssh/authorized_keys'}\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
                 "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
                 "AllowTcpForwarding yes\nX11Forwarding no\nPrintMotd no\nLogLevel ERROR\n"
                 f"SetEnv HOME={host.home} PATH={path} SPARKTOP_TWIN_HOME={twin.home} "
-                f"SPARKTOP_PROC_ROOT={twin.home / 'proc'} SPARKTOP_SYS_ROOT={twin.home / 'sys'}\n"
+                f"SPARKTOP_PROC_ROOT={twin.home / 'proc'} SPARKTOP_SYS_ROOT={twin.home / 'sys'} "
+                f"\"RSYNC_RSH=ssh -F {host.home / '.ssh/config'}\"\n"
             )
             host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
                                          stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"))  # noqa: SIM115
@@ -146,6 +149,8 @@ class Lab:
             self.hosts.append(host)
         (self.ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")
         (self.ssh_dir / "config").write_text("\n".join(config))
+        for host in self.hosts:
+            self._peer_config(host)
         for host in self.hosts:
             self._wait_port(host.address, host.port)
         return self
@@ -186,6 +191,22 @@ class Lab:
             snap = host.home / ".cache/huggingface/hub" / ("models--" + model.replace("/", "--")) / "snapshots/abc"
             snap.mkdir(parents=True, exist_ok=True)
 
+    def _peer_config(self, host: LabHost) -> Path:
+        """`host`'s own ssh config, in its HOME: the other hosts by address with their ports (a Spark's sshd is on
+        22; the lab's are not), and the key and known_hosts its ssh uses, in that HOME (what `~/.ssh/` means on a
+        Spark). OpenSSH reads ~/.ssh from the user's passwd entry, not $HOME (every lab host is this machine's
+        user), so every session on the host has RSYNC_RSH="ssh -F <this file>" (sshd's SetEnv), which is how
+        `sparktop sync` and `setup` run ssh from one node to another. No key, no known_hosts, nothing authorized:
+        a bare host, as `sparktop setup` finds one."""
+        ssh = host.home / ".ssh"
+        ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+        user = os.environ.get("USER") or "root"
+        config = ssh / "config"
+        config.write_text("".join(
+            f"Host {o.address}\n  Port {o.port}\n  User {user}\n  IdentityFile {ssh / 'id_ed25519'}\n"
+            f"  UserKnownHostsFile {ssh / 'known_hosts'}\n  IdentitiesOnly yes\n" for o in self.hosts if o is not host))
+        return config
+
     def ssh_mesh(self) -> dict[str, str]:
         """Let every host reach every other over ssh, as `sparktop sync` needs (rsync and docker load run from
         one host to another): each host a key of its own, authorized on the others, and an ssh config and
@@ -206,15 +227,12 @@ class Lab:
                 if pub not in authorized.read_text():
                     with authorized.open("a") as f:
                         f.write(pub)
-            user = os.environ.get("USER") or "root"
             others = [o for o in self.hosts if o is not host]
-            (ssh / "config").write_text("".join(
-                f"Host {o.address}\n  Port {o.port}\n  User {user}\n  IdentityFile {key}\n"
-                f"  UserKnownHostsFile {ssh / 'known_hosts'}\n  IdentitiesOnly yes\n" for o in others))
+            config = self._peer_config(host)
             (ssh / "known_hosts").write_text("".join(
                 f"[{o.address}]:{o.port} {' '.join((o.root / 'ssh_host_ed25519_key.pub').read_text().split()[:2])}\n"
                 for o in others))
-            rsh[host.name] = f"ssh -F {ssh / 'config'}"
+            rsh[host.name] = f"ssh -F {config}"
         return rsh
 
     # -- inspecting --------------------------------------------------------------

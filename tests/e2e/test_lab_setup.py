@@ -4,7 +4,9 @@ preflight accept; a second run that finds everything in place; an unknown host k
 The hosts' ConnectX-7 ports get addresses (`twin.fabric_tools.set_addresses`: each half of the cable in its own
 /24 on the loopback, as NVIDIA's playbook addresses a pair) and keep the twin's out-of-the-box MTU of 1500,
 which setup raises to 9000 with `ip link set` once told to (`--yes`). Its link test runs the twin's `ib_write_bw`
-over both halves at once, a server per half on spark-b and the clients on spark-a."""
+over both halves at once, a server per half on spark-b and the clients on spark-a. The hosts' ssh to each other
+(each reads its own ~/.ssh through RSYNC_RSH, `Lab._peer_config`) starts bare and setup puts it in place, which a
+real `sparktop sync` then uses."""
 
 from __future__ import annotations
 
@@ -231,3 +233,75 @@ def test_a_changed_host_key_is_never_replaced(cabled, tmp_path):
     assert failed.startswith("FAIL lab-spark-a ssh      host key does not match known_hosts")
     assert "ssh-keygen -R" in failed
     assert not any(line.startswith("fix ") for line in r.stdout.splitlines())  # nothing was offered
+
+
+def test_the_nodes_reach_each_other_over_ssh_once_setup_put_the_keys_in_place(cabled):
+    """Bare hosts cannot ssh to each other (no key, known_hosts or authorized key in their own ~/.ssh, which each
+    host's ssh reads through RSYNC_RSH, `Lab._peer_config`): the check fails with ssh's reason; `--yes` makes
+    spark-a's and spark-b's keys, authorizes each on the other through this machine's sessions, and gives each
+    the other's host key as this machine verified it; then a real `sparktop sync` copies a snapshot from spark-a
+    to spark-b over that ssh, and a second setup changes nothing."""
+    import shutil
+
+    from tests.helpers.hfsnapshot import write_snapshot
+
+    lab = cabled
+    a, b = lab.hosts[:2]
+    for host in lab.hosts:  # bare, whatever an earlier test put in place
+        for name in ("id_ed25519", "id_ed25519.pub", "known_hosts", "authorized_keys"):
+            (host.home / ".ssh" / name).unlink(missing_ok=True)
+    inventory = lab.root / "mesh" / "cluster.yaml"
+    hosts = [f"lab-{h.name}" for h in lab.hosts]
+
+    refused = sparktop(lab, "setup", *hosts, "--inventory", str(inventory))  # no terminal, no --yes: nothing done
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert results(refused, "mesh") == [
+        "FAIL lab-spark-a mesh     ssh to lab-spark-b 127.0.0.3: host key unknown to the source (not in its "
+        "known_hosts) (not fixed)",
+        "FAIL lab-spark-b mesh     ssh to lab-spark-a 127.0.0.2: host key unknown to the source (not in its "
+        "known_hosts) (not fixed)"], refused.stdout
+    assert "$ lab-spark-a: ${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 127.0.0.3 true" in refused.stdout
+    assert not (a.home / ".ssh/id_ed25519").exists() and not (b.home / ".ssh/authorized_keys").exists()
+    assert not inventory.exists()
+
+    fixed = sparktop(lab, "setup", *hosts, "--yes", "--inventory", str(inventory))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert results(fixed, "mesh") == [
+        "ok   lab-spark-a mesh     ssh to lab-spark-b 127.0.0.3: key authentication, host key known now",
+        "ok   lab-spark-b mesh     ssh to lab-spark-a 127.0.0.2: key authentication, host key known now"]
+    ssh_a = a.home / ".ssh"
+    assert f"$ lab-spark-a: change k={ssh_a / 'id_ed25519'}; mkdir -p -m 700" in fixed.stdout  # shown, then run
+    for one, other in ((a, b), (b, a)):
+        pub = (one.home / ".ssh/id_ed25519.pub").read_text()
+        authorized = other.home / ".ssh/authorized_keys"
+        assert authorized.read_text() == pub and authorized.stat().st_mode & 0o777 == 0o600
+        host_key = " ".join((other.root / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+        assert (one.home / ".ssh/known_hosts").read_text() == f"[{other.address}]:{other.port} {host_key}\n"
+        private = (one.home / ".ssh/id_ed25519").read_text().splitlines()[1]
+        assert private not in fixed.stdout + fixed.stderr  # no private key content, ever
+    assert "Traceback" not in fixed.stderr
+
+    # What sync needs is in place: the real rsync on spark-a, over its ssh to spark-b's fabric address.
+    if shutil.which("rsync"):
+        repo = "lab-org/mesh-model"
+        write_snapshot(a.home / ".cache/huggingface/hub", repo, {"model.safetensors": 200_000})
+        sync = subprocess.run([sys.executable, "-m", "sparktop", "sync", repo, "--inventory", str(inventory)],
+                              capture_output=True, text=True, env=lab.env(), timeout=300)
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+        copied = b.home / ".cache/huggingface/hub/models--lab-org--mesh-model/snapshots"
+        assert (next(copied.iterdir()) / "model.safetensors").resolve().stat().st_size == 200_000
+
+    files = {p: p.read_bytes() for h in lab.hosts for p in (h.home / ".ssh").iterdir()}
+    again = sparktop(lab, "setup", *hosts, "--yes", "--inventory", str(inventory))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert ": change " not in again.stdout and not any(line.startswith("fix ") for line in again.stdout.splitlines())
+    assert [line.split()[:3] for line in results(again, "mesh")] == [["ok", "lab-spark-a", "mesh"],
+                                                                     ["ok", "lab-spark-b", "mesh"]]
+    assert {p: p.read_bytes() for p in files} == files
+
+    # spark-b stops accepting spark-a's key: said as ssh says it, and only the key would be installed again.
+    (b.home / ".ssh/authorized_keys").write_text("")
+    denied = sparktop(lab, "setup", *hosts, "--inventory", str(inventory))
+    [line] = [line for line in results(denied, "mesh") if line.startswith("FAIL")]
+    assert line.startswith("FAIL lab-spark-a mesh     ssh to lab-spark-b 127.0.0.3: key refused (")
+    assert "Permission denied (publickey" in line

@@ -219,6 +219,8 @@ class Node:
             return CommandResult(0, PING.read_text(), "")
         if cmd.startswith("for t in"):
             return CommandResult(0, "timeout\n", "")  # neither ib_write_bw nor iperf3
+        if cmd.startswith("${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 "):
+            return CommandResult(0, "", "")  # the nodes reach each other over ssh
         return CommandResult(127, "", f"sh: 1: {cmd.split()[0]}: not found")
 
     async def close(self):
@@ -568,3 +570,185 @@ async def test_an_inventory_that_cannot_be_written_is_one_line(tmp_path):
     [done] = [e for e in events if isinstance(e, InventoryDone)]
     assert (done.outcome, done.reason) == ("not written", "Is a directory")
     assert events[-1].ok is False
+
+
+# -- the nodes' ssh to each other -----------------------------------------------------
+
+# OpenSSH 9.2's stderr (`ssh -o BatchMode=yes -o ConnectTimeout=5 <peer> true`), as the lab's hosts print it.
+UNKNOWN = ("No ED25519 host key is known for [127.0.0.3]:40123 and you have requested strict checking.\r\n"
+           "Host key verification failed.\r\n")
+CHANGED = ("@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+           "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+           "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+           "IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n"
+           "Host key for 10.0.0.2 has changed and you have requested strict checking.\nHost key verification failed.\n")
+DENIED = "root@127.0.0.3: Permission denied (publickey,password).\r\n"
+
+
+@pytest.mark.parametrize(("stderr", "status", "kind", "reason"), [
+    ("", 0, "ok", ""),
+    (UNKNOWN, 255, "unknown-host-key", "host key unknown to the source (not in its known_hosts)"),
+    (CHANGED, 255, "changed-host-key", "its host key differs from the one in the source's known_hosts (a "
+                                       "reinstalled node, or someone in between): not replaced here"),
+    (DENIED, 255, "refused", "key refused (root@127.0.0.3: Permission denied (publickey,password))"),
+    ("ssh: connect to host 10.0.0.2 port 22: Connection refused\r\n", 255, "unreachable",
+     "unreachable (ssh: connect to host 10.0.0.2 port 22: Connection refused)"),
+    ("ssh: connect to host 10.0.0.9 port 22: Connection timed out\r\n", 255, "unreachable",
+     "unreachable (ssh: connect to host 10.0.0.9 port 22: Connection timed out)"),
+    ("ssh: Could not resolve hostname spark-z: Name or service not known\r\n", 255, "unreachable",
+     "unreachable (ssh: Could not resolve hostname spark-z: Name or service not known)"),
+    ("sh: 1: ssh: not found\n", 127, "no-ssh", "no ssh client on the source: `sudo apt install openssh-client`"),
+    ("Can't open user config file /x/config: No such file or directory\n", 255, "config",
+     "the source's ssh config: Can't open user config file /x/config: No such file or directory"),
+    ("kex_exchange_identification: read: Connection reset by peer\r\n", 255, "unreachable",
+     "unreachable (kex_exchange_identification: read: Connection reset by peer)"),
+    ("something new\n", 1, "other", "something new"),
+])
+def test_peer_ssh_reasons_from_stderr(stderr, status, kind, reason):
+    from sparktop.setup.parse import parse_peer_ssh
+
+    said = parse_peer_ssh(stderr, status)
+    assert (said.kind, said.reason) == (kind, reason)
+    assert said.fixable == (kind in ("unknown-host-key", "refused"))
+
+
+def test_peer_ssh_commands_are_syncs_and_quoted():
+    from sparktop.remote import peers
+    from sparktop.setup.parse import parse_ssh_g
+    from sparktop.sync.transfer import ssh_command
+
+    assert peers.check_command("nvidia@10.0.0.2") == ("${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 "
+                                                      "nvidia@10.0.0.2 true")
+    assert peers.check_command("a b;rm -rf ~", 2222) == ("${RSYNC_RSH:-ssh} -o BatchMode=yes -p 2222 -o "
+                                                         "ConnectTimeout=5 'a b;rm -rf ~' true")
+    assert peers.config_command("10.0.0.2") == "${RSYNC_RSH:-ssh} -o BatchMode=yes -G 10.0.0.2"
+    from sparktop.settings import Node as InventoryNode
+
+    assert ssh_command(InventoryNode(name="b", host="b", port=2222)) == peers.ssh_command(2222)
+    conf = parse_ssh_g("user nvidia\nhostname 10.0.0.2\nport 22\nidentityfile ~/.ssh/id_rsa\n"
+                       "identityfile ~/.ssh/id_ed25519\nuserknownhostsfile ~/.ssh/known_hosts ~/.ssh/known_hosts2\n")
+    assert conf["identityfile"] == ["~/.ssh/id_rsa", "~/.ssh/id_ed25519"]
+    assert conf["userknownhostsfile"] == ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"]
+    assert conf["hostname"] == ["10.0.0.2"]
+
+
+class Meshless(Node):
+    """A Spark whose ssh to the other does not know its host key (until the fix), and whose key is made by it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.files: dict[str, str] = {}
+        self.inputs: list[str | None] = []
+
+    async def server_host_key(self):
+        return f"ssh-ed25519 AAAAhostkeyof{self.name}"
+
+    async def run(self, cmd, timeout=30.0, input=None):
+        if cmd.startswith("${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 "):
+            self.commands.append(cmd)
+            peer = cmd.split()[-2]
+            if not any(peer in line for line in self.files.get("known_hosts", "").splitlines()):
+                return CommandResult(255, "", UNKNOWN.replace("[127.0.0.3]:40123", peer))
+            return CommandResult(0, "", "")
+        if cmd.startswith("${RSYNC_RSH:-ssh} -o BatchMode=yes -G "):
+            self.commands.append(cmd)
+            return CommandResult(0, f"hostname {cmd.split()[-1]}\nport 22\nidentityfile ~/.ssh/id_rsa\n"
+                                    "identityfile ~/.ssh/id_ed25519\nuserknownhostsfile ~/.ssh/known_hosts "
+                                    "~/.ssh/known_hosts2\n", "")
+        if cmd.startswith("for f in "):
+            self.commands.append(cmd)
+            return CommandResult(0, "/home/nvidia/.ssh/id_ed25519\n" if "key" in self.files else "", "")
+        if "ssh-keygen -q -t ed25519 -N ''" in cmd:
+            self.commands.append(cmd)
+            self.files["key"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n"
+            return CommandResult(0, "", "")
+        if cmd.startswith("cat -- "):
+            self.commands.append(cmd)
+            return CommandResult(0, f"ssh-ed25519 AAAAkeyof{self.name} nvidia@{self.name}\n", "")
+        if cmd.startswith("umask 077; mkdir -p ~/.ssh"):
+            self.commands.append(cmd)
+            self.inputs.append(input)
+            return CommandResult(0, "", "")
+        if cmd.startswith("f="):
+            self.commands.append(cmd)
+            line = cmd.split("grep -qxF ")[1].split(" \"$f\"")[0].strip("'")
+            self.files["known_hosts"] = self.files.get("known_hosts", "") + line + "\n"
+            return CommandResult(0, "", "")
+        return await super().run(cmd, timeout, input)
+
+
+async def test_the_nodes_ssh_to_each_other_is_fixed_once_asked_and_then_left_alone(tmp_path):
+    clock = Clock()
+    made = {"starsky": Meshless("starsky", clock, 0.0, 9000), "hutch": Meshless("hutch", clock, 0.0, 9000)}
+    asked: list[FixProposed] = []
+
+    async def decide(fix):
+        asked.append(fix)
+        return fix.check == "mesh"
+
+    path = tmp_path / "cluster.yaml"
+    events = await collect(Setup(Options(list(made), path), decide, transport_for=lambda h, u: made[h], clock=clock))
+    done = {(e.host, e.check): (e.status, e.reason) for e in events if isinstance(e, CheckDone)}
+    assert done[("starsky", "mesh")] == ("ok", "ssh to hutch 169.254.127.30: key authentication, host key known now")
+    assert done[("hutch", "mesh")] == ("ok", "ssh to starsky 169.254.44.136: key authentication, host key known now")
+    [fix] = [f for f in asked if f.host == "starsky"]
+    assert fix.what.startswith("ssh to hutch 169.254.127.30: host key unknown to the source (not in its known_hosts):"
+                               " make a key on starsky (~/.ssh/id_ed25519), authorize starsky's ~/.ssh/id_ed25519.pub "
+                               "in hutch's ~/.ssh/authorized_keys")
+    assert fix.commands[0] == ("starsky: k=\"$HOME\"/.ssh/id_ed25519; mkdir -p -m 700 -- \"$(dirname -- \"$k\")\" && "
+                               "{ [ -e \"$k\" ] || ssh-keygen -q -t ed25519 -N '' -f \"$k\"; }")
+    assert fix.commands[1].startswith("hutch: umask 077; mkdir -p ~/.ssh") and fix.commands[1].endswith(
+        " < starsky:~/.ssh/id_ed25519.pub")
+    # hutch's host key as this machine's session to hutch verified it, under the name starsky's ssh uses.
+    assert fix.commands[2] == ("starsky: f=\"$HOME\"/.ssh/known_hosts; umask 077; mkdir -p -- \"$(dirname -- \"$f\")\""
+                               " && touch -- \"$f\" && { grep -qxF '169.254.127.30 ssh-ed25519 AAAAhostkeyofhutch' "
+                               "\"$f\" || printf '%s\\n' '169.254.127.30 ssh-ed25519 AAAAhostkeyofhutch' >> \"$f\"; }")
+    # The public key went to hutch on standard input, never on a command line; the private key nowhere.
+    assert made["hutch"].inputs == ["ssh-ed25519 AAAAkeyofstarsky nvidia@starsky\n"]
+    assert not any("secret" in str(e) for e in events)
+    # Every command shown before it ran (the one fed a key says which: `< node:file`).
+    for name, node in made.items():
+        shown_cmds = [e.command.partition(" < ")[0] for e in events if isinstance(e, CommandShown) and e.host == name]
+        assert shown_cmds == node.commands
+
+    # Again: the check passes, nothing is proposed, nothing runs but the checks.
+    asked.clear()
+    for node in made.values():
+        node.commands.clear()
+    events = await collect(Setup(Options(list(made), path), decide, transport_for=lambda h, u: made[h], clock=clock))
+    assert not [f for f in asked if f.check == "mesh"]
+    assert [c for c in made["starsky"].commands if "RSYNC_RSH" in c] == [
+        "${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 169.254.127.30 true"]
+
+
+class Changed(Meshless):
+    """hutch's known_hosts holds another key for starsky: ssh says so, and that is never fixed here."""
+
+    async def run(self, cmd, timeout=30.0, input=None):
+        if cmd.startswith("${RSYNC_RSH:-ssh} -o BatchMode=yes -o ConnectTimeout=5 "):
+            self.commands.append(cmd)
+            return CommandResult(255, "", CHANGED)
+        return await super().run(cmd, timeout, input)
+
+
+async def test_a_declined_or_unfixable_peer_is_one_line(tmp_path):
+    clock = Clock()
+    made = {"starsky": Meshless("starsky", clock, 0.0, 9000), "hutch": Changed("hutch", clock, 0.0, 9000)}
+    asked: list[FixProposed] = []
+
+    async def decide(fix):
+        asked.append(fix)
+        return False
+
+    events = await collect(Setup(Options(list(made), tmp_path / "c.yaml"), decide,
+                                 transport_for=lambda h, u: made[h], clock=clock))
+    done = {(e.host, e.check): (e.status, e.reason) for e in events if isinstance(e, CheckDone)}
+    assert done[("starsky", "mesh")] == ("fail", "ssh to hutch 169.254.127.30: host key unknown to the source (not in "
+                                                 "its known_hosts) (not fixed)")
+    assert not any("ssh-keygen" in c and "-f" in c for c in made["starsky"].commands)
+    assert done[("hutch", "mesh")] == ("fail", "ssh to starsky 169.254.44.136: its host key differs from the one in "
+                                               "the source's known_hosts (a reinstalled node, or someone in between): "
+                                               "not replaced here")
+    assert [f.host for f in asked if f.check == "mesh"] == ["starsky"]  # nothing offered for the changed key
+    assert not any(c.startswith(("f=", "umask")) for node in made.values() for c in node.commands)
+    assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["not written"]
