@@ -13,6 +13,9 @@ Counts, states and texts; no time is asserted.
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +37,28 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"  # the recipe's weights
 FOLDER = "models--nvidia--Llama-3.1-8B-Instruct-FP8"
 IMAGE = "vllm/vllm-openai:journey"  # an engine image only spark-a has
+
+
+def in_a_terminal(lab, *args: str) -> tuple[int, str]:
+    """`sparktop ARGS` with a pseudo-terminal as its output (so rich draws what a user sees): its exit status
+    and everything it wrote, escape sequences taken out."""
+    main, child = pty.openpty()
+    env = {**lab.env(), "COLUMNS": "120", "TERM": "xterm-256color"}
+    proc = subprocess.Popen([sys.executable, "-m", "sparktop", *args], stdout=child, stderr=child,
+                            stdin=subprocess.DEVNULL, env=env)
+    os.close(child)
+    out = bytearray()
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    code = proc.wait(timeout=120)
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace")).replace("\r", "\n")
 
 
 async def test_from_bare_hosts_to_replicas_split_exactly(lab):
@@ -83,9 +108,11 @@ async def test_from_bare_hosts_to_replicas_split_exactly(lab):
             proc.kill()
     assert proc.returncode == 130 and "Traceback" not in err, out + err
     assert not (hub(b) / FOLDER).exists()
-    resumed = sparktop(lab, "sync", MODEL, "--inventory", str(inventory))
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "already staged" in resumed.stdout and sent_bytes(resumed.stdout) < total
+    resumed, shown = in_a_terminal(lab, "sync", MODEL, "--inventory", str(inventory))
+    assert resumed == 0, shown
+    assert "already staged" in shown and sent_bytes(shown) < total
+    # In a terminal the copy has its bar: the transfer named, the bar drawn, the bytes of the whole.
+    assert "lab-spark-a→lab-spark-b" in shown and "━" in shown and f"/{total / 1e6:.1f} MB" in shown, shown
     assert tree(hub(b) / FOLDER) == tree(hub(a) / FOLDER)
     image = sparktop(lab, "sync", IMAGE, "--inventory", str(inventory))
     assert image.returncode == 0, image.stdout + image.stderr
