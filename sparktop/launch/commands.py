@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,7 @@ from sparktop.units import fmt
 
 if TYPE_CHECKING:
     from sparktop.launch.executor import DEFAULT_TIMEOUT, Executor, LaunchFailed
-    from sparktop.launch.preflight import run_preflight
+    from sparktop.launch.preflight import Preflight, run_preflight
     from sparktop.launch.state import LaunchState
     from sparktop.launch.topology import make_plan
     from sparktop.launch.watchdog import Policy
@@ -140,6 +141,9 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
     try:
         preflight = await run_preflight(plan, recipe, inventory, transports)
         console.print(preflight.render(), highlight=False, markup=False)
+        if not yes and await _copy_what_is_missing(preflight, inventory, console):
+            preflight = await run_preflight(plan, recipe, inventory, transports)
+            console.print(preflight.render(), highlight=False, markup=False)
         if not preflight.ok:
             first = preflight.failures[0]
             raise SparktopError(f"preflight failed on {first.node}: {first.name}: {first.message}")
@@ -149,8 +153,7 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
         if not yes:
             if not sys.stdin.isatty():
                 raise SparktopError("not launching without confirmation: add --yes (or run in a terminal)")
-            answer = input("Launch? [y/N] ").strip().lower()
-            if answer not in ("y", "yes"):
+            if not _ask("Launch? [y/N] "):
                 console.print("Not launched.")
                 return 1
         executor = Executor(plan, transports, LaunchState(inventory), timeout=timeout)
@@ -165,6 +168,38 @@ async def _launch(recipe: Recipe, topology: str, inventory: Inventory, nodes: li
     if watchdog is not None:
         return await _guard(inventory, plan.launch_id, watchdog, hung_after, console)
     return 0
+
+
+def _ask(question: str) -> bool:
+    """A yes from the terminal. Blocking on purpose: nothing else runs while a question waits, and Ctrl-C then
+    stops at once; Ctrl-D (or a closed input) is a no."""
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        print()
+        return False
+
+
+async def _copy_what_is_missing(preflight: Preflight, inventory: Inventory, console: Console) -> bool:
+    """Where preflight found weights or an image missing on a node and another node has them: at a terminal,
+    offer to run the `sparktop sync` commands it named (each in its own process, on this terminal, so its bar
+    shows); whether they ran and all succeeded (then preflight runs again). Never asked with --yes: copying
+    tens of gigabytes is not what a yes to launching says."""
+    fixes = list(dict.fromkeys(c.fix for c in preflight.checks if c.fix and c.status in ("fail", "warn")))
+    if not fixes or inventory.path is None or not sys.stdin.isatty():
+        return False
+    commands = [["sparktop", *fix, "--inventory", str(inventory.path)] for fix in fixes]
+    console.print("What is missing can be copied from a node that has it:")
+    for argv in commands:
+        console.print("  " + shlex.join(argv), highlight=False, markup=False, soft_wrap=True)
+    if not _ask("Copy it now? [y/N] "):
+        return False
+    for argv in commands:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv)
+        if await proc.wait() != 0:
+            console.print(f"not copied: {shlex.join(argv)} exited {proc.returncode}", highlight=False, markup=False)
+            return False
+    return True
 
 
 async def _guard(inventory: Inventory, launch_id: str, policy: Policy, hung_after: float | None,

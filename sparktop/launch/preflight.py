@@ -54,6 +54,9 @@ class Check:
     node: str
     status: str  # pass | warn | fail
     message: str
+    # The sparktop command that fixes it (its arguments: `sync MODEL --to NODE`), where one does; `launch`
+    # offers to run it at a terminal.
+    fix: tuple[str, ...] = ()
 
     def line(self) -> str:
         mark = {"pass": "ok  ", "warn": "warn", "fail": "FAIL"}[self.status]
@@ -141,8 +144,8 @@ class NodeChecks:
     named_mtu: int | None = None  # the MTU of the inventory's eth_if, once it is found up
     named_up: str | None = None  # "enp1s0f1np1 is up, MTU 9000": the inventory's interface, found up
 
-    def add(self, name: str, status: str, message: str) -> None:
-        self.checks.append(Check(name, self.node.name, status, message))
+    def add(self, name: str, status: str, message: str, fix: tuple[str, ...] = ()) -> None:
+        self.checks.append(Check(name, self.node.name, status, message, fix))
 
     def put_fabric(self, status: str, message: str) -> None:
         at = len(self.checks) if self.fabric_at is None else self.fabric_at
@@ -247,7 +250,8 @@ async def _image(on: NodeChecks) -> None:
         on.add("image", "fail", "docker is not installed")
     else:
         on.add("image", "fail", f"{image} is not on this node: docker pull {image} (or copy it from a node that "
-                                f"has it: sparktop sync {image} --to {on.node.name})")
+                                f"has it: sparktop sync {image} --to {on.node.name})",
+               fix=("sync", image, "--image", "--to", on.node.name))
 
 
 async def _weights(on: NodeChecks) -> None:
@@ -266,7 +270,8 @@ async def _weights(on: NodeChecks) -> None:
         size = f"~{on.want.weights_per_node:.0f} GiB" if on.want.weights_per_node else "the weights"
         on.add("weights", "warn", f"{model} is not in {hf_cache}: {engine} will download {size} at startup (or run "
                                   f"`hf download {model}` there first, or copy it from a node that has it: "
-                                  f"`sparktop sync {model} --to {on.node.name}`)")
+                                  f"`sparktop sync {model} --to {on.node.name}`)",
+               fix=("sync", model, "--model", "--to", on.node.name))
 
 
 async def _gguf(on: NodeChecks, model: str, hf_cache: str) -> None:
@@ -447,7 +452,7 @@ async def run_preflight(plan: Plan, recipe: Recipe, inventory: Inventory,
             checks.append(Check("image", "all", "fail" if cluster else "warn",
                                 "the image differs between nodes (" + ", ".join(f"{n}: {i}" for n, i in ids.items())
                                 + f"): copy the head's image to the others (sparktop sync {image} --from "
-                                f"{plan.nodes[0]})"))
+                                f"{plan.nodes[0]})", fix=("sync", image, "--image", "--from", plan.nodes[0])))
     return Preflight(checks, fabric)
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from sparktop.errors import SparktopError
 from sparktop.remote import LocalTransport
-from sparktop.settings import inventory_path
+from sparktop.settings import Defaults, inventory_path, load_inventory
 from sparktop.setup.discover import AVAHI, discover
 from sparktop.setup.events import (
     CheckDone,
@@ -98,7 +99,11 @@ def asker(console: Console, yes: bool, accept_new_host_keys: bool):
             return False
         # Blocking on purpose: nothing else runs while a question waits, and Ctrl-C then stops at once (a prompt in
         # a thread would keep the process alive until Enter).
-        answer = input("       Do it? [y/N] ")
+        try:
+            answer = input("       Do it? [y/N] ")
+        except EOFError:  # Ctrl-D, or the input closed: a no
+            console.print()
+            return False
         return answer.strip().lower() in ("y", "yes")
 
     return decide
@@ -126,7 +131,18 @@ def cmd_setup(args) -> int:
               "over mDNS", file=sys.stderr)
         return 2
     path = Path(args.inventory).expanduser() if args.inventory else inventory_path()
-    options = Options(hosts, path, user=args.user, dry_run=args.dry_run)
+    options = Options(hosts, path, user=args.user, dry_run=args.dry_run, hf_cache=_hf_cache_of(path))
     setup = Setup(options, asker(console, args.yes, args.accept_new_host_keys))
     ok = asyncio.run(setup.run(Printer(console, verbose=not args.quiet)))
     return 0 if ok else 1
+
+
+def _hf_cache_of(path: Path) -> str:
+    """The Hugging Face cache the inventory already at `path` names (checked for space, and written again as it
+    is), else the default: a cluster whose weights live elsewhere keeps that."""
+    if not path.is_file():
+        return Defaults.hf_cache
+    try:
+        return load_inventory(path).defaults.hf_cache
+    except (SparktopError, OSError):  # a file setup is about to offer to replace: its own error is said then
+        return Defaults.hf_cache

@@ -254,18 +254,23 @@ class Setup:
     # -- ssh ----------------------------------------------------------------------
 
     async def _ssh(self, host: Host) -> bool:
-        for attempt in range(2):  # once more after a key was trusted or installed
+        # A bare host can need both fixes, one after the other: its host key trusted, then our key installed;
+        # each is offered once, and the connection tried again after each.
+        trusted = copied = False
+        for _ in range(3):
             try:
                 r = await self.sh(host, "ssh", "id -u")
             except HostKeyError as exc:
-                if "does not match" in exc.message:  # a changed key is never replaced here
+                if "does not match" in exc.message or trusted:  # a changed key is never replaced here
                     self.done(host.name, "ssh", "fail", exc.message)
                     return False
                 if not await self._trust(host):
                     return False
+                trusted = True
                 continue
             except TransportError as exc:
-                if "authentication failed" in exc.message and attempt == 0 and await self._copy_id(host):
+                if "authentication failed" in exc.message and not copied and await self._copy_id(host):
+                    copied = True
                     continue
                 self.done(host.name, "ssh", "fail", exc.message)
                 return False

@@ -130,8 +130,8 @@ def cmd_sync(args) -> int:
     try:
         return asyncio.run(run())
     except KeyboardInterrupt:
-        print("sparktop: sync interrupted: nothing was moved into any cache; run it again to resume a model's copy "
-              "from its staging folder", file=sys.stderr)
+        print("sparktop: sync interrupted: the copy under way is left in its target's staging folder, never half "
+              "in the cache; run it again to resume it", file=sys.stderr)
         return 130
 
 

@@ -244,7 +244,7 @@ class Syncer:
             source = next((n for n in names if (m := found.get(n)) is not None and m.complete), None)
             if source is None:
                 raise SyncError(f"no node has a complete snapshot of {repo} ("
-                                + "; ".join(f"{n}: {s}" for n, s in states) + ")")
+                                + "; ".join(f"{n}: {s}" for n, s in states) + "); an image? add --image")
         src = found.get(source)
         if src is None or not src.complete:
             why = dict(states).get(source, "not cached")
@@ -254,6 +254,7 @@ class Syncer:
         link = await self._link_bps(self.inventory.node(source))
         for target in targets:
             if target == source:
+                emit(Skipped(target, f"{target} is the node it is copied from"))
                 continue
             if target not in paths:
                 self.failed = True
@@ -263,7 +264,11 @@ class Syncer:
             if have is not None and not hfcache.missing_or_short(src, have):
                 emit(Skipped(target, f"{target} already has {repo} (every file, same sizes)"))
                 continue
-            await self._model_to(req, source, target, src, paths[source], paths[target], have, link, emit)
+            try:
+                await self._model_to(req, source, target, src, paths[source], paths[target], have, link, emit)
+            except (TransportError, SyncError) as exc:  # this target's trouble: the others are still copied
+                self.failed = True
+                emit(Refused(target, f"{target}: {exc.message if isinstance(exc, TransportError) else exc}"))
 
     async def _model_to(self, req: SyncRequest, source: str, target: str, src: hfcache.CachedModel,
                         sp: _Paths, tp: _Paths, have: hfcache.CachedModel | None, link: float | None, emit) -> None:
@@ -430,6 +435,7 @@ class Syncer:
         link = await self._link_bps(self.inventory.node(source))
         for target in targets:
             if target == source:
+                emit(Skipped(target, f"{target} is the node it is copied from"))
                 continue
             if target not in ids:
                 self.failed = True
@@ -439,7 +445,11 @@ class Syncer:
             if have and have[0] == src_id:
                 emit(Skipped(target, f"{target} already has {image} ({src_id[:19]})"))
                 continue
-            await self._image_to(req, source, target, src_id, src_size, link, emit)
+            try:
+                await self._image_to(req, source, target, src_id, src_size, link, emit)
+            except (TransportError, SyncError) as exc:  # this target's trouble: the others are still copied
+                self.failed = True
+                emit(Refused(target, f"{target}: {exc.message if isinstance(exc, TransportError) else exc}"))
 
     async def _image_to(self, req: SyncRequest, source: str, target: str, src_id: str, size: int | None,
                         link: float | None, emit) -> None:

@@ -26,7 +26,8 @@ from tests.helpers.pilot import until as _until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-TOPOLOGIES = ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
+# The articles' five, then two replicas behind HAProxy leastconn (the default router for replicas).
+TOPOLOGIES = ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy", "2x solo,leastconn"]
 
 
 until = partial(_until, timeout=60.0, step=0.25)  # real OpenSSH and LiteLLM take their time
@@ -66,7 +67,7 @@ async def test_launch_and_stop_every_topology_from_the_app(lab_home, topology):
             # The topology, from its drop-down, by keyboard.
             select = screen.query_one("#topology", Select)
             offered = [value for _, value in select._options if value is not Select.NULL]
-            assert offered == ["solo", "cluster-ray", "cluster-mp", "shuffle", "least-busy"]
+            assert offered == TOPOLOGIES
             await pilot.press("tab")
             assert app.focused is select
             await pilot.press("enter")

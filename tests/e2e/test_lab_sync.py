@@ -475,3 +475,75 @@ def test_a_cache_path_with_a_space_and_a_quote(lab, inventory):
     shown = sparktop(lab, "cache", "--inventory", str(path), "--json")
     models = next(n for n in json.loads(shown.stdout) if n["node"] == "spark-b")["models"]
     assert [m["repo_id"] for m in models] == [repo] and models[0]["complete"]
+
+
+class Terminal:
+    """A command on a pseudo-terminal (its stdin, stdout and stderr), read until what a user waits for."""
+
+    def __init__(self, lab, *args: str):
+        import pty
+
+        self.main, child = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparktop", *args], stdin=child, stdout=child,
+                                     stderr=child, env={**lab.env(), "COLUMNS": "160", "TERM": "xterm-256color"})
+        os.close(child)
+        self.text = ""
+
+    def until(self, wanted: str, timeout: float = 120) -> str:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while wanted not in self.text:
+            assert time.monotonic() < deadline, f"{wanted!r} not shown: {self.text[-3000:]}"
+            ready, _, _ = select.select([self.main], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(self.main, 65536)
+                except OSError:  # the command ended
+                    chunk = b""
+                if not chunk:
+                    assert wanted in self.text, f"{wanted!r} not shown before the end: {self.text[-3000:]}"
+                self.text += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", chunk.decode(errors="replace"))
+        return self.text
+
+    def type(self, line: str) -> None:
+        os.write(self.main, (line + "\n").encode())
+
+    def close(self) -> int:
+        with contextlib.suppress(OSError):
+            while os.read(self.main, 65536):
+                pass
+        os.close(self.main)
+        return self.proc.wait(timeout=60)
+
+
+def test_launch_offers_the_copies_preflight_names_and_runs_them(lab, inventory):
+    """`launch` at a terminal, the weights and the image only on spark-a: it lists the `sparktop sync` commands
+    preflight named, asks, runs them (each with its bar), and preflight then passes on both nodes."""
+    a, b = lab.hosts[:2]
+    model, image = "nvidia/Llama-3.1-8B-Instruct-FP8", "lab/vllm-offered:1"
+    folder = "models--nvidia--Llama-3.1-8B-Instruct-FP8"
+    write_snapshot(hub(a), model, {"model-00001-of-00001.safetensors": 2_000_000})
+    __import__("shutil").rmtree(hub(b) / folder, ignore_errors=True)
+    put_image(a.twin, {"name": image, "size": 2_000_000})
+    path = lab.root / "offered.yaml"
+    path.write_text(f"defaults:\n  image: {image}\n" + inventory.read_text())
+    term = Terminal(lab, "launch", "llama-3.1-8b", "--layout", "2x solo", "--inventory", str(path))
+    try:
+        term.until("Copy it now? [y/N]")
+        assert f"sparktop sync {model} --model --to spark-b --inventory {path}" in term.text
+        assert f"sparktop sync {image} --image --to spark-b --inventory {path}" in term.text
+        term.type("y")
+        shown = term.until("Launch? [y/N]")
+        term.type("n")
+        term.until("Not launched.")
+    finally:
+        code = term.close()
+    assert code == 1
+    after = shown.split("Copy it now?", 1)[1]
+    assert after.count("done spark-b") == 2 and "━" in after, after  # both copies, each with its bar
+    assert "[FAIL]" not in after.split("done spark-b")[-1]  # preflight again: nothing fails
+    assert tree(hub(b) / folder) == tree(hub(a) / folder)
+    ids = [lab.sh(h, f"docker image inspect --format '{{{{.Id}}}}' {image}").stdout.strip() for h in (a, b)]
+    assert ids[0].startswith("sha256:") and ids[0] == ids[1]
+    assert lab.containers(a) == [] and lab.containers(b) == []  # and, told no, nothing launched
