@@ -752,3 +752,54 @@ async def test_a_declined_or_unfixable_peer_is_one_line(tmp_path):
     assert [f.host for f in asked if f.check == "mesh"] == ["starsky"]  # nothing offered for the changed key
     assert not any(c.startswith(("f=", "umask")) for node in made.values() for c in node.commands)
     assert [e.outcome for e in events if isinstance(e, InventoryDone)] == ["not written"]
+
+
+async def test_a_bare_host_gets_its_host_key_trusted_then_our_key_installed_in_one_run(tmp_path):
+    """A fresh node: its host key unknown, and password login only. Both fixes in one run, each offered once, the
+    connection tried after each (was: the key install never offered after the host key was trusted)."""
+    from sparktop.remote import HostKeyError, TransportError
+    from sparktop.setup.runner import Host
+
+    tried: list[str] = []
+
+    class Bare(Setup):
+        async def sh(self, host, check, cmd, **kw):
+            tried.append("ssh")
+            if tried.count("ssh") == 1:
+                raise HostKeyError(host.given, "host key is not trusted")
+            if tried.count("ssh") == 2:
+                raise TransportError(host.given, "ssh authentication failed (publickey)")
+            return CommandResult(0, "1000\n", "")
+
+        async def _trust(self, host):
+            tried.append("trust")
+            return True
+
+        async def _copy_id(self, host):
+            tried.append("copy-id")
+            return True
+
+    async def yes(fix):
+        return True
+
+    setup = Bare(Options(["spark-new"], tmp_path / "cluster.yaml"), yes)
+    events: list = []
+    setup._emit = events.append
+    assert await setup._ssh(Host("spark-new")) is True
+    assert tried == ["ssh", "trust", "ssh", "copy-id", "ssh"]
+    assert [(e.check, e.status) for e in events if isinstance(e, CheckDone)] == [("ssh", "ok")]
+
+    # A host key still refused after it was trusted is not offered again: one line, no loop.
+    tried.clear()
+
+    class Stubborn(Bare):
+        async def sh(self, host, check, cmd, **kw):
+            tried.append("ssh")
+            raise HostKeyError(host.given, "host key is not trusted")
+
+    events.clear()
+    stubborn = Stubborn(Options(["spark-new"], tmp_path / "cluster.yaml"), yes)
+    stubborn._emit = events.append
+    assert await stubborn._ssh(Host("spark-new")) is False
+    assert tried == ["ssh", "trust", "ssh"]
+    assert [(e.check, e.status) for e in events if isinstance(e, CheckDone)] == [("ssh", "fail")]
