@@ -136,18 +136,23 @@ def public_key_for(target: Target) -> Path | None:
     return None
 
 
+# Appends the key on its standard input to ~/.ssh/authorized_keys unless it is there (ssh-copy-id's job), 0600:
+# the user's key on a node (`copy_id_command`), and one node's key on another (setup's mesh fix).
+AUTHORIZE = ("umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys "
+             "&& k=$(cat) && { grep -qxF \"$k\" ~/.ssh/authorized_keys || "
+             "printf '%s\\n' \"$k\" >> ~/.ssh/authorized_keys; }")
+
+
 def copy_id_command(target: Target, public_key: Path, config: list[str] | None = None) -> list[str]:
     """`ssh` that appends the key to the host's authorized_keys unless it is there (ssh-copy-id's job), over a
     session the user authenticates (a password, typed at ssh's own prompt); the key goes on its standard input.
     It reads the ssh config and known_hosts sparktop itself read (`$HOME`'s: ssh alone would take the passwd
     entry's home), so it reaches the same host and checks the same host key."""
-    remote = ('umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && k=$(cat) && '
-              '{ grep -qxF "$k" ~/.ssh/authorized_keys || printf \'%s\\n\' "$k" >> ~/.ssh/authorized_keys; }')
     files = _config_paths(config)
     known = target.known_hosts or str(known_hosts_path())
     user = ["-l", target.user] if target.user else []
     return ["ssh", *(["-F", files[0]] if files else []), "-o", f"UserKnownHostsFile={known}", *user,
-            "-o", "PubkeyAuthentication=no", target.alias, remote]
+            "-o", "PubkeyAuthentication=no", target.alias, AUTHORIZE]
 
 
 def shown(argv: list[str], public_key: Path) -> str:

@@ -37,6 +37,7 @@ from sparktop.observe.fabric import DETECT_SCRIPT, NodeFabric, Port, pairs, pars
 from sparktop.observe.hostparse import parse_disks
 from sparktop.remote import HostKeyError, Transport, TransportError, peers
 from sparktop.remote.hostkeys import (
+    AUTHORIZE,
     copy_id_command,
     host_key,
     known_fingerprints,
@@ -111,10 +112,6 @@ TCP_SOURCE = ("import socket, sys, time\n"
 TOOLS = "for t in ib_write_bw iperf3 python3 timeout; do command -v \"$t\" >/dev/null 2>&1 && echo \"$t\"; done; true"
 
 
-# Appends the key on its standard input to ~/.ssh/authorized_keys unless it is there (ssh-copy-id's job), 0600.
-AUTHORIZE = ("umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys "
-             "&& k=$(cat) && { grep -qxF \"$k\" ~/.ssh/authorized_keys || "
-             "printf '%s\\n' \"$k\" >> ~/.ssh/authorized_keys; }")
 _PUBLIC_KEY = re.compile(r"(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n]*)?")
 
 
@@ -125,7 +122,7 @@ def _on_home(path: str) -> str:
 
 def _disk_script(hf_cache: str) -> str:
     """`df -Pk` of the HF cache, or of its nearest existing parent when it is not made yet (a bare node)."""
-    path = '"$HOME"' + shlex.quote(hf_cache[1:]) if hf_cache.startswith("~/") else shlex.quote(hf_cache)
+    path = _on_home(hf_cache)
     return (f'h={path}; while [ -n "$h" ] && [ ! -e "$h" ]; do h=${{h%/*}}; done; [ -n "$h" ] || h=/; '
             'echo "hf_cache $h"; df -Pk -- "$h"')
 
