@@ -288,7 +288,7 @@ class Syncer:
         # Refs are not left to rsync: a rewritten ref has the same 40 bytes, and rsync's quick check (size and mtime
         # to the second, against the staging folder or --link-dest's) can take it for the old one. They are
         # written from the source's listing once the copy is whole (`_refs_script`); an older attempt's go first.
-        mkdir = f"mkdir -p {shlex.quote(stage)} && rm -rf {shlex.quote(stage + '/refs')}"
+        prepare = f"mkdir -p {shlex.quote(stage)} && rm -rf {shlex.quote(stage + '/refs')}"
         # --delete: the staging folder mirrors the source, so a file an older attempt staged that the source no
         # longer has is not moved into the cache with the rest.
         # -s (--protect-args): the remote path reaches the target's rsync as one argument, spaces and all, with
@@ -307,8 +307,13 @@ class Syncer:
         words = " ".join(shlex.quote(w) for w in rsync)
         rsync_line = (f'{words} -e "{ssh_command(node)}" {shlex.quote(sp.hub + "/" + folder + "/")} '
                       f"{shlex.quote(via + ':' + stage + '/')}")
+        # Every step on the target runs under the staging folder's lock, and the move writes the refs again just
+        # before it, in the same locked step: a second sync of the same model that cleared the staged refs between
+        # this one's check and its move cannot leave a model without them in the cache.
+        mkdir = f"mkdir -p {shlex.quote(tp.staging)} && " + self._locked(lock, busy, "sh -c " + shlex.quote(prepare))
         refs = self._refs_script(stage, src.refs)
-        finish = self._locked(lock, busy, "sh -c " + shlex.quote(self._finish_script(tp.hub, stage, dest)))
+        finish = self._locked(lock, busy, "sh -c " + shlex.quote(
+            f"{refs}; {self._finish_script(tp.hub, stage, dest)}"))
         emit(CommandShown(target, mkdir))
         emit(CommandShown(source, rsync_line))
         emit(CommandShown(target, refs))
@@ -318,7 +323,7 @@ class Syncer:
         r = await self._run_on(target, mkdir)
         if not r.ok:
             self.failed = True
-            emit(Refused(target, f"{target}: {mkdir}: {r.first_error_line()}"))
+            emit(Refused(target, f"{target}: preparing {stage}: {r.first_error_line()}"))
             return
         emit(TransferStarted(target, source, src.size, via, link, already))
 

@@ -181,7 +181,7 @@ def test_dry_run_shows_the_commands_and_copies_nothing(lab, inventory):
     r = sparktop(lab, "sync", repo, "--inventory", str(inventory), "--dry-run", "--from", "spark-a",
                  "--to", "lab-spark-b")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "+ spark-b: mkdir -p" in r.stdout
+    assert "+ spark-b: mkdir -p" in r.stdout and "flock -n -E 75" in r.stdout  # the staging folder's, under its lock
     assert "rsync -a -s --partial" in r.stdout and "BatchMode=yes" in r.stdout and "mv -T" in r.stdout
     assert not (hub(b) / "models--lab-org--dry-model").exists()
     assert not (staging(b) / "models--lab-org--dry-model").exists()
