@@ -803,3 +803,30 @@ async def test_a_bare_host_gets_its_host_key_trusted_then_our_key_installed_in_o
     assert await stubborn._ssh(Host("spark-new")) is False
     assert tried == ["ssh", "trust", "ssh"]
     assert [(e.check, e.status) for e in events if isinstance(e, CheckDone)] == [("ssh", "fail")]
+
+
+async def test_ctrl_d_at_a_question_is_a_no(monkeypatch):
+    from rich.console import Console
+
+    from sparktop.setup.commands import asker
+
+    def closed(prompt):
+        raise EOFError
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", closed)
+    mtu = FixProposed("spark-a", "mtu", "MTU 1500", ("ip link set dev enp1s0f1np1 mtu 9000",))
+    assert await asker(Console(record=True), yes=False, accept_new_host_keys=False)(mtu) is False
+
+
+def test_the_hf_cache_an_existing_inventory_names_is_kept(tmp_path):
+    """Setup checks the space of, and writes again, the cache the user's inventory already names."""
+    from sparktop.settings import Defaults
+    from sparktop.setup.commands import _hf_cache_of
+
+    path = tmp_path / "cluster.yaml"
+    assert _hf_cache_of(path) == Defaults.hf_cache  # none yet
+    path.write_text("defaults:\n  hf_cache: /data/hf\nnodes:\n  - name: a\n    host: a\n")
+    assert _hf_cache_of(path) == "/data/hf"
+    path.write_text("nodes: [\n")  # broken: setup offers to replace it, and says why then
+    assert _hf_cache_of(path) == Defaults.hf_cache
