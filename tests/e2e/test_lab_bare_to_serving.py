@@ -31,6 +31,7 @@ from tests.e2e.test_lab_launch import RECIPE, assert_nothing_left, router_key, s
 from tests.e2e.test_lab_router import ENGINES, burst, router_view, until
 from tests.e2e.test_lab_sync import folder_bytes, hub, sent_bytes, staging, tree, wait_for
 from tests.helpers.hfsnapshot import REVISION, write_snapshot
+from tests.helpers.signals import ctrl_c_as_in_a_terminal
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -96,7 +97,7 @@ async def test_from_bare_hosts_to_replicas_split_exactly(lab):
     # 3. sync: interrupted a quarter of the way (Ctrl-C), nothing half-written in spark-b's cache, then resumed.
     proc = subprocess.Popen([sys.executable, "-m", "sparktop", "sync", MODEL, "--inventory", str(inventory),
                              "--bwlimit", "4M"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=lab.env())
+                            env=lab.env(), preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         wait_for(lambda: folder_bytes(staging(b) / FOLDER) > total // 4 or proc.poll() is not None, 120,
                  "a quarter of the snapshot staged")

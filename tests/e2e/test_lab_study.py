@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_lab_launch import MODEL, RECIPE, assert_nothing_left, sparktop
+from tests.helpers.signals import ctrl_c_as_in_a_terminal
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -261,13 +262,6 @@ def test_foreign_traffic_during_a_level_is_caught(lab):
     assert_nothing_left(lab)
 
 
-def _ctrl_c_as_in_a_terminal() -> None:
-    """SIGINT's default action in the study's process, as in a user's terminal: a test run started in the
-    background by a non-interactive shell inherits SIGINT ignored, and Python then never turns it into
-    KeyboardInterrupt (one CI run, started so, failed here with the study finishing as if never stopped)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_what_the_study_started_and_leaves_it_resumable(lab):
     inventory = lab.inventory()
     lab.put_weights(MODEL)
@@ -276,7 +270,7 @@ def test_ctrl_c_stops_what_the_study_started_and_leaves_it_resumable(lab):
                              "-c", "1,2,4", "--runs", "3", "--pp", "128", "--tg", "64", "--inventory", str(inventory),
                              "--yes", "--timeout", "120"],
                             env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_ctrl_c_as_in_a_terminal)
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     deadline = time.time() + 300
     while time.time() < deadline:
         study_dir = started(lab, before)

@@ -28,6 +28,7 @@ import pytest
 
 from sparktop.twin.images import put_image
 from tests.helpers.hfsnapshot import REVISION, write_snapshot
+from tests.helpers.signals import ctrl_c_as_in_a_terminal
 from tests.helpers.small_disk import small_tmpfs
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -43,7 +44,7 @@ def sparktop(lab, *args, timeout=300):
 
 def start_sparktop(lab, *args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sparktop", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=lab.env())
+                            stderr=subprocess.PIPE, text=True, env=lab.env(), preexec_fn=ctrl_c_as_in_a_terminal)
 
 
 @pytest.fixture(scope="module")
