@@ -19,7 +19,17 @@ from sparktop.sync.cached import COLUMNS, NodeCache, rows
 from sparktop.ui.footer import KeyFooter
 
 LEVEL_STYLE = {"ok": "", "warn": "yellow", "error": "red"}
-HINT = "sparktop sync MODEL_OR_IMAGE copies one to the nodes that lack it"
+HINT = "sparktop sync NAME copies what a node lacks"
+NARROW = 110  # below this many columns a row says less: "complete" without its revision, an image ID's 12 digits
+
+
+def _narrow(state: str) -> str:
+    """A state as the 80-column table shows it, so the row fits whole."""
+    if state.startswith("complete, revision "):
+        return "complete"
+    if state.startswith("sha256:"):
+        return state[len("sha256:"):][:12]
+    return state
 
 
 class CacheScreen(Screen):
@@ -54,6 +64,10 @@ class CacheScreen(Screen):
         head.update(Text("reading each node's Hugging Face cache and docker images…", style="dim"))
         self.run_worker(self._read(), exclusive=True, group="cache")
 
+    def on_resize(self) -> None:
+        if self.caches:
+            self.show(self.caches)
+
     async def _read(self) -> None:
         assert self.read is not None
         self.caches = await self.read()
@@ -63,9 +77,11 @@ class CacheScreen(Screen):
     def show(self, caches: list[NodeCache]) -> None:
         table = self.query_one(DataTable)
         table.clear()
+        narrow = self.size.width < NARROW
         for *cells, level in rows(caches):
             style = LEVEL_STYLE[level]
-            table.add_row(*(Text(c) for c in cells[:4]), Text(cells[4], style=style))
+            state = _narrow(cells[4]) if narrow else cells[4]
+            table.add_row(*(Text(c) for c in cells[:4]), Text(state, style=style))
         models = sum(len(c.models) for c in caches)
         images = sum(len(c.images) for c in caches)
         unread = [c.node for c in caches if c.error]

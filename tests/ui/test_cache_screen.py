@@ -71,3 +71,11 @@ async def test_in_a_replay_c_says_there_are_no_nodes_to_read():
         head = str(app.screen.query_one("#cache-head", Static).render())
         assert "No nodes to read: a replay reads no nodes." in head
 
+
+
+def test_at_80_columns_a_row_says_less_and_fits():
+    from sparktop.ui.cache import _narrow
+
+    assert _narrow("complete, revision 0123456789ab") == "complete"
+    assert _narrow("sha256:3fb13f876e10aa") == "3fb13f876e10"
+    assert _narrow("incomplete: a blob still downloading") == "incomplete: a blob still downloading"
