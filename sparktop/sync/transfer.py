@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from sparktop.errors import SparktopError
@@ -250,25 +250,16 @@ class Syncer:
             why = dict(states).get(source, "not cached")
             raise SyncError(f"{source} has no complete snapshot of {repo} to copy ({why})")
         emit(Found(repo, "model", source, tuple(states)))
-        targets = req.targets or [n for n in names if n != source]
         link = await self._link_bps(self.inventory.node(source))
-        for target in targets:
-            if target == source:
-                emit(Skipped(target, f"{target} is the node it is copied from"))
-                continue
-            if target not in paths:
-                self.failed = True
-                emit(Refused(target, f"{target}: {dict(states).get(target, 'unreachable')}"))
-                continue
+
+        def has_it(target: str) -> str | None:
             have = found.get(target)
             if have is not None and not hfcache.missing_or_short(src, have):
-                emit(Skipped(target, f"{target} already has {repo} (every file, same sizes)"))
-                continue
-            try:
-                await self._model_to(req, source, target, src, paths[source], paths[target], have, link, emit)
-            except (TransportError, SyncError) as exc:  # this target's trouble: the others are still copied
-                self.failed = True
-                emit(Refused(target, f"{target}: {exc.message if isinstance(exc, TransportError) else exc}"))
+                return f"{target} already has {repo} (every file, same sizes)"
+            return None
+
+        await self._each_target(req, names, source, dict(states), set(paths), has_it, lambda target: self._model_to(
+            req, source, target, src, paths[source], paths[target], found.get(target), link, emit), emit)
 
     async def _model_to(self, req: SyncRequest, source: str, target: str, src: hfcache.CachedModel,
                         sp: _Paths, tp: _Paths, have: hfcache.CachedModel | None, link: float | None, emit) -> None:
@@ -436,23 +427,35 @@ class Syncer:
             raise SyncError(f"{source or 'no node'} has no image {image} to copy ({where})")
         src_id, src_size = ids[source]  # type: ignore[misc]
         emit(Found(image, "image", source, tuple((n, states.get(n, "?")) for n in names)))
-        targets = req.targets or [n for n in names if n != source]
         link = await self._link_bps(self.inventory.node(source))
-        for target in targets:
+
+        def has_it(target: str) -> str | None:
+            have = ids.get(target)
+            return f"{target} already has {image} ({src_id[:19]})" if have and have[0] == src_id else None
+
+        await self._each_target(req, names, source, states, set(ids), has_it, lambda target: self._image_to(
+            req, source, target, src_id, src_size, link, emit), emit)
+
+    async def _each_target(self, req: SyncRequest, names: list[str], source: str, states: dict[str, str],
+                           read: set[str], has_it: Callable[[str], str | None],
+                           copy: Callable[[str], Awaitable[None]], emit) -> None:
+        """Copy to each target (those asked for, else every node but the source) in turn: the source itself
+        skipped, a node that could not be read refused, one that has it already skipped; one target's trouble
+        is a FAIL for it, and the others are still copied."""
+        for target in req.targets or [n for n in names if n != source]:
             if target == source:
                 emit(Skipped(target, f"{target} is the node it is copied from"))
                 continue
-            if target not in ids:
+            if target not in read:
                 self.failed = True
                 emit(Refused(target, f"{target}: {states.get(target, 'unreachable')}"))
                 continue
-            have = ids.get(target)
-            if have and have[0] == src_id:
-                emit(Skipped(target, f"{target} already has {image} ({src_id[:19]})"))
+            if (already := has_it(target)) is not None:
+                emit(Skipped(target, already))
                 continue
             try:
-                await self._image_to(req, source, target, src_id, src_size, link, emit)
-            except (TransportError, SyncError) as exc:  # this target's trouble: the others are still copied
+                await copy(target)
+            except (TransportError, SyncError) as exc:
                 self.failed = True
                 emit(Refused(target, f"{target}: {exc.message if isinstance(exc, TransportError) else exc}"))
 
